@@ -1,0 +1,1 @@
+"""The on-disk format: OFRecord framing, the index file and the manifest (spec: FORMAT.md)."""

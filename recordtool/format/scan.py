@@ -1,0 +1,134 @@
+"""Build index + manifest for OFRecord part files written elsewhere (e.g. OneFlow's ImageNet).
+
+One sequential pass per shard: frame walk, wire-format walk of each record to find the
+image bytes and label, a header probe of the JPEG. Afterwards nothing scans a shard again.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import re
+
+import crc32c
+
+from . import index as ix
+from .jpeg import BadJPEG, NotJPEG, probe
+from .ofrecord import BYTES_LIST, INT32_LIST, INT64_LIST, LENGTH_SIZE, FormatError, decode_ofrecord, iter_records
+from .writer import KEY_FILENAME, KEY_HEIGHT, KEY_IMAGE, KEY_LABEL, KEY_WIDTH
+
+_PART = re.compile(r"^(?P<prefix>.*?)(?P<num>\d+)$")
+
+
+def find_parts(root: str, prefix: str = "part-") -> list[str]:
+    names = [n for n in os.listdir(root) if n.startswith(prefix) and n[len(prefix):].isdigit()]
+    if not names:
+        raise FormatError(f"{root}: no part files named {prefix}NNNNN")
+    return sorted(names, key=lambda n: int(n[len(prefix):]))
+
+
+def _bytes_span(feat, key, where):
+    kind, values = feat
+    if kind != BYTES_LIST or len(values) != 1:
+        raise FormatError(f"{where}: feature {key!r} is not a single bytes value")
+    return values[0]
+
+
+def _int_value(feat, key, where):
+    kind, values = feat
+    if kind not in (INT32_LIST, INT64_LIST) or len(values) != 1:
+        raise FormatError(f"{where}: feature {key!r} is not a single integer")
+    return values[0]
+
+
+def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABEL,
+                strict: bool = False, progress: bool = True) -> dict:
+    """Scan root/part-* and write root/index.rtx + manifest.json. Returns the manifest."""
+    names = find_parts(root)
+    builder = ix.IndexBuilder()
+    shards, skipped, synsets = [], [], {}
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=sum(os.path.getsize(os.path.join(root, n)) for n in names), unit="B",
+                   unit_scale=True, desc="index")
+    for s, name in enumerate(names):
+        path = os.path.join(root, name)
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        try:
+            count = 0
+            for rec in iter_records(mm, path):
+                where = f"{path}: offset {rec.offset}"
+                start = rec.data_offset
+                try:
+                    feats = decode_ofrecord(mm, start, start + rec.length)
+                except ValueError as e:
+                    raise FormatError(f"{where}: not a valid OFRecord message ({e})") from None
+                try:
+                    if image_key not in feats or label_key not in feats:
+                        raise FormatError(f"{where}: record lacks {image_key!r} or {label_key!r} "
+                                          f"(has {sorted(feats)})")
+                    a, b = _bytes_span(feats[image_key], image_key, where)
+                    label = _int_value(feats[label_key], label_key, where)
+                    try:
+                        info = probe(mm[a:b])
+                    except (NotJPEG, BadJPEG) as e:
+                        raise FormatError(f"{where}: image is not a JPEG recordtool can index ({e}); "
+                                          "re-pack with `recordtool pack --from ofrecord`") from None
+                    if not info.decodable_as_is:
+                        raise FormatError(f"{where}: CMYK/YCCK JPEG; re-pack with `recordtool pack "
+                                          "--from ofrecord` to convert it")
+                    if label < 0:
+                        raise FormatError(f"{where}: negative label {label}")
+                except FormatError as e:
+                    if strict:
+                        raise
+                    skipped.append({"shard": name, "offset": rec.offset, "reason": str(e)})
+                    continue
+                if "class/synset" in feats and feats["class/synset"][0] == BYTES_LIST:
+                    sa, sb = feats["class/synset"][1][0]
+                    synsets.setdefault(label, bytes(mm[sa:sb]).decode("utf-8", "replace"))
+                builder.add(s, rec.offset, rec.length, a, b - a, label, info)
+                count += 1
+            crc = crc32c.crc32c(mm) if size else 0
+        finally:
+            if isinstance(mm, mmap.mmap):
+                mm.close()
+        shards.append({"name": name, "records": count, "bytes": size, "crc32c": f"{crc:08x}"})
+        if bar is not None:
+            bar.update(size)
+    if bar is not None:
+        bar.close()
+    index = builder.finish()
+    nclasses = int(index.label.max()) + 1 if len(index) else 0
+    tmp_index = os.path.join(root, ix.INDEX_FILE + ".tmp")
+    ix.write_index(tmp_index, index)
+    with open(tmp_index, "rb") as f:
+        index_crc = crc32c.crc32c(f.read())
+    manifest = {
+        "format": ix.FORMAT_NAME,
+        "format_version": ix.FORMAT_VERSION,
+        "records": len(index),
+        "shards": shards,
+        "index": {"file": ix.INDEX_FILE, "bytes": os.path.getsize(tmp_index), "crc32c": f"{index_crc:08x}"},
+        "classes": [synsets.get(k, str(k)) for k in range(nclasses)],
+        "keys": {"image": image_key, "label": label_key, "height": KEY_HEIGHT, "width": KEY_WIDTH,
+                 "filename": KEY_FILENAME},
+        "source": {"kind": "ofrecord-scan", "path": root},
+        "skipped": skipped,
+        "tool": {"name": "recordtool", "version": _version()},
+    }
+    tmp_manifest = os.path.join(root, ix.MANIFEST_FILE + ".tmp")
+    with open(tmp_manifest, "wb") as f:
+        f.write(ix.dump_json(manifest))
+    os.replace(tmp_index, os.path.join(root, ix.INDEX_FILE))
+    os.replace(tmp_manifest, os.path.join(root, ix.MANIFEST_FILE))
+    return manifest
+
+
+def _version():
+    from .. import __version__
+
+    return __version__

@@ -1,0 +1,177 @@
+"""Write a dataset directory: part files, index, manifest — all or nothing.
+
+Everything is written under OUT/.partial/ and moved into OUT only when complete, manifest
+last: a dataset is finished exactly when manifest.json exists. A killed pack leaves
+.partial/ behind, which the next run removes before starting again.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+import crc32c
+
+from . import index as ix
+from .jpeg import JpegInfo
+from .ofrecord import LENGTH_SIZE, encode_ofrecord, frame
+
+PARTIAL_DIR = ".partial"
+SHARD_PREFIX = "part-"
+SHARD_DIGITS = 5
+
+# OneFlow ImageNet converter's keys
+KEY_IMAGE = "encoded"
+KEY_LABEL = "class/label"
+KEY_HEIGHT = "height"
+KEY_WIDTH = "width"
+KEY_FILENAME = "filename"
+
+
+def shard_name(i: int) -> str:
+    return f"{SHARD_PREFIX}{i:0{SHARD_DIGITS}d}"
+
+
+class OutputExists(FileExistsError):
+    pass
+
+
+def claim_output(out: str, overwrite: bool) -> None:
+    """Make OUT ready for a new pack, refusing to clobber anything that is not ours."""
+    os.makedirs(out, exist_ok=True)
+    names = set(os.listdir(out))
+    finished = ix.MANIFEST_FILE in names
+    ours = finished or PARTIAL_DIR in names
+    if names and not ours:
+        raise OutputExists(f"{out}: not empty and holds no recordtool dataset; "
+                           "choose an empty or new directory")
+    if finished and not overwrite:
+        raise OutputExists(f"{out}: already holds a finished dataset; pass --overwrite to replace it")
+    # remove what a finished or killed pack of ours left: manifest first, so a kill during the
+    # cleanup still leaves nothing that looks finished
+    for name in sorted(names, key=lambda nm: nm != ix.MANIFEST_FILE):
+        if name in (ix.INDEX_FILE, ix.REPORT_FILE, ix.MANIFEST_FILE) or \
+                (name.startswith(SHARD_PREFIX) and name[len(SHARD_PREFIX):].isdigit()):
+            os.remove(os.path.join(out, name))
+    shutil.rmtree(os.path.join(out, PARTIAL_DIR), ignore_errors=True)
+    os.makedirs(os.path.join(out, PARTIAL_DIR))
+
+
+class DatasetWriter:
+    """Appends records shard by shard; `commit()` publishes the dataset atomically."""
+
+    def __init__(self, out: str, overwrite: bool = False):
+        self.out = out
+        claim_output(out, overwrite)
+        self.tmp = os.path.join(out, PARTIAL_DIR)
+        self.index = ix.IndexBuilder()
+        self.shards: list[dict] = []
+        self._fd = None
+        self._pos = 0
+        self._crc = 0
+
+    @property
+    def shard(self) -> int:
+        return len(self.shards) - 1
+
+    def shard_bytes(self) -> int:
+        return self._pos
+
+    def new_shard(self) -> None:
+        self._close_shard()
+        name = shard_name(len(self.shards))
+        self._fd = os.open(os.path.join(self.tmp, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._pos = 0
+        self._crc = 0
+        self.shards.append({"name": name, "records": 0, "bytes": 0, "crc32c": None})
+
+    def add(self, jpeg: bytes, info: JpegInfo, label: int, filename: bytes) -> None:
+        if self._fd is None:
+            self.new_shard()
+        enc = encode_ofrecord({KEY_IMAGE: jpeg, KEY_LABEL: int(label), KEY_HEIGHT: info.height,
+                               KEY_WIDTH: info.width, KEY_FILENAME: filename}, locate=KEY_IMAGE)
+        pieces = frame(enc)
+        offset = self._pos
+        total = LENGTH_SIZE + enc.size
+        self._write(pieces, total)
+        for p in pieces:
+            self._crc = crc32c.crc32c(p, self._crc)
+        self.index.add(self.shard, offset, enc.size, offset + LENGTH_SIZE + enc.payload_offset,
+                       len(jpeg), label, info)
+        self.shards[-1]["records"] += 1
+
+    def _write(self, pieces: list, total: int) -> None:
+        written = os.writev(self._fd, pieces)
+        while written < total:  # short write: finish the rest
+            rest = b"".join(bytes(p) for p in pieces)[written:]
+            written += os.write(self._fd, rest)
+        self._pos += total
+
+    def _close_shard(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self.shards[-1]["bytes"] = self._pos
+            self.shards[-1]["crc32c"] = f"{self._crc:08x}"
+            self._fd = None
+
+    def commit(self, manifest: dict, report: dict | None = None) -> dict:
+        """Write index + manifest, then move everything into place, manifest last."""
+        self._close_shard()
+        index = self.index.finish()
+        ix.write_index(os.path.join(self.tmp, ix.INDEX_FILE), index)
+        with open(os.path.join(self.tmp, ix.INDEX_FILE), "rb") as f:
+            index_crc = crc32c.crc32c(f.read())
+        manifest = dict(manifest)
+        manifest.update({
+            "format": ix.FORMAT_NAME,
+            "format_version": ix.FORMAT_VERSION,
+            "records": len(index),
+            "shards": self.shards,
+            "index": {"file": ix.INDEX_FILE, "bytes": os.path.getsize(os.path.join(self.tmp, ix.INDEX_FILE)),
+                      "crc32c": f"{index_crc:08x}"},
+            "keys": {"image": KEY_IMAGE, "label": KEY_LABEL, "height": KEY_HEIGHT, "width": KEY_WIDTH,
+                     "filename": KEY_FILENAME},
+        })
+        names = [s["name"] for s in self.shards] + [ix.INDEX_FILE]
+        if report is not None:
+            with open(os.path.join(self.tmp, ix.REPORT_FILE), "wb") as f:
+                f.write(ix.dump_json(report))
+            names.append(ix.REPORT_FILE)
+            manifest["report"] = ix.REPORT_FILE
+        with open(os.path.join(self.tmp, ix.MANIFEST_FILE), "wb") as f:
+            f.write(ix.dump_json(manifest))
+        for name in names:
+            fault_point("publish")
+            os.replace(os.path.join(self.tmp, name), os.path.join(self.out, name))
+        os.replace(os.path.join(self.tmp, ix.MANIFEST_FILE), os.path.join(self.out, ix.MANIFEST_FILE))
+        fault_point("published")
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        return manifest
+
+    def abort(self) -> None:
+        """Drop everything written so far: an aborted pack leaves no trace that looks finished."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+_faults: dict = {}
+
+
+def fault_point(name: str) -> None:
+    """Crash-test hook: RECORDTOOL_FAULT=name:N kills the process (SIGKILL) at the N-th hit of name.
+
+    Lets the tests stop a pack at exact moments (mid-shard, between renames) to prove a
+    killed pack never looks finished and a re-run is byte-identical.
+    """
+    spec = os.environ.get("RECORDTOOL_FAULT")
+    if not spec:
+        return
+    want, _, count = spec.partition(":")
+    if want != name:
+        return
+    _faults[name] = _faults.get(name, 0) + 1
+    if _faults[name] >= int(count or 1):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,75 @@
+"""`recordtool inspect`: what a dataset holds, from the manifest and index alone (no shard reads)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .format.jpeg import CHROMA_NAMES, CS_NAMES
+from .reader import Dataset
+
+_SIDE_BUCKETS = [(0, 256), (256, 512), (512, 1024), (1024, 2048), (2048, 1 << 31)]
+
+
+def _pct(a: np.ndarray) -> dict:
+    if not len(a):
+        return {}
+    q = np.percentile(a, [0, 1, 50, 99, 100])
+    return {"min": int(q[0]), "p1": int(q[1]), "p50": int(q[2]), "mean": float(a.mean()),
+            "p99": int(q[3]), "max": int(q[4])}
+
+
+def summarize(root: str) -> dict:
+    ds = Dataset(root)
+    c = ds.index.columns
+    n = len(ds)
+    long_side = np.maximum(c["width"], c["height"])
+    per_class = np.bincount(c["label"], minlength=len(ds.classes)) if n else np.zeros(len(ds.classes), int)
+    return {
+        "path": root,
+        "records": n,
+        "classes": len(ds.classes),
+        "per_class": {"min": int(per_class.min()) if len(per_class) else 0,
+                      "max": int(per_class.max()) if len(per_class) else 0,
+                      "empty": [ds.classes[i] for i in np.nonzero(per_class == 0)[0]]},
+        "bytes": sum(s["bytes"] for s in ds.shards),
+        "jpeg_bytes": _pct(c["jpeg_length"]),
+        "width": _pct(c["width"]),
+        "height": _pct(c["height"]),
+        "long_side": {f"{lo}-{hi - 1}" if hi < 1 << 31 else f"{lo}+": int(((long_side >= lo) & (long_side < hi)).sum())
+                      for lo, hi in _SIDE_BUCKETS},
+        "chroma": {CHROMA_NAMES[int(k)]: int(v) for k, v in zip(*np.unique(c["chroma"], return_counts=True))},
+        "colorspace": {CS_NAMES.get(int(k), str(k)): int(v)
+                       for k, v in zip(*np.unique(c["colorspace"], return_counts=True))},
+        "progressive": int(c["progressive"].sum()),
+        "largest": [{"record": int(i), "bytes": int(c["jpeg_length"][i]),
+                     "size": f"{int(c['width'][i])}x{int(c['height'][i])}"} for i in c["size_order"][:3]],
+        "shards": [{"name": s["name"], "records": s["records"], "bytes": s["bytes"], "crc32c": s["crc32c"]}
+                   for s in ds.shards],
+        "source": ds.manifest.get("source"),
+        "pack": ds.manifest.get("pack"),
+    }
+
+
+def render(s: dict, max_shards: int = 20) -> str:
+    out = []
+    w = out.append
+    w(f"{s['path']}: {s['records']} records, {s['classes']} classes, {len(s['shards'])} shards, "
+      f"{s['bytes'] / 1e6:.1f} MB")
+    pc = s["per_class"]
+    w(f"  per class: min {pc['min']}, max {pc['max']}" + (f", empty: {pc['empty']}" if pc["empty"] else ""))
+    for key, unit in (("jpeg_bytes", "B"), ("width", "px"), ("height", "px")):
+        d = s[key]
+        if d:
+            w(f"  {key:<10} min {d['min']}  p1 {d['p1']}  p50 {d['p50']}  mean {d['mean']:.0f}  "
+              f"p99 {d['p99']}  max {d['max']} {unit}")
+    n = max(s["records"], 1)
+    w("  long side  " + "  ".join(f"{k}: {v} ({100 * v / n:.1f}%)" for k, v in s["long_side"].items()))
+    w("  chroma     " + "  ".join(f"{k}: {v} ({100 * v / n:.1f}%)" for k, v in s["chroma"].items()))
+    w("  colour     " + "  ".join(f"{k}: {v}" for k, v in s["colorspace"].items()))
+    w(f"  progressive {s['progressive']} ({100 * s['progressive'] / n:.1f}%)")
+    w("  largest    " + ", ".join(f"#{x['record']} {x['bytes']} B {x['size']}" for x in s["largest"]))
+    w("  shard          records        bytes    crc32c")
+    for sh in s["shards"][:max_shards]:
+        w(f"  {sh['name']:<12} {sh['records']:>9} {sh['bytes']:>12}  {sh['crc32c']}")
+    if len(s["shards"]) > max_shards:
+        w(f"  … {len(s['shards']) - max_shards} more shards (--json lists all)")
+    return "\n".join(out)

@@ -1,0 +1,163 @@
+"""Random access to a packed dataset: index in memory, shards mmapped, JPEG bytes zero-copy.
+
+`ds[i]` slices the JPEG bytes straight out of the shard mapping at the index's offsets —
+no protobuf parse, no copy. `Sampler` gives the per-epoch global shuffle split by rank.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+
+import numpy as np
+
+from .format import index as ix
+from .format.ofrecord import FormatError
+
+
+class Dataset:
+    def __init__(self, root: str):
+        self.root = os.fspath(root)
+        self.manifest = ix.read_manifest(self.root)
+        self.index = ix.read_index(os.path.join(self.root, self.manifest["index"]["file"]))
+        self.classes = list(self.manifest["classes"])
+        self.shards = self.manifest["shards"]
+        if len(self.index) != self.manifest["records"]:
+            raise FormatError(f"{self.root}: index holds {len(self.index)} records, manifest says "
+                              f"{self.manifest['records']}")
+        self._maps: list = [None] * len(self.shards)
+        self._views: list = [None] * len(self.shards)
+        self._lock = threading.Lock()
+
+    @property
+    def labels(self) -> np.ndarray:
+        """Per-record labels; every index column is a numpy array on `ds.index` (ds.index.width, …)."""
+        return self.index.label
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def _view(self, shard: int) -> memoryview:
+        v = self._views[shard]
+        if v is None:
+            with self._lock:
+                v = self._views[shard]
+                if v is None:
+                    v = self._map(shard)
+        return v
+
+    def _map(self, shard: int) -> memoryview:
+        info = self.shards[shard]
+        path = os.path.join(self.root, info["name"])
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size != info["bytes"]:
+                    raise FormatError(f"{path}: {size} bytes, manifest says {info['bytes']} "
+                                      f"(offset {min(size, info['bytes'])}: truncated or overwritten)")
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        except FileNotFoundError:
+            raise FormatError(f"{path}: shard missing") from None
+        self._maps[shard] = mm
+        self._views[shard] = memoryview(mm)
+        return self._views[shard]
+
+    def __getitem__(self, i: int):
+        """(JPEG bytes as a zero-copy memoryview into the shard mapping, label)."""
+        n = len(self.index)
+        if not -n <= i < n:
+            raise IndexError(f"record {i} out of range for {n} records")
+        i = int(i) % n
+        c = self.index.columns
+        off = int(c["jpeg_offset"][i])
+        return self._view(int(c["shard"][i]))[off:off + int(c["jpeg_length"][i])], int(c["label"][i])
+
+    def record(self, i: int) -> memoryview:
+        """The serialized OFRecord message of record i (without its length prefix)."""
+        c = self.index.columns
+        off = int(c["offset"][i]) + 8
+        return self._view(int(c["shard"][i]))[off:off + int(c["length"][i])]
+
+    def prefetch(self, indices) -> None:
+        """Ask the kernel to read these records' bytes ahead (madvise WILLNEED)."""
+        if not hasattr(mmap, "MADV_WILLNEED"):
+            return
+        c = self.index.columns
+        page = mmap.PAGESIZE
+        for i in indices:
+            s = int(c["shard"][i])
+            self._view(s)
+            mm = self._maps[s]
+            if not isinstance(mm, mmap.mmap):
+                continue
+            start = int(c["jpeg_offset"][i]) // page * page
+            end = int(c["jpeg_offset"][i]) + int(c["jpeg_length"][i])
+            mm.madvise(mmap.MADV_WILLNEED, start, end - start)
+
+    def sampler(self, seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool = False,
+                shuffle: bool = True) -> "Sampler":
+        return Sampler(len(self), seed=seed, rank=rank, world_size=world_size,
+                       drop_last=drop_last, shuffle=shuffle)
+
+    def close(self) -> None:
+        """Unmap the shards. Fails if memoryviews from `ds[i]` are still alive (BufferError)."""
+        with self._lock:
+            for k, v in enumerate(self._views):
+                if v is not None:
+                    v.release()
+                    self._views[k] = None
+            for k, mm in enumerate(self._maps):
+                if isinstance(mm, mmap.mmap):
+                    mm.close()
+                self._maps[k] = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"<recordtool.Dataset {self.root!r}: {len(self)} records, {len(self.classes)} classes, " \
+               f"{len(self.shards)} shards>"
+
+
+def open_dataset(path: str) -> Dataset:
+    return Dataset(path)
+
+
+class Sampler:
+    """Per-epoch permutation from (seed, epoch), split across ranks in equal parts.
+
+    Like torch's DistributedSampler: the global order is shuffled once per epoch, padded by
+    wrapping around (or cut with drop_last) to a multiple of world_size, and rank r takes
+    positions r, r + world_size, … — so every sample is seen once per epoch across ranks.
+    """
+
+    def __init__(self, n: int, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 drop_last: bool = False, shuffle: bool = True):
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} not in [0, world_size={world_size})")
+        if n < world_size and (drop_last or n == 0):
+            raise ValueError(f"{n} samples cannot be split over {world_size} ranks")
+        self.n, self.seed, self.rank, self.world_size = n, seed, rank, world_size
+        self.drop_last, self.shuffle = drop_last, shuffle
+        self.per_rank = n // world_size if drop_last else -(-n // world_size)
+
+    def __len__(self) -> int:
+        return self.per_rank
+
+    def global_order(self, epoch: int) -> np.ndarray:
+        if self.shuffle:
+            rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, epoch])))
+            order = rng.permutation(self.n)
+        else:
+            order = np.arange(self.n)
+        total = self.per_rank * self.world_size
+        if total > self.n:
+            order = np.concatenate([order, np.resize(order, total - self.n)])
+        return order[:total]
+
+    def indices(self, epoch: int) -> np.ndarray:
+        """This rank's sample indices for `epoch`."""
+        return self.global_order(epoch)[self.rank::self.world_size]

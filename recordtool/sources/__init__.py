@@ -1,0 +1,1 @@
+"""Where records come from: ImageNet-style folders (and, later, TFRecord files)."""

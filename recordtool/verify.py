@@ -1,0 +1,198 @@
+"""`recordtool verify`: re-read everything and prove shards, index and manifest agree.
+
+Checks, per shard: size and CRC32C against the manifest, framing, every record parses as
+an OFRecord (with protobuf itself, not our walker), and its label / image span / size agree
+with the index; then the index's own invariants; optionally a full decode of every image.
+The first problem is reported with shard file and byte offset.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import crc32c
+import numpy as np
+
+from .format import index as ix
+from .format.ofrecord import FormatError, decode_ofrecord, iter_records
+
+
+@dataclass
+class VerifyResult:
+    records: int = 0
+    decoded: int = 0
+    errors: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def verify(root: str, decode: bool = False, threads: int | None = None, max_errors: int = 20,
+           progress: bool = False) -> VerifyResult:
+    res = VerifyResult()
+
+    def bad(msg):
+        res.errors.append(msg)
+        return len(res.errors) >= max_errors
+
+    try:
+        manifest = ix.read_manifest(root)
+        idx_info = manifest["index"]
+        idx_path = os.path.join(root, idx_info["file"])
+        with open(idx_path, "rb") as f:
+            blob = f.read()
+        if len(blob) != idx_info["bytes"] or f"{crc32c.crc32c(blob):08x}" != idx_info["crc32c"]:
+            raise FormatError(f"{idx_path}: size/CRC32C differ from the manifest (index damaged)")
+        index = ix.read_index(idx_path)
+    except (FormatError, OSError, KeyError) as e:
+        res.errors.append(str(e))
+        return res
+    from .format import ofrecord_pb2
+
+    c = index.columns
+    n = len(index)
+    keys = manifest.get("keys", {})
+    image_key, label_key = keys.get("image", "encoded"), keys.get("label", "class/label")
+    skipped = {(s["shard"], s["offset"]) for s in manifest.get("skipped", []) if "shard" in s}
+    if n != manifest["records"]:
+        bad(f"{idx_path}: {n} rows, manifest says {manifest['records']} records")
+    # rows of each shard, in file order
+    rows_by_shard = {}
+    if n:
+        order = np.lexsort((c["offset"], c["shard"]))
+        if not np.array_equal(order, np.arange(n)):
+            bad(f"{idx_path}: rows are not in (shard, offset) order")
+        for s in np.unique(c["shard"]):
+            rows_by_shard[int(s)] = np.nonzero(c["shard"] == s)[0]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=sum(s["bytes"] for s in manifest["shards"]), unit="B", unit_scale=True,
+                   desc="verify")
+    for s, info in enumerate(manifest["shards"]):
+        path = os.path.join(root, info["name"])
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        except OSError as e:
+            if bad(f"{path}: cannot open ({e.strerror})"):
+                return res
+            continue
+        try:
+            if size != info["bytes"]:
+                if bad(f"{path}: offset {min(size, info['bytes'])}: file is {size} bytes, manifest says "
+                       f"{info['bytes']} (truncated or appended to)"):
+                    return res
+            rows = rows_by_shard.get(s, np.empty(0, dtype=np.int64))
+            k = 0
+            try:
+                for rec in iter_records(mm, path):
+                    where = f"{path}: offset {rec.offset}"
+                    if (info["name"], rec.offset) in skipped:
+                        continue
+                    if k >= len(rows):
+                        raise FormatError(f"{where}: record not in the index")
+                    r = int(rows[k])
+                    k += 1
+                    if int(c["offset"][r]) != rec.offset or int(c["length"][r]) != rec.length:
+                        raise FormatError(f"{where}: index row {r} says offset {int(c['offset'][r])}, "
+                                          f"length {int(c['length'][r])}; shard has length {rec.length}")
+                    msg = ofrecord_pb2.OFRecord()
+                    try:
+                        msg.ParseFromString(mm[rec.data_offset:rec.data_offset + rec.length])
+                    except Exception as e:  # protobuf's DecodeError and friends
+                        raise FormatError(f"{where}: record does not parse as oneflow.OFRecord ({e})") \
+                            from None
+                    feats = decode_ofrecord(mm, rec.data_offset, rec.data_offset + rec.length)
+                    a, b = feats[image_key][1][0]
+                    label = list(msg.feature[label_key].int32_list.value) or \
+                        list(msg.feature[label_key].int64_list.value)
+                    if (a, b - a) != (int(c["jpeg_offset"][r]), int(c["jpeg_length"][r])):
+                        raise FormatError(f"{where}: image bytes at {a}+{b - a}, index row {r} says "
+                                          f"{int(c['jpeg_offset'][r])}+{int(c['jpeg_length'][r])}")
+                    if label != [int(c["label"][r])]:
+                        raise FormatError(f"{where}: label {label}, index row {r} says {int(c['label'][r])}")
+                    res.records += 1
+                if k != len(rows):
+                    raise FormatError(f"{path}: offset {size}: index lists {len(rows)} records in this "
+                                      f"shard, file holds {k}")
+                if info.get("records") is not None and info["records"] != k:
+                    raise FormatError(f"{path}: manifest says {info['records']} records, file holds {k}")
+                crc = f"{crc32c.crc32c(mm) if size else 0:08x}"
+                if crc != info["crc32c"]:
+                    raise FormatError(f"{path}: offset 0: CRC32C {crc} differs from the manifest's "
+                                      f"{info['crc32c']} (bytes changed in place)")
+            except FormatError as e:
+                if bad(str(e)):
+                    return res
+        finally:
+            if isinstance(mm, mmap.mmap):
+                mm.close()
+        if bar is not None:
+            bar.update(info["bytes"])
+    if bar is not None:
+        bar.close()
+    if n:
+        so = c["size_order"].astype(np.int64)
+        if not np.array_equal(np.sort(so), np.arange(n)):
+            bad(f"{idx_path}: size_order is not a permutation of the records")
+        elif np.any(np.diff(c["jpeg_length"][so].astype(np.int64)) > 0):
+            bad(f"{idx_path}: size_order is not sorted by encoded size, largest first")
+    if decode and res.ok:
+        _decode_all(root, threads, res, bad)
+    return res
+
+
+def _decode_all(root, threads, res, bad):
+    from .reader import Dataset
+
+    ds = Dataset(root)
+    c = ds.index.columns
+    dec = _decoder()
+
+    def one(i):
+        data, _ = ds[i]
+        try:
+            h, w = dec(data)
+        except Exception as e:  # any decoder failure is a finding, not a crash
+            return i, f"does not decode ({type(e).__name__}: {e})"
+        if (h, w) != (int(c["height"][i]), int(c["width"][i])):
+            return i, f"decodes to {w}x{h}, index says {int(c['width'][i])}x{int(c['height'][i])}"
+        return i, None
+
+    with ThreadPoolExecutor(threads or os.cpu_count() or 1) as ex:
+        for i, err in ex.map(one, range(len(ds))):
+            if err is None:
+                res.decoded += 1
+                continue
+            name = ds.shards[int(c["shard"][i])]["name"]
+            if bad(f"{os.path.join(root, name)}: offset {int(c['offset'][i])}: record {i}: image {err}"):
+                break
+
+
+def _decoder():
+    """Full decode → (height, width); PyTurboJPEG when its library loads, else Pillow."""
+    try:
+        from turbojpeg import TJPF_RGB, TurboJPEG
+
+        tj = TurboJPEG()
+
+        def dec(data):
+            return tj.decode(bytes(data), pixel_format=TJPF_RGB).shape[:2]
+    except Exception:
+        import io
+
+        from PIL import Image
+
+        def dec(data):
+            with Image.open(io.BytesIO(data)) as im:
+                im.load()
+                return im.height, im.width
+    return dec
+
+
