@@ -48,21 +48,30 @@ class Summary:
         return s
 
 
-def ordered_map(fn, items, workers: int, window: int):
-    """fn over items in a thread pool, results in input order, at most `window` in flight."""
+def ordered_map(fn, items, workers: int, chunk: int = 16, ahead: int = 4):
+    """fn over items in a thread pool, results in input order.
+
+    Work goes out in chunks (a future per item costs more than reading a small file) and at
+    most workers × ahead chunks are in flight, so memory stays bounded.
+    """
+    items = list(items)
+    chunks = (items[i:i + chunk] for i in range(0, len(items), chunk))
+
+    def run(batch):
+        return [fn(x) for x in batch]
+
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="recordtool-pack") as ex:
         pending = deque()
-        it = iter(items)
-        for x in it:
-            pending.append(ex.submit(fn, x))
-            if len(pending) >= window:
+        for batch in chunks:
+            pending.append(ex.submit(run, batch))
+            if len(pending) >= workers * ahead:
                 break
         while pending:
-            result = pending.popleft().result()
-            for x in it:
-                pending.append(ex.submit(fn, x))
+            done = pending.popleft().result()
+            for batch in chunks:
+                pending.append(ex.submit(run, batch))
                 break
-            yield result
+            yield from done
 
 
 def _load(item, max_pixels):
@@ -108,7 +117,7 @@ def pack(src: str, out: str, *, shards: int | None = None, shard_size: int | Non
 
         bar = tqdm(total=n, unit="img", desc="pack", mininterval=0.5)
     try:
-        results = ordered_map(lambda it: _load(it, max_pixels), shuffled, workers, window=workers * 8)
+        results = ordered_map(lambda it: _load(it, max_pixels), shuffled, workers)
         next_bound = 1
         if shards:
             writer.new_shard()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -165,7 +166,9 @@ def _decode_all(root, threads, res, bad):
             return i, f"decodes to {w}x{h}, index says {int(c['width'][i])}x{int(c['height'][i])}"
         return i, None
 
-    with ThreadPoolExecutor(threads or os.cpu_count() or 1) as ex:
+    # libjpeg's warnings (premature end of data, corrupt entropy data) are damage here
+    with warnings.catch_warnings(), ThreadPoolExecutor(threads or os.cpu_count() or 1) as ex:
+        warnings.simplefilter("error")
         for i, err in ex.map(one, range(len(ds))):
             if err is None:
                 res.decoded += 1

@@ -103,7 +103,7 @@ def probe(data) -> JpegInfo:
             raise BadJPEG(f"truncated in marker 0x{marker:02X} at offset {pos}")
         seg_len = (data[pos] << 8) | data[pos + 1]
         if seg_len < 2 or pos + seg_len > n:
-            raise BadJPEG(f"marker 0x{marker:02X} at offset {pos - 2} has length {seg_len} "
+            raise BadJPEG(f"truncated or corrupt: marker 0x{marker:02X} at offset {pos - 2} has length {seg_len} "
                           f"running past the end of the file ({n} bytes)")
         seg = pos + 2
         if marker == 0xE0 and bytes(data[seg:seg + 5]) == b"JFIF\0":
@@ -138,9 +138,10 @@ def probe(data) -> JpegInfo:
             if sof is None:
                 raise BadJPEG(f"scan (SOS) at offset {pos - 2} before any frame header (SOF)")
             scan_start = pos + seg_len
-            # An EOI marker cannot occur inside entropy-coded data (0xFF is stuffed), so the
-            # first FFD9 after the first scan is the real end; absent means truncated.
-            if data.find(b"\xff\xd9", scan_start) < 0:
+            # An EOI marker cannot occur inside entropy-coded data (0xFF is stuffed), so an
+            # FFD9 anywhere after the first scan is the real end; none means truncated.
+            # rfind: the EOI is almost always the last two bytes, so this costs nothing.
+            if data.rfind(b"\xff\xd9", scan_start) < 0:
                 raise BadJPEG(f"truncated: no EOI marker after the scan data starting at offset "
                               f"{scan_start} (file is {n} bytes)")
             break

@@ -7,6 +7,7 @@ deterministic mode does), parsed by `ofrecord_pb2.OFRecord` in the tests and by 
 """
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 
@@ -24,7 +25,12 @@ class FormatError(ValueError):
     """Bad data on disk (shard, index, manifest); the message names the file and byte offset."""
 
 
+_SMALL = [bytes((i,)) for i in range(128)]
+
+
 def _varint(n: int) -> bytes:
+    if 0 <= n < 128:
+        return _SMALL[n]
     if n < 0:
         n &= (1 << 64) - 1  # protobuf encodes negative int32/int64 as 10-byte two's complement
     out = bytearray()
@@ -51,8 +57,42 @@ class Encoded:
     payload_offset: int  # offset of the located bytes value inside the message, or -1
 
 
+_BYTES = (bytes, bytearray, memoryview)
+
+
+def _feature_body(key: str, value) -> tuple[int, list]:
+    """(kind, pieces of the XxxList message) for one feature value."""
+    if isinstance(value, _BYTES):
+        return BYTES_LIST, [_len_field(1, len(value)), value]
+    if isinstance(value, int):
+        value = (value,)
+    elif isinstance(value, float):
+        value = (value,)
+    value = list(value)
+    if value and all(isinstance(v, _BYTES) for v in value):
+        out = []
+        for v in value:
+            out.append(_len_field(1, len(v)))
+            out.append(v)
+        return BYTES_LIST, out
+    if all(isinstance(v, int) for v in value):
+        kind = INT32_LIST if all(-(2**31) <= v < 2**31 for v in value) else INT64_LIST
+        packed = b"".join(_varint(v) for v in value)
+        return kind, ([_len_field(1, len(packed)), packed] if packed else [])
+    if all(isinstance(v, (int, float)) for v in value):
+        packed = struct.pack(f"<{len(value)}f", *value)
+        return FLOAT_LIST, [_len_field(1, len(packed)), packed]
+    raise TypeError(f"feature {key!r}: unsupported value {type(value[0]).__name__}")
+
+
+@functools.lru_cache(maxsize=256)
+def _key_part(key: str) -> bytes:
+    kb = key.encode("utf-8")
+    return _len_field(1, len(kb)) + kb
+
+
 def encode_ofrecord(features: dict, locate: str | None = None) -> Encoded:
-    """Serialize {key: value} to OFRecord wire bytes.
+    """Serialize {key: value} to OFRecord wire bytes, keys sorted.
 
     Values: bytes-like → bytes_list of one value; list of bytes → bytes_list; int or list of
     int → int32_list (int64_list if a value does not fit); float or list of float → float_list.
@@ -62,45 +102,19 @@ def encode_ofrecord(features: dict, locate: str | None = None) -> Encoded:
     size = 0
     payload_offset = -1
     for key in sorted(features):
-        value = features[key]
-        kb = key.encode("utf-8")
-        if isinstance(value, (bytes, bytearray, memoryview)):
-            value = [value]
-        elif isinstance(value, (int, float)):
-            value = [value]
-        value = list(value)
-        if value and all(isinstance(v, (bytes, bytearray, memoryview)) for v in value):
-            kind = BYTES_LIST
-            inner_parts = []
-            for v in value:
-                inner_parts.append(_len_field(1, len(v)))
-                inner_parts.append(v)
-            inner_len = sum(len(p) for p in inner_parts)
-        elif all(isinstance(v, int) for v in value):
-            kind = INT32_LIST if all(-(2**31) <= v < 2**31 for v in value) else INT64_LIST
-            packed = b"".join(_varint(v) for v in value)
-            inner_parts = [_len_field(1, len(packed)), packed] if packed else []
-            inner_len = sum(len(p) for p in inner_parts)
-        elif all(isinstance(v, (int, float)) for v in value):
-            kind = FLOAT_LIST
-            packed = struct.pack(f"<{len(value)}f", *value)
-            inner_parts = [_len_field(1, len(packed)), packed]
-            inner_len = sum(len(p) for p in inner_parts)
-        else:
-            raise TypeError(f"feature {key!r}: unsupported value {type(value[0]).__name__}")
+        kind, inner = _feature_body(key, features[key])
+        inner_len = sum(map(len, inner))
         feature_hdr = _len_field(kind, inner_len)
+        key_part = _key_part(key)
         feature_len = len(feature_hdr) + inner_len
-        key_part = _len_field(1, len(kb)) + kb
         value_hdr = _len_field(2, feature_len)
-        entry_len = len(key_part) + len(value_hdr) + feature_len
-        entry_hdr = _len_field(1, entry_len)
-        head = entry_hdr + key_part + value_hdr + feature_hdr
+        head = _len_field(1, len(key_part) + len(value_hdr) + feature_len) + key_part + value_hdr + feature_hdr
         if key == locate:
-            if kind != BYTES_LIST or len(value) != 1:
+            if kind != BYTES_LIST or len(inner) != 2:
                 raise TypeError(f"feature {key!r} to locate must be a single bytes value")
-            payload_offset = size + len(head) + len(inner_parts[0])
+            payload_offset = size + len(head) + len(inner[0])
         parts.append(head)
-        parts.extend(inner_parts)
+        parts.extend(inner)
         size += len(head) + inner_len
     return Encoded(parts, size, payload_offset)
 

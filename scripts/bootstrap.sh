@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Set up a fresh Debian 12 machine: system libraries, then a venv with recordtool and its test deps.
+# Idempotent; called by scripts/demo.sh and scripts/test.sh (and so by .ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+need=()
+for pkg in libturbojpeg0 libjpeg62-turbo-dev; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e ".[test]"

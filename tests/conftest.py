@@ -1,0 +1,54 @@
+"""Tiny datasets built in tmp dirs: tests never need ../shared or network."""
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+
+def photo_like(w: int, h: int, seed: int = 0) -> Image.Image:
+    """Smooth colour field + noise: compresses and decodes like a photo, small and fast."""
+    rng = np.random.default_rng(seed)
+    base = Image.fromarray(rng.integers(0, 256, (max(2, h // 16), max(2, w // 16), 3), dtype=np.uint8))
+    a = np.asarray(base.resize((w, h), Image.BICUBIC), dtype=np.float32)
+    a += rng.normal(0, 6, a.shape).astype(np.float32)
+    return Image.fromarray(np.clip(a, 0, 255).astype(np.uint8), "RGB")
+
+
+def jpeg_bytes(w=64, h=48, seed=0, mode="RGB", **save) -> bytes:
+    im = photo_like(w, h, seed)
+    if mode != "RGB":
+        im = im.convert(mode)
+    buf = io.BytesIO()
+    im.save(buf, "JPEG", quality=save.pop("quality", 90), **save)
+    return buf.getvalue()
+
+
+def png_bytes(w=40, h=30, seed=0, mode="RGB") -> bytes:
+    buf = io.BytesIO()
+    photo_like(w, h, seed).convert(mode).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def write(path, data: bytes):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+@pytest.fixture
+def folder(tmp_path):
+    """A clean ImageFolder: 3 classes × 7 JPEGs of mixed sizes and subsamplings."""
+    root = tmp_path / "src"
+    k = 0
+    for c, cls in enumerate(["cat", "dog", "eel"]):
+        for i in range(7):
+            sub = [0, 1, 2][k % 3]
+            write(str(root / cls / f"{cls}_{i}.JPEG"),
+                  jpeg_bytes(40 + 8 * (k % 5), 30 + 4 * (k % 7), seed=k, subsampling=sub,
+                             progressive=(k % 6 == 5)))
+            k += 1
+    return root

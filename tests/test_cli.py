@@ -1,0 +1,50 @@
+"""The `recordtool` command end to end, as a user runs it."""
+import json
+import os
+import subprocess
+import sys
+
+from conftest import write
+
+CLI = [sys.executable, "-m", "recordtool.cli"]
+
+
+def run(*args):
+    return subprocess.run(CLI + [str(a) for a in args], capture_output=True, text=True)
+
+
+def test_pack_inspect_verify(folder, tmp_path):
+    out = tmp_path / "out"
+    p = run("pack", folder, out, "--shards", "2", "--workers", "2", "-q")
+    assert p.returncode == 0, p.stderr
+    assert "packed 21 records into 2 shards" in p.stdout
+    p = run("inspect", out)
+    assert p.returncode == 0 and "21 records, 3 classes, 2 shards" in p.stdout and "4:2:0" in p.stdout
+    s = json.loads(run("inspect", out, "--json").stdout)
+    assert s["records"] == 21 and sum(s["chroma"].values()) == 21 and s["progressive"] > 0
+    p = run("verify", out, "--decode", "-q")
+    assert p.returncode == 0 and "OK: 21 records verified, 21 decoded" in p.stdout
+    b = bytearray((out / "part-00001").read_bytes())
+    b[100] ^= 1
+    (out / "part-00001").write_bytes(bytes(b))
+    p = run("verify", out, "-q")
+    assert p.returncode == 1 and "FAILED" in p.stderr and "part-00001" in p.stderr
+
+
+def test_pack_reports_skips_and_strict(tmp_path, folder):
+    write(str(folder / "cat" / "broken.JPEG"), b"\xff\xd8\xff")
+    p = run("pack", folder, tmp_path / "a", "-q")
+    assert p.returncode == 0 and "skipped 1" in p.stdout and "cat/broken.JPEG" in p.stderr
+    p = run("pack", folder, tmp_path / "b", "-q", "--strict")
+    assert p.returncode == 1 and "broken.JPEG" in p.stderr and "Traceback" not in p.stderr
+    assert not os.path.exists(tmp_path / "b" / "manifest.json")
+
+
+def test_clear_errors_not_tracebacks(tmp_path, folder):
+    p = run("inspect", tmp_path)
+    assert p.returncode == 1 and "not a finished recordtool dataset" in p.stderr
+    assert "Traceback" not in p.stderr
+    p = run("index", tmp_path)
+    assert p.returncode == 1 and "no part files" in p.stderr
+    p = run("pack", folder, tmp_path / "o", "--shards", "2", "--shard-size", "1MB")
+    assert p.returncode == 1 and "not both" in p.stderr

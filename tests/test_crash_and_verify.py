@@ -1,0 +1,202 @@
+"""A killed pack never looks finished and a re-run is byte-identical; verify finds damage."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import recordtool
+from recordtool.format.ofrecord import FormatError
+from recordtool.format.scan import index_parts
+from recordtool.pack import pack
+from recordtool.verify import verify
+
+from conftest import jpeg_bytes, write
+
+PACK = [sys.executable, "-m", "recordtool.cli", "pack", "--shards", "3", "--seed", "5", "-q"]
+
+
+def _tree(root):
+    return {n: open(os.path.join(root, n), "rb").read() for n in sorted(os.listdir(root))}
+
+
+@pytest.fixture
+def reference(folder, tmp_path):
+    ref = tmp_path / "ref"
+    subprocess.run(PACK + [str(folder), str(ref)], check=True)
+    return _tree(ref)
+
+
+@pytest.mark.parametrize("fault", ["record:1", "record:9", "record:21", "publish:1", "publish:3",
+                                   "publish:5", "published:1"])
+def test_kill_at_any_moment_then_rerun(folder, tmp_path, reference, fault):
+    out = tmp_path / "out"
+    env = dict(os.environ, RECORDTOOL_FAULT=fault)
+    p = subprocess.run(PACK + [str(folder), str(out)], env=env)
+    assert p.returncode == -signal.SIGKILL
+    finished = (out / "manifest.json").exists()
+    if finished:  # killed after the manifest was published: the dataset must be whole
+        assert fault == "published:1" and verify(str(out)).ok
+    else:
+        with pytest.raises(FormatError, match="not a finished recordtool dataset"):
+            recordtool.open(out)
+        assert not verify(str(out)).ok
+    p = subprocess.run(PACK + (["--overwrite"] if finished else []) + [str(folder), str(out)])
+    assert p.returncode == 0
+    assert _tree(out) == reference
+
+
+def test_kill_by_timer_then_rerun(tmp_path):
+    # a larger input, killed at several wall-clock moments without any hook
+    src = tmp_path / "src"
+    for i in range(300):
+        write(str(src / f"c{i % 4}" / f"{i}.jpg"), jpeg_bytes(160, 120, seed=i))
+    ref = tmp_path / "ref"
+    subprocess.run(PACK + [str(src), str(ref)], check=True)
+    expected = _tree(ref)
+    for delay in (0.3, 0.6, 0.9):
+        out = tmp_path / f"out{delay}"
+        p = subprocess.Popen(PACK + [str(src), str(out)])
+        time.sleep(delay)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        if not (out / "manifest.json").exists():
+            with pytest.raises(FormatError):
+                recordtool.open(out)
+        rerun = PACK + (["--overwrite"] if (out / "manifest.json").exists() else [])
+        subprocess.run(rerun + [str(src), str(out)], check=True)
+        assert _tree(out) == expected
+
+
+@pytest.fixture
+def packed(folder, tmp_path):
+    out = tmp_path / "out"
+    pack(str(folder), str(out), shards=2, progress=False)
+    return out
+
+
+def _first_error(out, **kw):
+    res = verify(str(out), **kw)
+    assert not res.ok
+    return res.errors[0]
+
+
+def test_verify_flipped_byte_names_shard(packed):
+    p = packed / "part-00001"
+    b = bytearray(p.read_bytes())
+    b[len(b) // 2] ^= 0xFF
+    p.write_bytes(bytes(b))
+    assert "part-00001" in _first_error(packed) and "CRC32C" in _first_error(packed)
+
+
+def test_verify_truncated_shard_names_offset(packed):
+    p = packed / "part-00000"
+    b = p.read_bytes()
+    p.write_bytes(b[:-100])
+    err = _first_error(packed)
+    assert "part-00000" in err and f"offset {len(b) - 100}" in err
+
+
+def test_verify_broken_framing_names_offset(packed):
+    ds = recordtool.open(packed)
+    off = int(ds.index.offset[1])  # second record of shard 0
+    ds.close()
+    p = packed / "part-00000"
+    b = bytearray(p.read_bytes())
+    b[off:off + 8] = (10**12).to_bytes(8, "little")
+    p.write_bytes(bytes(b))
+    errs = verify(str(packed)).errors
+    assert any(f"part-00000: offset {off}" in e for e in errs), errs
+
+
+def test_verify_decode_finds_corrupt_image(packed):
+    ds = recordtool.open(packed)
+    i = int(ds.index.size_order[0])
+    s, a, n = int(ds.index.shard[i]), int(ds.index.jpeg_offset[i]), int(ds.index.jpeg_length[i])
+    ds.close()
+    p = packed / f"part-{s:05d}"
+    b = bytearray(p.read_bytes())
+    b[a:a + n] = b"\xff\xd8" + bytes(n - 2)  # same length, broken image
+    p.write_bytes(bytes(b))
+    m = json.loads((packed / "manifest.json").read_text())
+    # keep the CRC consistent so only the decode check can notice
+    import crc32c
+
+    m["shards"][s]["crc32c"] = f"{crc32c.crc32c(bytes(b)):08x}"
+    (packed / "manifest.json").write_text(json.dumps(m))
+    assert verify(str(packed)).ok
+    err = _first_error(packed, decode=True)
+    assert f"record {i}" in err and f"part-{s:05d}" in err
+
+
+def test_verify_missing_shard_and_index(packed):
+    os.remove(packed / "part-00001")
+    assert "part-00001" in _first_error(packed)
+    os.remove(packed / "index.rtx")
+    assert "index.rtx" in _first_error(packed)
+
+
+def test_reader_refuses_truncated_shard(packed):
+    p = packed / "part-00000"
+    p.write_bytes(p.read_bytes()[:-1])
+    ds = recordtool.open(packed)
+    with pytest.raises(FormatError, match="part-00000.*manifest says"):
+        for i in range(len(ds)):
+            ds[i]
+
+
+def test_index_oneflow_style_parts(tmp_path, folder):
+    """Part files written by protobuf itself (OneFlow's way: random key order, extra keys)."""
+    from recordtool.format import ofrecord_pb2
+
+    root = tmp_path / "of"
+    os.makedirs(root)
+    files = sorted(p for p in folder.rglob("*.JPEG"))
+    expect = []
+    for part in range(2):
+        with open(root / f"part-{part:05d}", "wb") as f:
+            for k, path in enumerate(files[part::2]):
+                m = ofrecord_pb2.OFRecord()
+                data = path.read_bytes()
+                label = ["cat", "dog", "eel"].index(path.parent.name)
+                m.feature["class/synset"].bytes_list.value.append(path.parent.name.encode())
+                m.feature["filename"].bytes_list.value.append(path.name.encode())
+                m.feature["encoded"].bytes_list.value.append(data)
+                m.feature["class/label"].int32_list.value.append(label)
+                blob = m.SerializeToString()
+                f.write(len(blob).to_bytes(8, "little") + blob)
+                expect.append((data, label))
+    m = index_parts(str(root), progress=False)
+    assert m["records"] == len(files) and m["classes"] == ["cat", "dog", "eel"]
+    ds = recordtool.open(root)
+    assert [(bytes(d), lab) for d, lab in (ds[i] for i in range(len(ds)))] == expect
+    assert verify(str(root), decode=True).ok
+
+
+def test_index_reports_bad_records(tmp_path, folder):
+    from recordtool.format import ofrecord_pb2
+
+    root = tmp_path / "of"
+    os.makedirs(root)
+    with open(root / "part-00000", "wb") as f:
+        for payload in [jpeg_bytes(), b"not a jpeg", jpeg_bytes(seed=2)]:
+            m = ofrecord_pb2.OFRecord()
+            m.feature["encoded"].bytes_list.value.append(payload)
+            m.feature["class/label"].int32_list.value.append(0)
+            blob = m.SerializeToString()
+            f.write(len(blob).to_bytes(8, "little") + blob)
+    m = index_parts(str(root), progress=False)
+    assert m["records"] == 2 and len(m["skipped"]) == 1
+    assert "part-00000: offset" in m["skipped"][0]["reason"]
+    assert verify(str(root)).ok
+    with pytest.raises(FormatError, match="part-00000: offset"):
+        index_parts(str(root), strict=True, progress=False)
+    shutil.copy(root / "part-00000", root / "part-00001")
+    with open(root / "part-00001", "ab") as f:
+        f.write(b"\x01\x02")
+    with pytest.raises(FormatError, match="part-00001: offset .*trailing bytes"):
+        index_parts(str(root), progress=False)

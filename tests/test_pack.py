@@ -1,0 +1,211 @@
+"""pack → shards/index/manifest: exact bytes, labels, bad inputs, determinism."""
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import recordtool
+from conftest import jpeg_bytes, png_bytes, write
+from recordtool.format import index as ix
+from recordtool.format import ofrecord_pb2
+from recordtool.format.jpeg import CHROMA_GRAY, probe
+from recordtool.format.ofrecord import iter_records
+from recordtool.pack import PackError, pack
+from recordtool.verify import verify
+
+
+def _files(root):
+    out = {}
+    for dirpath, _, names in os.walk(root, followlinks=True):
+        for n in names:
+            p = os.path.join(dirpath, n)
+            out[os.path.relpath(p, root)] = p
+    return out
+
+
+def _by_filename(ds):
+    """filename → (jpeg bytes, label), read back through the OFRecord messages themselves."""
+    got = {}
+    for i in range(len(ds)):
+        m = ofrecord_pb2.OFRecord()
+        m.ParseFromString(ds.record(i))
+        fn = m.feature["filename"].bytes_list.value[0].decode()
+        data, label = ds[i]
+        assert bytes(data) == m.feature["encoded"].bytes_list.value[0]
+        assert label == m.feature["class/label"].int32_list.value[0]
+        assert (m.feature["width"].int32_list.value[0], m.feature["height"].int32_list.value[0]) == \
+            (int(ds.index.width[i]), int(ds.index.height[i]))
+        got[fn] = (bytes(data), label)
+    return got
+
+
+def test_every_file_recovered_exactly_with_its_label(folder, tmp_path):
+    s = pack(str(folder), str(tmp_path / "out"), shards=3, progress=False)
+    assert (s.records, s.shards, s.skipped, s.converted) == (21, 3, [], [])
+    ds = recordtool.open(tmp_path / "out")
+    assert ds.classes == ["cat", "dog", "eel"]
+    got = _by_filename(ds)
+    files = _files(folder)
+    assert set(got) == set(files)
+    for rel, path in files.items():
+        with open(path, "rb") as f:
+            assert got[rel][0] == f.read()
+        assert got[rel][1] == ds.classes.index(rel.split("/")[0])
+    assert verify(str(tmp_path / "out")).ok
+
+
+def test_index_agrees_with_shards(folder, tmp_path):
+    out = tmp_path / "out"
+    pack(str(folder), str(out), shards=2, progress=False)
+    ds = recordtool.open(out)
+    c = ds.index.columns
+    k = 0
+    for s, sh in enumerate(ds.shards):
+        blob = open(out / sh["name"], "rb").read()
+        for rec in iter_records(blob):
+            assert (int(c["shard"][k]), int(c["offset"][k]), int(c["length"][k])) == (s, rec.offset, rec.length)
+            info = probe(blob[int(c["jpeg_offset"][k]):int(c["jpeg_offset"][k]) + int(c["jpeg_length"][k])])
+            assert (info.width, info.height, info.chroma, info.progressive) == \
+                (int(c["width"][k]), int(c["height"][k]), int(c["chroma"][k]), bool(c["progressive"][k]))
+            k += 1
+    assert k == len(ds)
+    so = c["size_order"]
+    assert sorted(so.tolist()) == list(range(len(ds)))
+    assert np.all(np.diff(c["jpeg_length"][so].astype(int)) <= 0)
+    m = json.load(open(out / "manifest.json"))
+    assert m["records"] == 21 and [x["name"] for x in m["shards"]] == ["part-00000", "part-00001"]
+    assert sum(x["records"] for x in m["shards"]) == 21
+    assert m["shards"][0]["bytes"] == os.path.getsize(out / "part-00000")
+
+
+def test_records_shuffled_across_shards(folder, tmp_path):
+    pack(str(folder), str(tmp_path / "o"), shards=3, progress=False)
+    labels = recordtool.open(tmp_path / "o").labels
+    assert list(labels) != sorted(labels)  # class-sorted input, not class-sorted output
+    for s in range(3):  # each shard holds more than one class
+        assert len(set(labels[recordtool.open(tmp_path / "o").index.shard == s])) > 1
+
+
+def test_deterministic_whatever_the_worker_count(folder, tmp_path):
+    pack(str(folder), str(tmp_path / "a"), shards=2, workers=1, seed=7, progress=False)
+    pack(str(folder), str(tmp_path / "b"), shards=2, workers=8, seed=7, progress=False)
+    pack(str(folder), str(tmp_path / "c"), shards=2, workers=3, seed=8, progress=False)
+    names = sorted(os.listdir(tmp_path / "a"))
+    assert names == sorted(os.listdir(tmp_path / "b"))
+    for n in names:
+        assert (tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes(), n
+    assert (tmp_path / "a" / "part-00000").read_bytes() != (tmp_path / "c" / "part-00000").read_bytes()
+
+
+def test_shard_size_target(folder, tmp_path):
+    s = pack(str(folder), str(tmp_path / "o"), shard_size=4000, progress=False)
+    assert s.shards > 3
+    sizes = [os.path.getsize(tmp_path / "o" / f"part-{k:05d}") for k in range(s.shards)]
+    assert all(x >= 4000 for x in sizes[:-1])
+    assert verify(str(tmp_path / "o")).ok
+
+
+def test_bad_inputs_are_skipped_or_fixed_and_reported(tmp_path):
+    src = tmp_path / "src"
+    good = jpeg_bytes(50, 40, seed=1)
+    write(str(src / "a" / "good.jpg"), good)
+    write(str(src / "a" / "truncated.JPEG"), jpeg_bytes(64, 64, seed=2)[:600])
+    write(str(src / "a" / "zero.jpeg"), b"")
+    write(str(src / "a" / "notes.txt"), b"hello")
+    write(str(src / "a" / "garbage.JPEG"), b"\xff\xd8" + os.urandom(300))
+    write(str(src / "a" / "random.png"), os.urandom(200))
+    write(str(src / "b" / "png_named.JPEG"), png_bytes(33, 22, seed=3))
+    write(str(src / "b" / "cmyk.jpg"), jpeg_bytes(35, 25, seed=4, mode="CMYK"))
+    write(str(src / "b" / "gray.JPEG"), jpeg_bytes(36, 26, seed=5, mode="L"))
+    write(str(src / "b" / "rgba.png"), png_bytes(20, 20, mode="RGBA"))
+    write(str(src / "b" / "ünïcødé 名前.JPEG"), jpeg_bytes(37, 27, seed=6))
+    os.makedirs(src / "c_empty")
+    write(str(tmp_path / "elsewhere" / "linked.jpg"), jpeg_bytes(38, 28, seed=7))
+    os.symlink(tmp_path / "elsewhere" / "linked.jpg", src / "b" / "linked.jpg")
+    os.symlink(tmp_path / "nowhere.jpg", src / "b" / "dangling.jpg")
+    bomb = bytearray(jpeg_bytes(64, 48, seed=8))
+    sof = bomb.find(b"\xff\xc0")
+    bomb[sof + 5:sof + 9] = (60000).to_bytes(2, "big") * 2
+    write(str(src / "b" / "bomb.jpg"), bytes(bomb))
+
+    out = tmp_path / "out"
+    s = pack(str(src), str(out), progress=False)
+    skipped = dict(s.skipped)
+    assert set(skipped) == {"a/truncated.JPEG", "a/zero.jpeg", "a/notes.txt", "a/garbage.JPEG",
+                            "a/random.png", "b/dangling.jpg", "b/bomb.jpg"}
+    assert "truncated" in skipped["a/truncated.JPEG"]
+    assert "empty" in skipped["a/zero.jpeg"]
+    assert "extension" in skipped["a/notes.txt"]
+    assert "60000x60000" in skipped["b/bomb.jpg"]
+    assert "symbolic link" in skipped["b/dangling.jpg"]
+    assert dict(s.converted).keys() == {"b/png_named.JPEG", "b/cmyk.jpg", "b/rgba.png"}
+    assert any("c_empty" in w for w in s.warnings)
+
+    report = json.load(open(out / "pack_report.json"))
+    assert {x["file"] for x in report["skipped"]} == set(skipped)
+    ds = recordtool.open(out)
+    assert ds.classes == ["a", "b", "c_empty"]  # empty class keeps its label, like ImageFolder
+    got = _by_filename(ds)
+    assert set(got) == {"a/good.jpg", "b/png_named.JPEG", "b/cmyk.jpg", "b/gray.JPEG", "b/rgba.png",
+                        "b/ünïcødé 名前.JPEG", "b/linked.jpg"}
+    assert got["a/good.jpg"] == (good, 0)
+    assert got["b/linked.jpg"][0] == (tmp_path / "elsewhere" / "linked.jpg").read_bytes()
+    assert got["b/gray.JPEG"][0] == (src / "b" / "gray.JPEG").read_bytes()  # gray kept as-is
+    i_gray = [i for i in range(len(ds)) if bytes(ds[i][0]) == got["b/gray.JPEG"][0]][0]
+    assert ds.index.chroma[i_gray] == CHROMA_GRAY
+    # converted files are RGB JPEGs whose pixels match the source
+    for name, src_bytes in [("b/png_named.JPEG", (src / "b" / "png_named.JPEG").read_bytes()),
+                            ("b/cmyk.jpg", (src / "b" / "cmyk.jpg").read_bytes())]:
+        conv = Image.open(io.BytesIO(got[name][0]))
+        assert conv.format == "JPEG" and conv.mode == "RGB"
+        ref = np.asarray(Image.open(io.BytesIO(src_bytes)).convert("RGB"), dtype=float)
+        mse = ((np.asarray(conv, dtype=float) - ref) ** 2).mean()
+        assert 10 * np.log10(255**2 / mse) > 28  # q95 with 4:2:0 chroma on a noisy 33×22 image
+    assert verify(str(out), decode=True).ok
+
+
+def test_strict_fails_on_first_bad_file_and_leaves_nothing(tmp_path):
+    src = tmp_path / "src"
+    write(str(src / "a" / "ok.jpg"), jpeg_bytes())
+    write(str(src / "a" / "zero.jpg"), b"")
+    with pytest.raises(PackError, match="zero.jpg: empty file"):
+        pack(str(src), str(tmp_path / "out"), strict=True, progress=False)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+    assert not any(n.startswith("part-") for n in os.listdir(tmp_path / "out"))
+
+
+def test_all_files_bad_is_an_error(tmp_path):
+    write(str(tmp_path / "src" / "a" / "zero.jpg"), b"")
+    with pytest.raises(PackError, match="all skipped"):
+        pack(str(tmp_path / "src"), str(tmp_path / "out"), progress=False)
+
+
+def test_output_dir_safety(folder, tmp_path):
+    out = tmp_path / "out"
+    pack(str(folder), str(out), progress=False)
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        pack(str(folder), str(out), progress=False)
+    pack(str(folder), str(out), shards=2, overwrite=True, progress=False)
+    assert len(recordtool.open(out).shards) == 2
+    assert not (out / "part-00002").exists()
+    other = tmp_path / "other"
+    write(str(other / "precious.txt"), b"x")
+    with pytest.raises(FileExistsError, match="not empty"):
+        pack(str(folder), str(other), progress=False)
+    assert (other / "precious.txt").read_bytes() == b"x"
+
+
+def test_reader_views_are_zero_copy(folder, tmp_path):
+    pack(str(folder), str(tmp_path / "o"), progress=False)
+    ds = recordtool.open(tmp_path / "o")
+    data, _ = ds[0]
+    assert isinstance(data, memoryview) and data.readonly
+    assert ds[-1][0].tobytes() == ds[len(ds) - 1][0].tobytes()
+    with pytest.raises(IndexError):
+        ds[len(ds)]
+    ds.prefetch(range(len(ds)))
+    del data
+    ds.close()
