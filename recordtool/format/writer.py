@@ -18,7 +18,6 @@ from .ofrecord import LENGTH_SIZE, encode_ofrecord, frame
 PARTIAL_DIR = ".partial"
 SHARD_PREFIX = "part-"
 SHARD_DIGITS = 5
-WRITE_BLOCK = 8 << 20
 
 # OneFlow ImageNet converter's keys
 KEY_IMAGE = "encoded"
@@ -69,7 +68,6 @@ class DatasetWriter:
         self._fd = None
         self._pos = 0
         self._crc = 0
-        self._buf = bytearray()
 
     @property
     def shard(self) -> int:
@@ -100,27 +98,19 @@ class DatasetWriter:
         self.shards[-1]["records"] += 1
 
     def _write(self, pieces: list, total: int) -> None:
-        # Gather into one buffer and write in large blocks: far fewer syscalls and page-cache
-        # round trips than a write per record.
-        buf = self._buf
+        # One writev per record: measured faster than gathering records into big blocks,
+        # which costs an extra copy of every byte.
+        written = os.writev(self._fd, pieces)
+        if written < total:  # short write: finish the rest
+            rest = memoryview(b"".join(bytes(p) for p in pieces))[written:]
+            while len(rest):
+                rest = rest[os.write(self._fd, rest):]
         for p in pieces:
-            buf += p
+            self._crc = crc32c.crc32c(p, self._crc)
         self._pos += total
-        if len(buf) >= WRITE_BLOCK:
-            self._flush()
-
-    def _flush(self) -> None:
-        view = memoryview(self._buf)
-        done = 0
-        while done < len(view):
-            done += os.write(self._fd, view[done:])
-        view.release()
-        self._crc = crc32c.crc32c(self._buf, self._crc)
-        self._buf.clear()
 
     def _close_shard(self) -> None:
         if self._fd is not None:
-            self._flush()
             os.close(self._fd)
             self.shards[-1]["bytes"] = self._pos
             self.shards[-1]["crc32c"] = f"{self._crc:08x}"

@@ -1,0 +1,114 @@
+"""CPU fused decode → crop → resize, batched, on the native thread pool (or the Python fallback)."""
+from __future__ import annotations
+
+import os
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from . import reference
+
+try:
+    from .. import _native
+except ImportError as e:  # extension not built: same API through PyTurboJPEG + Pillow
+    _native = None
+    _IMPORT_ERROR = str(e)
+
+DEFAULT_MAX_PIXELS = 64 * 1024 * 1024
+_warned = False
+
+
+class DecodeError(RuntimeError):
+    """Some images of a batch failed; `.failures` is a list of (batch index, reason)."""
+
+    def __init__(self, failures):
+        self.failures = failures
+        head = "; ".join(f"#{i}: {r}" for i, r in failures[:5])
+        more = f" (+{len(failures) - 5} more)" if len(failures) > 5 else ""
+        super().__init__(f"{len(failures)} image(s) failed to decode: {head}{more}")
+
+
+def native_available() -> bool:
+    return _native is not None
+
+
+def _fallback_warning():
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(f"recordtool native decoder not built ({_IMPORT_ERROR}); using the slower "
+                      "PyTurboJPEG + Pillow path", RuntimeWarning, stacklevel=3)
+
+
+def _python_batch(buffers, windows, out, threads, max_pixels, margin):
+    oh, ow = out.shape[1:3]
+
+    def one(i):
+        data = buffers[i]
+        try:
+            from PIL import Image
+            import io
+
+            with Image.open(io.BytesIO(bytes(data))) as im:
+                if im.width * im.height > max_pixels:
+                    return i, f"header declares {im.width}x{im.height}, more than max_pixels {max_pixels}"
+            out[i] = reference.decode_crop_resize_one(data, windows[i], ow, oh, margin=margin)
+            return i, None
+        except Exception as e:  # per-image failures never abort the batch
+            out[i] = 0
+            return i, f"{type(e).__name__}: {e}"
+
+    order = np.argsort([-len(b) for b in buffers], kind="stable")  # largest first
+    with ThreadPoolExecutor(threads) as ex:
+        results = list(ex.map(one, order))
+    return sorted((i, r) for i, r in results if r is not None)
+
+
+def decode_crop_resize(buffers, windows, size=(224, 224), threads: int | None = None, out=None,
+                       policy: str = "raise", max_pixels: int = DEFAULT_MAX_PIXELS,
+                       errors: list | None = None, scale_margin: float = reference.SCALE_MARGIN) -> np.ndarray:
+    """Decode each JPEG's crop window and resize it to `size` (h, w): uint8 (N, h, w, 3) RGB.
+
+    windows: (N, 4) (y, x, h, w) in source pixels (int, or float for the eval transform).
+    out: a preallocated C-contiguous uint8 (N, h, w, 3) array (e.g. pinned memory) to fill.
+    policy on a failed image: "raise" (DecodeError after the whole batch), "skip" (slot left
+    zero) or "fallback" (Pillow full decode + crop + resize; zero if that fails too). Failures
+    are appended to `errors` as (index, reason) when a list is given.
+    scale_margin: DCT scaling M/8 is used only while the scaled window stays ≥ margin × size
+    (1.0 = fastest; 1.25 keeps PSNR ≥ 40 dB against Pillow's crop+resize).
+    """
+    if policy not in ("raise", "skip", "fallback"):
+        raise ValueError(f"policy must be raise, skip or fallback, not {policy!r}")
+    n = len(buffers)
+    oh, ow = int(size[0]), int(size[1])
+    win = np.ascontiguousarray(np.asarray(windows, dtype=np.float64).reshape(n, 4))
+    if out is None:
+        out = np.empty((n, oh, ow, 3), np.uint8)
+    elif out.shape != (n, oh, ow, 3) or out.dtype != np.uint8 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be C-contiguous uint8 {(n, oh, ow, 3)}, got {out.dtype} {out.shape}")
+    threads = threads or os.cpu_count() or 1
+    if n == 0:
+        return out
+    if _native is not None:
+        failures = _native.decode_crop_resize(list(buffers), win, out, int(threads), int(max_pixels),
+                                              0, float(scale_margin))
+    else:
+        _fallback_warning()
+        failures = _python_batch(buffers, win, out, threads, max_pixels, scale_margin)
+    if failures and policy == "fallback":
+        still = []
+        for i, reason in failures:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")  # Pillow's truncation warnings → failure
+                    out[i] = reference.truth(buffers[i], win[i], ow, oh)
+            except Exception as e:
+                out[i] = 0
+                still.append((i, f"{reason}; Pillow fallback: {type(e).__name__}: {e}"))
+        failures = still
+    if errors is not None:
+        errors.extend(failures)
+    if failures and policy == "raise":
+        raise DecodeError(failures)
+    return out

@@ -1,0 +1,95 @@
+"""Plain-Python references for the native routines — the tests' yardstick, and the fallback
+when the extension is not built.
+
+- `choose_scale`: smallest DCT scale M/8 keeping the window ≥ margin × the output size.
+- `decode_region`: PyTurboJPEG full decode at scale M/8 (libjpeg-turbo, same IDCT and
+  upsampling as the native path), then a numpy crop of the whole-pixel region holding the window.
+- `resample`: Pillow's Image.resize(BILINEAR, box=…) on that region.
+- `decode_crop_resize_one`: the three chained — what native/fused.cpp computes.
+- `truth`: Pillow full decode → crop(window) → resize(BILINEAR): the fidelity reference.
+"""
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+from PIL import Image
+
+
+SCALE_MARGIN = 1.25  # see native/fused.cpp choose_scale: why not 1.0
+
+
+def choose_scale(win_w: float, win_h: float, out_w: int, out_h: int, margin: float = SCALE_MARGIN) -> int:
+    for m in range(1, 8):
+        if win_w * m / 8.0 >= out_w * margin and win_h * m / 8.0 >= out_h * margin:
+            return m
+    return 8
+
+
+def region_of(window, m: int, scaled_w: int, scaled_h: int):
+    """Whole-pixel region (x0, y0, x1, y1) of the scaled image holding the window, and the
+    window's float box relative to it."""
+    y, x, h, w = (float(v) for v in window)
+    s = m / 8.0
+    bx0, by0, bx1, by1 = x * s, y * s, (x + w) * s, (y + h) * s
+    rx0, ry0 = math.floor(bx0 + 1e-9), math.floor(by0 + 1e-9)
+    rx1, ry1 = min(scaled_w, math.ceil(bx1 - 1e-9)), min(scaled_h, math.ceil(by1 - 1e-9))
+    rx1 = max(rx1, min(scaled_w, rx0 + 1))
+    ry1 = max(ry1, min(scaled_h, ry0 + 1))
+    return (rx0, ry0, rx1, ry1), (bx0 - rx0, by0 - ry0, bx1 - rx0, by1 - ry0)
+
+
+_tj = None
+
+
+def _turbojpeg():
+    global _tj
+    if _tj is None:
+        from turbojpeg import TurboJPEG
+
+        _tj = TurboJPEG()
+    return _tj
+
+
+def decode_scaled(data, m: int) -> np.ndarray:
+    """Full decode at scale m/8 to RGB (H, W, 3) uint8; CMYK through Pillow's conversion."""
+    from turbojpeg import TJPF_RGB
+
+    tj = _turbojpeg()
+    try:
+        g = math.gcd(m, 8)
+        return tj.decode(bytes(data), pixel_format=TJPF_RGB, scaling_factor=(m // g, 8 // g))
+    except OSError:
+        # libturbojpeg 2.1 cannot convert CMYK to RGB: decode with Pillow's draft (same DCT scaling)
+        im = Image.open(io.BytesIO(bytes(data)))
+        if m < 8:
+            im.draft(im.mode, (math.ceil(im.width * m / 8), math.ceil(im.height * m / 8)))
+        return np.asarray(im.convert("RGB"))
+
+
+def decode_region(data, window, m: int) -> tuple[np.ndarray, tuple]:
+    img = decode_scaled(data, m)
+    (rx0, ry0, rx1, ry1), box = region_of(window, m, img.shape[1], img.shape[0])
+    return np.ascontiguousarray(img[ry0:ry1, rx0:rx1]), box
+
+
+def resample(region: np.ndarray, box, out_w: int, out_h: int) -> np.ndarray:
+    return np.asarray(Image.fromarray(region, "RGB").resize((out_w, out_h), Image.BILINEAR, box=tuple(box)))
+
+
+def decode_crop_resize_one(data, window, out_w: int, out_h: int, m: int | None = None,
+                           margin: float = SCALE_MARGIN) -> np.ndarray:
+    if m is None:
+        m = choose_scale(float(window[3]), float(window[2]), out_w, out_h, margin)
+    region, box = decode_region(data, window, m)
+    return resample(region, box, out_w, out_h)
+
+
+def truth(data, window, out_w: int, out_h: int) -> np.ndarray:
+    """Pillow decode → crop → resize(BILINEAR): crop first, then resize."""
+    y, x, h, w = (float(v) for v in window)
+    im = Image.open(io.BytesIO(bytes(data))).convert("RGB")
+    if float(x).is_integer() and float(y).is_integer() and float(w).is_integer() and float(h).is_integer():
+        return np.asarray(im.crop((int(x), int(y), int(x + w), int(y + h))).resize((out_w, out_h), Image.BILINEAR))
+    return np.asarray(im.resize((out_w, out_h), Image.BILINEAR, box=(x, y, x + w, y + h)))
