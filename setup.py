@@ -20,7 +20,7 @@ setup(
             depends=["native/resample.h"],
             include_dirs=include + ["native"],
             libraries=["jpeg"],
-            extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden", "-Wall"],
+            extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden", "-Wall", "-msse4.1"],
             language="c++",
             optional=True,
         )

@@ -1,7 +1,7 @@
 // Fused JPEG decode → crop window → resize, over libjpeg-turbo's libjpeg API.
 //
-// Per image: read the header, pick the smallest DCT scale M/8 that keeps the window at least
-// the output size, decode only the window's columns (jpeg_crop_scanline) and rows
+// Per image: read the header, pick the smallest DCT scale (1/4, 1/2, 1) that keeps the window
+// at least the output size (× a margin, see choose_scale), decode only the window's columns (jpeg_crop_scanline) and rows
 // (jpeg_skip_scanlines, then abort: rows below the window are never decoded), then resample
 // with Pillow's BILINEAR arithmetic (resample.h) straight into the output slot.
 // A batch runs on a persistent thread pool, GIL released; tasks are taken largest image
@@ -57,21 +57,38 @@ static void on_output_message(j_common_ptr) {}
 
 // ------------------------------------------------------------------ scale choice
 
-// Smallest M in 1..8 such that the window scaled by M/8 is at least margin × the output.
-// margin > 1 keeps a real antialiasing step after the DCT downscale: the DCT's scaling is
-// sharper than Pillow's triangle filter, and a near-1 bilinear step after it drifts from the
-// reference (measured: margin 1.0 → 37–38 dB worst case on 500 px photos, 1.25 → ≥ 40.5 dB).
-inline int choose_scale(double win_w, double win_h, int out_w, int out_h, double margin) {
-    for (int m = 1; m < 8; m++) {
-        if (win_w * m / 8.0 >= out_w * margin && win_h * m / 8.0 >= out_h * margin) return m;
+// DCT scaling M/8 for M in {2, 4} (then 8 = none): the smallest that keeps the window at
+// least margin × the output size. Measured on this project's images (BENCHMARKS.md):
+// - only 1/2 and 1/4 have SIMD IDCTs; 5/8–7/8 decode *slower* than 8/8 (scalar 10×10–14×14
+//   chroma IDCTs), 3/8 slower than 4/8. 1/8 is DC-only, an 8×8 box filter: 31–37 dB.
+// - margin > 1 keeps a real antialiasing step after the DCT downscale, which is sharper than
+//   Pillow's triangle filter: worst case 40.3 dB at margin 1.0, 41.9 dB at 1.1.
+// - chroma subsampled in one direction only (4:2:2, 4:4:0, 4:1:1) loses colour detail at
+//   2/8 (33 dB): min_m 4 there.
+inline int choose_scale(double win_w, double win_h, int out_w, int out_h, double margin, int min_m) {
+    for (int m = 2; m <= 4; m *= 2) {
+        if (m >= min_m && win_w * m / 8.0 >= out_w * margin && win_h * m / 8.0 >= out_h * margin) return m;
     }
     return 8;
 }
 
+inline int min_scale(const jpeg_decompress_struct& cinfo) {
+    if (cinfo.num_components >= 3) {
+        const jpeg_component_info* c = cinfo.comp_info;
+        int rh = c[0].h_samp_factor / std::max(1, c[1].h_samp_factor);
+        int rv = c[0].v_samp_factor / std::max(1, c[1].v_samp_factor);
+        if (rh != rv) return 4;
+    }
+    return 2;
+}
+
 struct Scratch {
     std::vector<uint8_t> region;  // decoded window rows (crop-scanline width)
-    std::vector<uint8_t> line;    // one decoded row (RGB or CMYK)
+    std::vector<JSAMPROW> rowptr;
+    std::vector<uint8_t> rgb;     // CMYK converted
     std::vector<uint8_t> tmp;     // resample horizontal pass
+    std::vector<int32_t> acc;     // resample vertical accumulators
+    HScratch hs;                  // resample horizontal pass
     Coeffs ch, cv;
 };
 
@@ -129,7 +146,7 @@ static bool run_one(Task& t, const Params& p, Scratch& s) {
     }
     const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
     cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
-    int m = p.force_scale ? p.force_scale : choose_scale(t.w, t.h, p.out_w, p.out_h, p.margin);
+    int m = p.force_scale ? p.force_scale : choose_scale(t.w, t.h, p.out_w, p.out_h, p.margin, min_scale(cinfo));
     cinfo.scale_num = m;
     cinfo.scale_denom = 8;
     jpeg_start_decompress(&cinfo);
@@ -145,36 +162,45 @@ static bool run_one(Task& t, const Params& p, Scratch& s) {
     if (rx0 > 0 || rx1 < SW) jpeg_crop_scanline(&cinfo, &xoff, &cw);  // xoff moves down to an iMCU edge
     const int lead = rx0 - (int)xoff;
     const int comps = cinfo.output_components;
-    const size_t row_bytes = (size_t)cinfo.output_width * comps;
+    const size_t row_bytes = (size_t)cinfo.output_width * comps;  // crop_scanline width
     const int rows = ry1 - ry0;
+    const int rw = rx1 - rx0;
     if (ry0 > 0) jpeg_skip_scanlines(&cinfo, ry0);
-    s.region.resize((size_t)rows * (rx1 - rx0) * 3);
-    std::vector<uint8_t>& line = s.line;
-    line.resize(row_bytes);
-    for (int r = 0; r < rows; r++) {
-        JSAMPROW rowp = line.data();
-        if (jpeg_read_scanlines(&cinfo, &rowp, 1) != 1) {
-            t.message = "decoder returned no row " + std::to_string(ry0 + r);
+    // libjpeg writes the rows straight into the region buffer, many rows per call
+    s.region.resize((size_t)rows * row_bytes);
+    s.rowptr.resize(rows);
+    for (int r = 0; r < rows; r++) s.rowptr[r] = s.region.data() + (size_t)r * row_bytes;
+    int done = 0;
+    while (done < rows) {
+        JDIMENSION got = jpeg_read_scanlines(&cinfo, s.rowptr.data() + done, rows - done);
+        if (got == 0) {
+            t.message = "decoder returned no row " + std::to_string(ry0 + done);
             jpeg_destroy_decompress(&cinfo);
             return false;
         }
-        uint8_t* dst = s.region.data() + (size_t)r * (rx1 - rx0) * 3;
-        const uint8_t* src = line.data() + (size_t)lead * comps;
-        if (!cmyk) {
-            std::memcpy(dst, src, (size_t)(rx1 - rx0) * 3);
-        } else {
-            // Pillow's CMYK → RGB (Adobe files store inverted CMYK)
-            const bool inv = cinfo.saw_Adobe_marker;
-            for (int x = 0; x < rx1 - rx0; x++) {
-                int c = src[4 * x], mg = src[4 * x + 1], y = src[4 * x + 2], k = src[4 * x + 3];
+        done += got;
+    }
+    const uint8_t* src = s.region.data() + (size_t)lead * comps;
+    size_t src_stride = row_bytes;
+    if (cmyk) {
+        // Pillow's CMYK → RGB (Adobe files store inverted CMYK)
+        const bool inv = cinfo.saw_Adobe_marker;
+        s.rgb.resize((size_t)rows * rw * 3);
+        for (int r = 0; r < rows; r++) {
+            const uint8_t* q = src + (size_t)r * row_bytes;
+            uint8_t* d = s.rgb.data() + (size_t)r * rw * 3;
+            for (int x = 0; x < rw; x++) {
+                int c = q[4 * x], mg = q[4 * x + 1], y = q[4 * x + 2], k = q[4 * x + 3];
                 if (!inv) { c = 255 - c; mg = 255 - mg; y = 255 - y; k = 255 - k; }
                 // here c, mg, y, k are 255 - ink: R = (255 - C)(255 - K) / 255
                 auto mul = [](int a, int b) { int tmp = a * b + 128; return (uint8_t)((tmp + (tmp >> 8)) >> 8); };
-                dst[3 * x] = mul(c, k);
-                dst[3 * x + 1] = mul(mg, k);
-                dst[3 * x + 2] = mul(y, k);
+                d[3 * x] = mul(c, k);
+                d[3 * x + 1] = mul(mg, k);
+                d[3 * x + 2] = mul(y, k);
             }
         }
+        src = s.rgb.data();
+        src_stride = (size_t)rw * 3;
     }
     const bool truncated = err.truncated;
     jpeg_abort_decompress(&cinfo);  // rows below the window are never decoded
@@ -183,9 +209,18 @@ static bool run_one(Task& t, const Params& p, Scratch& s) {
         t.message = "truncated: premature end of JPEG data inside the crop window";
         return false;
     }
-    resample(s.region.data(), rx1 - rx0, rows, (size_t)(rx1 - rx0) * 3, bx0 - rx0, by0 - ry0, bx1 - rx0, by1 - ry0,
-             t.out, p.out_w, p.out_h, (size_t)p.out_w * 3, s.tmp, s.ch, s.cv);
+    resample(src, rw, rows, src_stride, bx0 - rx0, by0 - ry0, bx1 - rx0, by1 - ry0, t.out, p.out_w, p.out_h,
+             (size_t)p.out_w * 3, s.tmp, s.ch, s.cv, s.acc, s.hs);
     return true;
+}
+
+// Task order: largest encoded size first, ties by batch position. A huge image started last
+// would leave every other thread idle while it finishes.
+inline std::vector<uint32_t> largest_first(const std::vector<size_t>& sizes) {
+    std::vector<uint32_t> order(sizes.size());
+    for (size_t i = 0; i < sizes.size(); i++) order[i] = (uint32_t)i;
+    std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return sizes[a] > sizes[b]; });
+    return order;
 }
 
 // ------------------------------------------------------------------ thread pool
@@ -304,10 +339,9 @@ static py::list decode_crop_resize(py::sequence buffers, py::array_t<double, py:
         tasks[i].w = win(i, 3);
         tasks[i].out = base + i * slot;
     }
-    // largest encoded size first
-    std::vector<uint32_t> order(n);
-    for (size_t i = 0; i < n; i++) order[i] = (uint32_t)i;
-    std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return tasks[a].size > tasks[b].size; });
+    std::vector<size_t> sizes(n);
+    for (size_t i = 0; i < n; i++) sizes[i] = tasks[i].size;
+    const std::vector<uint32_t> order = largest_first(sizes);
     std::atomic<size_t> next{0};
     int participants = std::max(1, std::min<int>(threads, (int)n));
     {
@@ -339,19 +373,22 @@ static py::array_t<uint8_t> resample_py(py::array_t<uint8_t, py::array::c_style>
     if (box.size() != 4) throw std::invalid_argument("box must be (x0, y0, x1, y1)");
     py::array_t<uint8_t> out({(py::ssize_t)out_h, (py::ssize_t)out_w, (py::ssize_t)3});
     std::vector<uint8_t> tmp;
+    std::vector<int32_t> acc;
+    HScratch hs;
     Coeffs ch, cv;
     resample(src.data(), (int)src.shape(1), (int)src.shape(0), (size_t)src.shape(1) * 3, box[0], box[1], box[2], box[3],
-             out.mutable_data(), out_w, out_h, (size_t)out_w * 3, tmp, ch, cv);
+             out.mutable_data(), out_w, out_h, (size_t)out_w * 3, tmp, ch, cv, acc, hs);
     return out;
 }
 
 PYBIND11_MODULE(_native, m) {
     m.doc() = "recordtool native decode: fused libjpeg-turbo crop decode + Pillow-exact bilinear resample";
     m.def("decode_crop_resize", &decode_crop_resize, py::arg("buffers"), py::arg("windows"), py::arg("out"),
-          py::arg("threads"), py::arg("max_pixels"), py::arg("force_scale") = 0, py::arg("margin") = 1.25);
+          py::arg("threads"), py::arg("max_pixels"), py::arg("force_scale") = 0, py::arg("margin") = 1.1);
     m.def("resample", &resample_py, py::arg("src"), py::arg("box"), py::arg("out_w"), py::arg("out_h"));
     m.def("choose_scale", &choose_scale, py::arg("win_w"), py::arg("win_h"), py::arg("out_w"), py::arg("out_h"),
-          py::arg("margin"));
+          py::arg("margin"), py::arg("min_m"));
+    m.def("largest_first", &largest_first, py::arg("sizes"));
     m.def("pool_size", [] { return pool().size(); });
     m.attr("LIBJPEG_VERSION") = JPEG_LIB_VERSION;
 }

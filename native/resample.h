@@ -4,9 +4,12 @@
 // PIL's Image.resize(size, BILINEAR, box=...) — the Python reference the tests compare with.
 #pragma once
 
+#include <smmintrin.h>  // SSE4.1: every x86-64 CPU since 2008; the build asks for it (-msse4.1)
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace rt {
@@ -63,48 +66,96 @@ inline void precompute(int in_size, float in0, float in1, int out_size, Coeffs& 
     }
 }
 
-inline uint8_t clip8(int64_t v) {
+inline uint8_t clip8(int32_t v) {
     v >>= kPrecisionBits;
     return v < 0 ? 0 : (v > 255 ? 255 : (uint8_t)v);
 }
 
+// 32-bit accumulators are exact, as in Pillow: |sum| ≤ 255 · 2^22 · (1 + rounding) < 2^31.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define RT_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define RT_CLONES
+#endif
+
 // Horizontal pass over rows [y0, y0 + rows) of src (3 channels, src_stride bytes per row).
-inline void resample_h(const uint8_t* src, size_t src_stride, int y0, int rows, uint8_t* dst, int out_w,
-                       const Coeffs& c) {
-    const int64_t half = (int64_t)1 << (kPrecisionBits - 1);
+// Each source row is widened once to one int32×4 vector per pixel (R, G, B, 0) and every tap
+// is one vector multiply-add with a pre-broadcast coefficient; the sum is packed back to
+// bytes with saturation (= Pillow's clip8). Same integers as Pillow, ~3× fewer instructions.
+template <int K>
+static inline void resample_h_row(const __m128i* w4, uint8_t* d, int out_w, const int* bounds, const __m128i* kv,
+                                  int ksize) {
+    const __m128i half = _mm_set1_epi32((int32_t)1 << (kPrecisionBits - 1));
+    for (int xx = 0; xx < out_w; xx++) {
+        const __m128i* p = w4 + bounds[xx * 2];
+        const __m128i* k = kv + (size_t)xx * ksize;
+        __m128i acc = half;
+        const int n = K > 0 ? K : bounds[xx * 2 + 1];
+        for (int x = 0; x < n; x++) acc = _mm_add_epi32(acc, _mm_mullo_epi32(_mm_load_si128(p + x), k[x]));
+        acc = _mm_srai_epi32(acc, kPrecisionBits);
+        acc = _mm_packus_epi16(_mm_packs_epi32(acc, acc), acc);
+        uint32_t px = (uint32_t)_mm_cvtsi128_si32(acc);
+        d[xx * 3 + 0] = (uint8_t)px;
+        d[xx * 3 + 1] = (uint8_t)(px >> 8);
+        d[xx * 3 + 2] = (uint8_t)(px >> 16);
+    }
+}
+
+struct HScratch {
+    std::vector<__m128i> wide;  // one widened source row, padded with ksize zero pixels
+    std::vector<__m128i> kv;    // coefficients broadcast to 4 lanes
+};
+
+inline void resample_h(const uint8_t* src, size_t src_stride, int in_w, int y0, int rows, uint8_t* dst, int out_w,
+                       const Coeffs& c, HScratch& hs) {
+    const int ksize = c.ksize;
+    hs.wide.assign((size_t)in_w + ksize, _mm_setzero_si128());
+    hs.kv.resize((size_t)out_w * ksize);
+    for (size_t i = 0; i < (size_t)out_w * ksize; i++) hs.kv[i] = _mm_set1_epi32(c.k[i]);
+    __m128i* w4 = hs.wide.data();
+    const int* bounds = c.bounds.data();
     for (int y = 0; y < rows; y++) {
         const uint8_t* s = src + (size_t)(y0 + y) * src_stride;
+        int x = 0;
+        for (; x + 1 < in_w; x++) {  // 4-byte load: R G B + next R (lane 3 is never used)
+            int32_t v;
+            std::memcpy(&v, s + 3 * x, 4);
+            w4[x] = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(v));
+        }
+        for (; x < in_w; x++) w4[x] = _mm_setr_epi32(s[3 * x], s[3 * x + 1], s[3 * x + 2], 0);
         uint8_t* d = dst + (size_t)y * out_w * 3;
-        for (int xx = 0; xx < out_w; xx++) {
-            int xmin = c.bounds[xx * 2], xmax = c.bounds[xx * 2 + 1];
-            const int32_t* k = &c.k[(size_t)xx * c.ksize];
-            int64_t s0 = half, s1 = half, s2 = half;
-            const uint8_t* p = s + (size_t)xmin * 3;
-            for (int x = 0; x < xmax; x++, p += 3) {
-                s0 += (int64_t)p[0] * k[x];
-                s1 += (int64_t)p[1] * k[x];
-                s2 += (int64_t)p[2] * k[x];
-            }
-            d[xx * 3 + 0] = clip8(s0);
-            d[xx * 3 + 1] = clip8(s1);
-            d[xx * 3 + 2] = clip8(s2);
+        // taps beyond a pixel's count have zero weight, so a fixed count is exact too
+        switch (ksize) {
+            case 3: resample_h_row<3>(w4, d, out_w, bounds, hs.kv.data(), ksize); break;
+            case 5: resample_h_row<5>(w4, d, out_w, bounds, hs.kv.data(), ksize); break;
+            case 7: resample_h_row<7>(w4, d, out_w, bounds, hs.kv.data(), ksize); break;
+            default: resample_h_row<0>(w4, d, out_w, bounds, hs.kv.data(), ksize); break;
         }
     }
 }
 
-// Vertical pass: dst row yy = sum over src rows bounds[yy] (relative to src) .
+// Vertical pass: taps outer, pixels inner, so the inner loop runs over contiguous bytes and
+// vectorises. acc is scratch of width*3 ints. Rows of src are relative to row_shift.
+RT_CLONES
 inline void resample_v(const uint8_t* src, size_t src_stride, uint8_t* dst, size_t dst_stride, int width,
-                       int out_h, const Coeffs& c, int row_shift) {
-    const int64_t half = (int64_t)1 << (kPrecisionBits - 1);
+                       int out_h, const Coeffs& c, int row_shift, std::vector<int32_t>& acc_buf) {
+    const int32_t half = (int32_t)1 << (kPrecisionBits - 1);
+    const int n = width * 3;
+    acc_buf.resize(n);
+    int32_t* acc = acc_buf.data();
     for (int yy = 0; yy < out_h; yy++) {
-        int ymin = c.bounds[yy * 2] - row_shift, ymax = c.bounds[yy * 2 + 1];
+        const int ymin = c.bounds[yy * 2] - row_shift, ymax = c.bounds[yy * 2 + 1];
         const int32_t* k = &c.k[(size_t)yy * c.ksize];
+        for (int x = 0; x < n; x++) acc[x] = half;
+        for (int y = 0; y < ymax; y++) {
+            const uint8_t* row = src + (size_t)(ymin + y) * src_stride;
+            const int32_t w = k[y];
+            for (int x = 0; x < n; x++) acc[x] += row[x] * w;
+        }
         uint8_t* d = dst + (size_t)yy * dst_stride;
-        for (int x = 0; x < width * 3; x++) {
-            int64_t s = half;
-            const uint8_t* p = src + (size_t)ymin * src_stride + x;
-            for (int y = 0; y < ymax; y++, p += src_stride) s += (int64_t)(*p) * k[y];
-            d[x] = clip8(s);
+        for (int x = 0; x < n; x++) {
+            int32_t v = acc[x] >> kPrecisionBits;
+            d[x] = (uint8_t)(v < 0 ? 0 : (v > 255 ? 255 : v));
         }
     }
 }
@@ -113,7 +164,7 @@ inline void resample_v(const uint8_t* src, size_t src_stride, uint8_t* dst, size
 // (x0, y0, x1, y1) into dst (out_w × out_h RGB, stride dst_stride). tmp is scratch.
 inline void resample(const uint8_t* src, int in_w, int in_h, size_t src_stride, double x0, double y0, double x1,
                      double y1, uint8_t* dst, int out_w, int out_h, size_t dst_stride, std::vector<uint8_t>& tmp,
-                     Coeffs& ch, Coeffs& cv) {
+                     Coeffs& ch, Coeffs& cv, std::vector<int32_t>& acc, HScratch& hs) {
     float fx0 = (float)x0, fy0 = (float)y0, fx1 = (float)x1, fy1 = (float)y1;
     bool need_h = out_w != in_w || fx0 != 0.0f || fx1 != (float)out_w;
     bool need_v = out_h != in_h || fy0 != 0.0f || fy1 != (float)out_h;
@@ -124,15 +175,15 @@ inline void resample(const uint8_t* src, int in_w, int in_h, size_t src_stride, 
     if (need_h) {
         int rows = ylast - yfirst;
         tmp.resize((size_t)rows * out_w * 3);
-        resample_h(src, src_stride, yfirst, rows, tmp.data(), out_w, ch);
+        resample_h(src, src_stride, in_w, yfirst, rows, tmp.data(), out_w, ch, hs);
         if (need_v) {
-            resample_v(tmp.data(), (size_t)out_w * 3, dst, dst_stride, out_w, out_h, cv, yfirst);
+            resample_v(tmp.data(), (size_t)out_w * 3, dst, dst_stride, out_w, out_h, cv, yfirst, acc);
         } else {
             for (int y = 0; y < out_h; y++)
                 std::copy_n(tmp.data() + (size_t)y * out_w * 3, (size_t)out_w * 3, dst + (size_t)y * dst_stride);
         }
     } else if (need_v) {
-        resample_v(src, src_stride, dst, dst_stride, out_w, out_h, cv, 0);
+        resample_v(src, src_stride, dst, dst_stride, out_w, out_h, cv, 0, acc);
     } else {
         for (int y = 0; y < out_h; y++)
             std::copy_n(src + (size_t)y * src_stride, (size_t)out_w * 3, dst + (size_t)y * dst_stride);

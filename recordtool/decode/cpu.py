@@ -75,8 +75,8 @@ def decode_crop_resize(buffers, windows, size=(224, 224), threads: int | None = 
     policy on a failed image: "raise" (DecodeError after the whole batch), "skip" (slot left
     zero) or "fallback" (Pillow full decode + crop + resize; zero if that fails too). Failures
     are appended to `errors` as (index, reason) when a list is given.
-    scale_margin: DCT scaling M/8 is used only while the scaled window stays ≥ margin × size
-    (1.0 = fastest; 1.25 keeps PSNR ≥ 40 dB against Pillow's crop+resize).
+    scale_margin: DCT scaling (1/4, 1/2) is used only while the scaled window stays ≥
+    margin × size (1.0 = fastest; 1.1 keeps PSNR ≥ 40 dB against Pillow's crop+resize).
     """
     if policy not in ("raise", "skip", "fallback"):
         raise ValueError(f"policy must be raise, skip or fallback, not {policy!r}")

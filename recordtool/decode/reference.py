@@ -1,7 +1,8 @@
 """Plain-Python references for the native routines — the tests' yardstick, and the fallback
 when the extension is not built.
 
-- `choose_scale`: smallest DCT scale M/8 keeping the window ≥ margin × the output size.
+- `choose_scale`, `min_scale`: smallest DCT scale M/8 keeping the window ≥ margin × the
+  output size, within the scales that keep fidelity for the file's chroma layout.
 - `decode_region`: PyTurboJPEG full decode at scale M/8 (libjpeg-turbo, same IDCT and
   upsampling as the native path), then a numpy crop of the whole-pixel region holding the window.
 - `resample`: Pillow's Image.resize(BILINEAR, box=…) on that region.
@@ -17,14 +18,22 @@ import numpy as np
 from PIL import Image
 
 
-SCALE_MARGIN = 1.25  # see native/fused.cpp choose_scale: why not 1.0
+SCALE_MARGIN = 1.1  # see native/fused.cpp choose_scale: which scales and why this margin
 
 
-def choose_scale(win_w: float, win_h: float, out_w: int, out_h: int, margin: float = SCALE_MARGIN) -> int:
-    for m in range(1, 8):
-        if win_w * m / 8.0 >= out_w * margin and win_h * m / 8.0 >= out_h * margin:
+def choose_scale(win_w: float, win_h: float, out_w: int, out_h: int, margin: float = SCALE_MARGIN,
+                 min_m: int = 2) -> int:
+    for m in (2, 4):
+        if m >= min_m and win_w * m / 8.0 >= out_w * margin and win_h * m / 8.0 >= out_h * margin:
             return m
     return 8
+
+
+def min_scale(data) -> int:
+    """Native min_scale: no DC-only 1/8; ≥ 4/8 for chroma subsampled in one direction only."""
+    from ..format.jpeg import CHROMA_411, CHROMA_422, CHROMA_440, probe
+
+    return 4 if probe(data).chroma in (CHROMA_422, CHROMA_440, CHROMA_411) else 2
 
 
 def region_of(window, m: int, scaled_w: int, scaled_h: int):
@@ -81,7 +90,7 @@ def resample(region: np.ndarray, box, out_w: int, out_h: int) -> np.ndarray:
 def decode_crop_resize_one(data, window, out_w: int, out_h: int, m: int | None = None,
                            margin: float = SCALE_MARGIN) -> np.ndarray:
     if m is None:
-        m = choose_scale(float(window[3]), float(window[2]), out_w, out_h, margin)
+        m = choose_scale(float(window[3]), float(window[2]), out_w, out_h, margin, min_scale(data))
     region, box = decode_region(data, window, m)
     return resample(region, box, out_w, out_h)
 

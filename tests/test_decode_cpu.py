@@ -1,0 +1,229 @@
+"""Native fused decode against its Python references and against Pillow's crop → resize."""
+import io
+import warnings
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import photo_like
+from recordtool.decode import (DecodeError, decode_crop_resize, eval_transform, mirror, normalize,
+                               random_windows)
+from recordtool.decode import cpu, reference as R
+
+native = pytest.importorskip("recordtool._native", reason="native extension not built")
+
+
+def psnr(a, b):
+    mse = ((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean()
+    return 99.0 if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+def encode(im, **kw):
+    buf = io.BytesIO()
+    im.save(buf, "JPEG", quality=kw.pop("quality", 92), **kw)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def photos():
+    """Realistic-enough photos: smooth structure, texture, mild sensor noise (no ../shared)."""
+    out = {}
+    for k, (w, h) in enumerate([(640, 480), (480, 640), (1600, 1200)]):
+        out[(w, h)] = photo_like(w, h, seed=100 + k)
+    return out
+
+
+# ---------------------------------------------------------------- each native routine vs its reference
+
+@pytest.mark.parametrize("shape,box,out", [
+    ((50, 60), (0, 0, 60, 50), (224, 224)),          # upscale
+    ((480, 640), (0, 0, 640, 480), (224, 224)),      # downscale
+    ((300, 301), (3.25, 7.5, 290.75, 250.125), (97, 131)),  # fractional box
+    ((40, 40), (0, 0, 40, 40), (40, 40)),            # identity
+    ((33, 500), (10, 0, 490, 33), (224, 16)),        # one axis only
+])
+def test_resample_is_pillow_exact(shape, box, out):
+    rng = np.random.default_rng(0)
+    src = rng.integers(0, 256, (*shape, 3), dtype=np.uint8)
+    got = native.resample(src, list(box), out[0], out[1])
+    ref = R.resample(src, box, out[0], out[1])
+    assert np.array_equal(got, ref)
+
+
+def test_choose_scale_matches_reference():
+    rng = np.random.default_rng(1)
+    for _ in range(2000):
+        w, h = rng.uniform(1, 4000, 2)
+        ow, oh = rng.integers(16, 512, 2)
+        margin = float(rng.choice([1.0, 1.25, 2.0]))
+        lo = int(rng.choice([1, 2, 4]))
+        assert native.choose_scale(w, h, int(ow), int(oh), margin, lo) == \
+            R.choose_scale(w, h, int(ow), int(oh), margin, lo)
+
+
+def test_schedule_is_largest_first():
+    rng = np.random.default_rng(2)
+    sizes = rng.integers(0, 50, 1000).tolist()
+    assert native.largest_first(sizes) == np.argsort(-np.array(sizes), kind="stable").tolist()
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_scaled_crop_decode_matches_full_decode_reference(photos, m):
+    data = encode(photos[(1600, 1200)], subsampling=2)
+    windows = np.array([[0, 0, 1200, 1600], [123, 77, 901, 1333], [7, 3, 300, 401], [1199, 1599, 1, 1]])
+    out = np.empty((len(windows), 64, 80, 3), np.uint8)
+    assert native.decode_crop_resize([data] * len(windows), windows.astype(float), out, 2, 1 << 30, m, 1.25) == []
+    for k, win in enumerate(windows):
+        ref = R.decode_crop_resize_one(data, win, 80, 64, m=m)
+        # crop_scanline decodes from an iMCU edge: fancy upsampling at the window edge may differ
+        assert psnr(out[k], ref) > 45, (m, win)
+
+
+# ---------------------------------------------------------------- fidelity against Pillow crop → resize
+
+CASES = [
+    ("4:2:0", dict(subsampling=2), "RGB"),
+    ("4:2:2", dict(subsampling=1), "RGB"),
+    ("4:4:4", dict(subsampling=0), "RGB"),
+    ("gray", dict(), "L"),
+    ("progressive", dict(subsampling=2, progressive=True), "RGB"),
+]
+
+
+@pytest.mark.parametrize("name,save,mode", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("size", [(640, 480), (480, 640), (1600, 1200)])
+def test_fidelity_psnr_40db(photos, name, save, mode, size):
+    im = photos[size] if mode == "RGB" else photos[size].convert(mode)
+    data = encode(im, **save)
+    W, H = size
+    n = 24
+    win = random_windows(np.full(n, W), np.full(n, H), np.arange(n), seed=3, epoch=0)
+    win[0] = (0, 0, H, W)                 # whole image
+    win[1] = (5, 13, 231, 227)            # x not on an iMCU edge, just above the output size
+    win[2] = (H - 64, W - 70, 64, 70)     # small window: upscaled, bottom-right corner
+    out = decode_crop_resize([data] * n, win, threads=2)
+    scaled = 0
+    for k in range(n):
+        p = psnr(out[k], R.truth(data, win[k], 224, 224))
+        assert p >= 40, (name, size, tuple(win[k]), p)
+        scaled += R.choose_scale(win[k][3], win[k][2], 224, 224, min_m=R.min_scale(data)) < 8
+    if size == (1600, 1200):
+        assert scaled > n // 2  # the DCT-scaled path is what was measured here
+
+
+def test_cmyk_jpeg(photos):
+    data = encode(photos[(640, 480)].convert("CMYK"))
+    win = np.array([[10, 20, 400, 500]])
+    out = decode_crop_resize([data], win)
+    assert psnr(out[0], R.truth(data, win[0], 224, 224)) > 40
+
+
+def test_eval_transform_close_to_resize_then_crop(photos):
+    for size in [(640, 480), (480, 640)]:
+        data = encode(photos[size])
+        got = eval_transform([data], [size[0]], [size[1]])[0]
+        im = Image.open(io.BytesIO(data)).convert("RGB")
+        W, H = im.size
+        rw, rh = (256, int(256 * H / W)) if W <= H else (int(256 * W / H), 256)
+        r = im.resize((rw, rh), Image.BILINEAR)
+        top, left = int(round((rh - 224) / 2)), int(round((rw - 224) / 2))
+        ref = np.asarray(r.crop((left, top, left + 224, top + 224)))
+        assert psnr(got[3:-3, 3:-3], ref[3:-3, 3:-3]) > 40  # inside: same filter; edges see other pixels
+
+
+# ---------------------------------------------------------------- determinism, threads, out=
+
+def test_same_bytes_any_thread_count(photos):
+    bufs = [encode(photos[s], subsampling=k % 3) for k, s in enumerate(list(photos) * 4)]
+    sizes = [s for s in list(photos) * 4]
+    win = random_windows([s[0] for s in sizes], [s[1] for s in sizes], np.arange(len(bufs)), 1, 0)
+    a = decode_crop_resize(bufs, win, threads=1)
+    for t in (2, 3, 8):
+        assert np.array_equal(decode_crop_resize(bufs, win, threads=t), a)
+    out = np.full_like(a, 7)
+    assert decode_crop_resize(bufs, win, threads=4, out=out) is out and np.array_equal(out, a)
+    with pytest.raises(ValueError, match="out must be"):
+        decode_crop_resize(bufs, win, out=np.empty((1, 224, 224, 3), np.uint8))
+
+
+# ---------------------------------------------------------------- bad input
+
+def bad_batch(photos):
+    good = encode(photos[(640, 480)])
+    bomb = bytearray(good)
+    sof = bomb.find(b"\xff\xc0")
+    bomb[sof + 5:sof + 9] = (60000).to_bytes(2, "big") * 2
+    return [good, good[: len(good) // 3], b"\x00garbage" * 20, b"", bytes(bomb), good], \
+        np.array([[0, 0, 480, 640]] * 6)
+
+
+def test_bad_inputs_reported_not_crashing(photos):
+    bufs, win = bad_batch(photos)
+    errors = []
+    out = decode_crop_resize(bufs, win, policy="skip", errors=errors)
+    failed = dict(errors)
+    assert set(failed) == {1, 2, 3, 4}
+    assert "truncated" in failed[1] or "premature" in failed[1].lower()
+    assert "empty" in failed[3]
+    assert "max_pixels" in failed[4] and "60000x60000" in failed[4]
+    assert (out[[1, 2, 3, 4]] == 0).all()
+    assert np.array_equal(out[0], out[5]) and out[0].any()
+    with pytest.raises(DecodeError) as e:
+        decode_crop_resize(bufs, win)
+    assert [i for i, _ in e.value.failures] == [1, 2, 3, 4]
+
+
+def test_window_outside_image_is_a_failure(photos):
+    data = encode(photos[(640, 480)])
+    with pytest.raises(DecodeError, match="outside"):
+        decode_crop_resize([data], np.array([[0, 600, 100, 100]]))
+
+
+def test_fallback_policy_uses_pillow_for_what_it_can(photos, monkeypatch):
+    bufs, win = bad_batch(photos)
+    errors = []
+    calls = []
+    real = R.truth
+    monkeypatch.setattr(R, "truth", lambda *a: calls.append(a[0]) or real(*a))
+    out = decode_crop_resize(bufs, win, policy="fallback", errors=errors)
+    assert {i for i, _ in errors} == {1, 2, 3, 4}  # Pillow cannot fix these either
+    assert all("Pillow fallback" in r for _, r in errors) and len(calls) == 4
+    assert np.array_equal(out[0], out[5])
+
+
+# ---------------------------------------------------------------- Python fallback path, same API
+
+def test_python_fallback_path_same_results(photos, monkeypatch):
+    bufs = [encode(photos[(640, 480)], subsampling=s) for s in (0, 1, 2)]
+    win = random_windows([640] * 3, [480] * 3, [0, 1, 2], 0, 0)
+    nat = decode_crop_resize(bufs, win)
+    monkeypatch.setattr(cpu, "_native", None)
+    monkeypatch.setattr(cpu, "_IMPORT_ERROR", "test", raising=False)
+    monkeypatch.setattr(cpu, "_warned", False)
+    with pytest.warns(RuntimeWarning, match="native decoder not built"):
+        py = decode_crop_resize(bufs, win)
+    for a, b in zip(nat, py):
+        assert psnr(a, b) > 45
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warns once only
+        errors = []
+        decode_crop_resize(bufs + [b""], np.vstack([win, win[:1]]), policy="skip", errors=errors)
+    assert [i for i, _ in errors] == [3]
+
+
+# ---------------------------------------------------------------- mirror, normalize
+
+def test_mirror_and_normalize_against_numpy():
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (4, 5, 6, 3), dtype=np.uint8)
+    flags = np.array([True, False, True, False])
+    m = mirror(x.copy(), flags)
+    assert np.array_equal(m[0], x[0, :, ::-1]) and np.array_equal(m[1], x[1])
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    ref = (x / 255.0 - np.array(mean)) / np.array(std)
+    nhwc = normalize(x, mean, std, layout="NHWC")
+    nchw = normalize(x, mean, std, layout="NCHW", dtype=np.float16)
+    assert nhwc.dtype == np.float32 and np.allclose(nhwc, ref, atol=1e-5)
+    assert nchw.shape == (4, 3, 5, 6) and nchw.dtype == np.float16
+    assert np.allclose(nchw.astype(np.float32), ref.transpose(0, 3, 1, 2), atol=2e-3)
