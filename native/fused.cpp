@@ -82,6 +82,8 @@ inline int min_scale(const jpeg_decompress_struct& cinfo) {
     return 2;
 }
 
+constexpr size_t kKeepBytes = 48u << 20;  // per-thread region buffer kept between batches
+
 struct Scratch {
     std::vector<uint8_t> region;  // decoded window rows (crop-scanline width)
     std::vector<JSAMPROW> rowptr;
@@ -346,9 +348,9 @@ static py::list decode_crop_resize(py::sequence buffers, py::array_t<double, py:
     int participants = std::max(1, std::min<int>(threads, (int)n));
     {
         py::gil_scoped_release release;
-        std::vector<Scratch> scratch(participants);
-        pool().run(participants, [&](int id) {
-            Scratch& s = scratch[id];
+        pool().run(participants, [&](int) {
+            // per-thread buffers live across batches: no allocation in steady state
+            static thread_local Scratch s;
             for (;;) {
                 size_t k = next.fetch_add(1, std::memory_order_relaxed);
                 if (k >= n) break;
@@ -357,6 +359,10 @@ static py::list decode_crop_resize(py::sequence buffers, py::array_t<double, py:
                     t.status = 1;
                     std::memset(t.out, 0, slot);
                 }
+            }
+            if (s.region.capacity() > kKeepBytes) {  // after a huge image, give the memory back
+                std::vector<uint8_t>().swap(s.region);
+                std::vector<uint8_t>().swap(s.rgb);
             }
         });
     }

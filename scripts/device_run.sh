@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (16 vCPU, Python 3.12, no network): set up from carried wheels,
+# build the native part, run the tests, generate + pack the ImageNet-like set, benchmark.
+# Logs and JSON go to $OUT; a short table is printed last.
+#   carry: .whl (crc32c, protobuf, pyturbojpeg wheels), .carry (libturbojpeg.so.0, photos/)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+IMAGES=${IMAGES:-8192}
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+cp .carry/libturbojpeg.so.0 /usr/lib/x86_64-linux-gnu/ && ldconfig
+nproc; python3 -c "import numpy, PIL, cv2; print('numpy', numpy.__version__, 'PIL', PIL.__version__, 'cv2', cv2.__version__)"
+python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+python3 -c "from recordtool import _native; print('native ok, libjpeg API', _native.LIBJPEG_VERSION)"
+RECORDTOOL_REQUIRE_NATIVE=1 timeout 300 python3 -m pytest -q -p no:cacheprovider tests > "$OUT/pytest.log" 2>&1
+echo "pytest: $(tail -1 "$OUT/pytest.log")"
+rm -rf /tmp/bench /tmp/bench-packed
+python3 scripts/make_imagenet_like.py /tmp/bench --images "$IMAGES" --classes 100 --photos .carry/photos 2>&1 | tail -1
+python3 -m recordtool.cli pack /tmp/bench /tmp/bench-packed --shards 16 -q
+python3 scripts/bench_decode.py /tmp/bench-packed --images "$IMAGES" --threads "$(nproc)" --json "$OUT/bench_decode.json" \
+  > "$OUT/bench_decode.log" 2>&1
+python3 scripts/bench_format.py /tmp/bench /tmp/bench-packed --json "$OUT/bench_format.json" > "$OUT/bench_format.log" 2>&1
+[ -f .carry/extra.sh ] && bash .carry/extra.sh > "$OUT/extra.log" 2>&1
+echo "=================== results"
+cat "$OUT/bench_decode.log" "$OUT/bench_format.log"
+[ -f "$OUT/extra.log" ] && tail -20 "$OUT/extra.log"
