@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -26,31 +27,75 @@ def main():
 
 
 @main.command()
-@click.argument("src", type=click.Path(exists=True, file_okay=False))
+@click.argument("src", nargs=-1, required=True)
 @click.argument("out", type=click.Path(file_okay=False))
+@click.option("--from", "kind", type=click.Choice(["folder", "tfrecord", "ofrecord"]), default="folder",
+              show_default=True, help="What SRC is: an ImageNet-style folder, TFRecord files (globs allowed), "
+              "or a folder of OFRecord part files to re-shard.")
 @click.option("--shards", type=int, default=None, help="Number of part files (default: by --shard-size).")
 @click.option("--shard-size", default=None, help="Target part file size, e.g. 128MB (default 128MB).")
 @click.option("--workers", type=int, default=None, help="Reader threads (default 2×cores). Output is the same for any value.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the pack-time shuffle across shards.")
-@click.option("--strict", is_flag=True, help="Fail on the first file that cannot be packed instead of skipping it.")
+@click.option("--strict", is_flag=True, help="Fail on the first file or record that cannot be packed instead of skipping it.")
 @click.option("--overwrite", is_flag=True, help="Replace a finished dataset in OUT.")
 @click.option("--max-pixels", type=int, default=None, help="Reject images declaring more pixels (default 64 Mpx).")
+@click.option("--preset", type=click.Choice(sorted(["tf-slim", "tfds"])), default=None,
+              help="TFRecord feature keys: tf-slim (image/encoded, 1-based image/class/label) or tfds (image, label).")
+@click.option("--image-key", default=None, help="TFRecord/OFRecord feature holding the image bytes.")
+@click.option("--label-key", default=None, help="TFRecord/OFRecord feature holding the integer label.")
+@click.option("--label-offset", type=int, default=None, help="Added to TFRecord labels (tf-slim: -1).")
+@click.option("--filename-key", default=None, help="TFRecord feature holding the file name.")
+@click.option("--compression", type=click.Choice(["auto", "none", "gzip", "zlib"]), default="auto",
+              show_default=True, help="TFRecord file compression.")
+@click.option("--max-side", type=int, default=None, help="Shrink images whose longer side exceeds this (re-encoded).")
+@click.option("--quality", type=click.IntRange(1, 100), default=95, show_default=True,
+              help="JPEG quality of every re-encoded image.")
+@click.option("--hw-friendly", is_flag=True,
+              help="Re-encode JPEGs NVIDIA's hardware decoder cannot take (progressive, 4:1:1, ...) as baseline 4:2:0.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def pack(src, out, shards, shard_size, workers, seed, strict, overwrite, max_pixels, quiet):
-    """Pack an ImageNet-style folder SRC (SRC/<class>/<image>) into OUT.
+def pack(src, out, kind, shards, shard_size, workers, seed, strict, overwrite, max_pixels, preset, image_key,
+         label_key, label_offset, filename_key, compression, max_side, quality, hw_friendly, quiet):
+    """Pack SRC into OUT: OFRecord part files, index.rtx, manifest.json.
 
-    Labels follow torchvision's ImageFolder (sorted class folders → 0..K-1). JPEG bytes are
-    copied unchanged; CMYK JPEGs, PNGs and other images are converted to RGB JPEG (q95);
-    unreadable files are skipped and listed in OUT/pack_report.json.
+    Folders (SRC/<class>/<image>) get torchvision ImageFolder labels (sorted class folders →
+    0..K-1). JPEG bytes are copied unchanged; CMYK JPEGs, PNGs and other images are converted
+    to RGB JPEG; unreadable files or records are skipped and listed in OUT/pack_report.json.
     """
+    from .format.ofrecord import FormatError
     from .pack import PackError, pack as run_pack
-    from .sources.image import DEFAULT_MAX_PIXELS
+    from .sources.image import DEFAULT_MAX_PIXELS, Transcode
+    from .sources.tfrecord import PRESETS, TFRecordError
 
     try:
-        summary = run_pack(src, out, shards=shards, shard_size=_size(shard_size) if shard_size else None,
+        if kind != "tfrecord" and len(src) != 1:
+            raise click.UsageError(f"--from {kind} takes one SRC folder")
+        if kind == "folder":
+            source = src[0]
+        elif kind == "ofrecord":
+            from .sources.ofrecord import OFRecordSource
+
+            source = OFRecordSource(src[0], image_key=image_key or "encoded", label_key=label_key or "class/label",
+                                    strict=strict)
+        else:
+            from .sources.tfrecord import TFRecordSource
+
+            if preset is None and not (image_key and label_key):
+                raise click.UsageError("--from tfrecord needs --preset or both --image-key and --label-key")
+            keys = dict(PRESETS[preset]) if preset else {"image": None, "label": None, "label_offset": 0,
+                                                         "filename": None, "synset": None, "text": None}
+            for k, v in (("image", image_key), ("label", label_key), ("label_offset", label_offset),
+                         ("filename", filename_key)):
+                if v is not None:
+                    keys[k] = v
+            keys["preset"] = preset
+            source = TFRecordSource(src, keys, tmpdir=os.path.dirname(os.path.abspath(out)),
+                                    compression=compression, strict=strict)
+        summary = run_pack(source, out, shards=shards, shard_size=_size(shard_size) if shard_size else None,
                            workers=workers, seed=seed, strict=strict, overwrite=overwrite,
-                           max_pixels=max_pixels or DEFAULT_MAX_PIXELS, progress=not quiet)
-    except (PackError, FileExistsError, FileNotFoundError, ValueError) as e:
+                           max_pixels=max_pixels or DEFAULT_MAX_PIXELS,
+                           transcode=Transcode(max_side=max_side, quality=quality, hw_friendly=hw_friendly),
+                           progress=not quiet)
+    except (PackError, FileExistsError, FileNotFoundError, ValueError, FormatError, TFRecordError) as e:
         raise click.ClickException(str(e)) from None
     for w in summary.warnings:
         click.echo(f"warning: {w}", err=True)

@@ -1,8 +1,9 @@
-"""`recordtool pack`: a source (ImageNet-style folder) → OFRecord shards + index + manifest.
+"""`recordtool pack`: a source (ImageNet-style folder, TFRecord files, OFRecord parts) →
+OFRecord shards + index + manifest.
 
-Records are shuffled across shards at pack time with `seed` (folders are class-sorted; a
-sequential read must not be). Files are read and probed in a thread pool but written in
-the shuffled order, so the output never depends on the worker count.
+Records are shuffled across shards at pack time with `seed` (sources are class-sorted; a
+sequential read must not be). Items are read and fixed in a thread pool but written in the
+shuffled order, so the output never depends on the worker count.
 """
 from __future__ import annotations
 
@@ -16,8 +17,7 @@ import numpy as np
 
 from . import __version__
 from .format.writer import DatasetWriter, fault_point
-from .sources import imagefolder
-from .sources.image import DEFAULT_MAX_PIXELS, Rejected, prepare
+from .sources.image import DEFAULT_MAX_PIXELS, NO_TRANSCODE, Rejected, Transcode, prepare
 
 DEFAULT_SHARD_SIZE = 128 * 1024 * 1024
 
@@ -74,21 +74,19 @@ def ordered_map(fn, items, workers: int, chunk: int = 16, ahead: int = 4):
             yield from done
 
 
-def _load(item, max_pixels):
+def _load(source, item, max_pixels, transcode):
     try:
-        with open(item.path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        return item, Rejected(f"unreadable: {e.strerror or e}")
-    try:
-        return item, prepare(data, max_pixels=max_pixels)
+        data, label, filename = source.load(item)
+        return item, prepare(data, max_pixels=max_pixels, transcode=transcode), label, filename
     except Rejected as e:
-        return item, e
+        return item, e, None, None
 
 
-def pack(src: str, out: str, *, shards: int | None = None, shard_size: int | None = None,
+def pack(src, out: str, *, shards: int | None = None, shard_size: int | None = None,
          workers: int | None = None, seed: int = 0, strict: bool = False, overwrite: bool = False,
-         max_pixels: int = DEFAULT_MAX_PIXELS, progress: bool = True) -> Summary:
+         max_pixels: int = DEFAULT_MAX_PIXELS, transcode: Transcode = NO_TRANSCODE,
+         progress: bool = True) -> Summary:
+    """Pack `src` — a folder path, or a source object (sources.tfrecord / sources.ofrecord)."""
     t0 = time.perf_counter()
     if shards is not None and shard_size is not None:
         raise ValueError("give --shards or --shard-size, not both")
@@ -97,12 +95,16 @@ def pack(src: str, out: str, *, shards: int | None = None, shard_size: int | Non
     if shards is None and shard_size is None:
         shard_size = DEFAULT_SHARD_SIZE
     workers = workers or min(32, (os.cpu_count() or 1) * 2)
+    if isinstance(src, (str, os.PathLike)):
+        from .sources.imagefolder import ImageFolderSource
 
-    scan = imagefolder.scan(src)
-    if strict and (scan.skipped or scan.warnings):
-        first = f"{scan.skipped[0][0]}: {scan.skipped[0][1]}" if scan.skipped else scan.warnings[0]
-        raise PackError(f"--strict: {os.path.join(src, first)}")
-    items = scan.items
+        source = ImageFolderSource(os.fspath(src))
+    else:
+        source = src
+    if strict and (source.skipped or source.warnings):
+        first = f"{source.skipped[0][0]}: {source.skipped[0][1]}" if source.skipped else source.warnings[0]
+        raise PackError(f"--strict: {first}")
+    items = source.items
     order = np.random.default_rng(seed).permutation(len(items))
     shuffled = [items[i] for i in order]
     n = len(shuffled)
@@ -110,18 +112,19 @@ def pack(src: str, out: str, *, shards: int | None = None, shard_size: int | Non
     bounds = [k * n // shards for k in range(shards + 1)] if shards else None
 
     writer = DatasetWriter(out, overwrite=overwrite)
-    converted, skipped = [], [(rel, why) for rel, why in scan.skipped]
+    converted, skipped = [], list(source.skipped)
+    max_label = -1
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=n, unit="img", desc="pack", mininterval=0.5)
     try:
-        results = ordered_map(lambda it: _load(it, max_pixels), shuffled, workers)
+        results = ordered_map(lambda it: _load(source, it, max_pixels, transcode), shuffled, workers)
         next_bound = 1
         if shards:
             writer.new_shard()
-        for pos, (item, res) in enumerate(results):
+        for pos, (item, res, label, filename) in enumerate(results):
             if shards:
                 while pos >= bounds[next_bound]:
                     writer.new_shard()
@@ -130,12 +133,13 @@ def pack(src: str, out: str, *, shards: int | None = None, shard_size: int | Non
                 writer.new_shard()
             if isinstance(res, Rejected):
                 if strict:
-                    raise PackError(f"--strict: {item.path}: {res}")
-                skipped.append((item.relpath, str(res)))
+                    raise PackError(f"--strict: {source.where(item)}: {res}")
+                skipped.append((source.where(item), str(res)))
             else:
                 if res.converted:
-                    converted.append((item.relpath, f"converted to RGB JPEG: {res.converted}"))
-                writer.add(res.data, res.info, item.label, os.fsencode(item.relpath))
+                    converted.append((source.where(item), f"re-encoded: {res.converted}"))
+                writer.add(res.data, res.info, label, filename)
+                max_label = max(max_label, label)
                 fault_point("record")
             if bar is not None:
                 bar.update(1)
@@ -143,28 +147,34 @@ def pack(src: str, out: str, *, shards: int | None = None, shard_size: int | Non
             while len(writer.shards) < shards:
                 writer.new_shard()
         if len(writer.index) == 0:
-            raise PackError(f"{src}: no record to write: {n} image files found, all skipped"
+            raise PackError(f"no record to write: {n} items found, all skipped"
                             + (f" (first: {skipped[0][0]}: {skipped[0][1]})" if skipped else ""))
     except BaseException:
         writer.abort()
+        source.close()
         raise
     finally:
         if bar is not None:
             bar.close()
 
+    classes, class_text = source.classes(max_label)
     report = {
-        "source": src,
+        "source": source.describe(),
         "converted": [{"file": f, "reason": r} for f, r in sorted(converted)],
         "skipped": [{"file": f, "reason": r} for f, r in sorted(skipped)],
-        "warnings": scan.warnings,
+        "warnings": source.warnings,
     }
     manifest = {
-        "classes": scan.classes,
-        "source": {"kind": "imagefolder", "path": src, "files": n},
+        "classes": classes,
+        "source": source.describe(),
         "pack": {"seed": seed, "shards": shards, "shard_size": shard_size, "max_pixels": max_pixels,
-                 "strict": strict, "shuffled": True},
+                 "strict": strict, "shuffled": True, "max_side": transcode.max_side,
+                 "quality": transcode.quality, "hw_friendly": transcode.hw_friendly},
         "tool": {"name": "recordtool", "version": __version__},
     }
+    if class_text:
+        manifest["class_text"] = class_text
     m = writer.commit(manifest, report)
+    source.close()
     return Summary(out, m["records"], len(m["shards"]), sum(s["bytes"] for s in m["shards"]),
-                   time.perf_counter() - t0, converted, skipped, scan.warnings)
+                   time.perf_counter() - t0, converted, skipped, source.warnings)

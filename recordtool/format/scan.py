@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import mmap
 import os
-import re
 
 import crc32c
 
 from . import index as ix
 from .jpeg import BadJPEG, NotJPEG, probe
-from .ofrecord import BYTES_LIST, INT32_LIST, INT64_LIST, LENGTH_SIZE, FormatError, decode_ofrecord, iter_records
+from .ofrecord import BYTES_LIST, INT32_LIST, INT64_LIST, FormatError, decode_ofrecord, iter_records
 from .writer import KEY_FILENAME, KEY_HEIGHT, KEY_IMAGE, KEY_LABEL, KEY_WIDTH
-
-_PART = re.compile(r"^(?P<prefix>.*?)(?P<num>\d+)$")
 
 
 def find_parts(root: str, prefix: str = "part-") -> list[str]:
@@ -24,6 +21,36 @@ def find_parts(root: str, prefix: str = "part-") -> list[str]:
     if not names:
         raise FormatError(f"{root}: no part files named {prefix}NNNNN")
     return sorted(names, key=lambda n: int(n[len(prefix):]))
+
+
+def map_file(path: str):
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+
+
+def record_fields(mm, rec, image_key: str, label_key: str):
+    """(image span (a, b), label, feats) of one framed record; FormatError names file+offset."""
+    where = f"{rec.shard}: offset {rec.offset}"
+    try:
+        feats = decode_ofrecord(mm, rec.data_offset, rec.data_offset + rec.length)
+    except ValueError as e:
+        raise FormatError(f"{where}: not a valid OFRecord message ({e})") from None
+    if image_key not in feats or label_key not in feats:
+        raise FormatError(f"{where}: record lacks {image_key!r} or {label_key!r} (has {sorted(feats)})")
+    a, b = _bytes_span(feats[image_key], image_key, where)
+    label = _int_value(feats[label_key], label_key, where)
+    if label < 0:
+        raise FormatError(f"{where}: negative label {label}")
+    return (a, b), label, feats
+
+
+def synset_of(mm, feats):
+    f = feats.get("class/synset")
+    if f and f[0] == BYTES_LIST and f[1]:
+        a, b = f[1][0]
+        return bytes(mm[a:b]).decode("utf-8", "replace")
+    return None
 
 
 def _bytes_span(feat, key, where):
@@ -54,42 +81,29 @@ def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABE
                    unit_scale=True, desc="index")
     for s, name in enumerate(names):
         path = os.path.join(root, name)
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        mm = map_file(path)
+        size = len(mm)
         try:
             count = 0
             for rec in iter_records(mm, path):
-                where = f"{path}: offset {rec.offset}"
-                start = rec.data_offset
                 try:
-                    feats = decode_ofrecord(mm, start, start + rec.length)
-                except ValueError as e:
-                    raise FormatError(f"{where}: not a valid OFRecord message ({e})") from None
-                try:
-                    if image_key not in feats or label_key not in feats:
-                        raise FormatError(f"{where}: record lacks {image_key!r} or {label_key!r} "
-                                          f"(has {sorted(feats)})")
-                    a, b = _bytes_span(feats[image_key], image_key, where)
-                    label = _int_value(feats[label_key], label_key, where)
+                    (a, b), label, feats = record_fields(mm, rec, image_key, label_key)
                     try:
                         info = probe(mm[a:b])
                     except (NotJPEG, BadJPEG) as e:
-                        raise FormatError(f"{where}: image is not a JPEG recordtool can index ({e}); "
-                                          "re-pack with `recordtool pack --from ofrecord`") from None
+                        raise FormatError(f"{path}: offset {rec.offset}: image is not a JPEG recordtool can "
+                                          f"index ({e}); re-pack with `recordtool pack --from ofrecord`") from None
                     if not info.decodable_as_is:
-                        raise FormatError(f"{where}: CMYK/YCCK JPEG; re-pack with `recordtool pack "
-                                          "--from ofrecord` to convert it")
-                    if label < 0:
-                        raise FormatError(f"{where}: negative label {label}")
+                        raise FormatError(f"{path}: offset {rec.offset}: CMYK/YCCK JPEG; re-pack with "
+                                          "`recordtool pack --from ofrecord` to convert it")
                 except FormatError as e:
                     if strict:
                         raise
                     skipped.append({"shard": name, "offset": rec.offset, "reason": str(e)})
                     continue
-                if "class/synset" in feats and feats["class/synset"][0] == BYTES_LIST:
-                    sa, sb = feats["class/synset"][1][0]
-                    synsets.setdefault(label, bytes(mm[sa:sb]).decode("utf-8", "replace"))
+                syn = synset_of(mm, feats)
+                if syn is not None:
+                    synsets.setdefault(label, syn)
                 builder.add(s, rec.offset, rec.length, a, b - a, label, info)
                 count += 1
             crc = crc32c.crc32c(mm) if size else 0

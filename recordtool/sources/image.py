@@ -1,16 +1,19 @@
-"""Turn a source file's bytes into bytes every decoder of ours takes, touching as few as possible.
+"""Turn a source image's bytes into bytes every decoder of ours takes, touching as few as possible.
 
 JPEGs that libjpeg-turbo decodes to RGB are kept byte for byte. CMYK/YCCK JPEGs, PNGs (also
-PNGs named .JPEG) and other formats Pillow opens are converted to RGB JPEG, quality 95, as
-tf-slim's ImageNet converter does. Anything else is refused with a reason.
+PNGs named .JPEG) and other formats Pillow opens are converted to RGB JPEG, as tf-slim's
+ImageNet converter does. Anything else is refused with a reason. Optional transcoding
+(`Transcode`): shrink images over a maximum side (FFCV's max_resolution), and re-encode what
+NVIDIA's hardware decoder cannot take as baseline 4:2:0.
 """
 from __future__ import annotations
 
 import io
+import math
 import warnings
 from dataclasses import dataclass
 
-from ..format.jpeg import BadJPEG, JpegInfo, NotJPEG, CS_NAMES, probe
+from ..format.jpeg import (BadJPEG, CHROMA_410, CHROMA_411, CHROMA_UNKNOWN, CS_NAMES, JpegInfo, NotJPEG, probe)
 
 DEFAULT_MAX_PIXELS = 64 * 1024 * 1024  # same default as the decoders' bomb check
 CONVERT_QUALITY = 95
@@ -18,6 +21,27 @@ CONVERT_QUALITY = 95
 
 class Rejected(ValueError):
     """This file cannot become a record; str() is the reason for the report."""
+
+
+@dataclass(frozen=True)
+class Transcode:
+    max_side: int | None = None  # shrink so the longer side is at most this
+    quality: int = CONVERT_QUALITY  # for every re-encode, conversions included
+    hw_friendly: bool = False  # re-encode progressive / 4:1:1 / 4:1:0 / odd layouts as baseline 4:2:0
+
+    def hw_reason(self, info: JpegInfo) -> str | None:
+        if not self.hw_friendly:
+            return None
+        if info.progressive:
+            return "progressive JPEG (hardware decoder: baseline only)"
+        if info.arithmetic:
+            return "arithmetic-coded JPEG"
+        if info.chroma in (CHROMA_411, CHROMA_410, CHROMA_UNKNOWN) and info.channels == 3:
+            return "chroma layout the hardware decoder cannot take"
+        return None
+
+
+NO_TRANSCODE = Transcode()
 
 
 @dataclass
@@ -33,22 +57,90 @@ def _check_pixels(width: int, height: int, max_pixels: int) -> None:
                        f"max_pixels {max_pixels / 1e6:.1f} Mpx (decompression bomb?)")
 
 
-def prepare(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, quality: int = CONVERT_QUALITY) -> Prepared:
+def prepare(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, transcode: Transcode = NO_TRANSCODE) -> Prepared:
     if len(data) == 0:
         raise Rejected("empty file (0 bytes)")
     try:
         info = probe(data)
     except NotJPEG:
-        return _convert(data, max_pixels, quality, None)
+        return _convert(data, max_pixels, transcode, None)
     except BadJPEG as e:
         raise Rejected(f"bad JPEG: {e}") from None
     _check_pixels(info.width, info.height, max_pixels)
-    if info.decodable_as_is:
-        return Prepared(data, info, None)
-    return _convert(data, max_pixels, quality, f"{CS_NAMES[info.colorspace].upper()} JPEG")
+    if not info.decodable_as_is:
+        return _convert(data, max_pixels, transcode, f"{CS_NAMES[info.colorspace].upper()} JPEG")
+    if transcode.max_side and max(info.width, info.height) > transcode.max_side:
+        return _shrink_jpeg(data, info, transcode)
+    why = transcode.hw_reason(info)
+    if why:
+        return _convert(data, max_pixels, transcode, why)
+    return Prepared(data, info, None)
 
 
-def _convert(data: bytes, max_pixels: int, quality: int, why: str | None) -> Prepared:
+def _target(w: int, h: int, max_side: int) -> tuple[int, int]:
+    s = max_side / max(w, h)
+    return max(1, round(w * s)), max(1, round(h * s))
+
+
+def _encode(rgb_array_or_image, quality: int) -> bytes:
+    """Baseline 4:2:0 JPEG; TurboJPEG's encoder when its library loads, else Pillow's."""
+    import numpy as np
+
+    arr = np.ascontiguousarray(np.asarray(rgb_array_or_image, dtype=np.uint8))
+    try:
+        from turbojpeg import TJSAMP_420, TJPF_RGB
+
+        from ..decode.reference import _turbojpeg
+
+        return _turbojpeg().encode(arr, quality=quality, pixel_format=TJPF_RGB, jpeg_subsample=TJSAMP_420)
+    except (ImportError, OSError, RuntimeError):
+        from PIL import Image
+
+        out = io.BytesIO()
+        Image.fromarray(arr, "RGB").save(out, "JPEG", quality=quality, subsampling=2)
+        return out.getvalue()
+
+
+def _shrink_jpeg(data: bytes, info: JpegInfo, t: Transcode) -> Prepared:
+    """Shrink with the fused native decoder (DCT-domain scaling + antialiased resample in one
+    pass), else PyTurboJPEG's scaled decode (scaling_factor) + Pillow resize; re-encode."""
+    import numpy as np
+
+    from ..decode import cpu
+
+    w, h = _target(info.width, info.height, t.max_side)
+    try:
+        if cpu.native_available():
+            rgb = cpu.decode_crop_resize([data], np.array([[0, 0, info.height, info.width]]), size=(h, w),
+                                         threads=1)[0]
+        else:
+            rgb = _shrink_python(data, info, w, h)
+    except Exception as e:
+        raise Rejected(f"undecodable JPEG while shrinking: {e}") from None
+    jpeg = _encode(rgb, t.quality)
+    why = f"shrunk {info.width}x{info.height} → {w}x{h} (--max-side {t.max_side})"
+    return Prepared(jpeg, probe(jpeg), why)
+
+
+def _shrink_python(data: bytes, info: JpegInfo, w: int, h: int):
+    from PIL import Image
+
+    factor = max(info.width, info.height) / max(w, h)
+    denom = 8 if factor >= 8 else 4 if factor >= 4 else 2 if factor >= 2 else 1
+    try:
+        from turbojpeg import TJPF_RGB
+
+        from ..decode.reference import _turbojpeg
+
+        im = Image.fromarray(_turbojpeg().decode(data, pixel_format=TJPF_RGB, scaling_factor=(1, denom)), "RGB")
+    except (ImportError, OSError, RuntimeError):
+        im = Image.open(io.BytesIO(data))
+        im.draft("RGB", (math.ceil(info.width / denom), math.ceil(info.height / denom)))
+        im = im.convert("RGB")
+    return im.resize((w, h), Image.BILINEAR, reducing_gap=None)
+
+
+def _convert(data: bytes, max_pixels: int, t: Transcode, why: str | None) -> Prepared:
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -58,8 +150,6 @@ def _convert(data: bytes, max_pixels: int, quality: int, why: str | None) -> Pre
             fmt = im.format
             _check_pixels(im.width, im.height, max_pixels)
             im.load()
-            if getattr(im, "n_frames", 1) > 1:
-                im.seek(0)
             rgb = _to_rgb(im)
     except Rejected:
         raise
@@ -69,20 +159,22 @@ def _convert(data: bytes, max_pixels: int, quality: int, why: str | None) -> Pre
         raise Rejected(f"decompression bomb: {e}") from None
     except (OSError, ValueError, SyntaxError, EOFError) as e:
         raise Rejected(f"undecodable {why or 'image'}: {e}") from None
-    out = io.BytesIO()
-    rgb.save(out, "JPEG", quality=quality)
-    jpeg = out.getvalue()
-    return Prepared(jpeg, probe(jpeg), why or f"{fmt} image")
+    why = why or f"{fmt} image"
+    if t.max_side and max(rgb.width, rgb.height) > t.max_side:
+        w, h = _target(rgb.width, rgb.height, t.max_side)
+        rgb = rgb.resize((w, h), Image.BILINEAR)
+        why += f", shrunk to {w}x{h}"
+    jpeg = _encode(rgb, t.quality)
+    return Prepared(jpeg, probe(jpeg), why)
 
 
 def _to_rgb(im):
     if im.mode in ("I;16", "I;16B", "I;16L", "I"):
         # 16-bit gray: scale to 8 bits instead of clipping
         import numpy as np
+        from PIL import Image
 
         a = np.asarray(im, dtype=np.float64)
         hi = 65535.0 if im.mode.startswith("I;16") else max(float(a.max()), 1.0)
-        from PIL import Image
-
         im = Image.fromarray(np.clip(a * (255.0 / hi), 0, 255).astype("uint8"), "L")
     return im.convert("RGB")

@@ -1,0 +1,88 @@
+"""An existing OFRecord dataset (OneFlow's, or ours) as a pack source: re-shard, re-index, fix."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from ..format import index as ix
+from ..format.ofrecord import FormatError, iter_records
+from ..format.scan import find_parts, map_file, record_fields, synset_of
+from ..format.writer import KEY_FILENAME
+from .image import Rejected
+
+
+@dataclass(frozen=True)
+class Rec:
+    shard: int
+    offset: int
+    image: tuple  # (a, b) span in the part file
+    label: int
+    filename: tuple | None
+
+
+class OFRecordSource:
+    kind = "ofrecord"
+
+    def __init__(self, root: str, image_key: str = "encoded", label_key: str = "class/label",
+                 strict: bool = False):
+        self.root = root
+        self.names = find_parts(root)
+        self.keys = {"image": image_key, "label": label_key}
+        self.items, self.skipped, self.warnings = [], [], []
+        self._maps, self._synsets = [], {}
+        for s, name in enumerate(self.names):
+            path = os.path.join(root, name)
+            mm = map_file(path)
+            self._maps.append(mm)
+            try:
+                for rec in iter_records(mm, path):
+                    try:
+                        span, label, feats = record_fields(mm, rec, image_key, label_key)
+                    except FormatError as e:
+                        if strict:
+                            raise
+                        self.skipped.append((f"{path}: offset {rec.offset}", str(e)))
+                        continue
+                    fn = feats.get(KEY_FILENAME)
+                    fn_span = fn[1][0] if fn and fn[1] and isinstance(fn[1][0], tuple) else None
+                    self.items.append(Rec(s, rec.offset, span, label, fn_span))
+                    syn = synset_of(mm, feats)
+                    if syn is not None:
+                        self._synsets.setdefault(label, syn)
+            except FormatError as e:  # framing broken: the rest of this part is unreadable
+                if strict:
+                    raise
+                self.skipped.append((path, str(e)))
+        self._classes = None
+        mpath = os.path.join(root, ix.MANIFEST_FILE)
+        if os.path.exists(mpath):
+            with open(mpath, "rb") as f:
+                self._classes = json.load(f).get("classes")
+
+    def where(self, item: Rec) -> str:
+        return f"{os.path.join(self.root, self.names[item.shard])}: offset {item.offset}"
+
+    def load(self, item: Rec):
+        mm = self._maps[item.shard]
+        a, b = item.image
+        if b <= a:
+            raise Rejected("empty image bytes")
+        fn = bytes(mm[item.filename[0]:item.filename[1]]) if item.filename else b""
+        return bytes(mm[a:b]), item.label, fn
+
+    def classes(self, max_label: int):
+        if self._classes and len(self._classes) > max_label:
+            return list(self._classes), None
+        return [self._synsets.get(i, str(i)) for i in range(max_label + 1)], None
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "path": self.root, "parts": len(self.names), "records": len(self.items),
+                "keys": self.keys}
+
+    def close(self):
+        import mmap
+
+        for mm in self._maps:
+            if isinstance(mm, mmap.mmap):
+                mm.close()
