@@ -3,7 +3,22 @@
 The extension is optional: without a compiler or libjpeg headers, pip still installs and
 recordtool.decode falls back to PyTurboJPEG + Pillow with one warning.
 """
+import os
+import shutil
+
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
+
+
+class build_py_with_kernel(build_py):
+    """Ship native/gpu_resize.cu inside the package: CuPy compiles it at first use."""
+
+    def run(self):
+        super().run()
+        dst = os.path.join(self.build_lib, "recordtool", "decode")
+        os.makedirs(dst, exist_ok=True)
+        shutil.copy(os.path.join("native", "gpu_resize.cu"), dst)
+
 
 try:
     import pybind11
@@ -13,6 +28,7 @@ except ImportError:  # no pybind11: the build of the extension fails → optiona
     include = []
 
 setup(
+    cmdclass={"build_py": build_py_with_kernel},
     ext_modules=[
         Extension(
             "recordtool._native",

@@ -20,10 +20,20 @@ echo "pytest: $(tail -1 "$OUT/pytest.log")"
 rm -rf /tmp/bench /tmp/bench-packed
 python3 scripts/make_imagenet_like.py /tmp/bench --images "$IMAGES" --classes 100 --photos .carry/photos 2>&1 | tail -1
 python3 -m recordtool.cli pack /tmp/bench /tmp/bench-packed --shards 16 -q
-python3 scripts/bench_decode.py /tmp/bench-packed --images "$IMAGES" --threads "$(nproc)" --json "$OUT/bench_decode.json" \
-  > "$OUT/bench_decode.log" 2>&1
-python3 scripts/bench_format.py /tmp/bench /tmp/bench-packed --json "$OUT/bench_format.json" > "$OUT/bench_format.log" 2>&1
+STEPS=${STEPS:-decode format gpu}
+case " $STEPS " in *" decode "*)
+  python3 scripts/bench_decode.py /tmp/bench-packed --images "$IMAGES" --threads "$(nproc)" \
+    --json "$OUT/bench_decode.json" > "$OUT/bench_decode.log" 2>&1
+  python3 scripts/bench_decode.py /tmp/bench-packed --images 2048 --threads 1 --repeat 2 \
+    --json "$OUT/bench_decode_1t.json" > "$OUT/bench_decode_1t.log" 2>&1 ;; esac
+case " $STEPS " in *" format "*)
+  python3 scripts/bench_format.py /tmp/bench /tmp/bench-packed --json "$OUT/bench_format.json" \
+    > "$OUT/bench_format.log" 2>&1 ;; esac
+case " $STEPS " in *" gpu "*)
+  timeout 400 python3 scripts/bench_gpu.py /tmp/bench-packed --json "$OUT/bench_gpu.json" > "$OUT/bench_gpu.log" 2>&1 ;; esac
 [ -f .carry/extra.sh ] && bash .carry/extra.sh > "$OUT/extra.log" 2>&1
 echo "=================== results"
-cat "$OUT/bench_decode.log" "$OUT/bench_format.log"
+cat "$OUT"/bench_decode*.log "$OUT"/bench_format.log 2>/dev/null
+grep -A20 "summary" "$OUT/bench_gpu.log" 2>/dev/null || tail -30 "$OUT/bench_gpu.log" 2>/dev/null
+grep -E "passed|failed|Error" "$OUT/pytest.log" | tail -5
 [ -f "$OUT/extra.log" ] && tail -20 "$OUT/extra.log"

@@ -1,0 +1,280 @@
+"""GPU decode stage: NVJPG hardware batched decode with one ROI per image (the crop window),
+the CPU native path for what the engines cannot take, both at once in proportion to their
+measured rates, then one CUDA kernel for resize + mirror + normalize + layout.
+
+Routing uses the index columns (chroma, progressive, colorspace) — no parsing in the hot path.
+Output is a CuPy array on the decoder's stream; `to_torch` hands it over via DLPack with the
+consumer stream made to wait.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+
+from ..format.jpeg import CHROMA_420, CHROMA_422, CHROMA_440, CHROMA_444, CHROMA_GRAY, CS_GRAY, CS_YCBCR
+from . import cpu
+from .ops import IMAGENET_MEAN, IMAGENET_STD
+
+HW_CHROMA = (CHROMA_444, CHROMA_422, CHROMA_420, CHROMA_440, CHROMA_GRAY)
+SAMPLE_DTYPE = np.dtype([("src", "<u8"), ("pitch", "<i8"), ("rw", "<i4"), ("rh", "<i4"), ("x0", "<f4"),
+                         ("y0", "<f4"), ("x1", "<f4"), ("y1", "<f4"), ("mirror", "<i4")], align=True)
+_ALIGN = 256
+
+
+def hardware_decodable(chroma, progressive, colorspace) -> np.ndarray:
+    """What the NVJPG engines take: baseline, 4:4:4/4:2:2/4:2:0/4:4:0/gray, YCbCr or gray."""
+    chroma = np.asarray(chroma)
+    return np.isin(chroma, HW_CHROMA) & (np.asarray(progressive) == 0) & \
+        np.isin(np.asarray(colorspace), (CS_YCBCR, CS_GRAY))
+
+
+def _kernel_source() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    for p in (os.path.join(here, "gpu_resize.cu"), os.path.join(here, "..", "..", "native", "gpu_resize.cu")):
+        if os.path.exists(p):
+            with open(p) as f:
+                return f.read()
+    raise FileNotFoundError("gpu_resize.cu not found next to recordtool.decode or in native/")
+
+
+_module = None
+
+
+def kernel(dtype: str, layout: str):
+    """The compiled resize_normalize<T, NCHW, NORMALIZE> for this output type."""
+    global _module
+    import cupy
+
+    names = {("float32", "NCHW"): "resize_normalize<float, true, true>",
+             ("float32", "NHWC"): "resize_normalize<float, false, true>",
+             ("float16", "NCHW"): "resize_normalize<__half, true, true>",
+             ("float16", "NHWC"): "resize_normalize<__half, false, true>",
+             ("uint8", "NCHW"): "resize_normalize<unsigned char, true, false>",
+             ("uint8", "NHWC"): "resize_normalize<unsigned char, false, false>"}
+    if _module is None:
+        _module = cupy.RawModule(code=_kernel_source(), options=("-std=c++17",),
+                                 name_expressions=list(names.values()))
+    return _module.get_function(names[(dtype, layout)])
+
+
+class GPUDecoder:
+    """Decode → crop → resize → mirror → normalize a batch onto the GPU.
+
+    One instance per producer thread. `split="auto"` adapts the CPU share so both sides finish
+    together; a float in [0, 1] fixes the CPU share of hardware-decodable images; "gpu" or
+    "cpu" forces one side (what the engines cannot take always goes to the CPU).
+    """
+
+    def __init__(self, size=(224, 224), max_batch: int = 256, layout: str = "NCHW", dtype: str = "float16",
+                 mean=IMAGENET_MEAN, std=IMAGENET_STD, cpu_threads: int | None = None, split="auto",
+                 device: int = 0):
+        import cupy
+
+        if layout not in ("NCHW", "NHWC") or dtype not in ("float32", "float16", "uint8"):
+            raise ValueError("layout NCHW|NHWC, dtype float32|float16|uint8")
+        self.cupy = cupy
+        self.device = cupy.cuda.Device(device)
+        self.size = (int(size[0]), int(size[1]))
+        self.max_batch = max_batch
+        self.layout, self.dtype = layout, dtype
+        self.mean = tuple(float(m) for m in mean)
+        self.std = tuple(float(s) for s in std)
+        self.cpu_threads = cpu_threads or max(1, (os.cpu_count() or 2) - 2)
+        self.split = split
+        self.cpu_fraction = 0.0 if split in ("gpu", "auto") else (1.0 if split == "cpu" else float(split))
+        self._rates = {"gpu": None, "cpu": None}
+        self.last = {}
+        with self.device:
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+            self._kernel = kernel(dtype, layout)
+            self.hw = None
+            self.hw_error = None
+            if split != "cpu":
+                from .nvjpeg import HardwareDecoder, NvjpegError
+
+                try:
+                    self.hw = HardwareDecoder(max_batch)
+                except (NvjpegError, OSError) as e:  # no engines here: everything on the CPU path
+                    self.hw_error = str(e)
+        self.allocations = 0
+        self._arena = None  # device bytes for decoded windows
+        self._staging = None  # pinned host bytes for JPEG data
+        self._cpu_out = None  # pinned host uint8 (N, h, w, 3) for CPU-decoded samples
+        self._cpu_dev = None
+        self._samples_host = None
+
+    # ------------------------------------------------------------------ buffers
+    def warmup(self, jpeg_lengths, widths, heights) -> None:
+        """Size every buffer from the index's largest images, so steady state allocates nothing."""
+        b = self.max_batch
+        lens = np.sort(np.asarray(jpeg_lengths, np.int64))[::-1][:b]
+        areas = np.sort(np.asarray(widths, np.int64) * np.asarray(heights, np.int64))[::-1][:b]
+        self._alloc(int(lens.sum()) + b * 64, int(((areas * 3 + _ALIGN) // _ALIGN * _ALIGN + _ALIGN).sum()))
+
+    def _alloc(self, staging: int, arena: int) -> None:
+        cupy = self.cupy
+        b = self.max_batch
+        h, w = self.size
+        with self.device:
+            self._staging = cupy.cuda.alloc_pinned_memory(staging)
+            self._staging_np = np.frombuffer(self._staging, np.uint8, staging)
+            self._arena = cupy.empty(arena, np.uint8)
+            if self._cpu_out is None:
+                self._cpu_out_mem = cupy.cuda.alloc_pinned_memory(b * h * w * 3)
+                self._cpu_out = np.frombuffer(self._cpu_out_mem, np.uint8, b * h * w * 3).reshape(b, h, w, 3)
+                self._cpu_dev = cupy.empty((b, h, w, 3), np.uint8)
+                self._samples_mem = cupy.cuda.alloc_pinned_memory(b * SAMPLE_DTYPE.itemsize)
+                self._samples_host = np.frombuffer(self._samples_mem, SAMPLE_DTYPE, b)
+                self._samples_dev = cupy.empty(b * SAMPLE_DTYPE.itemsize, np.uint8)
+        self.allocations = getattr(self, "allocations", 0) + 1
+
+    def _ensure(self, buffers, windows):
+        """Grow the buffers if a batch needs more than warm-up planned (counted in .allocations)."""
+        need_stage = sum(len(x) for x in buffers) + 64 * len(buffers)
+        need_arena = int(sum((np.ceil(w[3] + 1) * np.ceil(w[2] + 1) * 3 + 2 * _ALIGN) for w in windows))
+        if self._staging is None or need_stage > self._staging_np.size or need_arena > self._arena.size:
+            cur_s = 0 if self._staging is None else self._staging_np.size
+            cur_a = 0 if self._arena is None else self._arena.size
+            self._alloc(max(need_stage, cur_s), max(need_arena, cur_a))
+
+    # ------------------------------------------------------------------ one batch
+    def __call__(self, buffers, windows, flips, hw_ok):
+        """buffers: JPEG bytes-likes; windows (N, 4) (y, x, h, w); flips, hw_ok: bool (N,).
+        Returns a CuPy array (N, 3, h, w) or (N, h, w, 3), complete when the call returns."""
+        cupy = self.cupy
+        n = len(buffers)
+        if n > self.max_batch:
+            raise ValueError(f"batch of {n} > max_batch {self.max_batch}")
+        windows = np.asarray(windows, np.float64).reshape(n, 4)
+        flips = np.asarray(flips, bool).reshape(n)
+        hw_ok = np.asarray(hw_ok, bool).reshape(n) & (self.hw is not None)
+        self._ensure(buffers, windows)
+        # -- split: everything the engines cannot take, plus a share of the rest, to the CPU
+        eligible = np.nonzero(hw_ok)[0]
+        forced = np.nonzero(~hw_ok)[0]
+        want_cpu = int(round(self.cpu_fraction * n))
+        extra = max(0, min(len(eligible), want_cpu - len(forced)))
+        gpu_idx = eligible[: len(eligible) - extra]
+        cpu_idx = np.concatenate([forced, eligible[len(eligible) - extra:]]).astype(np.int64)
+        h, w = self.size
+        t0 = time.perf_counter()
+        cpu_result = {}
+
+        def cpu_part():
+            t = time.perf_counter()
+            errors = []
+            if len(cpu_idx):
+                cpu.decode_crop_resize([buffers[i] for i in cpu_idx], windows[cpu_idx], size=(h, w),
+                                       threads=self.cpu_threads, out=self._cpu_out[: len(cpu_idx)],
+                                       policy="fallback", errors=errors)
+            cpu_result["t"] = time.perf_counter() - t
+            cpu_result["errors"] = [(int(cpu_idx[i]), r) for i, r in errors]
+
+        th = threading.Thread(target=cpu_part, name="recordtool-cpu-decode")
+        th.start()
+        samples = self._samples_host[:n]
+        gpu_failed = []
+        with self.device, self.stream:
+            ev_start = self.stream.record()
+            tg = time.perf_counter()
+            if len(gpu_idx):
+                try:
+                    self._decode_hw(buffers, windows, gpu_idx, samples)
+                except Exception as e:  # the engines refused the batch: the CPU takes it
+                    gpu_failed = list(gpu_idx)
+                    self.last_gpu_error = str(e)
+            t_host = time.perf_counter() - tg
+            ev_decoded = self.stream.record()
+            th.join()
+            if gpu_failed:
+                extra_out = np.empty((len(gpu_failed), h, w, 3), np.uint8)
+                errs = []
+                cpu.decode_crop_resize([buffers[i] for i in gpu_failed], windows[gpu_failed], size=(h, w),
+                                       threads=self.cpu_threads, out=extra_out, policy="fallback", errors=errs)
+                cpu_result["errors"] += [(int(gpu_failed[i]), r) for i, r in errs]
+                cpu_idx = np.concatenate([cpu_idx, np.asarray(gpu_failed, np.int64)])
+                self._cpu_out[len(cpu_idx) - len(gpu_failed):len(cpu_idx)] = extra_out
+            if len(cpu_idx):
+                self._cpu_dev[: len(cpu_idx)].set(self._cpu_out[: len(cpu_idx)], stream=self.stream)
+                base = self._cpu_dev.data.ptr
+                for k, i in enumerate(cpu_idx):
+                    samples[i] = (base + k * h * w * 3, w * 3, w, h, 0.0, 0.0, float(w), float(h), 0)
+            samples["mirror"] = flips.astype(np.int32)
+            self._samples_dev[: samples.nbytes].set(samples.view(np.uint8), stream=self.stream)
+            shape = (n, 3, h, w) if self.layout == "NCHW" else (n, h, w, 3)
+            out = cupy.empty(shape, self.dtype)
+            m, s = self.mean, self.std
+            self._kernel(((w + 31) // 32, (h + 7) // 8, n), (32, 8, 1),
+                         (self._samples_dev, out, np.int32(w), np.int32(h), np.float32(m[0]), np.float32(m[1]),
+                          np.float32(m[2]), np.float32(s[0]), np.float32(s[1]), np.float32(s[2])))
+            self.stream.synchronize()
+            t_gpu = None
+            if len(gpu_idx) and not gpu_failed:  # engine time: host submission or device work, the longer
+                t_gpu = max(t_host, cupy.cuda.get_elapsed_time(ev_start, ev_decoded) / 1e3)
+        self._adapt(len(gpu_idx) - len(gpu_failed), t_gpu, len(cpu_idx), cpu_result.get("t"))
+        self.last = {"n": n, "gpu": int(len(gpu_idx) - len(gpu_failed)), "cpu": int(len(cpu_idx)),
+                     "cpu_forced": int(len(forced)), "cpu_fraction": self.cpu_fraction,
+                     "gpu_rate": self._rates["gpu"], "cpu_rate": self._rates["cpu"],
+                     "errors": cpu_result.get("errors", []), "seconds": time.perf_counter() - t0}
+        return out
+
+    def _decode_hw(self, buffers, windows, gpu_idx, samples):
+        """Stage JPEG bytes in pinned memory, decode each window as an ROI into the arena."""
+        stage = self._staging_np
+        stage_base = self._staging_np.ctypes.data
+        arena_base = self._arena.data.ptr
+        so = 0
+        ao = 0
+        ptrs, lens, rois, dsts, pitches = [], [], [], [], []
+        for i in gpu_idx:
+            data = buffers[i]
+            ln = len(data)
+            stage[so:so + ln] = np.frombuffer(data, np.uint8)
+            ptrs.append(stage_base + so)
+            lens.append(ln)
+            so += (ln + 63) // 64 * 64
+            y, x, hh, ww = windows[i]
+            rx, ry = int(np.floor(x)), int(np.floor(y))
+            rw = max(1, int(np.ceil(x + ww)) - rx)
+            rh = max(1, int(np.ceil(y + hh)) - ry)
+            pitch = rw * 3
+            rois.append((rx, ry, rw, rh))
+            dsts.append(arena_base + ao)
+            pitches.append(pitch)
+            samples[i] = (arena_base + ao, pitch, rw, rh, x - rx, y - ry, x + ww - rx, y + hh - ry, 0)
+            ao += (pitch * rh + _ALIGN - 1) // _ALIGN * _ALIGN
+        self.hw.decode(ptrs, lens, rois, dsts, pitches, self.stream.ptr)
+
+    def _adapt(self, n_gpu, t_gpu, n_cpu, t_cpu):
+        """Move the CPU share so that both sides take the same time on the next batch."""
+        a = 0.3
+        for key, nn, t in (("gpu", n_gpu, t_gpu), ("cpu", n_cpu, t_cpu)):
+            if nn >= 8 and t:
+                r = nn / t
+                self._rates[key] = r if self._rates[key] is None else (1 - a) * self._rates[key] + a * r
+        if self.split != "auto" or self.hw is None:
+            return
+        rg, rc = self._rates["gpu"], self._rates["cpu"]
+        if rg and rc:
+            self.cpu_fraction = float(np.clip(rc / (rc + rg), 0.0, 0.9))
+        elif rg and not rc:
+            self.cpu_fraction = 0.05  # measure the CPU once
+        elif rc and not rg:
+            self.cpu_fraction = 0.5
+
+    def close(self):
+        if self.hw is not None:
+            self.hw.close()
+            self.hw = None
+
+
+def to_torch(array, stream=None):
+    """Hand a CuPy array to PyTorch through DLPack; PyTorch's current stream waits for `stream`."""
+    import torch
+
+    if stream is not None:
+        torch.cuda.current_stream().wait_stream(torch.cuda.ExternalStream(stream.ptr))
+    return torch.from_dlpack(array)

@@ -1,0 +1,179 @@
+"""A small ctypes binding to nvJPEG: hardware batched decode with a region of interest per image.
+
+Loads libnvjpeg.so.13 or .so.12 — whichever matches the CUDA major version of the installed
+CuPy — from the nvidia-nvjpeg wheels or the CUDA toolkit. Only what recordtool uses is bound.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import sys
+
+# enums (nvjpeg.h)
+BACKEND_DEFAULT, BACKEND_HYBRID, BACKEND_GPU_HYBRID, BACKEND_HARDWARE = 0, 1, 2, 3
+OUTPUT_RGBI = 5
+STATUS = {0: "SUCCESS", 1: "NOT_INITIALIZED", 2: "INVALID_PARAMETER", 3: "BAD_JPEG", 4: "JPEG_NOT_SUPPORTED",
+          5: "ALLOCATOR_FAILURE", 6: "EXECUTION_FAILED", 7: "ARCH_MISMATCH", 8: "INTERNAL_ERROR",
+          9: "IMPLEMENTATION_NOT_SUPPORTED", 10: "INCOMPLETE_BITSTREAM"}
+
+
+class NvjpegError(RuntimeError):
+    def __init__(self, call: str, status: int):
+        self.status = status
+        super().__init__(f"{call} failed: NVJPEG_STATUS_{STATUS.get(status, status)}")
+
+
+class Image(ctypes.Structure):
+    _fields_ = [("channel", ctypes.c_void_p * 4), ("pitch", ctypes.c_size_t * 4)]
+
+
+def _candidates(major: int) -> list[str]:
+    names = []
+    for base in sys.path:
+        names += glob.glob(os.path.join(base, "nvidia", "cu13" if major >= 13 else "nvjpeg", "lib",
+                                        f"libnvjpeg.so.{major}*"))
+    for root in [os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", ""), "/usr/local/cuda",
+                 f"/usr/local/cuda-{major}", *sorted(glob.glob(f"/usr/local/cuda-{major}.*"))]:
+        if root:
+            names += glob.glob(os.path.join(root, "targets", "*", "lib", f"libnvjpeg.so.{major}*"))
+            names += glob.glob(os.path.join(root, "lib64", f"libnvjpeg.so.{major}*"))
+    names.append(f"libnvjpeg.so.{major}")
+    return names
+
+
+def _cuda_major() -> int:
+    import cupy
+
+    return cupy.cuda.runtime.runtimeGetVersion() // 1000
+
+
+_lib = None
+
+
+def lib():
+    global _lib
+    if _lib is None:
+        major = _cuda_major()
+        errors = []
+        for path in _candidates(major):
+            try:
+                _lib = ctypes.CDLL(path)
+                break
+            except OSError as e:
+                errors.append(str(e))
+        if _lib is None:
+            raise OSError(f"libnvjpeg.so.{major} not found (install nvidia-nvjpeg"
+                          f"{'-cu12' if major == 12 else ''}); tried: {errors[-3:]}")
+        _declare(_lib)
+    return _lib
+
+
+def _declare(L):
+    p, i, u, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_size_t
+    sigs = {
+        "nvjpegCreateEx": [i, p, p, u, ctypes.POINTER(p)],
+        "nvjpegDestroy": [p],
+        "nvjpegGetHardwareDecoderInfo": [p, ctypes.POINTER(u), ctypes.POINTER(u)],
+        "nvjpegJpegStateCreate": [p, ctypes.POINTER(p)],
+        "nvjpegJpegStateDestroy": [p],
+        "nvjpegDecodeBatchedInitialize": [p, p, i, i, i],
+        "nvjpegDecodeBatched": [p, p, ctypes.POINTER(p), ctypes.POINTER(sz), ctypes.POINTER(Image), p],
+        "nvjpegDecodeBatchedEx": [p, p, ctypes.POINTER(p), ctypes.POINTER(sz), ctypes.POINTER(Image),
+                                  ctypes.POINTER(p), p],
+        "nvjpegDecodeParamsCreate": [p, ctypes.POINTER(p)],
+        "nvjpegDecodeParamsDestroy": [p],
+        "nvjpegDecodeParamsSetROI": [p, i, i, i, i],
+        "nvjpegDecodeParamsSetOutputFormat": [p, i],
+        "nvjpegSetDeviceMemoryPadding": [sz, p],
+        "nvjpegSetPinnedMemoryPadding": [sz, p],
+        "nvjpegDecodeBatchedPreAllocate": [p, p, i, i, i, i, i],
+    }
+    for name, args in sigs.items():
+        fn = getattr(L, name)
+        fn.argtypes = args
+        fn.restype = ctypes.c_int
+
+
+def check(call: str, status: int) -> None:
+    if status != 0:
+        raise NvjpegError(call, status)
+
+
+class HardwareDecoder:
+    """nvjpegDecodeBatchedEx on the NVJPG engines, RGBI output, one ROI per image.
+
+    One instance per thread (nvJPEG states are not shared). Raises NvjpegError with
+    ARCH_MISMATCH where the GPU has no hardware JPEG engine.
+    """
+
+    def __init__(self, max_batch: int, device_padding: int = 0, pinned_padding: int = 0):
+        L = lib()
+        self.L = L
+        self.handle = ctypes.c_void_p()
+        check("nvjpegCreateEx(HARDWARE)", L.nvjpegCreateEx(BACKEND_HARDWARE, None, None, 0,
+                                                           ctypes.byref(self.handle)))
+        e, c = ctypes.c_uint(), ctypes.c_uint()
+        check("nvjpegGetHardwareDecoderInfo", L.nvjpegGetHardwareDecoderInfo(self.handle, ctypes.byref(e),
+                                                                            ctypes.byref(c)))
+        self.engines, self.cores = e.value, c.value
+        if device_padding:
+            check("nvjpegSetDeviceMemoryPadding", L.nvjpegSetDeviceMemoryPadding(device_padding, self.handle))
+        if pinned_padding:
+            check("nvjpegSetPinnedMemoryPadding", L.nvjpegSetPinnedMemoryPadding(pinned_padding, self.handle))
+        self.state = ctypes.c_void_p()
+        check("nvjpegJpegStateCreate", L.nvjpegJpegStateCreate(self.handle, ctypes.byref(self.state)))
+        self.max_batch = max_batch
+        self.params = (ctypes.c_void_p * max_batch)()
+        for k in range(max_batch):
+            prm = ctypes.c_void_p()
+            check("nvjpegDecodeParamsCreate", L.nvjpegDecodeParamsCreate(self.handle, ctypes.byref(prm)))
+            check("nvjpegDecodeParamsSetOutputFormat", L.nvjpegDecodeParamsSetOutputFormat(prm, OUTPUT_RGBI))
+            self.params[k] = prm
+        self._ptrs = (ctypes.c_void_p * max_batch)()
+        self._lens = (ctypes.c_size_t * max_batch)()
+        self._imgs = (Image * max_batch)()
+        self._batch = None
+
+    def preallocate(self, batch: int, width: int, height: int, chroma: int) -> None:
+        """Size nvJPEG's internal buffers for the largest expected image up front."""
+        check("nvjpegDecodeBatchedPreAllocate", self.L.nvjpegDecodeBatchedPreAllocate(
+            self.handle, self.state, batch, width, height, chroma, OUTPUT_RGBI))
+
+    def decode(self, host_ptrs, lengths, rois, dst_ptrs, dst_pitches, stream_ptr: int) -> None:
+        """Decode len(host_ptrs) JPEGs; ROI k = (x, y, w, h) lands at dst_ptrs[k] (RGBI, pitch)."""
+        n = len(host_ptrs)
+        if n == 0:
+            return
+        if n > self.max_batch:
+            raise ValueError(f"batch {n} > max_batch {self.max_batch}")
+        L = self.L
+        if self._batch != n:
+            check("nvjpegDecodeBatchedInitialize",
+                  L.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, OUTPUT_RGBI))
+            self._batch = n
+        for k in range(n):
+            self._ptrs[k] = host_ptrs[k]
+            self._lens[k] = lengths[k]
+            x, y, w, h = rois[k]
+            check("nvjpegDecodeParamsSetROI", L.nvjpegDecodeParamsSetROI(self.params[k], x, y, w, h))
+            img = self._imgs[k]
+            img.channel[0] = dst_ptrs[k]
+            img.pitch[0] = dst_pitches[k]
+        check("nvjpegDecodeBatchedEx", L.nvjpegDecodeBatchedEx(
+            self.handle, self.state, self._ptrs, self._lens, self._imgs, self.params, stream_ptr))
+
+    def close(self):
+        if getattr(self, "handle", None):
+            for k in range(self.max_batch):
+                if self.params[k]:
+                    self.L.nvjpegDecodeParamsDestroy(self.params[k])
+            self.L.nvjpegJpegStateDestroy(self.state)
+            self.L.nvjpegDestroy(self.handle)
+            self.handle = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

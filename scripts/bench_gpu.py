@@ -1,0 +1,329 @@
+#!/usr/bin/env python3
+"""GPU loader benchmark on one machine, peers and ceilings in the same run.
+
+  bench_gpu.py PACKED [--batch 256] [--epochs 2] [--json FILE]
+
+- recordtool GPU: records → RandomResizedCrop windows → flip → normalize → fp16 NCHW 224² on GPU
+  (NVJPG hardware ROI decode + CPU native decode, auto split, one CUDA kernel), producer threads
+- peers: nvImageCodec batched decode + torch crop/resize/normalize (when importable);
+  torchvision decode_jpeg(device="cuda") batched + resized_crop; Pillow + RandomResizedCrop in a
+  process pool (one process per core)
+- ceilings: bare NVJPG batched full decode of the hardware-decodable subset; bare CPU full decode
+  (OpenCV, one thread per core)
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import recordtool  # noqa: E402
+from recordtool.decode import random_flips, random_windows  # noqa: E402
+from recordtool.decode.gpu import GPUDecoder, hardware_decodable  # noqa: E402
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def recordtool_gpu(ds, batch, epochs, producers, split="auto"):
+    import cupy
+
+    n = len(ds)
+    idx_all = ds.index
+    hw = hardware_decodable(idx_all.chroma, idx_all.progressive, idx_all.colorspace)
+    decs = [GPUDecoder(max_batch=batch, dtype="float16", layout="NCHW", split=split,
+                       cpu_threads=max(1, (os.cpu_count() or 2) - 2 * producers)) for _ in range(producers)]
+    for d in decs:
+        d.warmup(idx_all.jpeg_length, idx_all.width, idx_all.height)
+    pool = cupy.get_default_memory_pool()
+    results = {}
+    for epoch in range(epochs):
+        order = ds.sampler(seed=0).indices(epoch)
+        batches = [order[s:s + batch] for s in range(0, n - batch + 1, batch)]
+        q_in: queue.Queue = queue.Queue()
+        for k, b in enumerate(batches):
+            q_in.put((k, b))
+        q_out: queue.Queue = queue.Queue(maxsize=2 * producers)
+
+        def produce(dec):
+            while True:
+                try:
+                    k, b = q_in.get_nowait()
+                except queue.Empty:
+                    q_out.put(None)
+                    return
+                bufs = [ds[int(i)][0] for i in b]
+                win = random_windows(idx_all.width[b], idx_all.height[b], b, 0, epoch)
+                flips = random_flips(b, 0, epoch)
+                out = dec(bufs, win, flips, hw[b])
+                q_out.put((k, out, dict(dec.last)))
+
+        pool_before = pool.total_bytes()
+        allocs_before = sum(d.allocations for d in decs)
+        t = time.perf_counter()
+        ths = [threading.Thread(target=produce, args=(d,)) for d in decs]
+        for th in ths:
+            th.start()
+        done, finished, splits = 0, 0, []
+        while finished < producers:
+            item = q_out.get()
+            if item is None:
+                finished += 1
+                continue
+            _, out, last = item
+            done += out.shape[0]
+            splits.append(last)
+            del out
+        dt = time.perf_counter() - t
+        for th in ths:
+            th.join()
+        cpu_share = float(np.mean([s["cpu"] / s["n"] for s in splits[len(splits) // 2:]]))
+        results = {"img_s": done / dt, "images": done, "seconds": dt, "cpu_share": cpu_share,
+                   "cpu_forced_share": float(np.mean([s["cpu_forced"] / s["n"] for s in splits])),
+                   "gpu_rate": splits[-1]["gpu_rate"], "cpu_rate": splits[-1]["cpu_rate"],
+                   "pool_growth_bytes": pool.total_bytes() - pool_before,
+                   "buffer_growths": sum(d.allocations for d in decs) - allocs_before,
+                   "errors": sum(len(s["errors"]) for s in splits), "hw_error": decs[0].hw_error}
+        log(f"  epoch {epoch}: {done / dt:,.0f} img/s, cpu share {cpu_share:.2f}, pool growth "
+            f"{results['pool_growth_bytes']} B, buffer growths {results['buffer_growths']}")
+    for d in decs:
+        d.close()
+    return results
+
+
+def nvjpg_ceiling(ds, batch):
+    import cupy
+
+    from recordtool.decode.nvjpeg import HardwareDecoder
+
+    c = ds.index
+    hw = np.nonzero(hardware_decodable(c.chroma, c.progressive, c.colorspace))[0]
+    dec = HardwareDecoder(batch)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    areas = (c.width[hw].astype(np.int64) * c.height[hw]).astype(np.int64)
+    arena = cupy.empty(int(np.sort(areas)[::-1][:batch].sum() * 3 + batch * 256), np.uint8)
+    stage = cupy.cuda.alloc_pinned_memory(int(np.sort(c.jpeg_length[hw])[::-1][:batch].sum()) + batch * 64)
+    stage_np = np.frombuffer(stage, np.uint8)
+    batches = [hw[s:s + batch] for s in range(0, len(hw) - batch + 1, batch)]
+
+    def run(b):
+        so, ao = 0, 0
+        ptrs, lens, rois, dsts, pitches = [], [], [], [], []
+        for i in b:
+            d = ds[int(i)][0]
+            stage_np[so:so + len(d)] = np.frombuffer(d, np.uint8)
+            ptrs.append(stage_np.ctypes.data + so)
+            lens.append(len(d))
+            so += (len(d) + 63) // 64 * 64
+            w, h = int(c.width[i]), int(c.height[i])
+            rois.append((0, 0, w, h))
+            dsts.append(arena.data.ptr + ao)
+            pitches.append(w * 3)
+            ao += (w * h * 3 + 255) // 256 * 256
+        dec.decode(ptrs, lens, rois, dsts, pitches, stream.ptr)
+        stream.synchronize()
+
+    run(batches[0])
+    t = time.perf_counter()
+    for b in batches:
+        run(b)
+    dt = time.perf_counter() - t
+    dec.close()
+    return len(batches) * batch / dt, dec.engines
+
+
+def cpu_ceiling(ds, threads):
+    import cv2
+
+    cv2.setNumThreads(1)
+    bufs = [ds[i][0] for i in range(len(ds))]
+
+    def one(b):
+        cv2.imdecode(np.frombuffer(b, np.uint8), cv2.IMREAD_COLOR)
+
+    with ThreadPoolExecutor(threads) as ex:
+        list(ex.map(one, bufs[:512]))
+        t = time.perf_counter()
+        list(ex.map(one, bufs, chunksize=32))
+        return len(bufs) / (time.perf_counter() - t)
+
+
+def torchvision_peer(ds, batch, n_max):
+    import torch
+    import torchvision
+    from torchvision.io import decode_jpeg
+    from torchvision.transforms.v2 import functional as F
+
+    c = ds.index
+    n = min(len(ds), n_max)
+    mean = torch.tensor(MEAN, device="cuda").view(3, 1, 1)
+    std = torch.tensor(STD, device="cuda").view(3, 1, 1)
+    skipped = 0
+
+    def run(lo, hi):
+        nonlocal skipped
+        ids = np.arange(lo, hi)
+        datas = [torch.frombuffer(bytearray(ds[int(i)][0]), dtype=torch.uint8) for i in ids]
+        win = random_windows(c.width[ids], c.height[ids], ids, 0, 0)
+        try:
+            imgs = decode_jpeg(datas, device="cuda", mode=torchvision.io.ImageReadMode.RGB)
+        except RuntimeError:  # e.g. "Unknown chroma subsampling" on grayscale: decode one by one
+            imgs = []
+            for d in datas:
+                try:
+                    imgs.append(decode_jpeg(d, device="cuda", mode=torchvision.io.ImageReadMode.RGB))
+                except RuntimeError:
+                    skipped += 1
+                    imgs.append(None)
+        out = []
+        for im, (y, x, h, w) in zip(imgs, win):
+            if im is None:
+                continue
+            r = F.resized_crop(im, int(y), int(x), int(h), int(w), [224, 224], antialias=True)
+            out.append(((r.float() / 255 - mean) / std).half())
+        return torch.stack(out)
+
+    run(0, batch)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    done = 0
+    for s in range(0, n - batch + 1, batch):
+        done += run(s, s + batch).shape[0]
+    torch.cuda.synchronize()
+    return done / (time.perf_counter() - t), skipped
+
+
+def nvimgcodec_peer(ds, batch, n_max):
+    import torch
+    from nvidia import nvimgcodec
+    from torchvision.transforms.v2 import functional as F
+
+    c = ds.index
+    n = min(len(ds), n_max)
+    dec = nvimgcodec.Decoder()
+    mean = torch.tensor(MEAN, device="cuda").view(3, 1, 1)
+    std = torch.tensor(STD, device="cuda").view(3, 1, 1)
+
+    def run(lo, hi):
+        ids = np.arange(lo, hi)
+        imgs = dec.decode([bytes(ds[int(i)][0]) for i in ids])
+        win = random_windows(c.width[ids], c.height[ids], ids, 0, 0)
+        out = []
+        for im, (y, x, h, w) in zip(imgs, win):
+            if im is None:
+                continue
+            t = torch.as_tensor(im, device="cuda").permute(2, 0, 1)
+            r = F.resized_crop(t, int(y), int(x), int(h), int(w), [224, 224], antialias=True)
+            out.append(((r.float() / 255 - mean) / std).half())
+        return torch.stack(out)
+
+    run(0, batch)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    done = 0
+    for s in range(0, n - batch + 1, batch):
+        done += run(s, s + batch).shape[0]
+    torch.cuda.synchronize()
+    return done / (time.perf_counter() - t)
+
+
+_DS = None
+
+
+def _init(path):
+    global _DS
+    _DS = recordtool.open(path)
+
+
+def _pil_chunk(args):
+    from PIL import Image
+
+    idx, win = args
+    for i, (y, x, h, w) in zip(idx, win):
+        im = Image.open(io.BytesIO(_DS[int(i)][0])).convert("RGB")
+        im.crop((int(x), int(y), int(x + w), int(y + h))).resize((224, 224), Image.BILINEAR)
+    return len(idx)
+
+
+def pil_peer(path, ds, procs):
+    idx = np.arange(len(ds))
+    win = random_windows(ds.index.width, ds.index.height, idx, 0, 0)
+    chunks = [(idx[s:s + 64], win[s:s + 64]) for s in range(0, len(idx), 64)]
+    with ProcessPoolExecutor(procs, initializer=_init, initargs=(path,)) as ex:
+        list(ex.map(_pil_chunk, chunks[:procs]))
+        t = time.perf_counter()
+        n = sum(ex.map(_pil_chunk, chunks))
+        return n / (time.perf_counter() - t)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("packed")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--producers", type=int, default=2)
+    ap.add_argument("--peer-images", type=int, default=4096)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    ds = recordtool.open(a.packed)
+    for i in range(len(ds)):
+        bytes(ds[i][0])  # page cache warm
+    cores = os.cpu_count()
+    r = {"images": len(ds), "cores": cores, "commit": subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()}
+    log(f"bench_gpu: {len(ds)} images, {np.mean(ds.index.jpeg_length) / 1e3:.0f} KB mean, {cores} cores")
+    steps = [
+        ("recordtool_gpu", lambda: recordtool_gpu(ds, a.batch, a.epochs, a.producers)),
+        ("nvjpg_full_decode_ceiling", lambda: nvjpg_ceiling(ds, a.batch)),
+        ("cpu_full_decode_ceiling", lambda: cpu_ceiling(ds, cores)),
+        ("torchvision_gpu_peer", lambda: torchvision_peer(ds, a.batch, a.peer_images)),
+        ("nvimgcodec_peer", lambda: nvimgcodec_peer(ds, a.batch, a.peer_images)),
+        ("pil_pool_peer", lambda: pil_peer(a.packed, ds, cores)),
+    ]
+    for name, fn in steps:
+        t = time.perf_counter()
+        try:
+            r[name] = fn()
+        except Exception as e:  # a missing peer is reported, not fatal
+            r[name] = {"error": f"{type(e).__name__}: {e}"}
+        log(f"{name}: {r[name]}  ({time.perf_counter() - t:.0f} s)")
+    ours = r["recordtool_gpu"].get("img_s") if isinstance(r["recordtool_gpu"], dict) else None
+
+    def val(x):
+        if isinstance(x, dict):
+            return None
+        return x[0] if isinstance(x, tuple) else x
+
+    peers = {k: val(r[k]) for k in ("torchvision_gpu_peer", "nvimgcodec_peer", "pil_pool_peer")}
+    ceil = [val(r["nvjpg_full_decode_ceiling"]), val(r["cpu_full_decode_ceiling"])]
+    log("\n=== bench_gpu summary (img/s)")
+    log(f"  recordtool GPU loader (fp16 NCHW 224, RRC+flip+normalize)  {ours or 0:>10,.0f}")
+    for k, v in peers.items():
+        log(f"  {k:<56} {v or 0:>10,.0f}")
+    log(f"  ceiling: NVJPG full decode (hw subset)                      {ceil[0] or 0:>10,.0f}")
+    log(f"  ceiling: CPU full decode, {cores} threads                          {ceil[1] or 0:>10,.0f}")
+    best_peer = max(v for v in peers.values() if v) if any(peers.values()) else None
+    if ours and best_peer:
+        log(f"  vs best peer {ours / best_peer:.2f}x (goal >= 3)")
+    if ours and all(ceil):
+        log(f"  vs ceilings' sum {100 * ours / sum(ceil):.0f}% (goal >= 80%)   goal 20,000 img/s")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(r, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()
