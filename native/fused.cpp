@@ -387,7 +387,33 @@ static py::array_t<uint8_t> resample_py(py::array_t<uint8_t, py::array::c_style>
     return out;
 }
 
+// Copy many byte buffers into one destination (e.g. pinned staging memory) at offsets rounded
+// up to `align`, without the GIL. Returns the offsets; Python reference: a numpy copy loop.
+static py::array_t<int64_t> gather(py::sequence buffers, uintptr_t dst, size_t capacity, size_t align) {
+    const size_t n = buffers.size();
+    if (align == 0) throw std::invalid_argument("align must be > 0");
+    std::vector<py::buffer_info> keep;
+    keep.reserve(n);
+    py::array_t<int64_t> offsets(n);
+    auto off = offsets.mutable_unchecked<1>();
+    size_t pos = 0;
+    for (size_t i = 0; i < n; i++) {
+        keep.emplace_back(py::buffer(buffers[i]).request());
+        off(i) = (int64_t)pos;
+        pos += ((size_t)keep.back().size * keep.back().itemsize + align - 1) / align * align;
+    }
+    if (pos > capacity) throw std::length_error("gather: " + std::to_string(pos) + " bytes > capacity " +
+                                                std::to_string(capacity));
+    {
+        py::gil_scoped_release release;
+        for (size_t i = 0; i < n; i++)
+            std::memcpy(reinterpret_cast<uint8_t*>(dst) + off(i), keep[i].ptr, (size_t)keep[i].size * keep[i].itemsize);
+    }
+    return offsets;
+}
+
 PYBIND11_MODULE(_native, m) {
+    m.def("gather", &gather, py::arg("buffers"), py::arg("dst"), py::arg("capacity"), py::arg("align") = 64);
     m.doc() = "recordtool native decode: fused libjpeg-turbo crop decode + Pillow-exact bilinear resample";
     m.def("decode_crop_resize", &decode_crop_resize, py::arg("buffers"), py::arg("windows"), py::arg("out"),
           py::arg("threads"), py::arg("max_pixels"), py::arg("force_scale") = 0, py::arg("margin") = 1.1);

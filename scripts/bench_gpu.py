@@ -45,7 +45,7 @@ def recordtool_gpu(ds, batch, epochs, producers, split="auto"):
     idx_all = ds.index
     hw = hardware_decodable(idx_all.chroma, idx_all.progressive, idx_all.colorspace)
     decs = [GPUDecoder(max_batch=batch, dtype="float16", layout="NCHW", split=split,
-                       cpu_threads=max(1, (os.cpu_count() or 2) - 2 * producers)) for _ in range(producers)]
+                       cpu_threads=max(1, (os.cpu_count() or 2) - producers)) for _ in range(producers)]
     for d in decs:
         d.warmup(idx_all.jpeg_length, idx_all.width, idx_all.height)
     pool = cupy.get_default_memory_pool()
@@ -104,45 +104,48 @@ def recordtool_gpu(ds, batch, epochs, producers, split="auto"):
     return results
 
 
-def nvjpg_ceiling(ds, batch):
+def nvjpg_ceiling(ds, batch, threads=2):
+    """Bare full-image hardware decode of the hardware-decodable subset, `threads` submitters."""
     import cupy
 
+    from recordtool import _native
     from recordtool.decode.nvjpeg import HardwareDecoder
 
     c = ds.index
     hw = np.nonzero(hardware_decodable(c.chroma, c.progressive, c.colorspace))[0]
-    dec = HardwareDecoder(batch)
-    stream = cupy.cuda.Stream(non_blocking=True)
-    areas = (c.width[hw].astype(np.int64) * c.height[hw]).astype(np.int64)
-    arena = cupy.empty(int(np.sort(areas)[::-1][:batch].sum() * 3 + batch * 256), np.uint8)
-    stage = cupy.cuda.alloc_pinned_memory(int(np.sort(c.jpeg_length[hw])[::-1][:batch].sum()) + batch * 64)
-    stage_np = np.frombuffer(stage, np.uint8)
     batches = [hw[s:s + batch] for s in range(0, len(hw) - batch + 1, batch)]
+    areas = np.sort(c.width[hw].astype(np.int64) * c.height[hw])[::-1][:batch]
+    lens = np.sort(c.jpeg_length[hw])[::-1][:batch]
 
-    def run(b):
-        so, ao = 0, 0
-        ptrs, lens, rois, dsts, pitches = [], [], [], [], []
-        for i in b:
-            d = ds[int(i)][0]
-            stage_np[so:so + len(d)] = np.frombuffer(d, np.uint8)
-            ptrs.append(stage_np.ctypes.data + so)
-            lens.append(len(d))
-            so += (len(d) + 63) // 64 * 64
-            w, h = int(c.width[i]), int(c.height[i])
-            rois.append((0, 0, w, h))
-            dsts.append(arena.data.ptr + ao)
-            pitches.append(w * 3)
-            ao += (w * h * 3 + 255) // 256 * 256
-        dec.decode(ptrs, lens, rois, dsts, pitches, stream.ptr)
-        stream.synchronize()
+    def worker(my_batches, engines):
+        dec = HardwareDecoder(batch)
+        engines.append(dec.engines)
+        stream = cupy.cuda.Stream(non_blocking=True)
+        arena = cupy.empty(int(areas.sum() * 3 + batch * 256), np.uint8)
+        cap = int(lens.sum()) + batch * 64
+        stage = cupy.cuda.alloc_pinned_memory(cap)
+        base = np.frombuffer(stage, np.uint8).ctypes.data
+        for b in my_batches:
+            bufs = [ds[int(i)][0] for i in b]
+            offs = _native.gather(bufs, base, cap, 64)
+            w, h = c.width[b].astype(np.int64), c.height[b].astype(np.int64)
+            size = (w * h * 3 + 255) // 256 * 256
+            dst = arena.data.ptr + np.concatenate([[0], np.cumsum(size)[:-1]])
+            rois = np.stack([np.zeros_like(w), np.zeros_like(w), w, h], 1)
+            dec.decode((base + offs).tolist(), [len(x) for x in bufs], rois.tolist(), dst.tolist(),
+                       (w * 3).tolist(), stream.ptr)
+            stream.synchronize()
+        dec.close()
 
-    run(batches[0])
+    worker(batches[:1], [])
+    engines: list = []
     t = time.perf_counter()
-    for b in batches:
-        run(b)
-    dt = time.perf_counter() - t
-    dec.close()
-    return len(batches) * batch / dt, dec.engines
+    ths = [threading.Thread(target=worker, args=(batches[k::threads], engines)) for k in range(threads)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join()
+    return len(batches) * batch / (time.perf_counter() - t), engines[0] if engines else None
 
 
 def cpu_ceiling(ds, threads):
@@ -274,7 +277,8 @@ def main():
     ap.add_argument("packed")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--producers", type=int, default=2)
+    ap.add_argument("--producers", default="2,3,4", help="producer-thread counts to try; the best is reported")
+    ap.add_argument("--splits", default="auto,gpu", help="split modes to try (auto, gpu, cpu or a CPU share)")
     ap.add_argument("--peer-images", type=int, default=4096)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -285,8 +289,20 @@ def main():
     r = {"images": len(ds), "cores": cores, "commit": subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()}
     log(f"bench_gpu: {len(ds)} images, {np.mean(ds.index.jpeg_length) / 1e3:.0f} KB mean, {cores} cores")
+    def sweep():
+        runs = []
+        for sp in a.splits.split(","):
+            sp = sp if sp in ("auto", "gpu", "cpu") else float(sp)
+            for p in [int(x) for x in a.producers.split(",")]:
+                res = recordtool_gpu(ds, a.batch, a.epochs, p, split=sp)
+                res.update(producers=p, split=sp)
+                log(f"  producers {p} split {sp}: {res['img_s']:,.0f} img/s")
+                runs.append(res)
+        best = max((x for x in runs if x["split"] == "auto"), key=lambda x: x["img_s"], default=runs[0])
+        return dict(best, sweep=[{k: x[k] for k in ("producers", "split", "img_s", "cpu_share")} for x in runs])
+
     steps = [
-        ("recordtool_gpu", lambda: recordtool_gpu(ds, a.batch, a.epochs, a.producers)),
+        ("recordtool_gpu", sweep),
         ("nvjpg_full_decode_ceiling", lambda: nvjpg_ceiling(ds, a.batch)),
         ("cpu_full_decode_ceiling", lambda: cpu_ceiling(ds, cores)),
         ("torchvision_gpu_peer", lambda: torchvision_peer(ds, a.batch, a.peer_images)),

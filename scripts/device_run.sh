@@ -26,6 +26,11 @@ case " $STEPS " in *" decode "*)
     --json "$OUT/bench_decode.json" > "$OUT/bench_decode.log" 2>&1
   python3 scripts/bench_decode.py /tmp/bench-packed --images 2048 --threads 1 --repeat 2 \
     --json "$OUT/bench_decode_1t.json" > "$OUT/bench_decode_1t.log" 2>&1 ;; esac
+case " $STEPS " in *" decode16 "*)
+  python3 scripts/bench_decode.py /tmp/bench-packed --images "$IMAGES" --threads "$(nproc)" \
+    --json "$OUT/bench_decode.json" > "$OUT/bench_decode.log" 2>&1
+  python3 scripts/bench_decode.py /tmp/bench-packed --images "$IMAGES" --threads "$(nproc)" --batch 1024 \
+    --json "$OUT/bench_decode_b1024.json" > "$OUT/bench_decode_b1024.log" 2>&1 ;; esac
 case " $STEPS " in *" format "*)
   python3 scripts/bench_format.py /tmp/bench /tmp/bench-packed --json "$OUT/bench_format.json" \
     > "$OUT/bench_format.log" 2>&1 ;; esac

@@ -66,6 +66,19 @@ def test_choose_scale_matches_reference():
             R.choose_scale(w, h, int(ow), int(oh), margin, lo)
 
 
+def test_gather_matches_numpy_copy():
+    rng = np.random.default_rng(3)
+    bufs = [rng.bytes(int(k)) for k in rng.integers(0, 5000, 50)] + [memoryview(b"xyz")]
+    dst = np.zeros(400_000, np.uint8)
+    offs = native.gather(bufs, dst.ctypes.data, dst.size, 64)
+    ref = np.cumsum([0] + [(len(b) + 63) // 64 * 64 for b in bufs[:-1]])
+    assert offs.tolist() == ref.tolist()
+    for o, b in zip(offs, bufs):
+        assert dst[o:o + len(b)].tobytes() == bytes(b)
+    with pytest.raises(ValueError):
+        native.gather(bufs, dst.ctypes.data, 100, 64)
+
+
 def test_schedule_is_largest_first():
     rng = np.random.default_rng(2)
     sizes = rng.integers(0, 50, 1000).tolist()
