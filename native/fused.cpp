@@ -299,9 +299,16 @@ class Pool {
     bool stop_ = false;
 };
 
-static Pool& pool() {
-    static Pool* p = new Pool();  // never destroyed: threads must not be joined at interpreter exit
-    return *p;
+// Pools by id: callers that run batches at the same time (one per GPU producer thread) each
+// get their own threads instead of queueing on one pool. Never destroyed: threads must not be
+// joined at interpreter exit.
+static Pool& pool(int id = 0) {
+    static std::mutex mu;
+    static std::vector<Pool*> pools;
+    std::lock_guard<std::mutex> g(mu);
+    if (id < 0 || id > 64) throw std::invalid_argument("pool id must be in 0..64");
+    while ((int)pools.size() <= id) pools.push_back(new Pool());
+    return *pools[id];
 }
 
 }  // namespace rt
@@ -314,7 +321,7 @@ using namespace rt;
 // out: (N, H, W, 3) uint8 C-contiguous. Returns list of (index, reason) for failed images.
 static py::list decode_crop_resize(py::sequence buffers, py::array_t<double, py::array::c_style> windows,
                                    py::array_t<uint8_t, py::array::c_style> out, int threads, long long max_pixels,
-                                   int force_scale, double margin) {
+                                   int force_scale, double margin, int pool_id) {
     const size_t n = buffers.size();
     if (windows.ndim() != 2 || (size_t)windows.shape(0) != n || windows.shape(1) != 4)
         throw std::invalid_argument("windows must have shape (N, 4)");
@@ -348,7 +355,8 @@ static py::list decode_crop_resize(py::sequence buffers, py::array_t<double, py:
     int participants = std::max(1, std::min<int>(threads, (int)n));
     {
         py::gil_scoped_release release;
-        pool().run(participants, [&](int) {
+        Pool& workers = pool(pool_id);
+        workers.run(participants, [&](int) {
             // per-thread buffers live across batches: no allocation in steady state
             static thread_local Scratch s;
             for (;;) {
@@ -416,7 +424,7 @@ PYBIND11_MODULE(_native, m) {
     m.def("gather", &gather, py::arg("buffers"), py::arg("dst"), py::arg("capacity"), py::arg("align") = 64);
     m.doc() = "recordtool native decode: fused libjpeg-turbo crop decode + Pillow-exact bilinear resample";
     m.def("decode_crop_resize", &decode_crop_resize, py::arg("buffers"), py::arg("windows"), py::arg("out"),
-          py::arg("threads"), py::arg("max_pixels"), py::arg("force_scale") = 0, py::arg("margin") = 1.1);
+          py::arg("threads"), py::arg("max_pixels"), py::arg("force_scale") = 0, py::arg("margin") = 1.1, py::arg("pool") = 0);
     m.def("resample", &resample_py, py::arg("src"), py::arg("box"), py::arg("out_w"), py::arg("out_h"));
     m.def("choose_scale", &choose_scale, py::arg("win_w"), py::arg("win_h"), py::arg("out_w"), py::arg("out_h"),
           py::arg("margin"), py::arg("min_m"));

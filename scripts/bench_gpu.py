@@ -44,8 +44,9 @@ def recordtool_gpu(ds, batch, epochs, producers, split="auto"):
     n = len(ds)
     idx_all = ds.index
     hw = hardware_decodable(idx_all.chroma, idx_all.progressive, idx_all.colorspace)
-    decs = [GPUDecoder(max_batch=batch, dtype="float16", layout="NCHW", split=split,
-                       cpu_threads=max(1, (os.cpu_count() or 2) - producers)) for _ in range(producers)]
+    cpu_threads = max(1, ((os.cpu_count() or 2) - producers) // producers)
+    decs = [GPUDecoder(max_batch=batch, dtype="float16", layout="NCHW", split=split, cpu_threads=cpu_threads,
+                       pool=k + 1) for k in range(producers)]
     for d in decs:
         d.warmup(idx_all.jpeg_length, idx_all.width, idx_all.height)
     pool = cupy.get_default_memory_pool()
@@ -104,8 +105,9 @@ def recordtool_gpu(ds, batch, epochs, producers, split="auto"):
     return results
 
 
-def nvjpg_ceiling(ds, batch, threads=2):
-    """Bare full-image hardware decode of the hardware-decodable subset, `threads` submitters."""
+def nvjpg_ceiling(ds, batch, threads=2, passes=2):
+    """Bare full-image hardware decode of the hardware-decodable subset, `threads` submitters,
+    each with its own decoder, stream and buffers set up before the clock starts."""
     import cupy
 
     from recordtool import _native
@@ -113,18 +115,18 @@ def nvjpg_ceiling(ds, batch, threads=2):
 
     c = ds.index
     hw = np.nonzero(hardware_decodable(c.chroma, c.progressive, c.colorspace))[0]
-    batches = [hw[s:s + batch] for s in range(0, len(hw) - batch + 1, batch)]
+    batches = [hw[s:s + batch] for s in range(0, len(hw) - batch + 1, batch)] * passes
     areas = np.sort(c.width[hw].astype(np.int64) * c.height[hw])[::-1][:batch]
-    lens = np.sort(c.jpeg_length[hw])[::-1][:batch]
-
-    def worker(my_batches, engines):
-        dec = HardwareDecoder(batch)
-        engines.append(dec.engines)
-        stream = cupy.cuda.Stream(non_blocking=True)
-        arena = cupy.empty(int(areas.sum() * 3 + batch * 256), np.uint8)
-        cap = int(lens.sum()) + batch * 64
+    cap = int(np.sort(c.jpeg_length[hw])[::-1][:batch].sum()) + batch * 64
+    ctx = []
+    for _ in range(threads):
         stage = cupy.cuda.alloc_pinned_memory(cap)
-        base = np.frombuffer(stage, np.uint8).ctypes.data
+        ctx.append((HardwareDecoder(batch), cupy.cuda.Stream(non_blocking=True),
+                    cupy.empty(int(areas.sum() * 3 + batch * 256), np.uint8), stage,
+                    np.frombuffer(stage, np.uint8).ctypes.data))
+
+    def worker(k, my_batches):
+        dec, stream, arena, _, base = ctx[k]
         for b in my_batches:
             bufs = [ds[int(i)][0] for i in b]
             offs = _native.gather(bufs, base, cap, 64)
@@ -135,17 +137,20 @@ def nvjpg_ceiling(ds, batch, threads=2):
             dec.decode((base + offs).tolist(), [len(x) for x in bufs], rois.tolist(), dst.tolist(),
                        (w * 3).tolist(), stream.ptr)
             stream.synchronize()
-        dec.close()
 
-    worker(batches[:1], [])
-    engines: list = []
+    for k in range(threads):
+        worker(k, batches[:1])
     t = time.perf_counter()
-    ths = [threading.Thread(target=worker, args=(batches[k::threads], engines)) for k in range(threads)]
+    ths = [threading.Thread(target=worker, args=(k, batches[k::threads])) for k in range(threads)]
     for th in ths:
         th.start()
     for th in ths:
         th.join()
-    return len(batches) * batch / (time.perf_counter() - t), engines[0] if engines else None
+    dt = time.perf_counter() - t
+    engines = ctx[0][0].engines
+    for d, *_ in ctx:
+        d.close()
+    return len(batches) * batch / dt, engines
 
 
 def cpu_ceiling(ds, threads):

@@ -67,7 +67,8 @@ def _python_batch(buffers, windows, out, threads, max_pixels, margin):
 
 def decode_crop_resize(buffers, windows, size=(224, 224), threads: int | None = None, out=None,
                        policy: str = "raise", max_pixels: int = DEFAULT_MAX_PIXELS,
-                       errors: list | None = None, scale_margin: float = reference.SCALE_MARGIN) -> np.ndarray:
+                       errors: list | None = None, scale_margin: float = reference.SCALE_MARGIN,
+                       pool: int = 0) -> np.ndarray:
     """Decode each JPEG's crop window and resize it to `size` (h, w): uint8 (N, h, w, 3) RGB.
 
     windows: (N, 4) (y, x, h, w) in source pixels (int, or float for the eval transform).
@@ -77,6 +78,7 @@ def decode_crop_resize(buffers, windows, size=(224, 224), threads: int | None = 
     are appended to `errors` as (index, reason) when a list is given.
     scale_margin: DCT scaling (1/4, 1/2) is used only while the scaled window stays ≥
     margin × size (1.0 = fastest; 1.1 keeps PSNR ≥ 40 dB against Pillow's crop+resize).
+    pool: native thread-pool id; callers decoding at the same time should use different ids.
     """
     if policy not in ("raise", "skip", "fallback"):
         raise ValueError(f"policy must be raise, skip or fallback, not {policy!r}")
@@ -92,7 +94,7 @@ def decode_crop_resize(buffers, windows, size=(224, 224), threads: int | None = 
         return out
     if _native is not None:
         failures = _native.decode_crop_resize(list(buffers), win, out, int(threads), int(max_pixels),
-                                              0, float(scale_margin))
+                                              0, float(scale_margin), int(pool))
     else:
         _fallback_warning()
         failures = _python_batch(buffers, win, out, threads, max_pixels, scale_margin)

@@ -71,7 +71,7 @@ class GPUDecoder:
 
     def __init__(self, size=(224, 224), max_batch: int = 256, layout: str = "NCHW", dtype: str = "float16",
                  mean=IMAGENET_MEAN, std=IMAGENET_STD, cpu_threads: int | None = None, split="auto",
-                 device: int = 0):
+                 device: int = 0, pool: int | None = None):
         import cupy
 
         if layout not in ("NCHW", "NHWC") or dtype not in ("float32", "float16", "uint8"):
@@ -85,6 +85,9 @@ class GPUDecoder:
         self.std = tuple(float(s) for s in std)
         self.cpu_threads = cpu_threads or max(1, (os.cpu_count() or 2) - 1)
         self.split = split
+        # each decoder owns a native CPU pool, so producers running side by side do not queue
+        GPUDecoder._instances = getattr(GPUDecoder, "_instances", 0) + 1
+        self.pool = GPUDecoder._instances if pool is None else pool
         self.cpu_fraction = 0.0 if split in ("gpu", "auto") else (1.0 if split == "cpu" else float(split))
         self._rates = {"gpu": None, "cpu": None}
         self.last = {}
@@ -170,7 +173,7 @@ class GPUDecoder:
             if len(cpu_idx):
                 cpu.decode_crop_resize([buffers[i] for i in cpu_idx], windows[cpu_idx], size=(h, w),
                                        threads=self.cpu_threads, out=self._cpu_out[: len(cpu_idx)],
-                                       policy="fallback", errors=errors)
+                                       policy="fallback", errors=errors, pool=self.pool)
             cpu_result["t"] = time.perf_counter() - t
             cpu_result["errors"] = [(int(cpu_idx[i]), r) for i, r in errors]
 
@@ -194,7 +197,8 @@ class GPUDecoder:
                 extra_out = np.empty((len(gpu_failed), h, w, 3), np.uint8)
                 errs = []
                 cpu.decode_crop_resize([buffers[i] for i in gpu_failed], windows[gpu_failed], size=(h, w),
-                                       threads=self.cpu_threads, out=extra_out, policy="fallback", errors=errs)
+                                       threads=self.cpu_threads, out=extra_out, policy="fallback", errors=errs,
+                                       pool=self.pool)
                 cpu_result["errors"] += [(int(gpu_failed[i]), r) for i, r in errs]
                 cpu_idx = np.concatenate([cpu_idx, np.asarray(gpu_failed, np.int64)])
                 self._cpu_out[len(cpu_idx) - len(gpu_failed):len(cpu_idx)] = extra_out
