@@ -111,8 +111,9 @@ def main():
 
     rate = lambda t: n / t  # noqa: E731
     full_best = min(t for t in (t_full_pil, t_full_cv) if t)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    commit = os.environ.get("RECORDTOOL_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     r = {
         "machine": f"{platform.node()} {os.cpu_count()} cpu", "commit": commit, "threads": T, "images": n,
         "mean_jpeg_kb": float(np.mean([len(b) for b in bufs]) / 1e3), "native": native_available(),

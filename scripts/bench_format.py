@@ -143,7 +143,9 @@ def main():
     rps, bps, file_rps = bench_reads(a.src, a.packed)
     pil = bench_pil(a.packed)
     nfiles = sum(len(fs) for _, _, fs in os.walk(a.src))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = os.environ.get("RECORDTOOL_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     r = {
         "machine": f"{platform.node()} {os.cpu_count()} cpu {platform.processor() or platform.machine()}",
         "commit": commit, "files": nfiles, "src_mb": du(a.src) / 1e6,

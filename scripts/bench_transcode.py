@@ -23,7 +23,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("folder")
     ap.add_argument("--images", type=int, default=1000)
-    ap.add_argument("--sides", default="128,256,384")
+    ap.add_argument("--sides", default="128,256,384,512")
     ap.add_argument("--quality", type=int, default=90)
     a = ap.parse_args()
     import cv2

@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 IMAGES=${IMAGES:-8192}
 export PYTHONUNBUFFERED=1
+# no .git travels: the caller writes the commit to .carry/commit (git rev-parse --short HEAD)
+[ -f .carry/commit ] && export RECORDTOOL_COMMIT=$(cat .carry/commit)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || exit 1
 export PYTHONPATH=/tmp/site:$PWD
