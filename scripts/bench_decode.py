@@ -46,6 +46,14 @@ def _pil_rrc(args):
     return len(idx)
 
 
+def pil_rrc_rate(path, idx, win, procs, repeat=1):
+    """Baseline (a): Pillow decode + crop + resize in a pool of `procs` processes, img/s."""
+    chunks = [(idx[s:s + 64], win[s:s + 64]) for s in range(0, len(idx), 64)]
+    with ProcessPoolExecutor(procs, initializer=_init, initargs=(path,)) as ex:
+        list(ex.map(_pil_rrc, chunks[:procs]))  # start workers
+        return len(idx) / best_of(lambda: sum(ex.map(_pil_rrc, chunks)), repeat)
+
+
 def best_of(fn, repeat):
     ts = []
     for _ in range(repeat):
@@ -104,10 +112,7 @@ def main():
     except ImportError:
         pass
 
-    chunks = [(idx[s:s + 64], win[s:s + 64]) for s in range(0, n, 64)]
-    with ProcessPoolExecutor(T, initializer=_init, initargs=(a.packed,)) as ex:
-        list(ex.map(_pil_rrc, chunks[:T]))  # start workers
-        t_pil = best_of(lambda: sum(ex.map(_pil_rrc, chunks)), a.repeat)
+    t_pil = n / pil_rrc_rate(a.packed, idx, win, T, a.repeat)
 
     rate = lambda t: n / t  # noqa: E731
     full_best = min(t for t in (t_full_pil, t_full_cv) if t)

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import queue
@@ -22,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -169,6 +168,20 @@ def cpu_ceiling(ds, threads):
         return len(bufs) / (time.perf_counter() - t)
 
 
+def _timed_batches(run, n, batch):
+    """img/s of run(lo, hi) over [0, n) in batches, after one warm-up batch, GPU work included."""
+    import torch
+
+    run(0, batch)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    done = 0
+    for s in range(0, n - batch + 1, batch):
+        done += run(s, s + batch).shape[0]
+    torch.cuda.synchronize()
+    return done / (time.perf_counter() - t)
+
+
 def torchvision_peer(ds, batch, n_max):
     import torch
     import torchvision
@@ -204,14 +217,7 @@ def torchvision_peer(ds, batch, n_max):
             out.append(((r.float() / 255 - mean) / std).half())
         return torch.stack(out)
 
-    run(0, batch)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    done = 0
-    for s in range(0, n - batch + 1, batch):
-        done += run(s, s + batch).shape[0]
-    torch.cuda.synchronize()
-    return done / (time.perf_counter() - t), skipped
+    return _timed_batches(run, n, batch), skipped
 
 
 def nvimgcodec_peer(ds, batch, n_max):
@@ -238,43 +244,14 @@ def nvimgcodec_peer(ds, batch, n_max):
             out.append(((r.float() / 255 - mean) / std).half())
         return torch.stack(out)
 
-    run(0, batch)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    done = 0
-    for s in range(0, n - batch + 1, batch):
-        done += run(s, s + batch).shape[0]
-    torch.cuda.synchronize()
-    return done / (time.perf_counter() - t)
-
-
-_DS = None
-
-
-def _init(path):
-    global _DS
-    _DS = recordtool.open(path)
-
-
-def _pil_chunk(args):
-    from PIL import Image
-
-    idx, win = args
-    for i, (y, x, h, w) in zip(idx, win):
-        im = Image.open(io.BytesIO(_DS[int(i)][0])).convert("RGB")
-        im.crop((int(x), int(y), int(x + w), int(y + h))).resize((224, 224), Image.BILINEAR)
-    return len(idx)
+    return _timed_batches(run, n, batch)
 
 
 def pil_peer(path, ds, procs):
+    from bench_decode import pil_rrc_rate
+
     idx = np.arange(len(ds))
-    win = random_windows(ds.index.width, ds.index.height, idx, 0, 0)
-    chunks = [(idx[s:s + 64], win[s:s + 64]) for s in range(0, len(idx), 64)]
-    with ProcessPoolExecutor(procs, initializer=_init, initargs=(path,)) as ex:
-        list(ex.map(_pil_chunk, chunks[:procs]))
-        t = time.perf_counter()
-        n = sum(ex.map(_pil_chunk, chunks))
-        return n / (time.perf_counter() - t)
+    return pil_rrc_rate(path, idx, random_windows(ds.index.width, ds.index.height, idx, 0, 0), procs)
 
 
 def main():
@@ -282,7 +259,7 @@ def main():
     ap.add_argument("packed")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--producers", default="2,3,4", help="producer-thread counts to try; the best is reported")
+    ap.add_argument("--producers", default="3,4,6", help="producer-thread counts to try; the best is reported")
     ap.add_argument("--splits", default="auto,gpu", help="split modes to try (auto, gpu, cpu or a CPU share)")
     ap.add_argument("--peer-images", type=int, default=4096)
     ap.add_argument("--json", default=None)

@@ -9,7 +9,6 @@ from PIL import Image
 
 import recordtool
 from conftest import jpeg_bytes, png_bytes, write
-from recordtool.format import index as ix
 from recordtool.format import ofrecord_pb2
 from recordtool.format.jpeg import CHROMA_GRAY, probe
 from recordtool.format.ofrecord import iter_records
