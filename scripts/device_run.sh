@@ -37,7 +37,7 @@ case " $STEPS " in *" format "*)
   python3 scripts/bench_format.py /tmp/bench /tmp/bench-packed --json "$OUT/bench_format.json" \
     > "$OUT/bench_format.log" 2>&1 ;; esac
 case " $STEPS " in *" gpu "*)
-  timeout 400 python3 scripts/bench_gpu.py /tmp/bench-packed --json "$OUT/bench_gpu.json" > "$OUT/bench_gpu.log" 2>&1 ;; esac
+  timeout 400 python3 scripts/bench_gpu.py /tmp/bench-packed --epochs "${EPOCHS:-2}" --json "$OUT/bench_gpu.json" > "$OUT/bench_gpu.log" 2>&1 ;; esac
 [ -f .carry/extra.sh ] && bash .carry/extra.sh > "$OUT/extra.log" 2>&1
 echo "=================== results"
 cat "$OUT"/bench_decode*.log "$OUT"/bench_format.log 2>/dev/null
