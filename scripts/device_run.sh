@@ -44,3 +44,5 @@ cat "$OUT"/bench_decode*.log "$OUT"/bench_format.log 2>/dev/null
 grep -A20 "summary" "$OUT/bench_gpu.log" 2>/dev/null || tail -30 "$OUT/bench_gpu.log" 2>/dev/null
 grep -E "passed|failed|Error" "$OUT/pytest.log" | tail -5
 [ -f "$OUT/extra.log" ] && tail -20 "$OUT/extra.log"
+grep -q " failed" "$OUT/pytest.log" && exit 1
+exit 0
