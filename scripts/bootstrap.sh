@@ -14,4 +14,5 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e ".[test]"
+# build/install log kept out of the way; shown only when it fails
+.venv/bin/python -m pip install -q -e ".[test]" > .venv/install.log 2>&1 || { cat .venv/install.log; exit 1; }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job on generated sample data: generate an ImageNet-like folder, pack it, inspect,
-# verify, and benchmark pack/read against plain copies. Usage: bash scripts/demo.sh [IMAGES]
+# verify, benchmark pack/read against plain copies and the fused decoder against Pillow.
+# Usage: bash scripts/demo.sh [IMAGES]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
@@ -14,3 +15,4 @@ $py scripts/make_imagenet_like.py data/sample --images "$images" --classes 20 "$
 .venv/bin/recordtool inspect data/sample-packed
 .venv/bin/recordtool verify data/sample-packed --decode
 $py scripts/bench_format.py data/sample data/sample-packed
+$py scripts/bench_decode.py data/sample-packed --images 1024 --repeat 2

@@ -1,0 +1,232 @@
+"""Training loader: sampler → windows → fused decode → mirror → user op → normalize, prefetched.
+
+A producer thread builds batches ahead into a bounded queue while the training loop consumes
+them; decode runs on the native thread pool (CPU) or the GPU decoder (NVJPG + CPU split), both
+outside the GIL. Batches are a pure function of (seed, epoch, rank, world_size, batch index),
+so `state_dict()` is just where the epoch stands, and resuming yields exactly the batches an
+uninterrupted run would have.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+
+import numpy as np
+
+from .decode import center_windows, decode_crop_resize, mirror, normalize, random_flips, random_windows
+from .decode.ops import IMAGENET_MEAN, IMAGENET_STD
+from .reader import Dataset
+
+_END = object()
+
+
+def _dist_defaults(rank, world_size):
+    if rank is not None and world_size is not None:
+        return int(rank), int(world_size)
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return (dist.get_rank() if rank is None else rank), (dist.get_world_size() if world_size is None
+                                                                 else world_size)
+    except ImportError:
+        pass
+    return (int(os.environ.get("RANK", 0)) if rank is None else rank,
+            int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size)
+
+
+class _Failure:
+    def __init__(self, exc):
+        self.exc = exc
+
+
+class Loader:
+    """Iterate `(images, labels)` batches of a packed dataset.
+
+    device "cpu": images come from the native CPU decoder; "cuda": from the GPU decoder.
+    train=True: RandomResizedCrop windows + random horizontal flip (keyed by seed, epoch and
+    sample id); train=False: resize 256 + centre crop `size`. Tensors are torch tensors when
+    torch imports (DLPack on the GPU), else numpy / CuPy arrays. `user_op(batch)` runs on each
+    uint8 NHWC batch before normalization (numpy on CPU, CuPy on GPU) and returns the batch.
+    """
+
+    def __init__(self, path, batch_size: int, device: str = "cpu", train: bool = True, size: int = 224,
+                 mean=IMAGENET_MEAN, std=IMAGENET_STD, dtype: str = "float32", layout: str = "NCHW",
+                 seed: int = 0, rank: int | None = None, world_size: int | None = None, drop_last: bool = True,
+                 prefetch: int = 2, threads: int | None = None, user_op=None, as_torch: bool | None = None):
+        if device not in ("cpu", "cuda"):
+            raise ValueError("device must be 'cpu' or 'cuda'")
+        self.ds = path if isinstance(path, Dataset) else Dataset(path)
+        self.batch_size = int(batch_size)
+        self.device, self.train, self.size = device, train, int(size)
+        self.mean, self.std, self.dtype, self.layout = mean, std, dtype, layout
+        self.seed, self.drop_last, self.prefetch = seed, drop_last, max(1, int(prefetch))
+        self.threads = threads or os.cpu_count() or 1
+        self.user_op = user_op
+        self.rank, self.world_size = _dist_defaults(rank, world_size)
+        self.sampler = self.ds.sampler(seed=seed, rank=self.rank, world_size=self.world_size, drop_last=drop_last)
+        if as_torch is None:
+            try:
+                import torch  # noqa: F401
+
+                as_torch = True
+            except ImportError:
+                as_torch = False
+        self.as_torch = as_torch
+        self.epoch = 0
+        self._start_batch = 0  # set by load_state_dict: first batch of the next iteration
+        self._yielded = 0
+        self._thread = None
+        self._stop = threading.Event()
+        self._gpu = None
+        self.last_split = None
+
+    # ------------------------------------------------------------------ epoch bookkeeping
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+        self._start_batch = 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "batch": self._yielded, "seed": self.seed, "rank": self.rank,
+                "world_size": self.world_size, "batch_size": self.batch_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in ("seed", "world_size", "batch_size"):
+            if state[key] != getattr(self, key):
+                raise ValueError(f"state_dict {key}={state[key]} does not match this loader's {getattr(self, key)}")
+        self.epoch, self._start_batch = int(state["epoch"]), int(state["batch"])
+
+    def batch_ids(self, epoch: int) -> list:
+        order = self.sampler.indices(epoch)
+        b = self.batch_size
+        stop = len(order) // b * b if self.drop_last else len(order)
+        return [order[s:s + b] for s in range(0, stop, b)]
+
+    # ------------------------------------------------------------------ one batch
+    def make_batch(self, ids: np.ndarray, epoch: int):
+        """The batch of these sample ids in this epoch: a pure function of its arguments."""
+        ix = self.ds.index
+        if self.user_op is not None and hasattr(self.user_op, "ids"):  # keyed randomness (user_ops.py)
+            self.user_op.ids, self.user_op.epoch = ids, epoch
+        bufs = [self.ds[int(i)][0] for i in ids]
+        w, h = ix.width[ids], ix.height[ids]
+        if self.train:
+            win = random_windows(w, h, ids, self.seed, epoch)
+            flips = random_flips(ids, self.seed, epoch)
+        else:
+            win = center_windows(w, h, resize=round(self.size * 256 / 224), crop=self.size)
+            flips = np.zeros(len(ids), bool)
+        labels = ix.label[ids].astype(np.int64)
+        if self.device == "cpu":
+            images = decode_crop_resize(bufs, win, size=(self.size, self.size), threads=self.threads,
+                                        policy="fallback")
+            mirror(images, flips)
+            if self.user_op is not None:
+                images = self.user_op(images)
+            images = normalize(images, self.mean, self.std, self.layout, np.dtype(self.dtype))
+            if self.as_torch:
+                import torch
+
+                return torch.from_numpy(images), torch.from_numpy(labels)
+            return images, labels
+        return self._gpu_batch(bufs, win, flips, ids, labels)
+
+    def _gpu_batch(self, bufs, win, flips, ids, labels):
+        from .decode.gpu import GPUDecoder, hardware_decodable
+
+        ix = self.ds.index
+        if self._gpu is None:
+            out_dtype = "uint8" if self.user_op is not None else self.dtype
+            layout = "NHWC" if self.user_op is not None else self.layout
+            self._gpu = GPUDecoder((self.size, self.size), max_batch=self.batch_size, layout=layout,
+                                   dtype=out_dtype, mean=self.mean, std=self.std,
+                                   cpu_threads=max(1, self.threads - 2))
+            self._gpu.warmup(ix.jpeg_length, ix.width, ix.height)
+        hw = hardware_decodable(ix.chroma[ids], ix.progressive[ids], ix.colorspace[ids])
+        images = self._gpu(bufs, win, flips, hw)
+        self.last_split = dict(self._gpu.last)
+        if self.user_op is not None:  # uint8 NHWC on the device → user op → normalize
+            import cupy
+
+            with self._gpu.stream:
+                images = self.user_op(images)
+                x = images.astype(cupy.float32) / 255.0
+                x = (x - cupy.asarray(self.mean, cupy.float32)) / cupy.asarray(self.std, cupy.float32)
+                if self.layout == "NCHW":
+                    x = cupy.ascontiguousarray(x.transpose(0, 3, 1, 2))
+                images = x.astype(self.dtype)
+                self._gpu.stream.synchronize()
+        if self.as_torch:
+            import torch
+
+            from .decode.gpu import to_torch
+
+            return to_torch(images, self._gpu.stream), torch.from_numpy(labels).cuda(non_blocking=True)
+        return images, labels
+
+    # ------------------------------------------------------------------ pipeline
+    def __iter__(self):
+        self.close()
+        epoch, start = self.epoch, self._start_batch
+        self._start_batch = 0
+        batches = self.batch_ids(epoch)[start:]
+        q: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        self._stop = stop = threading.Event()
+
+        def put(item):
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def produce():
+            try:
+                for ids in batches:
+                    if stop.is_set() or not put(self.make_batch(ids, epoch)):
+                        return
+                put(_END)
+            except BaseException as e:  # surfaces in the training loop, with its traceback
+                put(_Failure(e))
+
+        self._thread = threading.Thread(target=produce, name="recordtool-loader", daemon=True)
+        self._thread.start()
+        self._yielded = start
+        try:
+            while True:
+                item = q.get()
+                if item is _END:
+                    break
+                if isinstance(item, _Failure):
+                    raise item.exc
+                self._yielded += 1
+                yield item
+            self.epoch = epoch + 1  # a finished epoch moves on, as DataLoader users expect with set_epoch
+            self._yielded = 0
+        finally:
+            stop.set()
+            self._join()
+
+    def _join(self):
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=30)
+        self._thread = None
+
+    def close(self) -> None:
+        """Stop the producer thread (also on `del` and at the end of an iteration)."""
+        self._stop.set()
+        self._join()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,62 @@
+"""Two example user ops for `Loader(user_op=...)`: plain array code, no C++.
+
+Each takes a uint8 NHWC batch (numpy on the CPU loader, CuPy on the GPU loader — the same
+code runs on both through the array module) and returns it. Randomness is keyed like the crop
+windows: pass the batch's sample ids and the epoch for reproducible augmentation.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .decode.windows import uniforms
+
+
+def _xp(batch):
+    try:
+        import cupy
+
+        return cupy.get_array_module(batch)
+    except ImportError:
+        return np
+
+
+class RandomGrayscale:
+    """With probability p, replace an image by its luma (ITU-R 601, as torchvision), 3 channels."""
+
+    def __init__(self, p: float = 0.2, seed: int = 0):
+        self.p, self.seed = p, seed
+        self.ids, self.epoch = None, 0
+
+    def __call__(self, batch):
+        xp = _xp(batch)
+        n = batch.shape[0]
+        ids = np.arange(n) if self.ids is None else self.ids
+        pick = np.nonzero(uniforms(ids, self.seed, self.epoch, [101])[:, 0] < self.p)[0]
+        if len(pick):
+            sel = batch[xp.asarray(pick)].astype(xp.float32)
+            gray = sel[..., 0] * 0.299 + sel[..., 1] * 0.587 + sel[..., 2] * 0.114
+            batch[xp.asarray(pick)] = xp.clip(xp.rint(gray), 0, 255).astype(xp.uint8)[..., None]
+        return batch
+
+
+class Cutout:
+    """Zero one size×size square per image, centre uniform over the image (DeVries & Taylor)."""
+
+    def __init__(self, size: int = 56, seed: int = 0):
+        self.size, self.seed = size, seed
+        self.ids, self.epoch = None, 0
+
+    def __call__(self, batch):
+        xp = _xp(batch)
+        n, h, w = batch.shape[:3]
+        ids = np.arange(n) if self.ids is None else self.ids
+        u = uniforms(ids, self.seed, self.epoch, [102, 103])
+        cy = (u[:, 0] * h).astype(np.int64)
+        cx = (u[:, 1] * w).astype(np.int64)
+        yy = xp.arange(h)[None, :, None]
+        xx = xp.arange(w)[None, None, :]
+        cy, cx = xp.asarray(cy)[:, None, None], xp.asarray(cx)[:, None, None]
+        half = self.size // 2
+        mask = (xp.abs(yy - cy) <= half) & (xp.abs(xx - cx) <= half)
+        batch[mask] = 0
+        return batch
