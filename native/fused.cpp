@@ -420,7 +420,73 @@ static py::array_t<int64_t> gather(py::sequence buffers, uintptr_t dst, size_t c
     return offsets;
 }
 
+// ------------------------------------------------------------------ normalize
+
+// float → IEEE half, round to nearest even (as numpy's astype(float16)); finite inputs only.
+static inline uint16_t to_half(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    x &= 0x7FFFFFFFu;
+    if (x >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);  // overflow → inf
+    if (x < 0x38800000u) {                                    // subnormal half (or zero)
+        if (x < 0x33000000u) return (uint16_t)sign;
+        const uint32_t e = x >> 23, m = (x & 0x7FFFFFu) | 0x800000u;
+        const uint32_t shift = 126 - e;  // half subnormal = m · 2^(e - 150) / 2^-24
+        const uint32_t rem = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+        uint32_t r = m >> shift;
+        if (rem > halfway || (rem == halfway && (r & 1u))) r++;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t r = x - 0x38000000u;  // rebias exponent 127 → 15
+    const uint32_t rem = r & 0x1FFFu;
+    r >>= 13;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) r++;
+    return (uint16_t)(sign | r);
+}
+
+// uint8 NHWC batch → (x · scale + bias) per channel, mirrored where flips[n], into float32 or
+// float16, NCHW or NHWC. One image per task on the pool. Reference: recordtool.decode.ops.normalize.
+static void normalize_py(py::array_t<uint8_t, py::array::c_style> src, py::array_t<bool, py::array::c_style> flips,
+                         py::array dst, std::vector<float> scale, std::vector<float> bias, bool nchw, int threads,
+                         int pool_id) {
+    if (src.ndim() != 4 || src.shape(3) != 3) throw std::invalid_argument("src must be (N, H, W, 3) uint8");
+    const int n = (int)src.shape(0), H = (int)src.shape(1), W = (int)src.shape(2);
+    if (flips.size() != n) throw std::invalid_argument("flips must have N entries");
+    if (scale.size() != 3 || bias.size() != 3) throw std::invalid_argument("scale and bias need 3 values");
+    const bool half = dst.dtype().is(py::dtype("float16"));
+    if (!half && !dst.dtype().is(py::dtype::of<float>())) throw std::invalid_argument("dst must be float32 or float16");
+    if (!(dst.flags() & py::array::c_style) || dst.size() != (py::ssize_t)n * H * W * 3)
+        throw std::invalid_argument("dst must be C-contiguous with N*H*W*3 elements");
+    const uint8_t* s = src.data();
+    const bool* f = flips.data();
+    void* d = dst.mutable_data();
+    std::atomic<int> next{0};
+    py::gil_scoped_release release;
+    pool(pool_id).run(std::max(1, std::min(threads, n)), [&](int) {
+        for (;;) {
+            const int k = next.fetch_add(1);
+            if (k >= n) break;
+            const uint8_t* img = s + (size_t)k * H * W * 3;
+            for (int y = 0; y < H; y++) {
+                const uint8_t* row = img + (size_t)y * W * 3;
+                for (int x = 0; x < W; x++) {
+                    const uint8_t* p = row + 3 * (f[k] ? (W - 1 - x) : x);
+                    for (int c = 0; c < 3; c++) {
+                        const float v = p[c] * scale[c] + bias[c];
+                        const size_t o = nchw ? (((size_t)k * 3 + c) * H + y) * W + x : (((size_t)k * H + y) * W + x) * 3 + c;
+                        if (half) static_cast<uint16_t*>(d)[o] = to_half(v);
+                        else static_cast<float*>(d)[o] = v;
+                    }
+                }
+            }
+        }
+    });
+}
+
 PYBIND11_MODULE(_native, m) {
+    m.def("normalize", &normalize_py, py::arg("src"), py::arg("flips"), py::arg("dst"), py::arg("scale"),
+          py::arg("bias"), py::arg("nchw"), py::arg("threads"), py::arg("pool") = 0);
     m.def("gather", &gather, py::arg("buffers"), py::arg("dst"), py::arg("capacity"), py::arg("align") = 64);
     m.doc() = "recordtool native decode: fused libjpeg-turbo crop decode + Pillow-exact bilinear resample";
     m.def("decode_crop_resize", &decode_crop_resize, py::arg("buffers"), py::arg("windows"), py::arg("out"),

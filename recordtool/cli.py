@@ -160,5 +160,39 @@ def verify(root, decode, threads, quiet):
     click.echo(f"OK: {res.records} records verified" + (f", {res.decoded} decoded" if decode else ""))
 
 
+@main.command()
+@click.argument("root", type=click.Path(exists=True, file_okay=False))
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Decode on the CPU (native threads) or the GPU (NVJPG engines + CPU, auto split).")
+@click.option("--batch-size", type=int, default=256, show_default=True, help="Images per batch.")
+@click.option("--threads", type=int, default=None, help="CPU decode threads, and baseline processes (default: cores).")
+@click.option("--epochs", type=int, default=2, show_default=True, help="Loader epochs timed (the first warms up).")
+@click.option("--images", type=int, default=None, help="Use only this many records (default: all).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write all numbers here.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a PNG of the stage throughputs side by side.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def bench(root, device, batch_size, threads, epochs, images, json_path, plot_path, quiet):
+    """Measure read, decode+crop+resize and the full loader on ROOT, against Pillow.
+
+    The baseline (Pillow decode + RandomResizedCrop + ToTensor, one process per thread) runs on
+    the same records and cores in the same run; the table gives ratios to it.
+    """
+    from .bench import plot, run, table
+    from .format.ofrecord import FormatError
+
+    try:
+        r = run(root, device=device, batch_size=batch_size, threads=threads, epochs=epochs, images=images,
+                progress=not quiet)
+    except (FormatError, OSError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(table(r))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(r, f, indent=1, default=str)
+    if plot_path:
+        plot(r, plot_path)
+
+
 if __name__ == "__main__":
     main()

@@ -125,10 +125,11 @@ class Loader:
         if self.device == "cpu":
             images = decode_crop_resize(bufs, win, size=(self.size, self.size), threads=self.threads,
                                         policy="fallback")
-            mirror(images, flips)
-            if self.user_op is not None:
-                images = self.user_op(images)
-            images = normalize(images, self.mean, self.std, self.layout, np.dtype(self.dtype))
+            if self.user_op is not None:  # the user sees the batch as training will, flips included
+                images = self.user_op(mirror(images, flips))
+                flips = np.zeros(len(ids), bool)
+            images = normalize(images, self.mean, self.std, self.layout, np.dtype(self.dtype), flips=flips,
+                               threads=self.threads)
             if self.as_torch:
                 import torch
 

@@ -231,6 +231,27 @@ def test_python_fallback_path_same_results(photos, monkeypatch):
 
 # ---------------------------------------------------------------- mirror, normalize
 
+def test_native_normalize_matches_numpy_float16_edges():
+    from recordtool.decode.ops import normalize_reference
+
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 256, (3, 7, 9, 3), dtype=np.uint8)
+    x[0, 0, :3, 0] = [0, 1, 255]
+    flips = np.array([True, False, True])
+    # scales/biases that push values into float16's subnormal range, its normal range and past 65504
+    for scale, bias in [((1e-7, 3e-6, 1.0), (0.0, 1e-7, -0.5)), ((300.0, 1.0, 1 / 255), (-2.0, 65000.0, 0.1)),
+                        ((0.017, 0.0175, 0.0174), (-2.11, -2.03, -1.8))]:
+        for dtype in (np.float16, np.float32):
+            for nchw in (True, False):
+                out = np.empty((3, 3, 7, 9) if nchw else (3, 7, 9, 3), dtype)
+                native.normalize(x, flips, out, list(scale), list(bias), nchw, 2)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # numpy warns on the intended overflow
+                    ref = normalize_reference(x, np.float32(scale), np.float32(bias), "NCHW" if nchw else "NHWC",
+                                              dtype, flips)
+                assert np.array_equal(out, ref), (scale, bias, dtype, nchw)
+
+
 def test_mirror_and_normalize_against_numpy():
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, (4, 5, 6, 3), dtype=np.uint8)

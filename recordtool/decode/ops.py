@@ -1,8 +1,11 @@
 """CPU batch ops after the fused decode: the eval transform, mirror and normalize."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
+from . import cpu
 from .cpu import decode_crop_resize
 from .windows import center_windows
 
@@ -25,13 +28,29 @@ def mirror(batch: np.ndarray, flags) -> np.ndarray:
 
 
 def normalize(batch: np.ndarray, mean=IMAGENET_MEAN, std=IMAGENET_STD, layout: str = "NCHW",
-              dtype=np.float32) -> np.ndarray:
-    """(x / 255 - mean) / std per channel (torchvision's units), to NCHW or NHWC float32/float16."""
+              dtype=np.float32, flips=None, threads: int | None = None) -> np.ndarray:
+    """(x / 255 - mean) / std per channel (torchvision's units), to NCHW or NHWC float32/float16;
+    images with flips[n] true are mirrored on the way (saves a separate mirror pass)."""
     if layout not in ("NCHW", "NHWC"):
         raise ValueError("layout must be NCHW or NHWC")
+    dtype = np.dtype(dtype)
     scale = (1.0 / (255.0 * np.asarray(std, np.float32))).astype(np.float32)
     bias = (-np.asarray(mean, np.float32) / np.asarray(std, np.float32)).astype(np.float32)
+    n, h, w, _ = batch.shape
+    flips = np.zeros(n, bool) if flips is None else np.ascontiguousarray(flips, bool)
+    if cpu._native is not None and dtype in (np.float32, np.float16) and batch.dtype == np.uint8:
+        out = np.empty((n, 3, h, w) if layout == "NCHW" else (n, h, w, 3), dtype)
+        cpu._native.normalize(np.ascontiguousarray(batch), flips, out, scale.tolist(), bias.tolist(),
+                              layout == "NCHW", threads or os.cpu_count() or 1)
+        return out
+    return normalize_reference(batch, scale, bias, layout, dtype, flips)
+
+
+def normalize_reference(batch, scale, bias, layout, dtype, flips):
+    """numpy reference of the native normalize (and the path without the extension)."""
     x = batch.astype(np.float32)
+    if flips.any():
+        x[flips] = x[flips, :, ::-1]
     x *= scale
     x += bias
     if layout == "NCHW":

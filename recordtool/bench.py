@@ -1,0 +1,185 @@
+"""`recordtool bench`: throughput per stage and end to end on the user's data, against a plain
+Pillow baseline measured in the same run on the same cores."""
+from __future__ import annotations
+
+import io
+import os
+import resource
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+from .decode import decode_crop_resize, random_windows
+from .loader import Loader
+from .reader import Dataset
+
+_DS = None
+
+
+def _init(path):
+    global _DS
+    _DS = Dataset(path)
+
+
+def _pil_rrc_to_tensor(args):
+    """Baseline worker: Pillow decode → RandomResizedCrop window → resize → ToTensor-like float."""
+    from PIL import Image
+
+    idx, win = args
+    for i, (y, x, h, w) in zip(idx, win):
+        im = Image.open(io.BytesIO(_DS[int(i)][0])).convert("RGB")
+        im = im.crop((int(x), int(y), int(x + w), int(y + h))).resize((224, 224), Image.BILINEAR)
+        np.asarray(im, np.float32).transpose(2, 0, 1) / 255.0
+    return len(idx)
+
+
+def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | None = None, epochs: int = 2,
+        images: int | None = None, seed: int = 0, progress: bool = True) -> dict:
+    ds = Dataset(path)
+    threads = threads or os.cpu_count() or 1
+    order = ds.sampler(seed=seed).indices(0)
+    if images:
+        order = order[:images]
+    n = len(order)
+    r = {"path": path, "device": device, "records": n, "threads": threads, "batch_size": batch_size,
+         "cores": os.cpu_count()}
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=5, desc="bench", unit="stage")
+
+    def step(name):
+        if bar is not None:
+            bar.set_postfix_str(name)
+            bar.update(1)
+
+    # 1. read only
+    t = time.perf_counter()
+    nbytes = sum(len(bytes(ds[int(i)][0])) for i in order)
+    dt = time.perf_counter() - t
+    r["read"] = {"records_s": n / dt, "mb_s": nbytes / dt / 1e6}
+    step("read")
+
+    # 2. decode + crop + resize alone
+    ix = ds.index
+    win = random_windows(ix.width[order], ix.height[order], order, seed, 0)
+    bufs = [ds[int(i)][0] for i in order]
+    if device == "cpu":
+        out = np.empty((batch_size, 224, 224, 3), np.uint8)
+        t = time.perf_counter()
+        for s in range(0, n, batch_size):
+            e = min(n, s + batch_size)
+            decode_crop_resize(bufs[s:e], win[s:e], threads=threads, out=out[: e - s], policy="skip")
+        r["decode"] = {"img_s": n / (time.perf_counter() - t)}
+    else:
+        from .decode.gpu import GPUDecoder, hardware_decodable
+
+        dec = GPUDecoder(max_batch=batch_size, dtype="uint8", layout="NHWC", cpu_threads=max(1, threads - 2))
+        dec.warmup(ix.jpeg_length, ix.width, ix.height)
+        hw = hardware_decodable(ix.chroma[order], ix.progressive[order], ix.colorspace[order])
+        flips = np.zeros(n, bool)
+        dec(bufs[:batch_size], win[:batch_size], flips[:batch_size], hw[:batch_size])
+        t = time.perf_counter()
+        for s in range(0, n, batch_size):
+            e = min(n, s + batch_size)
+            dec(bufs[s:e], win[s:e], flips[s:e], hw[s:e])
+        r["decode"] = {"img_s": n / (time.perf_counter() - t), "split": dict(dec.last)}
+        dec.close()
+    step("decode")
+
+    # 3. full loader, epochs, per-batch latency
+    ld = Loader(ds, batch_size=batch_size, device=device, threads=threads, seed=seed, dtype="float16"
+                if device == "cuda" else "float32")
+    lat, done = [], 0
+    t0 = time.perf_counter()
+    for epoch in range(epochs):
+        ld.set_epoch(epoch)
+        last = time.perf_counter()
+        for k, (x, _) in enumerate(ld):
+            if device == "cuda":
+                _sync(x)
+            now = time.perf_counter()
+            lat.append(now - last)
+            last = now
+            done += x.shape[0]
+            if images and (k + 1) * batch_size >= n:
+                break
+    dt = time.perf_counter() - t0
+    ld.close()
+    lat = np.array(lat[1:] if len(lat) > 1 else lat)
+    r["loader"] = {"img_s": done / dt, "batches": int(len(lat)), "p50_ms": float(np.percentile(lat, 50) * 1e3),
+                   "p99_ms": float(np.percentile(lat, 99) * 1e3)}
+    if ld.last_split:
+        r["loader"]["split"] = {k: v for k, v in ld.last_split.items() if k != "errors"}
+    step("loader")
+
+    # 4. baseline: Pillow + RandomResizedCrop + ToTensor, one process per thread
+    chunks = [(order[s:s + 64], win[s:s + 64]) for s in range(0, n, 64)]
+    with ProcessPoolExecutor(threads, initializer=_init, initargs=(path,)) as ex:
+        list(ex.map(_pil_rrc_to_tensor, chunks[:threads]))
+        t = time.perf_counter()
+        m = sum(ex.map(_pil_rrc_to_tensor, chunks))
+        r["baseline_pil"] = {"img_s": m / (time.perf_counter() - t)}
+    step("baseline")
+    r["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    r["loader_over_baseline"] = r["loader"]["img_s"] / r["baseline_pil"]["img_s"]
+    step("done")
+    if bar is not None:
+        bar.close()
+    return r
+
+
+def _sync(x):
+    try:
+        import torch
+
+        if isinstance(x, torch.Tensor):
+            torch.cuda.synchronize()
+            return
+    except ImportError:
+        pass
+    import cupy
+
+    cupy.cuda.Device().synchronize()
+
+
+def table(r: dict) -> str:
+    base = r["baseline_pil"]["img_s"]
+    rows = [
+        ("read only", f"{r['read']['records_s']:,.0f} rec/s", f"{r['read']['mb_s']:,.0f} MB/s"),
+        ("decode+crop+resize", f"{r['decode']['img_s']:,.0f} img/s", f"{r['decode']['img_s'] / base:.2f}x baseline"),
+        ("full loader", f"{r['loader']['img_s']:,.0f} img/s", f"{r['loader_over_baseline']:.2f}x baseline"),
+        ("  batch latency", f"p50 {r['loader']['p50_ms']:.1f} ms", f"p99 {r['loader']['p99_ms']:.1f} ms"),
+        ("baseline: Pillow+RRC+ToTensor", f"{base:,.0f} img/s", f"{r['threads']} processes"),
+        ("peak RSS", f"{r['peak_rss_mb']:,.0f} MB", ""),
+    ]
+    if "split" in r["loader"]:
+        s = r["loader"]["split"]
+        rows.append(("CPU/GPU split", f"cpu {s['cpu']}/{s['n']}", f"share {s['cpu'] / max(1, s['n']):.2f}"))
+    head = (f"recordtool bench {r['path']}: {r['records']} records, device {r['device']}, "
+            f"{r['threads']} threads, batch {r['batch_size']}")
+    return head + "\n" + "\n".join(f"  {a:<32} {b:>18}  {c}" for a, b, c in rows)
+
+
+def plot(r: dict, path: str) -> None:
+    """Stage throughputs side by side, as a PNG (Pillow only: no plotting dependency)."""
+    from PIL import Image, ImageDraw
+
+    bars = [("read (rec/s)", r["read"]["records_s"]), ("decode (img/s)", r["decode"]["img_s"]),
+            ("loader (img/s)", r["loader"]["img_s"]), ("Pillow baseline", r["baseline_pil"]["img_s"])]
+    W, H, pad = 720, 360, 40
+    im = Image.new("RGB", (W, H), "white")
+    d = ImageDraw.Draw(im)
+    top = max(v for _, v in bars)
+    bw = (W - 2 * pad) // len(bars)
+    for k, (name, v) in enumerate(bars):
+        x0 = pad + k * bw + 10
+        h = int((H - 3 * pad) * np.log10(v + 1) / np.log10(top + 1))
+        d.rectangle([x0, H - pad - h, x0 + bw - 20, H - pad], fill=(70, 110, 180) if k < 3 else (180, 120, 60))
+        d.text((x0, H - pad + 5), name, fill="black")
+        d.text((x0, H - pad - h - 14), f"{v:,.0f}", fill="black")
+    d.text((pad, 10), f"recordtool bench: {r['records']} records, {r['device']}, {r['threads']} threads "
+           "(log scale)", fill="black")
+    im.save(path)
