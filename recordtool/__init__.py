@@ -3,4 +3,14 @@ __version__ = "0.1.0"
 
 from .reader import Dataset, Sampler, open_dataset as open  # noqa: E402,F401  (recordtool.open)
 
-__all__ = ["Dataset", "Sampler", "open", "__version__"]
+
+def __getattr__(name):
+    # the Loader pulls in the decode stage; import it only when asked for
+    if name == "Loader":
+        from .loader import Loader
+
+        return Loader
+    raise AttributeError(f"module 'recordtool' has no attribute {name!r}")
+
+
+__all__ = ["Dataset", "Sampler", "Loader", "open", "__version__"]

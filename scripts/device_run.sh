@@ -17,7 +17,7 @@ cp .carry/libturbojpeg.so.0 /usr/lib/x86_64-linux-gnu/ && ldconfig
 nproc; python3 -c "import numpy, PIL, cv2; print('numpy', numpy.__version__, 'PIL', PIL.__version__, 'cv2', cv2.__version__)"
 python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 python3 -c "from recordtool import _native; print('native ok, libjpeg API', _native.LIBJPEG_VERSION)"
-RECORDTOOL_REQUIRE_NATIVE=1 timeout 300 python3 -m pytest -q -p no:cacheprovider tests > "$OUT/pytest.log" 2>&1
+RECORDTOOL_REQUIRE_NATIVE=1 timeout 300 python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests} > "$OUT/pytest.log" 2>&1
 echo "pytest: $(tail -1 "$OUT/pytest.log")"
 rm -rf /tmp/bench /tmp/bench-packed
 python3 scripts/make_imagenet_like.py /tmp/bench --images "$IMAGES" --classes 100 --photos .carry/photos 2>&1 | tail -1
@@ -38,10 +38,23 @@ case " $STEPS " in *" format "*)
     > "$OUT/bench_format.log" 2>&1 ;; esac
 case " $STEPS " in *" gpu "*)
   timeout 400 python3 scripts/bench_gpu.py /tmp/bench-packed --epochs "${EPOCHS:-2}" --json "$OUT/bench_gpu.json" > "$OUT/bench_gpu.log" 2>&1 ;; esac
+case " $STEPS " in *" loader "*)
+  for d in cpu cuda; do
+    python3 -m recordtool.cli bench /tmp/bench-packed --device $d --epochs 2 --json "$OUT/bench_cli_$d.json" -q \
+      > "$OUT/bench_cli_$d.log" 2>&1
+  done
+  for cfg in "torchvision --data /tmp/bench" "recordtool --data /tmp/bench-packed --device cuda" \
+             "recordtool --data /tmp/bench-packed --device cpu"; do
+    timeout 120 python3 scripts/train_imagenet.py --loader $cfg --steps 40 --warmup 10 >> "$OUT/train.log" 2>&1
+  done
+  timeout 120 python3 scripts/bench_loader_memory.py /tmp/bench-packed --device cuda --epochs 10 \
+    > "$OUT/loader_memory.log" 2>&1 ;; esac
 [ -f .carry/extra.sh ] && bash .carry/extra.sh > "$OUT/extra.log" 2>&1
 echo "=================== results"
 cat "$OUT"/bench_decode*.log "$OUT"/bench_format.log 2>/dev/null
 grep -A20 "summary" "$OUT/bench_gpu.log" 2>/dev/null || tail -30 "$OUT/bench_gpu.log" 2>/dev/null
+cat "$OUT"/bench_cli_*.log 2>/dev/null; grep "train_imagenet\|Error" "$OUT/train.log" 2>/dev/null
+cat "$OUT/loader_memory.log" 2>/dev/null | tail -16
 grep -E "passed|failed|Error" "$OUT/pytest.log" | tail -5
 [ -f "$OUT/extra.log" ] && tail -20 "$OUT/extra.log"
 grep -q " failed" "$OUT/pytest.log" && exit 1

@@ -109,3 +109,12 @@ def test_user_ops_applied_and_reproducible(packed):
     out = cut(a.copy())
     assert ((out == 0).all(axis=-1).sum(axis=(1, 2)) > 0).all()  # a square per image
     assert np.array_equal(out, cut(a.copy()))  # same ids, same epoch: same squares
+
+
+def test_torch_tensors_when_torch_is_installed(packed):
+    torch = pytest.importorskip("torch")
+    ld = Loader(packed, batch_size=4, size=32, dtype="float16")
+    x, y = next(iter(ld))
+    ld.close()
+    assert isinstance(x, torch.Tensor) and x.dtype == torch.float16 and tuple(x.shape) == (4, 3, 32, 32)
+    assert isinstance(y, torch.Tensor) and y.dtype == torch.int64

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Host RSS (and GPU memory on cuda) per epoch over many epochs of the Loader, plus the cost of
+the two example user ops.
+
+  bench_loader_memory.py PACKED [--device cpu|cuda] [--epochs 10] [--images N]
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import recordtool  # noqa: E402
+from recordtool.user_ops import Cutout, RandomGrayscale  # noqa: E402
+
+
+def rss_mb():
+    """Anonymous resident memory: the process's own allocations. File-backed pages of the
+    mmapped shards (page cache, reclaimable) are left out: they grow as more records are read."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1e3
+    return float("nan")
+
+
+def run(path, device, epochs, batch, user_op=None, images=None):
+    ld = recordtool.Loader(path, batch_size=batch, device=device, user_op=user_op,
+                           dtype="float16" if device == "cuda" else "float32")
+    limit = (images // batch) if images else None
+    rows = []
+    for e in range(epochs):
+        ld.set_epoch(e)
+        t = time.perf_counter()
+        n = 0
+        for k, (x, _) in enumerate(ld):
+            n += x.shape[0]
+            if limit and k + 1 >= limit:
+                break
+        if device == "cuda":
+            import cupy
+            import torch
+
+            torch.cuda.synchronize()
+            gpu = cupy.get_default_memory_pool().total_bytes() / 1e6
+        else:
+            gpu = 0.0
+        rows.append((e, n / (time.perf_counter() - t), rss_mb(), gpu))
+    ld.close()
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("packed")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--images", type=int, default=None)
+    a = ap.parse_args()
+    rows = run(a.packed, a.device, a.epochs, a.batch, images=a.images)
+    print(f"bench_loader_memory: {a.packed}, device {a.device}, {a.epochs} epochs")
+    for e, rate, rss, gpu in rows:
+        print(f"  epoch {e}: {rate:8,.0f} img/s  RssAnon {rss:8.1f} MB  GPU pool {gpu:8.1f} MB")
+    rss = np.array([r[2] for r in rows[1:]])
+    print(f"  RSS after warm-up: min {rss.min():.1f} max {rss.max():.1f} MB "
+          f"({100 * (rss.max() - rss.min()) / rss.min():.1f} % spread, goal within ±5 %)")
+    base = np.median([r[1] for r in rows[1:]])
+    for name, op in (("RandomGrayscale(p=0.2)", RandomGrayscale(0.2)), ("Cutout(56)", Cutout(56))):
+        r = run(a.packed, a.device, 3, a.batch, user_op=op, images=a.images)
+        rate = np.median([x[1] for x in r[1:]])
+        print(f"  user op {name:<24} {rate:8,.0f} img/s ({100 * (base - rate) / base:+.1f} % cost)")
+
+
+if __name__ == "__main__":
+    main()
