@@ -54,7 +54,8 @@ class Loader:
     def __init__(self, path, batch_size: int, device: str = "cpu", train: bool = True, size: int = 224,
                  mean=IMAGENET_MEAN, std=IMAGENET_STD, dtype: str = "float32", layout: str = "NCHW",
                  seed: int = 0, rank: int | None = None, world_size: int | None = None, drop_last: bool = True,
-                 prefetch: int = 2, threads: int | None = None, user_op=None, as_torch: bool | None = None):
+                 prefetch: int = 2, threads: int | None = None, user_op=None, as_torch: bool | None = None,
+                 producers: int | None = None):
         if device not in ("cpu", "cuda"):
             raise ValueError("device must be 'cpu' or 'cuda'")
         self.ds = path if isinstance(path, Dataset) else Dataset(path)
@@ -64,6 +65,9 @@ class Loader:
         self.seed, self.drop_last, self.prefetch = seed, drop_last, max(1, int(prefetch))
         self.threads = threads or os.cpu_count() or 1
         self.user_op = user_op
+        # producer threads, batches dealt round-robin and handed out in order. On the GPU several
+        # keep the NVJPG engines fed while one stages the next batch (BENCHMARKS.md: 4 best).
+        self.producers = max(1, int(producers or (4 if device == "cuda" else 1)))
         self.rank, self.world_size = _dist_defaults(rank, world_size)
         self.sampler = self.ds.sampler(seed=seed, rank=self.rank, world_size=self.world_size, drop_last=drop_last)
         if as_torch is None:
@@ -77,9 +81,9 @@ class Loader:
         self.epoch = 0
         self._start_batch = 0  # set by load_state_dict: first batch of the next iteration
         self._yielded = 0
-        self._thread = None
+        self._threads = []
         self._stop = threading.Event()
-        self._gpu = None
+        self._gpu = {}  # producer thread → its GPUDecoder
         self.last_split = None
 
     # ------------------------------------------------------------------ epoch bookkeeping
@@ -141,33 +145,35 @@ class Loader:
         from .decode.gpu import GPUDecoder, hardware_decodable
 
         ix = self.ds.index
-        if self._gpu is None:
+        key = threading.get_ident()
+        dec = self._gpu.get(key)
+        if dec is None:
             out_dtype = "uint8" if self.user_op is not None else self.dtype
             layout = "NHWC" if self.user_op is not None else self.layout
-            self._gpu = GPUDecoder((self.size, self.size), max_batch=self.batch_size, layout=layout,
-                                   dtype=out_dtype, mean=self.mean, std=self.std,
-                                   cpu_threads=max(1, self.threads - 2))
-            self._gpu.warmup(ix.jpeg_length, ix.width, ix.height)
+            dec = self._gpu[key] = GPUDecoder(
+                (self.size, self.size), max_batch=self.batch_size, layout=layout, dtype=out_dtype, mean=self.mean,
+                std=self.std, cpu_threads=max(1, (self.threads - self.producers) // self.producers))
+            dec.warmup(ix.jpeg_length, ix.width, ix.height)
         hw = hardware_decodable(ix.chroma[ids], ix.progressive[ids], ix.colorspace[ids])
-        images = self._gpu(bufs, win, flips, hw)
-        self.last_split = dict(self._gpu.last)
+        images = dec(bufs, win, flips, hw)
+        self.last_split = dict(dec.last)
         if self.user_op is not None:  # uint8 NHWC on the device → user op → normalize
             import cupy
 
-            with self._gpu.stream:
+            with dec.stream:
                 images = self.user_op(images)
                 x = images.astype(cupy.float32) / 255.0
                 x = (x - cupy.asarray(self.mean, cupy.float32)) / cupy.asarray(self.std, cupy.float32)
                 if self.layout == "NCHW":
                     x = cupy.ascontiguousarray(x.transpose(0, 3, 1, 2))
                 images = x.astype(self.dtype)
-                self._gpu.stream.synchronize()
+                dec.stream.synchronize()
         if self.as_torch:
             import torch
 
             from .decode.gpu import to_torch
 
-            return to_torch(images, self._gpu.stream), torch.from_numpy(labels).cuda(non_blocking=True)
+            return to_torch(images, dec.stream), torch.from_numpy(labels).cuda(non_blocking=True)
         return images, labels
 
     # ------------------------------------------------------------------ pipeline
@@ -176,10 +182,11 @@ class Loader:
         epoch, start = self.epoch, self._start_batch
         self._start_batch = 0
         batches = self.batch_ids(epoch)[start:]
-        q: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        P = self.producers
+        queues = [queue.Queue(maxsize=self.prefetch) for _ in range(P)]
         self._stop = stop = threading.Event()
 
-        def put(item):
+        def put(q, item):
             while not stop.is_set():
                 try:
                     q.put(item, timeout=0.1)
@@ -188,23 +195,23 @@ class Loader:
                     continue
             return False
 
-        def produce():
+        def produce(k):
             try:
-                for ids in batches:
-                    if stop.is_set() or not put(self.make_batch(ids, epoch)):
+                for ids in batches[k::P]:
+                    if stop.is_set() or not put(queues[k], self.make_batch(ids, epoch)):
                         return
-                put(_END)
+                put(queues[k], _END)
             except BaseException as e:  # surfaces in the training loop, with its traceback
-                put(_Failure(e))
+                put(queues[k], _Failure(e))
 
-        self._thread = threading.Thread(target=produce, name="recordtool-loader", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=produce, args=(k,), name="recordtool-loader", daemon=True)
+                         for k in range(P)]
+        for t in self._threads:
+            t.start()
         self._yielded = start
         try:
-            while True:
-                item = q.get()
-                if item is _END:
-                    break
+            for j in range(len(batches)):
+                item = queues[j % P].get()
                 if isinstance(item, _Failure):
                     raise item.exc
                 self._yielded += 1
@@ -216,10 +223,10 @@ class Loader:
             self._join()
 
     def _join(self):
-        t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join(timeout=30)
-        self._thread = None
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout=30)
+        self._threads = []
 
     def close(self) -> None:
         """Stop the producer thread (also on `del` and at the end of an iteration)."""

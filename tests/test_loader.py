@@ -55,7 +55,7 @@ def test_resume_mid_epoch_equals_uninterrupted(packed):
     full = Loader(packed, batch_size=5, size=32, seed=9, drop_last=False, as_torch=False, threads=1)
     full.set_epoch(2)
     ref = collect(full)
-    part = Loader(packed, batch_size=5, size=32, seed=9, drop_last=False, as_torch=False, threads=3)
+    part = Loader(packed, batch_size=5, size=32, seed=9, drop_last=False, as_torch=False, threads=3, producers=3)
     part.set_epoch(2)
     it = iter(part)
     first = [next(it) for _ in range(4)]
