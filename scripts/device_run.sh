@@ -49,6 +49,11 @@ case " $STEPS " in *" loader "*)
   done
   timeout 120 python3 scripts/bench_loader_memory.py /tmp/bench-packed --device cuda --epochs 10 \
     > "$OUT/loader_memory.log" 2>&1 ;; esac
+case " $STEPS " in *" memory "*)
+  timeout 150 python3 scripts/bench_loader_memory.py /tmp/bench-packed --device cuda --epochs 10 \
+    > "$OUT/loader_memory.log" 2>&1
+  python3 -m recordtool.cli bench /tmp/bench-packed --device cuda --epochs 3 --json "$OUT/bench_cli_cuda.json" -q \
+    > "$OUT/bench_cli_cuda.log" 2>&1 ;; esac
 [ -f .carry/extra.sh ] && bash .carry/extra.sh > "$OUT/extra.log" 2>&1
 echo "=================== results"
 cat "$OUT"/bench_decode*.log "$OUT"/bench_format.log 2>/dev/null

@@ -22,7 +22,7 @@ def test_bench_cli(tmp_path):
     r = json.loads((tmp_path / "b.json").read_text())
     for key in ("read", "decode", "loader", "baseline_pil"):
         assert next(iter(r[key].values())) > 0
-    assert r["loader"]["batches"] >= 8 and r["loader"]["p99_ms"] >= r["loader"]["p50_ms"] > 0
+    assert r["loader"]["batches"] >= 4 and r["loader"]["p99_ms"] >= r["loader"]["p50_ms"] > 0
     assert Image.open(tmp_path / "b.png").size == (720, 360)
     h = subprocess.run([sys.executable, "-m", "recordtool.cli", "bench", "--help"], capture_output=True, text=True)
     for flag in ("--device", "--batch-size", "--threads", "--epochs", "--json", "--plot"):

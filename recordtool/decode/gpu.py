@@ -26,6 +26,11 @@ SAMPLE_DTYPE = np.dtype([("src", "<u8"), ("pitch", "<i8"), ("rw", "<i4"), ("rh",
 _ALIGN = 256
 
 
+def _region_bytes(w, h) -> np.ndarray:
+    """Upper bound of the arena bytes one window of w × h needs (whole-pixel region + alignment)."""
+    return ((np.ceil(w) + 1) * (np.ceil(h) + 1) * 3 + 2 * _ALIGN).astype(np.int64)
+
+
 def hardware_decodable(chroma, progressive, colorspace) -> np.ndarray:
     """What goes to the NVJPG engines: baseline YCbCr 4:4:4/4:2:2/4:2:0/4:4:0."""
     chroma = np.asarray(chroma)
@@ -112,11 +117,14 @@ class GPUDecoder:
 
     # ------------------------------------------------------------------ buffers
     def warmup(self, jpeg_lengths, widths, heights) -> None:
-        """Size every buffer from the index's largest images, so steady state allocates nothing."""
+        """Size every buffer from the index's largest images, so steady state allocates nothing.
+
+        Uses the same per-image bound as `_ensure` (a window's region is at most the image + 1 px
+        each way), so no batch of this dataset can outgrow what warm-up planned."""
         b = self.max_batch
         lens = np.sort(np.asarray(jpeg_lengths, np.int64))[::-1][:b]
-        areas = np.sort(np.asarray(widths, np.int64) * np.asarray(heights, np.int64))[::-1][:b]
-        self._alloc(int(lens.sum()) + b * 64, int(((areas * 3 + _ALIGN) // _ALIGN * _ALIGN + _ALIGN).sum()))
+        regions = np.sort(_region_bytes(np.asarray(widths, np.float64), np.asarray(heights, np.float64)))[::-1][:b]
+        self._alloc(int(lens.sum()) + b * 64, int(regions.sum()))
 
     def _alloc(self, staging: int, arena: int) -> None:
         cupy = self.cupy
@@ -138,7 +146,7 @@ class GPUDecoder:
     def _ensure(self, buffers, windows):
         """Grow the buffers if a batch needs more than warm-up planned (counted in .allocations)."""
         need_stage = sum(len(x) for x in buffers) + 64 * len(buffers)
-        need_arena = int(((np.ceil(windows[:, 3]) + 1) * (np.ceil(windows[:, 2]) + 1) * 3 + 2 * _ALIGN).sum())
+        need_arena = int(_region_bytes(windows[:, 3], windows[:, 2]).sum())
         if self._staging is None or need_stage > self._staging_np.size or need_arena > self._arena.size:
             cur_s = 0 if self._staging is None else self._staging_np.size
             cur_a = 0 if self._arena is None else self._arena.size
