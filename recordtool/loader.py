@@ -83,7 +83,7 @@ class Loader:
         self._yielded = 0
         self._threads = []
         self._stop = threading.Event()
-        self._gpu = {}  # producer thread → its GPUDecoder
+        self._gpu = {}  # producer slot → its GPUDecoder
         self.last_split = None
 
     # ------------------------------------------------------------------ epoch bookkeeping
@@ -112,8 +112,9 @@ class Loader:
         return [order[s:s + b] for s in range(0, stop, b)]
 
     # ------------------------------------------------------------------ one batch
-    def make_batch(self, ids: np.ndarray, epoch: int):
-        """The batch of these sample ids in this epoch: a pure function of its arguments."""
+    def make_batch(self, ids: np.ndarray, epoch: int, producer: int = 0):
+        """The batch of these sample ids in this epoch: a pure function of its arguments.
+        `producer` picks the GPU decoder (one per producer slot, kept across epochs)."""
         ix = self.ds.index
         if self.user_op is not None and hasattr(self.user_op, "ids"):  # keyed randomness (user_ops.py)
             self.user_op.ids, self.user_op.epoch = ids, epoch
@@ -139,13 +140,13 @@ class Loader:
 
                 return torch.from_numpy(images), torch.from_numpy(labels)
             return images, labels
-        return self._gpu_batch(bufs, win, flips, ids, labels)
+        return self._gpu_batch(bufs, win, flips, ids, labels, producer)
 
-    def _gpu_batch(self, bufs, win, flips, ids, labels):
+    def _gpu_batch(self, bufs, win, flips, ids, labels, producer):
         from .decode.gpu import GPUDecoder, hardware_decodable
 
         ix = self.ds.index
-        key = threading.get_ident()
+        key = producer  # not the thread: each epoch starts new threads, the decoders stay warm
         dec = self._gpu.get(key)
         if dec is None:
             out_dtype = "uint8" if self.user_op is not None else self.dtype
@@ -198,7 +199,7 @@ class Loader:
         def produce(k):
             try:
                 for ids in batches[k::P]:
-                    if stop.is_set() or not put(queues[k], self.make_batch(ids, epoch)):
+                    if stop.is_set() or not put(queues[k], self.make_batch(ids, epoch, k)):
                         return
                 put(queues[k], _END)
             except BaseException as e:  # surfaces in the training loop, with its traceback
