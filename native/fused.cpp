@@ -94,6 +94,12 @@ struct Scratch {
     Coeffs ch, cv;
 };
 
+// Per-thread decode buffers, kept across batches (and reserved up front by `reserve`).
+static Scratch& scratch() {
+    static thread_local Scratch s;
+    return s;
+}
+
 struct Task {
     const uint8_t* data;
     size_t size;
@@ -238,19 +244,19 @@ class Pool {
         for (auto& th : threads_) th.join();
     }
 
-    // Run job(worker_id) on `n` participants (the caller is one of them) and wait.
+    // Run job(worker_id) on `n` pool threads and wait. The caller only waits: per-thread buffers
+    // then live in the pool's own long-lived threads, whichever thread calls.
     void run(int n, const std::function<void(int)>& job) {
         std::lock_guard<std::mutex> serial(call_mu_);
-        ensure(n - 1);
+        ensure(n);
         {
             std::lock_guard<std::mutex> g(mu_);
             job_ = &job;
-            active_ = n - 1;
-            pending_ = n - 1;
+            active_ = n;
+            pending_ = n;
             generation_++;
         }
         cv_.notify_all();
-        job(0);
         std::unique_lock<std::mutex> lk(mu_);
         done_cv_.wait(lk, [&] { return pending_ == 0; });
         job_ = nullptr;
@@ -358,7 +364,7 @@ static py::list decode_crop_resize(py::sequence buffers, py::array_t<double, py:
         Pool& workers = pool(pool_id);
         workers.run(participants, [&](int) {
             // per-thread buffers live across batches: no allocation in steady state
-            static thread_local Scratch s;
+            Scratch& s = scratch();
             for (;;) {
                 size_t k = next.fetch_add(1, std::memory_order_relaxed);
                 if (k >= n) break;
@@ -418,6 +424,17 @@ static py::array_t<int64_t> gather(py::sequence buffers, uintptr_t dst, size_t c
             std::memcpy(reinterpret_cast<uint8_t*>(dst) + off(i), keep[i].ptr, (size_t)keep[i].size * keep[i].itemsize);
     }
     return offsets;
+}
+
+// Size every pool thread's region buffer now (touched, so resident memory stops growing later):
+// the loader calls this with the index's largest image, capped at kKeepBytes.
+static void reserve(size_t bytes, int threads, int pool_id) {
+    bytes = std::min(bytes, kKeepBytes);
+    py::gil_scoped_release release;
+    pool(pool_id).run(std::max(1, threads), [&](int) {
+        Scratch& s = scratch();
+        if (s.region.size() < bytes) s.region.resize(bytes);
+    });
 }
 
 // ------------------------------------------------------------------ normalize
@@ -495,6 +512,7 @@ PYBIND11_MODULE(_native, m) {
     m.def("choose_scale", &choose_scale, py::arg("win_w"), py::arg("win_h"), py::arg("out_w"), py::arg("out_h"),
           py::arg("margin"), py::arg("min_m"));
     m.def("largest_first", &largest_first, py::arg("sizes"));
+    m.def("reserve", &reserve, py::arg("bytes"), py::arg("threads"), py::arg("pool") = 0);
     m.def("pool_size", [] { return pool().size(); });
     m.attr("LIBJPEG_VERSION") = JPEG_LIB_VERSION;
 }

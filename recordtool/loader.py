@@ -85,6 +85,13 @@ class Loader:
         self._stop = threading.Event()
         self._gpu = {}  # producer slot → its GPUDecoder
         self.last_split = None
+        if device == "cpu":
+            from .decode import cpu
+
+            if cpu.native_available():  # size the decode threads' buffers once: RSS stays flat
+                ix = self.ds.index
+                big = int((ix.width.astype(np.int64) * ix.height).max()) * 3 if len(ix) else 0
+                cpu._native.reserve(big, self.threads)
 
     # ------------------------------------------------------------------ epoch bookkeeping
     def __len__(self) -> int:
