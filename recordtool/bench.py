@@ -11,6 +11,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 
 from .decode import decode_crop_resize, random_windows
+from .decode.ops import IMAGENET_MEAN, IMAGENET_STD
 from .loader import Loader
 from .reader import Dataset
 
@@ -127,12 +128,104 @@ def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | No
         m = sum(ex.map(_pil_rrc_to_tensor, chunks))
         r["baseline_pil"] = {"img_s": m / (time.perf_counter() - t)}
     step("baseline")
+    if device == "cuda":
+        r["peers"] = gpu_peers(ds, batch_size)
     r["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     r["loader_over_baseline"] = r["loader"]["img_s"] / r["baseline_pil"]["img_s"]
     step("done")
     if bar is not None:
         bar.close()
     return r
+
+
+def _timed_batches(run, n, batch):
+    """img/s of run(lo, hi) over [0, n) in batches, after one warm-up batch, GPU work included."""
+    import torch
+
+    run(0, batch)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    done = 0
+    for s in range(0, n - batch + 1, batch):
+        done += run(s, s + batch).shape[0]
+    torch.cuda.synchronize()
+    return done / (time.perf_counter() - t)
+
+
+def torchvision_peer(ds, batch, n_max):
+    import torch
+    import torchvision
+    from torchvision.io import decode_jpeg
+    from torchvision.transforms.v2 import functional as F
+
+    c = ds.index
+    n = min(len(ds), n_max)
+    mean = torch.tensor(IMAGENET_MEAN, device="cuda").view(3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, device="cuda").view(3, 1, 1)
+    skipped = 0
+
+    def run(lo, hi):
+        nonlocal skipped
+        ids = np.arange(lo, hi)
+        datas = [torch.frombuffer(bytearray(ds[int(i)][0]), dtype=torch.uint8) for i in ids]
+        win = random_windows(c.width[ids], c.height[ids], ids, 0, 0)
+        try:
+            imgs = decode_jpeg(datas, device="cuda", mode=torchvision.io.ImageReadMode.RGB)
+        except RuntimeError:  # e.g. "Unknown chroma subsampling" on grayscale: decode one by one
+            imgs = []
+            for d in datas:
+                try:
+                    imgs.append(decode_jpeg(d, device="cuda", mode=torchvision.io.ImageReadMode.RGB))
+                except RuntimeError:
+                    skipped += 1
+                    imgs.append(None)
+        out = []
+        for im, (y, x, h, w) in zip(imgs, win):
+            if im is None:
+                continue
+            r = F.resized_crop(im, int(y), int(x), int(h), int(w), [224, 224], antialias=True)
+            out.append(((r.float() / 255 - mean) / std).half())
+        return torch.stack(out)
+
+    return _timed_batches(run, n, batch), skipped
+
+
+def nvimgcodec_peer(ds, batch, n_max):
+    import torch
+    from nvidia import nvimgcodec
+    from torchvision.transforms.v2 import functional as F
+
+    c = ds.index
+    n = min(len(ds), n_max)
+    dec = nvimgcodec.Decoder()
+    mean = torch.tensor(IMAGENET_MEAN, device="cuda").view(3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, device="cuda").view(3, 1, 1)
+
+    def run(lo, hi):
+        ids = np.arange(lo, hi)
+        imgs = dec.decode([bytes(ds[int(i)][0]) for i in ids])
+        win = random_windows(c.width[ids], c.height[ids], ids, 0, 0)
+        out = []
+        for im, (y, x, h, w) in zip(imgs, win):
+            if im is None:
+                continue
+            t = torch.as_tensor(im, device="cuda").permute(2, 0, 1)
+            r = F.resized_crop(t, int(y), int(x), int(h), int(w), [224, 224], antialias=True)
+            out.append(((r.float() / 255 - mean) / std).half())
+        return torch.stack(out)
+
+    return _timed_batches(run, n, batch)
+
+
+def gpu_peers(ds, batch: int, n_max: int = 4096) -> dict:
+    """The GPU peers that import here, each on the same records: img/s, or why it did not run."""
+    out = {}
+    for name, fn in (("torchvision_gpu", torchvision_peer), ("nvimgcodec", nvimgcodec_peer)):
+        try:
+            out[name] = fn(ds, batch, n_max)
+        except Exception as e:  # missing package or failing peer: reported, not fatal
+            out[name] = f"{type(e).__name__}: {e}"
+    return out
 
 
 def _sync(x):
@@ -159,6 +252,12 @@ def table(r: dict) -> str:
         ("baseline: Pillow+RRC+ToTensor", f"{base:,.0f} img/s", f"{r['threads']} processes"),
         ("peak RSS", f"{r['peak_rss_mb']:,.0f} MB", ""),
     ]
+    for name, v in r.get("peers", {}).items():
+        if isinstance(v, str):
+            rows.append((f"peer: {name}", "not run", v[:60]))
+        else:
+            rate = v[0] if isinstance(v, tuple) else v
+            rows.append((f"peer: {name}", f"{rate:,.0f} img/s", f"loader {r['loader']['img_s'] / rate:.2f}x"))
     if "split" in r["loader"]:
         s = r["loader"]["split"]
         rows.append(("CPU/GPU split", f"cpu {s['cpu']}/{s['n']}", f"share {s['cpu'] / max(1, s['n']):.2f}"))

@@ -28,10 +28,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import recordtool  # noqa: E402
 from recordtool.decode import random_flips, random_windows  # noqa: E402
+from recordtool.bench import nvimgcodec_peer, torchvision_peer  # noqa: E402,F401
 from recordtool.decode.gpu import GPUDecoder, hardware_decodable  # noqa: E402
-
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
 
 def log(*a):
     print(*a, flush=True)
@@ -166,85 +164,6 @@ def cpu_ceiling(ds, threads):
         t = time.perf_counter()
         list(ex.map(one, bufs, chunksize=32))
         return len(bufs) / (time.perf_counter() - t)
-
-
-def _timed_batches(run, n, batch):
-    """img/s of run(lo, hi) over [0, n) in batches, after one warm-up batch, GPU work included."""
-    import torch
-
-    run(0, batch)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    done = 0
-    for s in range(0, n - batch + 1, batch):
-        done += run(s, s + batch).shape[0]
-    torch.cuda.synchronize()
-    return done / (time.perf_counter() - t)
-
-
-def torchvision_peer(ds, batch, n_max):
-    import torch
-    import torchvision
-    from torchvision.io import decode_jpeg
-    from torchvision.transforms.v2 import functional as F
-
-    c = ds.index
-    n = min(len(ds), n_max)
-    mean = torch.tensor(MEAN, device="cuda").view(3, 1, 1)
-    std = torch.tensor(STD, device="cuda").view(3, 1, 1)
-    skipped = 0
-
-    def run(lo, hi):
-        nonlocal skipped
-        ids = np.arange(lo, hi)
-        datas = [torch.frombuffer(bytearray(ds[int(i)][0]), dtype=torch.uint8) for i in ids]
-        win = random_windows(c.width[ids], c.height[ids], ids, 0, 0)
-        try:
-            imgs = decode_jpeg(datas, device="cuda", mode=torchvision.io.ImageReadMode.RGB)
-        except RuntimeError:  # e.g. "Unknown chroma subsampling" on grayscale: decode one by one
-            imgs = []
-            for d in datas:
-                try:
-                    imgs.append(decode_jpeg(d, device="cuda", mode=torchvision.io.ImageReadMode.RGB))
-                except RuntimeError:
-                    skipped += 1
-                    imgs.append(None)
-        out = []
-        for im, (y, x, h, w) in zip(imgs, win):
-            if im is None:
-                continue
-            r = F.resized_crop(im, int(y), int(x), int(h), int(w), [224, 224], antialias=True)
-            out.append(((r.float() / 255 - mean) / std).half())
-        return torch.stack(out)
-
-    return _timed_batches(run, n, batch), skipped
-
-
-def nvimgcodec_peer(ds, batch, n_max):
-    import torch
-    from nvidia import nvimgcodec
-    from torchvision.transforms.v2 import functional as F
-
-    c = ds.index
-    n = min(len(ds), n_max)
-    dec = nvimgcodec.Decoder()
-    mean = torch.tensor(MEAN, device="cuda").view(3, 1, 1)
-    std = torch.tensor(STD, device="cuda").view(3, 1, 1)
-
-    def run(lo, hi):
-        ids = np.arange(lo, hi)
-        imgs = dec.decode([bytes(ds[int(i)][0]) for i in ids])
-        win = random_windows(c.width[ids], c.height[ids], ids, 0, 0)
-        out = []
-        for im, (y, x, h, w) in zip(imgs, win):
-            if im is None:
-                continue
-            t = torch.as_tensor(im, device="cuda").permute(2, 0, 1)
-            r = F.resized_crop(t, int(y), int(x), int(h), int(w), [224, 224], antialias=True)
-            out.append(((r.float() / 255 - mean) / std).half())
-        return torch.stack(out)
-
-    return _timed_batches(run, n, batch)
 
 
 def pil_peer(path, ds, procs):

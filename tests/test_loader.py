@@ -118,3 +118,21 @@ def test_torch_tensors_when_torch_is_installed(packed):
     ld.close()
     assert isinstance(x, torch.Tensor) and x.dtype == torch.float16 and tuple(x.shape) == (4, 3, 32, 32)
     assert isinstance(y, torch.Tensor) and y.dtype == torch.int64
+
+
+def test_rank_from_environment(packed, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    ld = Loader(packed, batch_size=4, size=32, as_torch=False)
+    assert (ld.rank, ld.world_size) == (1, 4) and len(ld) == 3  # 48 / 4 ranks / 4 per batch
+
+
+def test_ctrl_c_in_training_loop_stops_the_pipeline(packed):
+    ld = Loader(packed, batch_size=2, size=32, prefetch=1, producers=2, as_torch=False)
+    with pytest.raises(KeyboardInterrupt):
+        for k, _ in enumerate(ld):
+            if k == 2:
+                raise KeyboardInterrupt  # what Ctrl-C does in the training loop
+    time.sleep(0.3)
+    assert not [t for t in threading.enumerate() if t.name == "recordtool-loader" and t.is_alive()]
+    assert len(collect(ld)) == len(ld)  # and the loader still works afterwards
