@@ -31,12 +31,9 @@ from recordtool.pack import pack  # noqa: E402
 
 
 def best(fn, repeat=3):
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+    from bench_decode import best_of
+
+    return best_of(fn, repeat)
 
 
 def du(path):

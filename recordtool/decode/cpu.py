@@ -42,14 +42,15 @@ def _fallback_warning():
 
 
 def _python_batch(buffers, windows, out, threads, max_pixels, margin):
+    import io
+
+    from PIL import Image
+
     oh, ow = out.shape[1:3]
 
     def one(i):
         data = buffers[i]
         try:
-            from PIL import Image
-            import io
-
             with Image.open(io.BytesIO(bytes(data))) as im:
                 if im.width * im.height > max_pixels:
                     return i, f"header declares {im.width}x{im.height}, more than max_pixels {max_pixels}"

@@ -92,7 +92,7 @@ class GPUDecoder:
         self.split = split
         # each decoder owns a native CPU pool, so producers running side by side do not queue
         GPUDecoder._instances = getattr(GPUDecoder, "_instances", 0) + 1
-        self.pool = GPUDecoder._instances if pool is None else pool
+        self.pool = 1 + (GPUDecoder._instances - 1) % 63 if pool is None else pool  # ids 1..63; 0 is the default
         self.cpu_fraction = 0.0 if split in ("gpu", "auto") else (1.0 if split == "cpu" else float(split))
         self._rates = {"gpu": None, "cpu": None}
         self.last = {}
