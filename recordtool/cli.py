@@ -88,7 +88,9 @@ def pack(src, out, kind, shards, shard_size, workers, seed, strict, overwrite, m
                 if v is not None:
                     keys[k] = v
             keys["preset"] = preset
-            source = TFRecordSource(src, keys, tmpdir=os.path.dirname(os.path.abspath(out)),
+            parent = os.path.dirname(os.path.abspath(out))
+            os.makedirs(parent, exist_ok=True)  # GZIP/ZLIB files are inflated beside OUT
+            source = TFRecordSource(src, keys, tmpdir=parent,
                                     compression=compression, strict=strict)
         summary = run_pack(source, out, shards=shards, shard_size=_size(shard_size) if shard_size else None,
                            workers=workers, seed=seed, strict=strict, overwrite=overwrite,
