@@ -8,6 +8,7 @@ shuffled order, so the output never depends on the worker count.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -108,45 +109,63 @@ def pack(src, out: str, *, shards: int | None = None, shard_size: int | None = N
     order = np.random.default_rng(seed).permutation(len(items))
     shuffled = [items[i] for i in order]
     n = len(shuffled)
-    # --shards N: candidate k goes to shard k*N//n, so shard sizes do not depend on skips elsewhere
-    bounds = [k * n // shards for k in range(shards + 1)] if shards else None
-
     writer = DatasetWriter(out, overwrite=overwrite)
     converted, skipped = [], list(source.skipped)
-    max_label = -1
+    labels_seen = []
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=n, unit="img", desc="pack", mininterval=0.5)
-    try:
-        results = ordered_map(lambda it: _load(source, it, max_pixels, transcode), shuffled, workers)
-        next_bound = 1
-        if shards:
-            writer.new_shard()
-        for pos, (item, res, label, filename) in enumerate(results):
-            if shards:
-                while pos >= bounds[next_bound]:
-                    writer.new_shard()
-                    next_bound += 1
-            elif writer.shard < 0 or writer.shard_bytes() >= shard_size:
-                writer.new_shard()
-            if isinstance(res, Rejected):
-                if strict:
-                    raise PackError(f"--strict: {source.where(item)}: {res}")
+    lock = threading.Lock()
+
+    def record(item, res, label, filename, shard):
+        """Write one loaded item (or note why it was skipped); safe from several shard threads."""
+        if isinstance(res, Rejected):
+            if strict:
+                raise PackError(f"--strict: {source.where(item)}: {res}")
+            with lock:
                 skipped.append((source.where(item), str(res)))
-            else:
-                if res.converted:
+        else:
+            if res.converted:
+                with lock:
                     converted.append((source.where(item), f"re-encoded: {res.converted}"))
-                writer.add(res.data, res.info, label, filename)
-                max_label = max(max_label, label)
-                fault_point("record")
-            if bar is not None:
-                bar.update(1)
-        if shards:  # trailing shards whose candidates were all skipped still exist, empty
-            while len(writer.shards) < shards:
-                writer.new_shard()
-        if len(writer.index) == 0:
+            shard.add(res.data, res.info, label, filename)
+            labels_seen.append(label)
+            fault_point("record")
+        if bar is not None:
+            bar.update(1)
+
+    try:
+        if shards:
+            # --shards N: candidate k goes to shard k*N//n (shard sizes do not depend on skips
+            # elsewhere), and the shards are independent files: each is filled by its own task,
+            # in order, so the output is the same for any number of workers.
+            bounds = [k * n // shards for k in range(shards + 1)]
+            writers = writer.open_shards(shards)
+
+            failed = threading.Event()
+
+            def fill(k):
+                try:
+                    for item in shuffled[bounds[k]:bounds[k + 1]]:
+                        if failed.is_set():  # another shard hit --strict or an error: stop early
+                            return
+                        record(*_load(source, item, max_pixels, transcode), writers[k])
+                except BaseException:
+                    failed.set()
+                    raise
+
+            with ThreadPoolExecutor(max_workers=min(workers, shards), thread_name_prefix="recordtool-shard") as ex:
+                for f in [ex.submit(fill, k) for k in range(shards)]:
+                    f.result()
+        else:
+            for item, res, label, filename in ordered_map(lambda it: _load(source, it, max_pixels, transcode),
+                                                          shuffled, workers):
+                if writer.shard < 0 or writer.shard_bytes() >= shard_size:
+                    writer.new_shard()
+                record(item, res, label, filename, writer.writers[-1])
+        if writer.records() == 0:
             raise PackError(f"no record to write: {n} items found, all skipped"
                             + (f" (first: {skipped[0][0]}: {skipped[0][1]})" if skipped else ""))
     except BaseException:
@@ -156,6 +175,7 @@ def pack(src, out: str, *, shards: int | None = None, shard_size: int | None = N
     finally:
         if bar is not None:
             bar.close()
+    max_label = max(labels_seen)
 
     classes, class_text = source.classes(max_label)
     report = {

@@ -83,6 +83,10 @@ class IndexBuilder:
         r["channels"].append(info.channels)
         r["progressive"].append(int(info.progressive))
 
+    def extend(self, other: "IndexBuilder") -> None:
+        for k, v in other._rows.items():
+            self._rows[k].extend(v)
+
     def finish(self) -> Index:
         cols = {k: np.asarray(v, dtype=COLUMNS[k]) for k, v in self._rows.items()}
         cols["size_order"] = size_order(cols["jpeg_length"])

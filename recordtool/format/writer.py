@@ -56,48 +56,25 @@ def claim_output(out: str, overwrite: bool) -> None:
     os.makedirs(os.path.join(out, PARTIAL_DIR))
 
 
-class DatasetWriter:
-    """Appends records shard by shard; `commit()` publishes the dataset atomically."""
+class ShardWriter:
+    """One part file: records appended in order, its CRC32C and index rows kept as it goes.
+    Shards are independent files, so several can be written by different threads at once."""
 
-    def __init__(self, out: str, overwrite: bool = False):
-        self.out = out
-        claim_output(out, overwrite)
-        self.tmp = os.path.join(out, PARTIAL_DIR)
+    def __init__(self, path: str, number: int):
+        self.number = number
+        self.name = os.path.basename(path)
         self.index = ix.IndexBuilder()
-        self.shards: list[dict] = []
-        self._fd = None
-        self._pos = 0
-        self._crc = 0
-
-    @property
-    def shard(self) -> int:
-        return len(self.shards) - 1
-
-    def shard_bytes(self) -> int:
-        return self._pos
-
-    def new_shard(self) -> None:
-        self._close_shard()
-        name = shard_name(len(self.shards))
-        self._fd = os.open(os.path.join(self.tmp, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        self._pos = 0
-        self._crc = 0
-        self.shards.append({"name": name, "records": 0, "bytes": 0, "crc32c": None})
+        self.pos = 0
+        self.crc = 0
+        self.records = 0
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 
     def add(self, jpeg: bytes, info: JpegInfo, label: int, filename: bytes) -> None:
-        if self._fd is None:
-            self.new_shard()
         enc = encode_ofrecord({KEY_IMAGE: jpeg, KEY_LABEL: int(label), KEY_HEIGHT: info.height,
                                KEY_WIDTH: info.width, KEY_FILENAME: filename}, locate=KEY_IMAGE)
         pieces = frame(enc)
-        offset = self._pos
+        offset = self.pos
         total = LENGTH_SIZE + enc.size
-        self._write(pieces, total)
-        self.index.add(self.shard, offset, enc.size, offset + LENGTH_SIZE + enc.payload_offset,
-                       len(jpeg), label, info)
-        self.shards[-1]["records"] += 1
-
-    def _write(self, pieces: list, total: int) -> None:
         # One writev per record: measured faster than gathering records into big blocks,
         # which costs an extra copy of every byte.
         written = os.writev(self._fd, pieces)
@@ -106,20 +83,64 @@ class DatasetWriter:
             while len(rest):
                 rest = rest[os.write(self._fd, rest):]
         for p in pieces:
-            self._crc = crc32c.crc32c(p, self._crc)
-        self._pos += total
+            self.crc = crc32c.crc32c(p, self.crc)
+        self.pos += total
+        self.index.add(self.number, offset, enc.size, offset + LENGTH_SIZE + enc.payload_offset, len(jpeg), label,
+                       info)
+        self.records += 1
 
-    def _close_shard(self) -> None:
+    def close(self) -> dict:
         if self._fd is not None:
             os.close(self._fd)
-            self.shards[-1]["bytes"] = self._pos
-            self.shards[-1]["crc32c"] = f"{self._crc:08x}"
             self._fd = None
+        return {"name": self.name, "records": self.records, "bytes": self.pos, "crc32c": f"{self.crc:08x}"}
+
+
+class DatasetWriter:
+    """Part files, then `commit()` publishes the dataset atomically. Shards are either opened
+    in turn (`new_shard` + `add`) or all at once (`open_shards`) for writers running in parallel."""
+
+    def __init__(self, out: str, overwrite: bool = False):
+        self.out = out
+        claim_output(out, overwrite)
+        self.tmp = os.path.join(out, PARTIAL_DIR)
+        self.writers: list[ShardWriter] = []
+
+    @property
+    def shard(self) -> int:
+        return len(self.writers) - 1
+
+    def shard_bytes(self) -> int:
+        return self.writers[-1].pos if self.writers else 0
+
+    def records(self) -> int:
+        return sum(w.records for w in self.writers)
+
+    def new_shard(self) -> ShardWriter:
+        if self.writers:
+            self.writers[-1].close()
+        k = len(self.writers)
+        self.writers.append(ShardWriter(os.path.join(self.tmp, shard_name(k)), k))
+        return self.writers[-1]
+
+    def open_shards(self, n: int) -> list:
+        for _ in range(n):
+            k = len(self.writers)
+            self.writers.append(ShardWriter(os.path.join(self.tmp, shard_name(k)), k))
+        return self.writers
+
+    def add(self, jpeg: bytes, info: JpegInfo, label: int, filename: bytes) -> None:
+        if not self.writers:
+            self.new_shard()
+        self.writers[-1].add(jpeg, info, label, filename)
 
     def commit(self, manifest: dict, report: dict | None = None) -> dict:
         """Write index + manifest, then move everything into place, manifest last."""
-        self._close_shard()
-        index = self.index.finish()
+        shards = [w.close() for w in self.writers]
+        builder = ix.IndexBuilder()
+        for w in self.writers:
+            builder.extend(w.index)
+        index = builder.finish()
         ix.write_index(os.path.join(self.tmp, ix.INDEX_FILE), index)
         with open(os.path.join(self.tmp, ix.INDEX_FILE), "rb") as f:
             index_crc = crc32c.crc32c(f.read())
@@ -128,13 +149,13 @@ class DatasetWriter:
             "format": ix.FORMAT_NAME,
             "format_version": ix.FORMAT_VERSION,
             "records": len(index),
-            "shards": self.shards,
+            "shards": shards,
             "index": {"file": ix.INDEX_FILE, "bytes": os.path.getsize(os.path.join(self.tmp, ix.INDEX_FILE)),
                       "crc32c": f"{index_crc:08x}"},
             "keys": {"image": KEY_IMAGE, "label": KEY_LABEL, "height": KEY_HEIGHT, "width": KEY_WIDTH,
                      "filename": KEY_FILENAME},
         })
-        names = [s["name"] for s in self.shards] + [ix.INDEX_FILE]
+        names = [s["name"] for s in shards] + [ix.INDEX_FILE]
         if report is not None:
             with open(os.path.join(self.tmp, ix.REPORT_FILE), "wb") as f:
                 f.write(ix.dump_json(report))
@@ -152,9 +173,8 @@ class DatasetWriter:
 
     def abort(self) -> None:
         """Drop everything written so far: an aborted pack leaves no trace that looks finished."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        for w in self.writers:
+            w.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
