@@ -197,4 +197,4 @@ def pack(src, out: str, *, shards: int | None = None, shard_size: int | None = N
     m = writer.commit(manifest, report)
     source.close()
     return Summary(out, m["records"], len(m["shards"]), sum(s["bytes"] for s in m["shards"]),
-                   time.perf_counter() - t0, converted, skipped, source.warnings)
+                   time.perf_counter() - t0, sorted(converted), sorted(skipped), source.warnings)
