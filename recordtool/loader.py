@@ -161,7 +161,7 @@ class Loader:
             dec = self._gpu[key] = GPUDecoder(
                 (self.size, self.size), max_batch=self.batch_size, layout=layout, dtype=out_dtype, mean=self.mean,
                 std=self.std, cpu_threads=max(1, (self.threads - self.producers) // self.producers))
-            dec.warmup(ix.jpeg_length, ix.width, ix.height)
+            dec.warmup(ix.jpeg_length, ix.width, ix.height, outputs=self.prefetch + 2)
         hw = hardware_decodable(ix.chroma[ids], ix.progressive[ids], ix.colorspace[ids])
         images = dec(bufs, win, flips, hw)
         self.last_split = dict(dec.last)

@@ -116,15 +116,23 @@ class GPUDecoder:
         self._samples_host = None
 
     # ------------------------------------------------------------------ buffers
-    def warmup(self, jpeg_lengths, widths, heights) -> None:
+    def warmup(self, jpeg_lengths, widths, heights, outputs: int = 3) -> None:
         """Size every buffer from the index's largest images, so steady state allocates nothing.
 
         Uses the same per-image bound as `_ensure` (a window's region is at most the image + 1 px
-        each way), so no batch of this dataset can outgrow what warm-up planned."""
+        each way), so no batch of this dataset can outgrow what warm-up planned. `outputs`: how
+        many output batches can be alive at once (queued + being made + held by the consumer);
+        that many are cycled through CuPy's pool on this decoder's stream now, so later batches
+        reuse them instead of growing the pool."""
         b = self.max_batch
         lens = np.sort(np.asarray(jpeg_lengths, np.int64))[::-1][:b]
         regions = np.sort(_region_bytes(np.asarray(widths, np.float64), np.asarray(heights, np.float64)))[::-1][:b]
         self._alloc(int(lens.sum()) + b * 64, int(regions.sum()))
+        h, w = self.size
+        shape = (b, 3, h, w) if self.layout == "NCHW" else (b, h, w, 3)
+        with self.device, self.stream:
+            held = [self.cupy.empty(shape, self.dtype) for _ in range(max(0, outputs))]
+            del held  # back to the pool of this stream, ready for the batches to come
 
     def _alloc(self, staging: int, arena: int) -> None:
         cupy = self.cupy
