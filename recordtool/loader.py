@@ -55,7 +55,7 @@ class Loader:
                  mean=IMAGENET_MEAN, std=IMAGENET_STD, dtype: str = "float32", layout: str = "NCHW",
                  seed: int = 0, rank: int | None = None, world_size: int | None = None, drop_last: bool = True,
                  prefetch: int = 2, threads: int | None = None, user_op=None, as_torch: bool | None = None,
-                 producers: int | None = None):
+                 producers: int | None = None, with_ids: bool = False):
         if device not in ("cpu", "cuda"):
             raise ValueError("device must be 'cpu' or 'cuda'")
         self.ds = path if isinstance(path, Dataset) else Dataset(path)
@@ -65,6 +65,7 @@ class Loader:
         self.seed, self.drop_last, self.prefetch = seed, drop_last, max(1, int(prefetch))
         self.threads = threads or os.cpu_count() or 1
         self.user_op = user_op
+        self.with_ids = with_ids  # also yield each batch's sample ids (coverage checks, debugging)
         # producer threads, batches dealt round-robin and handed out in order. On the GPU several
         # keep the NVJPG engines fed while one stages the next batch (BENCHMARKS.md: 4 best).
         self.producers = max(1, int(producers or (4 if device == "cuda" else 1)))
@@ -206,7 +207,10 @@ class Loader:
         def produce(k):
             try:
                 for ids in batches[k::P]:
-                    if stop.is_set() or not put(queues[k], self.make_batch(ids, epoch, k)):
+                    batch = self.make_batch(ids, epoch, k)
+                    if self.with_ids:
+                        batch = (*batch, ids)
+                    if stop.is_set() or not put(queues[k], batch):
                         return
                 put(queues[k], _END)
             except BaseException as e:  # surfaces in the training loop, with its traceback
