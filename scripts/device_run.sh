@@ -2,7 +2,8 @@
 # One call on the GPU machine (16 vCPU, Python 3.12, no network): set up from carried wheels,
 # build the native part, run the tests, generate + pack the ImageNet-like set, benchmark.
 # Logs and JSON go to $OUT; a short table is printed last.
-#   carry: .whl (crc32c, protobuf, pyturbojpeg wheels), .carry (libturbojpeg.so.0, photos/)
+#   carry: .whl and .carry, made by scripts/prepare_device_carry.sh (run it here first)
+#   steps: STEPS="decode decode16 format gpu loader memory" (default "decode format gpu")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
