@@ -85,6 +85,20 @@ class Loader:
         self._threads = []
         self._stop = threading.Event()
         self._gpu = {}  # producer slot → its GPUDecoder
+        # the GPU to use is the caller's current one (torch.cuda.set_device / cupy Device.use):
+        # producer threads do not inherit it, so it is passed down explicitly
+        self.gpu_id = 0
+        if device == "cuda":
+            import cupy
+
+            self.gpu_id = cupy.cuda.runtime.getDevice()
+            try:
+                import torch
+
+                if torch.cuda.is_initialized():
+                    self.gpu_id = torch.cuda.current_device()
+            except ImportError:
+                pass
         self.last_split = None
         if device == "cpu":
             from .decode import cpu
@@ -161,7 +175,8 @@ class Loader:
             layout = "NHWC" if self.user_op is not None else self.layout
             dec = self._gpu[key] = GPUDecoder(
                 (self.size, self.size), max_batch=self.batch_size, layout=layout, dtype=out_dtype, mean=self.mean,
-                std=self.std, cpu_threads=max(1, (self.threads - self.producers) // self.producers))
+                std=self.std, cpu_threads=max(1, (self.threads - self.producers) // self.producers),
+                device=self.gpu_id)
             dec.warmup(ix.jpeg_length, ix.width, ix.height, outputs=self.prefetch + 2)
         hw = hardware_decodable(ix.chroma[ids], ix.progressive[ids], ix.colorspace[ids])
         images = dec(bufs, win, flips, hw)
@@ -169,7 +184,7 @@ class Loader:
         if self.user_op is not None:  # uint8 NHWC on the device → user op → normalize
             import cupy
 
-            with dec.stream:
+            with cupy.cuda.Device(self.gpu_id), dec.stream:
                 images = self.user_op(images)
                 x = images.astype(cupy.float32) / 255.0
                 x = (x - cupy.asarray(self.mean, cupy.float32)) / cupy.asarray(self.std, cupy.float32)
@@ -182,7 +197,8 @@ class Loader:
 
             from .decode.gpu import to_torch
 
-            return to_torch(images, dec.stream), torch.from_numpy(labels).cuda(non_blocking=True)
+            with torch.cuda.device(self.gpu_id):
+                return to_torch(images, dec.stream), torch.from_numpy(labels).cuda(self.gpu_id, non_blocking=True)
         return images, labels
 
     # ------------------------------------------------------------------ pipeline

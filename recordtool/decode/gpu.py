@@ -297,5 +297,6 @@ def to_torch(array, stream=None):
     import torch
 
     if stream is not None:
-        torch.cuda.current_stream().wait_stream(torch.cuda.ExternalStream(stream.ptr))
+        dev = torch.device("cuda", array.device.id)
+        torch.cuda.current_stream(dev).wait_stream(torch.cuda.ExternalStream(stream.ptr, device=dev))
     return torch.from_dlpack(array)
