@@ -23,16 +23,34 @@ def _init(path):
     _DS = Dataset(path)
 
 
-def _pil_rrc_to_tensor(args):
-    """Baseline worker: Pillow decode → RandomResizedCrop window → resize → ToTensor-like float."""
+def _pil_rrc_chunk(args):
+    """Baseline worker: Pillow decode → RandomResizedCrop window → resize (→ ToTensor-like float)."""
     from PIL import Image
 
-    idx, win = args
+    idx, win, to_tensor = args
     for i, (y, x, h, w) in zip(idx, win):
         im = Image.open(io.BytesIO(_DS[int(i)][0])).convert("RGB")
         im = im.crop((int(x), int(y), int(x + w), int(y + h))).resize((224, 224), Image.BILINEAR)
-        np.asarray(im, np.float32).transpose(2, 0, 1) / 255.0
+        if to_tensor:
+            np.asarray(im, np.float32).transpose(2, 0, 1) / 255.0
     return len(idx)
+
+
+def best_of(fn, repeat: int) -> float:
+    ts = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return min(ts)
+
+
+def pil_rrc_rate(path, idx, win, procs: int, repeat: int = 1, to_tensor: bool = False) -> float:
+    """The Pillow baseline in a pool of `procs` processes, img/s (workers started before timing)."""
+    chunks = [(idx[s:s + 64], win[s:s + 64], to_tensor) for s in range(0, len(idx), 64)]
+    with ProcessPoolExecutor(procs, initializer=_init, initargs=(path,)) as ex:
+        list(ex.map(_pil_rrc_chunk, chunks[:procs]))
+        return len(idx) / best_of(lambda: sum(ex.map(_pil_rrc_chunk, chunks)), repeat)
 
 
 class _PilRecords:
@@ -161,12 +179,7 @@ def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | No
         r["baseline_pil"] = {"img_s": _torch_dataloader_baseline(path, order, win, batch_size, threads),
                              "via": "torch DataLoader"}
     except ImportError:
-        chunks = [(order[s:s + 64], win[s:s + 64]) for s in range(0, n, 64)]
-        with ProcessPoolExecutor(threads, initializer=_init, initargs=(path,)) as ex:
-            list(ex.map(_pil_rrc_to_tensor, chunks[:threads]))
-            t = time.perf_counter()
-            m = sum(ex.map(_pil_rrc_to_tensor, chunks))
-            r["baseline_pil"] = {"img_s": m / (time.perf_counter() - t), "via": "process pool"}
+        r["baseline_pil"] = {"img_s": pil_rrc_rate(path, order, win, threads, to_tensor=True), "via": "process pool"}
     step("baseline")
     if device == "cuda":
         r["peers"] = gpu_peers(ds, batch_size)

@@ -18,50 +18,14 @@ import os
 import platform
 import subprocess
 import sys
-import time
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import recordtool  # noqa: E402
+from recordtool.bench import best_of, pil_rrc_rate  # noqa: E402
 from recordtool.decode import decode_crop_resize, native_available, random_windows  # noqa: E402
-
-_DS = None
-
-
-def _init(path):
-    global _DS
-    _DS = recordtool.open(path)
-
-
-def _pil_rrc(args):
-    """One worker's share of baseline (a): decode, crop the given window, resize."""
-    from PIL import Image
-
-    idx, win = args
-    for i, (y, x, h, w) in zip(idx, win):
-        im = Image.open(io.BytesIO(_DS[int(i)][0])).convert("RGB")
-        im.crop((int(x), int(y), int(x + w), int(y + h))).resize((224, 224), Image.BILINEAR)
-    return len(idx)
-
-
-def pil_rrc_rate(path, idx, win, procs, repeat=1):
-    """Baseline (a): Pillow decode + crop + resize in a pool of `procs` processes, img/s."""
-    chunks = [(idx[s:s + 64], win[s:s + 64]) for s in range(0, len(idx), 64)]
-    with ProcessPoolExecutor(procs, initializer=_init, initargs=(path,)) as ex:
-        list(ex.map(_pil_rrc, chunks[:procs]))  # start workers
-        return len(idx) / best_of(lambda: sum(ex.map(_pil_rrc, chunks)), repeat)
-
-
-def best_of(fn, repeat):
-    ts = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return min(ts)
-
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -31,7 +31,7 @@ from recordtool.pack import pack  # noqa: E402
 
 
 def best(fn, repeat=3):
-    from bench_decode import best_of
+    from recordtool.bench import best_of
 
     return best_of(fn, repeat)
 

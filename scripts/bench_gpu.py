@@ -167,7 +167,7 @@ def cpu_ceiling(ds, threads):
 
 
 def pil_peer(path, ds, procs):
-    from bench_decode import pil_rrc_rate
+    from recordtool.bench import pil_rrc_rate
 
     idx = np.arange(len(ds))
     return pil_rrc_rate(path, idx, random_windows(ds.index.width, ds.index.height, idx, 0, 0), procs)
