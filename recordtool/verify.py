@@ -43,11 +43,10 @@ def verify(root: str, decode: bool = False, threads: int | None = None, max_erro
         manifest = ix.read_manifest(root)
         idx_info = manifest["index"]
         idx_path = os.path.join(root, idx_info["file"])
-        with open(idx_path, "rb") as f:
-            blob = f.read()
+        index = ix.read_index(idx_path)
+        blob = index.buffer  # checksum the same mapping the columns come from: one read
         if len(blob) != idx_info["bytes"] or f"{crc32c.crc32c(blob):08x}" != idx_info["crc32c"]:
             raise FormatError(f"{idx_path}: size/CRC32C differ from the manifest (index damaged)")
-        index = ix.read_index(idx_path)
     except (FormatError, OSError, KeyError) as e:
         res.errors.append(str(e))
         return res
@@ -181,13 +180,15 @@ def _decode_all(root, threads, res, bad):
 def _decoder():
     """Full decode → (height, width); PyTurboJPEG when its library loads, else Pillow."""
     try:
-        from turbojpeg import TJPF_RGB, TurboJPEG
+        from turbojpeg import TJPF_RGB
 
-        tj = TurboJPEG()
+        from .decode.reference import _turbojpeg
+
+        tj = _turbojpeg()
 
         def dec(data):
             return tj.decode(bytes(data), pixel_format=TJPF_RGB).shape[:2]
-    except Exception:
+    except Exception:  # no libturbojpeg: Pillow
         import io
 
         from PIL import Image
@@ -197,5 +198,3 @@ def _decoder():
                 im.load()
                 return im.height, im.width
     return dec
-
-

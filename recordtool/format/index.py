@@ -47,6 +47,7 @@ class Index:
     """Column arrays, one row per record in shard order (record i of the dataset)."""
 
     columns: dict
+    buffer: object = None  # the file mapping the columns view (read_index), for checksums
 
     def __getattr__(self, name):
         try:
@@ -163,7 +164,7 @@ def read_index(path: str) -> Index:
     missing = set(COLUMNS) - set(cols)
     if missing:
         raise FormatError(f"{path}: columns missing: {sorted(missing)}")
-    return Index(cols)
+    return Index(cols, mm)
 
 
 def read_manifest(root: str) -> dict:
