@@ -111,7 +111,6 @@ def pack(src, out: str, *, shards: int | None = None, shard_size: int | None = N
     n = len(shuffled)
     writer = DatasetWriter(out, overwrite=overwrite)
     converted, skipped = [], list(source.skipped)
-    labels_seen = []
     bar = None
     if progress:
         from tqdm import tqdm
@@ -131,7 +130,6 @@ def pack(src, out: str, *, shards: int | None = None, shard_size: int | None = N
                 with lock:
                     converted.append((source.where(item), f"re-encoded: {res.converted}"))
             shard.add(res.data, res.info, label, filename)
-            labels_seen.append(label)
             fault_point("record")
         if bar is not None:
             bar.update(1)
@@ -175,9 +173,7 @@ def pack(src, out: str, *, shards: int | None = None, shard_size: int | None = N
     finally:
         if bar is not None:
             bar.close()
-    max_label = max(labels_seen)
-
-    classes, class_text = source.classes(max_label)
+    classes, class_text = source.classes(writer.max_label())
     report = {
         "source": source.describe(),
         "converted": [{"file": f, "reason": r} for f, r in sorted(converted)],

@@ -78,7 +78,6 @@ def _declare(L):
         "nvjpegJpegStateCreate": [p, ctypes.POINTER(p)],
         "nvjpegJpegStateDestroy": [p],
         "nvjpegDecodeBatchedInitialize": [p, p, i, i, i],
-        "nvjpegDecodeBatched": [p, p, ctypes.POINTER(p), ctypes.POINTER(sz), ctypes.POINTER(Image), p],
         "nvjpegDecodeBatchedEx": [p, p, ctypes.POINTER(p), ctypes.POINTER(sz), ctypes.POINTER(Image),
                                   ctypes.POINTER(p), p],
         "nvjpegDecodeParamsCreate": [p, ctypes.POINTER(p)],

@@ -84,6 +84,9 @@ class IndexBuilder:
         r["channels"].append(info.channels)
         r["progressive"].append(int(info.progressive))
 
+    def labels(self) -> list:
+        return self._rows["label"]
+
     def extend(self, other: "IndexBuilder") -> None:
         for k, v in other._rows.items():
             self._rows[k].extend(v)

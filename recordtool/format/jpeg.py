@@ -21,7 +21,6 @@ CHROMA_NAMES = {
 CS_GRAY, CS_YCBCR, CS_RGB, CS_CMYK, CS_YCCK = 1, 3, 2, 4, 5
 CS_NAMES = {CS_GRAY: "gray", CS_YCBCR: "ycbcr", CS_RGB: "rgb", CS_CMYK: "cmyk", CS_YCCK: "ycck"}
 
-_SOF_BASELINE = {0xC0, 0xC1}
 _SOF_PROGRESSIVE = {0xC2}
 _SOF_ARITH = {0xC9, 0xCA}
 _SOF_UNSUPPORTED = {0xC3: "lossless", 0xC5: "hierarchical", 0xC6: "hierarchical progressive",

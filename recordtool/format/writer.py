@@ -116,6 +116,9 @@ class DatasetWriter:
     def records(self) -> int:
         return sum(w.records for w in self.writers)
 
+    def max_label(self) -> int:
+        return max((max(w.index.labels(), default=-1) for w in self.writers), default=-1)
+
     def new_shard(self) -> ShardWriter:
         if self.writers:
             self.writers[-1].close()
@@ -179,6 +182,7 @@ class DatasetWriter:
 
 
 _faults: dict = {}
+_FAULT = os.environ.get("RECORDTOOL_FAULT", "")  # read once: fault_point sits on the per-record path
 
 
 def fault_point(name: str) -> None:
@@ -187,10 +191,9 @@ def fault_point(name: str) -> None:
     Lets the tests stop a pack at exact moments (mid-shard, between renames) to prove a
     killed pack never looks finished and a re-run is byte-identical.
     """
-    spec = os.environ.get("RECORDTOOL_FAULT")
-    if not spec:
+    if not _FAULT:
         return
-    want, _, count = spec.partition(":")
+    want, _, count = _FAULT.partition(":")
     if want != name:
         return
     _faults[name] = _faults.get(name, 0) + 1
