@@ -17,6 +17,7 @@ import numpy as np
 from .decode import center_windows, decode_crop_resize, mirror, normalize, random_flips, random_windows
 from .decode.ops import IMAGENET_MEAN, IMAGENET_STD
 from .reader import Dataset
+from .user_ops import KeyedOp
 
 _END = object()
 
@@ -138,7 +139,7 @@ class Loader:
         """The batch of these sample ids in this epoch: a pure function of its arguments.
         `producer` picks the GPU decoder (one per producer slot, kept across epochs)."""
         ix = self.ds.index
-        if self.user_op is not None and hasattr(self.user_op, "ids"):  # keyed randomness (user_ops.py)
+        if isinstance(self.user_op, KeyedOp):  # keyed randomness, like the crop windows
             self.user_op.ids, self.user_op.epoch = ids, epoch
         bufs = [self.ds[int(i)][0] for i in ids]
         w, h = ix.width[ids], ix.height[ids]

@@ -20,18 +20,29 @@ def _xp(batch):
         return np
 
 
-class RandomGrayscale:
+class KeyedOp:
+    """Base of ops whose randomness is keyed like the crop windows. The Loader sets `ids` (the
+    batch's sample ids) and `epoch` before each call; without them, batch positions are used."""
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+        self.ids, self.epoch = None, 0
+
+    def draws(self, n: int, counters) -> np.ndarray:
+        ids = np.arange(n) if self.ids is None else self.ids
+        return uniforms(ids, self.seed, self.epoch, counters)
+
+
+class RandomGrayscale(KeyedOp):
     """With probability p, replace an image by its luma (ITU-R 601, as torchvision), 3 channels."""
 
     def __init__(self, p: float = 0.2, seed: int = 0):
-        self.p, self.seed = p, seed
-        self.ids, self.epoch = None, 0
+        super().__init__(seed)
+        self.p = p
 
     def __call__(self, batch):
         xp = _xp(batch)
-        n = batch.shape[0]
-        ids = np.arange(n) if self.ids is None else self.ids
-        pick = np.nonzero(uniforms(ids, self.seed, self.epoch, [101])[:, 0] < self.p)[0]
+        pick = np.nonzero(self.draws(batch.shape[0], [101])[:, 0] < self.p)[0]
         if len(pick):
             sel = batch[xp.asarray(pick)].astype(xp.float32)
             gray = sel[..., 0] * 0.299 + sel[..., 1] * 0.587 + sel[..., 2] * 0.114
@@ -39,18 +50,17 @@ class RandomGrayscale:
         return batch
 
 
-class Cutout:
+class Cutout(KeyedOp):
     """Zero one size×size square per image, centre uniform over the image (DeVries & Taylor)."""
 
     def __init__(self, size: int = 56, seed: int = 0):
-        self.size, self.seed = size, seed
-        self.ids, self.epoch = None, 0
+        super().__init__(seed)
+        self.size = size
 
     def __call__(self, batch):
         xp = _xp(batch)
         n, h, w = batch.shape[:3]
-        ids = np.arange(n) if self.ids is None else self.ids
-        u = uniforms(ids, self.seed, self.epoch, [102, 103])
+        u = self.draws(n, [102, 103])
         cy = (u[:, 0] * h).astype(np.int64)
         cx = (u[:, 1] * w).astype(np.int64)
         yy = xp.arange(h)[None, :, None]
