@@ -128,11 +128,11 @@ def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | No
             decode_crop_resize(bufs[s:e], win[s:e], threads=threads, out=out[: e - s], policy="skip")
         r["decode"] = {"img_s": n / (time.perf_counter() - t)}
     else:
-        from .decode.gpu import GPUDecoder, hardware_decodable
+        from .decode.gpu import GPUDecoder, route
 
         dec = GPUDecoder(max_batch=batch_size, dtype="uint8", layout="NHWC", cpu_threads=max(1, threads - 2))
         dec.warmup(ix.jpeg_length, ix.width, ix.height)
-        hw = hardware_decodable(ix.chroma[order], ix.progressive[order], ix.colorspace[order])
+        hw = route(ix.chroma[order], ix.progressive[order], ix.colorspace[order])
         flips = np.zeros(n, bool)
         dec(bufs[:batch_size], win[:batch_size], flips[:batch_size], hw[:batch_size])
         t = time.perf_counter()

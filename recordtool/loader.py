@@ -56,7 +56,7 @@ class Loader:
                  mean=IMAGENET_MEAN, std=IMAGENET_STD, dtype: str = "float32", layout: str = "NCHW",
                  seed: int = 0, rank: int | None = None, world_size: int | None = None, drop_last: bool = True,
                  prefetch: int = 2, threads: int | None = None, user_op=None, as_torch: bool | None = None,
-                 producers: int | None = None, with_ids: bool = False):
+                 producers: int | None = None, with_ids: bool = False, split="auto"):
         if device not in ("cpu", "cuda"):
             raise ValueError("device must be 'cpu' or 'cuda'")
         self.ds = path if isinstance(path, Dataset) else Dataset(path)
@@ -67,6 +67,10 @@ class Loader:
         self.threads = threads or os.cpu_count() or 1
         self.user_op = user_op
         self.with_ids = with_ids  # also yield each batch's sample ids (coverage checks, debugging)
+        # cuda: how images are shared between the NVJPG engines and the CPU (decode.gpu.GPUDecoder).
+        # "auto" follows measured rates, so which path decodes an image varies from run to run and
+        # its pixels by a few levels (≥ 40 dB); "gpu" makes every batch bit-identical across runs.
+        self.split = split
         # producer threads, batches dealt round-robin and handed out in order. On the GPU several
         # keep the NVJPG engines fed while one stages the next batch (BENCHMARKS.md: 4 best).
         self.producers = max(1, int(producers or (4 if device == "cuda" else 1)))
@@ -86,6 +90,9 @@ class Loader:
         self._threads = []
         self._stop = threading.Event()
         self._gpu = {}  # producer slot → its GPUDecoder
+        self._gpu_lock = threading.Lock()
+        self._ring = None  # output batches shared by the GPU decoders (decode.gpu.OutputRing)
+        self._routes = None  # per record: engines, hybrid or CPU (decode.gpu.route)
         # the GPU to use is the caller's current one (torch.cuda.set_device / cupy Device.use):
         # producer threads do not inherit it, so it is passed down explicitly
         self.gpu_id = 0
@@ -165,22 +172,34 @@ class Loader:
             return images, labels
         return self._gpu_batch(bufs, win, flips, ids, labels, producer)
 
-    def _gpu_batch(self, bufs, win, flips, ids, labels, producer):
-        from .decode.gpu import GPUDecoder, hardware_decodable
+    def _decoder(self, producer: int):
+        """The GPU decoder of a producer slot (kept across epochs: each epoch starts new threads).
+        All slots share one output ring sized for every batch that can be alive at once: queued,
+        being made, and the consumer's current and previous one."""
+        from .decode.gpu import GPUDecoder, OutputRing, route
 
-        ix = self.ds.index
-        key = producer  # not the thread: each epoch starts new threads, the decoders stay warm
-        dec = self._gpu.get(key)
+        dec = self._gpu.get(producer)
         if dec is None:
-            out_dtype = "uint8" if self.user_op is not None else self.dtype
-            layout = "NHWC" if self.user_op is not None else self.layout
-            dec = self._gpu[key] = GPUDecoder(
-                (self.size, self.size), max_batch=self.batch_size, layout=layout, dtype=out_dtype, mean=self.mean,
-                std=self.std, cpu_threads=max(1, (self.threads - self.producers) // self.producers),
-                device=self.gpu_id)
-            dec.warmup(ix.jpeg_length, ix.width, ix.height, outputs=self.prefetch + 2)
-        hw = hardware_decodable(ix.chroma[ids], ix.progressive[ids], ix.colorspace[ids])
-        images = dec(bufs, win, flips, hw)
+            with self._gpu_lock:
+                ix = self.ds.index
+                if self._routes is None:
+                    self._routes = route(ix.chroma, ix.progressive, ix.colorspace)
+                out_dtype = "uint8" if self.user_op is not None else self.dtype
+                layout = "NHWC" if self.user_op is not None else self.layout
+                dec = GPUDecoder((self.size, self.size), max_batch=self.batch_size, layout=layout, dtype=out_dtype,
+                                 mean=self.mean, std=self.std, device=self.gpu_id, split=self.split,
+                                 cpu_threads=max(1, (self.threads - self.producers) // self.producers))
+                if self._ring is None:
+                    slots = self.producers * (self.prefetch + 1) + 2
+                    self._ring = OutputRing(dec.output_shape(), out_dtype, slots, self.gpu_id)
+                dec.ring = self._ring
+                dec.warmup(ix.jpeg_length, ix.width, ix.height, routes=self._routes)
+                self._gpu[producer] = dec
+        return dec
+
+    def _gpu_batch(self, bufs, win, flips, ids, labels, producer):
+        dec = self._decoder(producer)
+        images = dec(bufs, win, flips, self._routes[ids])
         self.last_split = dict(dec.last)
         if self.user_op is not None:  # uint8 NHWC on the device → user op → normalize
             import cupy
@@ -265,5 +284,8 @@ class Loader:
     def __del__(self):
         try:
             self.close()
+            for dec in self._gpu.values():  # their worker threads and nvJPEG handles
+                dec.close()
+            self._gpu.clear()
         except Exception:
             pass

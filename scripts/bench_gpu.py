@@ -29,23 +29,27 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import recordtool  # noqa: E402
 from recordtool.decode import random_flips, random_windows  # noqa: E402
 from recordtool.bench import nvimgcodec_peer, torchvision_peer  # noqa: E402,F401
-from recordtool.decode.gpu import GPUDecoder, hardware_decodable  # noqa: E402
+from recordtool.decode.gpu import GPUDecoder, OutputRing, hardware_decodable, route  # noqa: E402
 
 def log(*a):
     print(*a, flush=True)
 
 
-def recordtool_gpu(ds, batch, epochs, producers, split="auto"):
+def recordtool_gpu(ds, batch, epochs, producers, split="auto", hybrid=True):
     import cupy
 
     n = len(ds)
     idx_all = ds.index
-    hw = hardware_decodable(idx_all.chroma, idx_all.progressive, idx_all.colorspace)
+    hw = route(idx_all.chroma, idx_all.progressive, idx_all.colorspace)
     cpu_threads = max(1, ((os.cpu_count() or 2) - producers) // producers)
     decs = [GPUDecoder(max_batch=batch, dtype="float16", layout="NCHW", split=split, cpu_threads=cpu_threads,
-                       pool=k + 1) for k in range(producers)]
+                       pool=k + 1, hybrid=hybrid) for k in range(producers)]
+    # outputs alive at once: one being made per producer, 2 per producer queued, the consumer's
+    ring = OutputRing(decs[0].output_shape(), "float16", 3 * producers + 2)
     for d in decs:
-        d.warmup(idx_all.jpeg_length, idx_all.width, idx_all.height)
+        d.ring = ring
+        d.warmup(idx_all.jpeg_length, idx_all.width, idx_all.height, routes=hw)
+    dev_used = lambda: (lambda f, t: t - f)(*cupy.cuda.runtime.memGetInfo())  # noqa: E731
     pool = cupy.get_default_memory_pool()
     results = {}
     for epoch in range(epochs):
@@ -70,6 +74,7 @@ def recordtool_gpu(ds, batch, epochs, producers, split="auto"):
                 q_out.put((k, out, dict(dec.last)))
 
         pool_before = pool.total_bytes()
+        used_before, spills_before = dev_used(), ring.spills
         allocs_before = sum(d.allocations for d in decs)
         t = time.perf_counter()
         ths = [threading.Thread(target=produce, args=(d,)) for d in decs]
@@ -92,11 +97,15 @@ def recordtool_gpu(ds, batch, epochs, producers, split="auto"):
         results = {"img_s": done / dt, "images": done, "seconds": dt, "cpu_share": cpu_share,
                    "cpu_forced_share": float(np.mean([s["cpu_forced"] / s["n"] for s in splits])),
                    "gpu_rate": splits[-1]["gpu_rate"], "cpu_rate": splits[-1]["cpu_rate"],
+                   "hybrid_share": float(np.mean([s["hybrid"] / s["n"] for s in splits])),
                    "pool_growth_bytes": pool.total_bytes() - pool_before,
+                   "device_used_growth_bytes": dev_used() - used_before, "ring_spills": ring.spills - spills_before,
                    "buffer_growths": sum(d.allocations for d in decs) - allocs_before,
                    "errors": sum(len(s["errors"]) for s in splits), "hw_error": decs[0].hw_error}
-        log(f"  epoch {epoch}: {done / dt:,.0f} img/s, cpu share {cpu_share:.2f}, pool growth "
-            f"{results['pool_growth_bytes']} B, buffer growths {results['buffer_growths']}")
+        log(f"  epoch {epoch}: {done / dt:,.0f} img/s, cpu share {cpu_share:.2f}, hybrid share "
+            f"{results['hybrid_share']:.3f}, pool growth {results['pool_growth_bytes']} B, device memory growth "
+            f"{results['device_used_growth_bytes']} B, ring spills {results['ring_spills']}, buffer growths "
+            f"{results['buffer_growths']}, prealloc {decs[0].prealloc_error or 'ok'}")
     for d in decs:
         d.close()
     return results
@@ -180,6 +189,8 @@ def main():
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--producers", default="3,4,6", help="producer-thread counts to try; the best is reported")
     ap.add_argument("--splits", default="auto,gpu", help="split modes to try (auto, gpu, cpu or a CPU share)")
+    ap.add_argument("--hybrid", default="on,off", help="progressive/gray files to nvJPEG's hybrid decoder (on) "
+                    "or the CPU path (off); both are tried")
     ap.add_argument("--peer-images", type=int, default=4096)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -192,15 +203,17 @@ def main():
     log(f"bench_gpu: {len(ds)} images, {np.mean(ds.index.jpeg_length) / 1e3:.0f} KB mean, {cores} cores")
     def sweep():
         runs = []
-        for sp in a.splits.split(","):
-            sp = sp if sp in ("auto", "gpu", "cpu") else float(sp)
-            for p in [int(x) for x in a.producers.split(",")]:
-                res = recordtool_gpu(ds, a.batch, a.epochs, p, split=sp)
-                res.update(producers=p, split=sp)
-                log(f"  producers {p} split {sp}: {res['img_s']:,.0f} img/s")
-                runs.append(res)
+        for hy in a.hybrid.split(","):
+            for sp in a.splits.split(","):
+                sp = sp if sp in ("auto", "gpu", "cpu") else float(sp)
+                for p in [int(x) for x in a.producers.split(",")]:
+                    res = recordtool_gpu(ds, a.batch, a.epochs, p, split=sp, hybrid=hy == "on")
+                    res.update(producers=p, split=sp, hybrid=hy)
+                    log(f"  producers {p} split {sp} hybrid {hy}: {res['img_s']:,.0f} img/s")
+                    runs.append(res)
         best = max((x for x in runs if x["split"] == "auto"), key=lambda x: x["img_s"], default=runs[0])
-        return dict(best, sweep=[{k: x[k] for k in ("producers", "split", "img_s", "cpu_share")} for x in runs])
+        keys = ("producers", "split", "hybrid", "img_s", "cpu_share", "hybrid_share")
+        return dict(best, sweep=[{k: x[k] for k in keys} for x in runs])
 
     steps = [
         ("recordtool_gpu", sweep),

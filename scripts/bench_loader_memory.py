@@ -44,9 +44,11 @@ def run(path, device, epochs, batch, user_op=None, images=None):
             import torch
 
             torch.cuda.synchronize()
-            gpu = cupy.get_default_memory_pool().total_bytes() / 1e6
+            free, total = cupy.cuda.runtime.memGetInfo()  # everything: CuPy pool, nvJPEG, torch, context
+            gpu = (cupy.get_default_memory_pool().total_bytes() / 1e6, (total - free) / 1e6,
+                   ld._ring.spills if ld._ring is not None else 0)
         else:
-            gpu = 0.0
+            gpu = (0.0, 0.0, 0)
         rows.append((e, n / (time.perf_counter() - t), rss_mb(), gpu))
     ld.close()
     return rows
@@ -62,11 +64,16 @@ def main():
     a = ap.parse_args()
     rows = run(a.packed, a.device, a.epochs, a.batch, images=a.images)
     print(f"bench_loader_memory: {a.packed}, device {a.device}, {a.epochs} epochs")
-    for e, rate, rss, gpu in rows:
-        print(f"  epoch {e}: {rate:8,.0f} img/s  RssAnon {rss:8.1f} MB  GPU pool {gpu:8.1f} MB")
+    for e, rate, rss, (pool, used, spills) in rows:
+        print(f"  epoch {e}: {rate:8,.0f} img/s  RssAnon {rss:8.1f} MB  CuPy pool {pool:8.1f} MB  "
+              f"device used {used:8.1f} MB  ring spills {spills}")
     rss = np.array([r[2] for r in rows[1:]])
     print(f"  RSS after warm-up: min {rss.min():.1f} max {rss.max():.1f} MB "
           f"({100 * (rss.max() - rss.min()) / rss.min():.1f} % spread, goal within ±5 %)")
+    if a.device == "cuda":
+        used = np.array([r[3][1] for r in rows[1:]])
+        print(f"  device memory after warm-up: min {used.min():.1f} max {used.max():.1f} MB "
+              f"(growth {used.max() - used.min():.1f} MB, goal 0)")
     base = np.median([r[1] for r in rows[1:]])
     for name, op in (("RandomGrayscale(p=0.2)", RandomGrayscale(0.2)), ("Cutout(56)", Cutout(56))):
         r = run(a.packed, a.device, 3, a.batch, user_op=op, images=a.images)

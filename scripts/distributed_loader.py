@@ -4,8 +4,9 @@ the ranks together see every sample exactly once per epoch.
 
   torchrun --nproc_per_node=N scripts/distributed_loader.py PACKED [--device cuda|cpu] [--epochs 2]
 
-NCCL on GPUs (one GPU per rank, or ranks sharing one device), gloo on CPU. The machine's NCCL
-environment variables are left as they are. Rank 0 prints the table; exit 1 if coverage fails.
+NCCL with one GPU per rank; gloo on CPU and when ranks share a GPU (NCCL refuses two ranks on
+one device). The machine's NCCL environment variables are left as they are. Rank 0 prints the
+table; exit 1 if coverage fails.
 """
 import argparse
 import os
@@ -27,9 +28,14 @@ def main():
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--producers", type=int, default=None, help="loader producer threads per rank")
+    ap.add_argument("--backend", default=None, help="nccl or gloo (default: nccl when each rank has a GPU)")
     a = ap.parse_args()
     cuda = a.device == "cuda"
-    dist.init_process_group("nccl" if cuda else "gloo")
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
+    shared = cuda and local_world > torch.cuda.device_count()
+    backend = a.backend or ("nccl" if cuda and not shared else "gloo")
+    dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     local = int(os.environ.get("LOCAL_RANK", 0))
     if cuda:
@@ -40,7 +46,7 @@ def main():
         cupy.cuda.Device(dev).use()
     threads = a.threads or max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
     loader = recordtool.Loader(a.packed, batch_size=a.batch, device=a.device, drop_last=False, threads=threads,
-                               with_ids=True, dtype="float16" if cuda else "float32")
+                               with_ids=True, dtype="float16" if cuda else "float32", producers=a.producers)
     assert (loader.rank, loader.world_size) == (rank, world)
     n = len(loader.ds)
     ok = True
@@ -65,7 +71,9 @@ def main():
             exact = bool((counts == 1).all())
             pad = world * len(loader.sampler) - n  # DistributedSampler-style padding when n % world
             ok &= exact or (pad > 0 and (counts >= 1).all() and counts.sum() == n + pad)
-            print(f"epoch {epoch}: {n} samples, {world} ranks, device {a.device}")
+            gpus = torch.cuda.device_count() if cuda else 0
+            print(f"epoch {epoch}: {n} samples, {world} ranks, device {a.device} ({gpus} GPUs"
+                  f"{', shared by the ranks' if shared else ''}), backend {backend}, {threads} threads/rank")
             for r, (cnt, secs) in enumerate(rates):
                 print(f"  rank {r}: {cnt} images in {secs:.2f} s = {cnt / secs:,.0f} img/s")
             total = sum(c for c, _ in rates) / max(s for _, s in rates)

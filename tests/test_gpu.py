@@ -11,7 +11,7 @@ from PIL import Image
 
 from conftest import photo_like
 from recordtool.decode import decode_crop_resize, random_flips, random_windows
-from recordtool.decode.gpu import hardware_decodable
+from recordtool.decode.gpu import CPU, ENGINE, HYBRID, hardware_decodable, route
 from recordtool.decode.gpu_ref import resize_normalize
 from recordtool.format.jpeg import CHROMA_411, CHROMA_420, CHROMA_422, CHROMA_GRAY, CS_CMYK, CS_GRAY, CS_YCBCR
 
@@ -26,6 +26,8 @@ def test_routing_from_index_columns():
     prog = np.array([0, 0, 1, 0, 0, 0])
     cs = np.array([CS_YCBCR, CS_YCBCR, CS_YCBCR, CS_YCBCR, CS_GRAY, CS_CMYK])
     assert hardware_decodable(chroma, prog, cs).tolist() == [True, True, False, False, False, False]
+    # progressive and gray to nvJPEG's hybrid decoder; 4:1:1 and CMYK to the CPU
+    assert route(chroma, prog, cs).tolist() == [ENGINE, ENGINE, HYBRID, CPU, HYBRID, CPU]
 
 
 @pytest.mark.parametrize("shape,box,out", [((300, 400), (0, 0, 400, 300), (224, 224)),
@@ -64,11 +66,11 @@ def _jpegs(n=24):
 
 
 def _hw(bufs):
+    """Route codes, as the index columns give them."""
     from recordtool.format.jpeg import probe
 
     infos = [probe(b) for b in bufs]
-    return hardware_decodable([i.chroma for i in infos], [i.progressive for i in infos],
-                              [i.colorspace for i in infos])
+    return route([i.chroma for i in infos], [i.progressive for i in infos], [i.colorspace for i in infos])
 
 
 @gpu
@@ -116,10 +118,58 @@ def test_gpu_matches_cpu_40db(split):
     ref[flips] = ref[flips, :, ::-1]
     for k in range(len(bufs)):
         assert psnr(out[k], ref[k]) >= 40, (k, split, dec.last)
+    routes = _hw(bufs)
+    assert (routes == HYBRID).sum() >= 6  # progressive and gray files are in the batch
     if split == "cpu":
-        assert dec.last["gpu"] == 0
-    elif dec.hw is not None and split == "gpu":
-        assert dec.last["gpu"] == int(_hw(bufs).sum())
+        assert dec.last["gpu"] == 0 and dec.last["hybrid"] == 0
+    else:
+        if dec.hw is not None and split == "gpu":
+            assert dec.last["gpu"] == int((routes == ENGINE).sum())
+        if dec.hybrid is not None:  # every progressive / gray window went through the hybrid decoder
+            assert dec.last["hybrid"] == int((routes == HYBRID).sum()), dec.last
+    dec.close()
+
+
+@gpu
+def test_hybrid_off_sends_progressive_and_gray_to_cpu():
+    from recordtool.decode.gpu import GPUDecoder
+
+    bufs, sizes = _jpegs(12)
+    win = random_windows(sizes[:, 0], sizes[:, 1], np.arange(12), 1, 0)
+    dec = GPUDecoder(max_batch=16, dtype="uint8", layout="NHWC", split="gpu", hybrid=False)
+    out = cupy.asnumpy(dec(bufs, win, np.zeros(12, bool), _hw(bufs)))
+    assert dec.last["hybrid"] == 0 and dec.last["cpu_forced"] == int((_hw(bufs) != ENGINE).sum())
+    ref = decode_crop_resize(bufs, win)
+    assert min(psnr(out[k], ref[k]) for k in range(12)) >= 40
+    dec.close()
+
+
+@gpu
+def test_output_ring_recycles_after_release_and_spills_when_held():
+    from recordtool.decode.gpu import GPUDecoder, OutputRing
+
+    bufs, sizes = _jpegs(8)
+    win = random_windows(sizes[:, 0], sizes[:, 1], np.arange(8), 2, 0)
+    dec = GPUDecoder(max_batch=8, dtype="float32", layout="NCHW", split="gpu")
+    ring = dec.ring = OutputRing(dec.output_shape(), "float32", 2)
+    first = dec(bufs, win, np.zeros(8, bool), _hw(bufs))
+    keep = cupy.asnumpy(first)
+    ptr = first.data.ptr
+    assert ring.free == 1
+    second = dec(bufs, win, np.ones(8, bool), _hw(bufs))  # the other slot: `first` is still held
+    assert second.data.ptr != ptr and ring.free == 0
+    third = dec(bufs, win, np.zeros(8, bool), _hw(bufs))  # both held: from CuPy's pool, counted
+    assert ring.spills == 1
+    assert np.array_equal(cupy.asnumpy(first), keep)  # a held batch is never overwritten
+    view = first[2:5]  # a view keeps the slot too
+    del first, third
+    assert ring.free == 0
+    del view
+    assert ring.free == 1
+    again = dec(bufs, win, np.zeros(8, bool), _hw(bufs))
+    assert again.data.ptr == ptr and np.array_equal(cupy.asnumpy(again), keep)
+    del second, again
+    assert ring.free == 2
     dec.close()
 
 
@@ -141,6 +191,7 @@ def test_auto_split_adapts_and_memory_is_steady():
         if epoch == 1:
             before, allocs = pool.total_bytes(), dec.allocations
     assert pool.total_bytes() == before and dec.allocations == allocs  # nothing new after warm-up
+    assert dec.ring.spills == 0 and dec.prealloc_error is None
     if dec.hw is not None:
         assert len(set(fractions)) > 1 and 0 < fractions[-1] < 0.9  # the share moved with measured rates
 
@@ -162,6 +213,11 @@ def test_bad_jpeg_in_batch_is_reported():
     on_gpu = GPUDecoder(max_batch=8, dtype="uint8", split="gpu")
     out = on_gpu(bufs, win, np.zeros(8, bool), hw)
     assert out.shape == (8, 3, 224, 224)
+    # a damaged progressive file: the hybrid decoder refuses it, the CPU path then names it
+    assert hw[4] == HYBRID
+    bufs[4] = bufs[4][: len(bufs[4]) // 3]
+    on_gpu(bufs, win, np.zeros(8, bool), hw)
+    assert 4 in [i for i, _ in on_gpu.last["errors"]], on_gpu.last
 
 
 @gpu
@@ -175,3 +231,74 @@ def test_dlpack_to_torch():
     t = to_torch(dec(bufs, win, np.zeros(8, bool), _hw(bufs)), dec.stream)
     assert t.is_cuda and t.dtype == torch.float16 and tuple(t.shape) == (8, 3, 224, 224)
     assert torch.isfinite(t).all()
+
+
+@pytest.fixture(scope="module")
+def packed_mix(tmp_path_factory):
+    """A small packed set with engine, hybrid (progressive, gray) and CPU (CMYK) files."""
+    from conftest import write
+    from recordtool.pack import pack
+
+    root = tmp_path_factory.mktemp("gpu_loader")
+    bufs, _ = _jpegs(40)
+    for i, b in enumerate(bufs):
+        write(str(root / "src" / f"c{i % 4}" / f"{i}.jpg"), b)
+    cmyk = io.BytesIO()
+    photo_like(200, 150, seed=99).convert("CMYK").save(cmyk, "JPEG", quality=90)
+    write(str(root / "src" / "c0" / "cmyk.jpg"), cmyk.getvalue())
+    pack(str(root / "src"), str(root / "out"), shards=2, progress=False)
+    return str(root / "out")
+
+
+@gpu
+def test_cuda_loader_matches_cpu_loader_and_resumes(packed_mix):
+    from recordtool.loader import Loader
+
+    kw = dict(batch_size=8, size=64, seed=4, drop_last=False, as_torch=False, dtype="float32", layout="NHWC")
+    cpu_batches = [(np.asarray(x), np.asarray(y)) for x, y in Loader(packed_mix, device="cpu", **kw)]
+    gpu_loader = Loader(packed_mix, device="cuda", producers=3, **kw)
+    gpu_batches = [(cupy.asnumpy(x), cupy.asnumpy(y)) for x, y in gpu_loader]
+    assert len(gpu_batches) == len(cpu_batches) == 6
+    std = np.array([0.229, 0.224, 0.225], np.float32)
+    mean = np.array([0.485, 0.456, 0.406], np.float32)
+    for (xg, yg), (xc, yc) in zip(gpu_batches, cpu_batches):
+        assert np.array_equal(yg, yc)
+        for a, b in zip(xg, xc):  # back to 0..255 pixels to compare
+            assert psnr((a * std + mean) * 255, (b * std + mean) * 255) >= 40
+    split = gpu_loader.last_split
+    assert split["gpu"] + split["hybrid"] + split["cpu"] == split["n"]
+    # resume mid-epoch on the GPU: the same batches as the uninterrupted run (bit for bit with a
+    # fixed split; the auto split moves images between engines and CPU by measured speed)
+    kw["split"] = "gpu"
+    gpu_batches = [(cupy.asnumpy(x), None) for x, _ in Loader(packed_mix, device="cuda", producers=3, **kw)]
+    part = Loader(packed_mix, device="cuda", producers=2, **kw)
+    it = iter(part)
+    next(it), next(it)
+    state = part.state_dict()
+    del it
+    part.close()
+    resumed = Loader(packed_mix, device="cuda", producers=4, **kw)
+    resumed.load_state_dict(state)
+    rest = [cupy.asnumpy(x) for x, _ in resumed]
+    assert len(rest) == 4
+    for a, (b, _) in zip(rest, gpu_batches[2:]):
+        assert np.array_equal(a, b)
+
+
+@gpu
+def test_cuda_loader_memory_fixed_after_warmup(packed_mix):
+    torch = pytest.importorskip("torch")
+    from recordtool.loader import Loader
+
+    ld = Loader(packed_mix, batch_size=8, size=64, device="cuda", dtype="float16")
+    pool = cupy.get_default_memory_pool()
+    for epoch in range(4):
+        ld.set_epoch(epoch)
+        for x, y in ld:
+            assert x.is_cuda and x.dtype == torch.float16
+            x = x.float().sum()  # the consumer works on the batch on torch's stream
+        torch.cuda.synchronize()
+        if epoch == 0:
+            before = pool.total_bytes()
+    assert pool.total_bytes() == before and ld._ring.spills == 0
+    assert ld._ring.free == len(ld._ring._mem)  # every batch given back

@@ -1,26 +1,30 @@
 """GPU decode stage: NVJPG hardware batched decode with one ROI per image (the crop window),
-the CPU native path for what the engines cannot take, both at once in proportion to their
-measured rates, then one CUDA kernel for resize + mirror + normalize + layout.
+nvJPEG's hybrid decoder (CPU Huffman, GPU IDCT) for progressive and grayscale files, the CPU
+native path for what neither takes (CMYK, 4:1:1, damaged files) and for a share of the rest —
+in proportion to measured rates — then one CUDA kernel for resize + mirror + normalize + layout.
 
 Routing uses the index columns (chroma, progressive, colorspace) — no parsing in the hot path.
-Output is a CuPy array on the decoder's stream; `to_torch` hands it over via DLPack with the
-consumer stream made to wait.
+Outputs come from a ring of batches allocated at warm-up (`OutputRing`); `to_torch` hands one
+over via DLPack with the consumer stream made to wait.
 """
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..format.jpeg import CHROMA_420, CHROMA_422, CHROMA_440, CHROMA_444, CS_YCBCR
+from ..format.jpeg import CHROMA_420, CHROMA_422, CHROMA_440, CHROMA_444, CHROMA_GRAY, CS_GRAY, CS_YCBCR
 from . import cpu
 from .ops import IMAGENET_MEAN, IMAGENET_STD
 
-# Grayscale goes to the CPU: the engines' RGBI output for 1-component JPEGs with an ROI did not
-# match the image on the H200 (13.8 dB against libjpeg-turbo, tests/test_gpu.py).
+# Grayscale does not go to the engines: their RGBI output for 1-component JPEGs with an ROI did
+# not match the image on the H200 (13.8 dB against libjpeg-turbo, tests/test_gpu.py).
 HW_CHROMA = (CHROMA_444, CHROMA_422, CHROMA_420, CHROMA_440)
+ENGINE, HYBRID, CPU = 0, 1, 2  # where an image is decoded (`route`)
 SAMPLE_DTYPE = np.dtype([("src", "<u8"), ("pitch", "<i8"), ("rw", "<i4"), ("rh", "<i4"), ("x0", "<f4"),
                          ("y0", "<f4"), ("x1", "<f4"), ("y1", "<f4"), ("mirror", "<i4")], align=True)
 _ALIGN = 256
@@ -35,6 +39,96 @@ def hardware_decodable(chroma, progressive, colorspace) -> np.ndarray:
     """What goes to the NVJPG engines: baseline YCbCr 4:4:4/4:2:2/4:2:0/4:4:0."""
     chroma = np.asarray(chroma)
     return np.isin(chroma, HW_CHROMA) & (np.asarray(progressive) == 0) & (np.asarray(colorspace) == CS_YCBCR)
+
+
+def route(chroma, progressive, colorspace) -> np.ndarray:
+    """ENGINE for baseline YCbCr the engines take; HYBRID for progressive YCbCr (same chroma
+    layouts) and grayscale; CPU for the rest (CMYK/YCCK/RGB-coded, 4:1:1, unknown)."""
+    chroma, progressive, colorspace = np.asarray(chroma), np.asarray(progressive), np.asarray(colorspace)
+    hw = hardware_decodable(chroma, progressive, colorspace)
+    hybrid = ((np.isin(chroma, HW_CHROMA) & (colorspace == CS_YCBCR))
+              | ((chroma == CHROMA_GRAY) & (colorspace == CS_GRAY))) & ~hw
+    return np.where(hw, ENGINE, np.where(hybrid, HYBRID, CPU)).astype(np.int8)
+
+
+class OutputRing:
+    """Output batches allocated once and recycled, so steady state allocates no device memory.
+
+    A slot is handed out as a CuPy array whose memory owner gives the slot back when the last
+    reference dies — the CuPy array or, through DLPack, the torch tensor. At that moment an
+    event is recorded on the consumer's current stream (torch's when torch is loaded), and the
+    next producer to take the slot waits on it, so work the training loop queued on that batch
+    finishes before it is overwritten. A slot is never taken while referenced: when all are
+    held (a caller keeping batches), the batch comes from CuPy's pool and counts in `spills`.
+    """
+
+    def __init__(self, shape, dtype, slots: int, device: int = 0):
+        import cupy
+
+        self.cupy = cupy
+        self.shape, self.dtype, self.device = tuple(shape), np.dtype(dtype), device
+        self.nbytes = int(np.prod(self.shape)) * self.dtype.itemsize
+        with cupy.cuda.Device(device):
+            self._mem = [cupy.cuda.alloc(self.nbytes) for _ in range(slots)]
+        self._free = collections.deque(range(slots))
+        self._ready = [None] * slots  # event recorded when the slot was given back
+        self._lock = threading.Lock()
+        self.spills = 0
+
+    def acquire(self, n: int, stream):
+        """An (n, ...) array over a free slot; `stream` waits until its last user is done."""
+        cupy = self.cupy
+        shape = (n,) + self.shape[1:]
+        with self._lock:
+            k = self._free.popleft() if self._free else None
+            ev = None if k is None else self._ready[k]
+        if k is None:
+            self.spills += 1
+            return cupy.empty(shape, self.dtype)
+        if ev is not None:
+            stream.wait_event(ev)
+        mem = cupy.cuda.UnownedMemory(self._mem[k].ptr, self.nbytes, _Slot(self, k), self.device)
+        return cupy.ndarray(shape, self.dtype, cupy.cuda.MemoryPointer(mem, 0))
+
+    def _release(self, k: int) -> None:
+        cupy = self.cupy
+        try:
+            with cupy.cuda.Device(self.device):
+                ev = cupy.cuda.Event(disable_timing=True)
+                cupy.cuda.runtime.eventRecord(ev.ptr, _consumer_stream(self.device))
+        except Exception:  # interpreter shutdown: nothing will use the slot again
+            return
+        with self._lock:
+            self._ready[k] = ev
+            self._free.append(k)
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+
+class _Slot:
+    """The owner object behind a slot's memory: when it dies, the slot goes back to its ring."""
+
+    __slots__ = ("ring", "k")
+
+    def __init__(self, ring, k):
+        self.ring, self.k = ring, k
+
+    def __del__(self):
+        self.ring._release(self.k)
+
+
+def _consumer_stream(device: int) -> int:
+    """The stream the calling thread works on: torch's current one if torch is loaded, else CuPy's."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return torch.cuda.current_stream(device).cuda_stream
+    import cupy
+
+    return cupy.cuda.get_current_stream().ptr
 
 
 def _kernel_source() -> str:
@@ -71,17 +165,19 @@ class GPUDecoder:
 
     One instance per producer thread. `split="auto"` adapts the CPU share so both sides finish
     together; a float in [0, 1] fixes the CPU share of hardware-decodable images; "gpu" or
-    "cpu" forces one side (what the engines cannot take always goes to the CPU).
+    "cpu" forces one side (what the engines cannot take goes to the hybrid decoder or the CPU).
+    `hybrid=False` sends progressive and grayscale files to the CPU path instead.
     """
 
     def __init__(self, size=(224, 224), max_batch: int = 256, layout: str = "NCHW", dtype: str = "float16",
                  mean=IMAGENET_MEAN, std=IMAGENET_STD, cpu_threads: int | None = None, split="auto",
-                 device: int = 0, pool: int | None = None):
+                 device: int = 0, pool: int | None = None, hybrid: bool = True, ring: OutputRing | None = None):
         import cupy
 
         if layout not in ("NCHW", "NHWC") or dtype not in ("float32", "float16", "uint8"):
             raise ValueError("layout NCHW|NHWC, dtype float32|float16|uint8")
         self.cupy = cupy
+        self.device_id = device
         self.device = cupy.cuda.Device(device)
         self.size = (int(size[0]), int(size[1]))
         self.max_batch = max_batch
@@ -96,43 +192,71 @@ class GPUDecoder:
         self.cpu_fraction = 0.0 if split in ("gpu", "auto") else (1.0 if split == "cpu" else float(split))
         self._rates = {"gpu": None, "cpu": None}
         self.last = {}
+        self.ring = ring
+        # the CPU part and the hybrid decoder run beside the engines' submission, on threads kept
+        # for the decoder's life (a thread per batch would churn stacks and malloc arenas)
+        self._workers = ThreadPoolExecutor(2, thread_name_prefix="recordtool-gpu")
         with self.device:
             self.stream = cupy.cuda.Stream(non_blocking=True)
             self._kernel = kernel(dtype, layout)
             self.hw = None
             self.hw_error = None
+            self.hybrid = None
+            self.hybrid_error = None
             if split != "cpu":
-                from .nvjpeg import HardwareDecoder, NvjpegError
+                from .nvjpeg import HardwareDecoder, HybridDecoder, NvjpegError
 
                 try:
                     self.hw = HardwareDecoder(max_batch)
                 except (NvjpegError, OSError) as e:  # no engines here: everything on the CPU path
                     self.hw_error = str(e)
+                if hybrid:
+                    try:
+                        self.hybrid_stream = cupy.cuda.Stream(non_blocking=True)
+                        self.hybrid = HybridDecoder(self.hybrid_stream.ptr)
+                    except (NvjpegError, OSError) as e:
+                        self.hybrid_error = str(e)
         self.allocations = 0
+        self.prealloc_error = None
         self._arena = None  # device bytes for decoded windows
         self._staging = None  # pinned host bytes for JPEG data
         self._cpu_out = None  # pinned host uint8 (N, h, w, 3) for CPU-decoded samples
         self._cpu_dev = None
         self._samples_host = None
 
+    def output_shape(self, n: int | None = None):
+        h, w = self.size
+        n = self.max_batch if n is None else n
+        return (n, 3, h, w) if self.layout == "NCHW" else (n, h, w, 3)
+
     # ------------------------------------------------------------------ buffers
-    def warmup(self, jpeg_lengths, widths, heights, outputs: int = 3) -> None:
+    def warmup(self, jpeg_lengths, widths, heights, outputs: int = 3, routes=None) -> None:
         """Size every buffer from the index's largest images, so steady state allocates nothing.
 
         Uses the same per-image bound as `_ensure` (a window's region is at most the image + 1 px
-        each way), so no batch of this dataset can outgrow what warm-up planned. `outputs`: how
-        many output batches can be alive at once (queued + being made + held by the consumer);
-        that many are cycled through CuPy's pool on this decoder's stream now, so later batches
-        reuse them instead of growing the pool."""
+        each way), so no batch of this dataset can outgrow what warm-up planned; nvJPEG's own
+        buffers are pre-allocated for the largest engine-bound image. `outputs`: how many output
+        batches can be alive at once (queued + being made + held by the consumer) — the ring's
+        slots, unless a shared ring was passed in."""
         b = self.max_batch
         lens = np.sort(np.asarray(jpeg_lengths, np.int64))[::-1][:b]
         regions = np.sort(_region_bytes(np.asarray(widths, np.float64), np.asarray(heights, np.float64)))[::-1][:b]
         self._alloc(int(lens.sum()) + b * 64, int(regions.sum()))
-        h, w = self.size
-        shape = (b, 3, h, w) if self.layout == "NCHW" else (b, h, w, 3)
-        with self.device, self.stream:
-            held = [self.cupy.empty(shape, self.dtype) for _ in range(max(0, outputs))]
-            del held  # back to the pool of this stream, ready for the batches to come
+        if cpu.native_available() and len(widths):  # the CPU share's decode buffers, sized once
+            big = int((np.asarray(widths, np.int64) * np.asarray(heights, np.int64)).max()) * 3
+            cpu._native.reserve(big, self.cpu_threads, self.pool)
+        if self.ring is None and outputs > 0:
+            self.ring = OutputRing(self.output_shape(), self.dtype, outputs, self.device_id)
+        if self.hw is not None and len(widths):
+            engine = np.ones(len(widths), bool) if routes is None else np.asarray(routes) == ENGINE
+            if engine.any():
+                W = int(np.asarray(widths)[engine].max())
+                H = int(np.asarray(heights)[engine].max())
+                try:  # 4:4:4 is the largest layout: enough for any chroma of these sizes
+                    with self.device:
+                        self.hw.preallocate(b, W, H, CHROMA_444, padding=16 << 20)
+                except Exception as e:  # a sizing hint only: decoding works without it
+                    self.prealloc_error = str(e)
 
     def _alloc(self, staging: int, arena: int) -> None:
         cupy = self.cupy
@@ -161,8 +285,9 @@ class GPUDecoder:
             self._alloc(max(need_stage, cur_s), max(need_arena, cur_a))
 
     # ------------------------------------------------------------------ one batch
-    def __call__(self, buffers, windows, flips, hw_ok):
-        """buffers: JPEG bytes-likes; windows (N, 4) (y, x, h, w); flips, hw_ok: bool (N,).
+    def __call__(self, buffers, windows, flips, routes):
+        """buffers: JPEG bytes-likes; windows (N, 4) (y, x, h, w); flips: bool (N,); routes:
+        `route(...)` codes (N,) from the index, or bool (N,) = hardware-decodable or not.
         Returns a CuPy array (N, 3, h, w) or (N, h, w, 3), complete when the call returns."""
         cupy = self.cupy
         n = len(buffers)
@@ -170,18 +295,26 @@ class GPUDecoder:
             raise ValueError(f"batch of {n} > max_batch {self.max_batch}")
         windows = np.asarray(windows, np.float64).reshape(n, 4)
         flips = np.asarray(flips, bool).reshape(n)
-        hw_ok = np.asarray(hw_ok, bool).reshape(n) & (self.hw is not None)
+        routes = np.asarray(routes).reshape(n)
+        if routes.dtype == bool:
+            routes = np.where(routes, ENGINE, CPU)
         self._ensure(buffers, windows)
-        # -- split: everything the engines cannot take, plus a share of the rest, to the CPU
-        eligible = np.nonzero(hw_ok)[0]
-        forced = np.nonzero(~hw_ok)[0]
+        # -- split: everything no GPU decoder takes, plus a share of the engines' images, to the CPU
+        hyb_idx = np.nonzero(routes == HYBRID)[0] if self.hybrid is not None else np.zeros(0, np.int64)
+        eligible = np.nonzero(routes == ENGINE)[0] if self.hw is not None else np.zeros(0, np.int64)
+        on_gpu = np.zeros(n, bool)
+        on_gpu[eligible] = True
+        on_gpu[hyb_idx] = True
+        forced = np.nonzero(~on_gpu)[0]
         want_cpu = int(round(self.cpu_fraction * n))
         extra = max(0, min(len(eligible), want_cpu - len(forced)))
         gpu_idx = eligible[: len(eligible) - extra]
         cpu_idx = np.concatenate([forced, eligible[len(eligible) - extra:]]).astype(np.int64)
         h, w = self.size
         t0 = time.perf_counter()
-        cpu_result = {}
+        samples = self._samples_host[:n]
+        # arena places for every window a GPU decoder writes (engines and hybrid)
+        layout = self._layout(windows, np.concatenate([gpu_idx, hyb_idx]).astype(np.int64), samples)
 
         def cpu_part():
             t = time.perf_counter()
@@ -190,33 +323,36 @@ class GPUDecoder:
                 cpu.decode_crop_resize([buffers[i] for i in cpu_idx], windows[cpu_idx], size=(h, w),
                                        threads=self.cpu_threads, out=self._cpu_out[: len(cpu_idx)],
                                        policy="fallback", errors=errors, pool=self.pool)
-            cpu_result["t"] = time.perf_counter() - t
-            cpu_result["errors"] = [(int(cpu_idx[i]), r) for i, r in errors]
+            return time.perf_counter() - t, [(int(cpu_idx[i]), r) for i, r in errors]
 
-        th = threading.Thread(target=cpu_part, name="recordtool-cpu-decode")
-        th.start()
-        samples = self._samples_host[:n]
-        gpu_failed = []
+        cpu_job = self._workers.submit(cpu_part)
+        hyb_job = self._workers.submit(self._decode_hybrid, buffers, hyb_idx, layout) if len(hyb_idx) else None
+        hw_failed, hyb_failed = [], []
         with self.device, self.stream:
             ev_start = self.stream.record()
             tg = time.perf_counter()
             if len(gpu_idx):
                 try:
-                    self._decode_hw(buffers, windows, gpu_idx, samples)
+                    self._decode_hw(buffers, gpu_idx, layout)
                 except Exception as e:  # the engines refused the batch: the CPU takes it
-                    gpu_failed = list(gpu_idx)
+                    hw_failed = gpu_idx.tolist()
                     self.last_gpu_error = str(e)
             t_host = time.perf_counter() - tg
             ev_decoded = self.stream.record()
-            th.join()
-            if gpu_failed:
+            t_cpu, errors = cpu_job.result()
+            if hyb_job is not None:
+                hyb_failed = hyb_job.result()
+                self.stream.wait_event(self.hybrid_stream.record())
+            gpu_failed = hw_failed + hyb_failed
+            if gpu_failed:  # what a GPU decoder refused: the CPU path decodes it (or names the error)
+                gpu_failed = np.asarray(gpu_failed, np.int64)
                 extra_out = np.empty((len(gpu_failed), h, w, 3), np.uint8)
                 errs = []
                 cpu.decode_crop_resize([buffers[i] for i in gpu_failed], windows[gpu_failed], size=(h, w),
                                        threads=self.cpu_threads, out=extra_out, policy="fallback", errors=errs,
                                        pool=self.pool)
-                cpu_result["errors"] += [(int(gpu_failed[i]), r) for i, r in errs]
-                cpu_idx = np.concatenate([cpu_idx, np.asarray(gpu_failed, np.int64)])
+                errors += [(int(gpu_failed[i]), r) for i, r in errs]
+                cpu_idx = np.concatenate([cpu_idx, gpu_failed])
                 self._cpu_out[len(cpu_idx) - len(gpu_failed):len(cpu_idx)] = extra_out
             if len(cpu_idx):
                 self._cpu_dev[: len(cpu_idx)].set(self._cpu_out[: len(cpu_idx)], stream=self.stream)
@@ -227,24 +363,43 @@ class GPUDecoder:
                 samples[cpu_idx] = s
             samples["mirror"] = flips.astype(np.int32)
             self._samples_dev[: samples.nbytes].set(samples.view(np.uint8), stream=self.stream)
-            shape = (n, 3, h, w) if self.layout == "NCHW" else (n, h, w, 3)
-            out = cupy.empty(shape, self.dtype)
+            out = self.ring.acquire(n, self.stream) if self.ring is not None else \
+                cupy.empty(self.output_shape(n), self.dtype)
             m, s = self.mean, self.std
             self._kernel(((w + 31) // 32, (h + 7) // 8, n), (32, 8, 1),
                          (self._samples_dev, out, np.int32(w), np.int32(h), np.float32(m[0]), np.float32(m[1]),
                           np.float32(m[2]), np.float32(s[0]), np.float32(s[1]), np.float32(s[2])))
             self.stream.synchronize()
             t_gpu = None
-            if len(gpu_idx) and not gpu_failed:  # engine time: host submission or device work, the longer
+            if len(gpu_idx) and not hw_failed:  # engine time: host submission or device work, the longer
                 t_gpu = max(t_host, cupy.cuda.get_elapsed_time(ev_start, ev_decoded) / 1e3)
-        self._adapt(len(gpu_idx) - len(gpu_failed), t_gpu, len(cpu_idx), cpu_result.get("t"))
-        self.last = {"n": n, "gpu": int(len(gpu_idx) - len(gpu_failed)), "cpu": int(len(cpu_idx)),
-                     "cpu_forced": int(len(forced)), "cpu_fraction": self.cpu_fraction,
+        n_gpu = len(gpu_idx) - len(hw_failed)
+        self._adapt(n_gpu, t_gpu, len(cpu_idx) - len(gpu_failed), t_cpu)
+        self.last = {"n": n, "gpu": int(n_gpu), "hybrid": int(len(hyb_idx) - len(hyb_failed)),
+                     "cpu": int(len(cpu_idx)), "cpu_forced": int(len(forced)), "cpu_fraction": self.cpu_fraction,
                      "gpu_rate": self._rates["gpu"], "cpu_rate": self._rates["cpu"],
-                     "errors": cpu_result.get("errors", []), "seconds": time.perf_counter() - t0}
+                     "errors": errors, "seconds": time.perf_counter() - t0}
         return out
 
-    def _decode_hw(self, buffers, windows, gpu_idx, samples):
+    def _layout(self, windows, idx, samples):
+        """Place each GPU-decoded window's whole-pixel region in the arena; fill its sample row.
+        Returns {index: (rx, ry, rw, rh, dst, pitch)}."""
+        win = windows[idx]
+        y, x, hh, ww = win[:, 0], win[:, 1], win[:, 2], win[:, 3]
+        rx, ry = np.floor(x).astype(np.int64), np.floor(y).astype(np.int64)
+        rw = np.maximum(1, np.ceil(x + ww).astype(np.int64) - rx)
+        rh = np.maximum(1, np.ceil(y + hh).astype(np.int64) - ry)
+        pitch = rw * 3
+        size = (pitch * rh + _ALIGN - 1) // _ALIGN * _ALIGN
+        dst = self._arena.data.ptr + np.concatenate([[0], np.cumsum(size)[:-1]]).astype(np.int64)
+        s = samples[idx]
+        s["src"], s["pitch"], s["rw"], s["rh"] = dst, pitch, rw, rh
+        s["x0"], s["y0"], s["x1"], s["y1"] = x - rx, y - ry, x + ww - rx, y + hh - ry
+        samples[idx] = s
+        return dict(zip(idx.tolist(), zip(rx.tolist(), ry.tolist(), rw.tolist(), rh.tolist(), dst.tolist(),
+                                          pitch.tolist())))
+
+    def _decode_hw(self, buffers, gpu_idx, layout):
         """Stage JPEG bytes in pinned memory, decode each window as an ROI into the arena."""
         bufs = [buffers[i] for i in gpu_idx]
         stage_base = self._staging_np.ctypes.data
@@ -254,20 +409,24 @@ class GPUDecoder:
             offs = np.cumsum([0] + [(len(b) + 63) // 64 * 64 for b in bufs[:-1]])
             for o, b in zip(offs, bufs):
                 self._staging_np[o:o + len(b)] = np.frombuffer(b, np.uint8)
-        win = windows[gpu_idx]
-        y, x, hh, ww = win[:, 0], win[:, 1], win[:, 2], win[:, 3]
-        rx, ry = np.floor(x).astype(np.int64), np.floor(y).astype(np.int64)
-        rw = np.maximum(1, np.ceil(x + ww).astype(np.int64) - rx)
-        rh = np.maximum(1, np.ceil(y + hh).astype(np.int64) - ry)
-        pitch = rw * 3
-        size = (pitch * rh + _ALIGN - 1) // _ALIGN * _ALIGN
-        dst = self._arena.data.ptr + np.concatenate([[0], np.cumsum(size)[:-1]]).astype(np.int64)
-        s = samples[gpu_idx]
-        s["src"], s["pitch"], s["rw"], s["rh"] = dst, pitch, rw, rh
-        s["x0"], s["y0"], s["x1"], s["y1"] = x - rx, y - ry, x + ww - rx, y + hh - ry
-        samples[gpu_idx] = s
-        self.hw.decode((stage_base + offs).tolist(), [len(b) for b in bufs],
-                       np.stack([rx, ry, rw, rh], 1).tolist(), dst.tolist(), pitch.tolist(), self.stream.ptr)
+        places = [layout[int(i)] for i in gpu_idx]
+        self.hw.decode((stage_base + np.asarray(offs, np.int64)).tolist(), [len(b) for b in bufs],
+                       [p[:4] for p in places], [p[4] for p in places], [p[5] for p in places], self.stream.ptr)
+
+    def _decode_hybrid(self, buffers, hyb_idx, layout) -> list:
+        """Hybrid-decode each window (Huffman on this thread, the rest on the hybrid stream);
+        return the indices it refused, for the CPU path."""
+        failed = []
+        with self.device:
+            for i in hyb_idx.tolist():
+                b = buffers[i]
+                rx, ry, rw, rh, dst, pitch = layout[i]
+                try:
+                    view = np.frombuffer(b, np.uint8)
+                    self.hybrid.decode(view.ctypes.data, len(view), (rx, ry, rw, rh), dst, pitch)
+                except Exception:
+                    failed.append(i)
+        return failed
 
     def _adapt(self, n_gpu, t_gpu, n_cpu, t_cpu):
         """Move the CPU share so that both sides take the same time on the next batch."""
@@ -287,9 +446,12 @@ class GPUDecoder:
             self.cpu_fraction = 0.5
 
     def close(self):
-        if self.hw is not None:
-            self.hw.close()
-            self.hw = None
+        self._workers.shutdown(wait=True)
+        for name in ("hw", "hybrid"):
+            d = getattr(self, name, None)
+            if d is not None:
+                d.close()
+                setattr(self, name, None)
 
 
 def to_torch(array, stream=None):

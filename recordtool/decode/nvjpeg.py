@@ -1,4 +1,5 @@
-"""A small ctypes binding to nvJPEG: hardware batched decode with a region of interest per image.
+"""A small ctypes binding to nvJPEG: hardware batched decode with a region of interest per image,
+and the decoupled hybrid decoder (CPU Huffman, GPU IDCT) for what the engines cannot take.
 
 Loads libnvjpeg.so.13 or .so.12 — whichever matches the CUDA major version of the installed
 CuPy — from the nvidia-nvjpeg wheels or the CUDA toolkit. Only what recordtool uses is bound.
@@ -87,6 +88,22 @@ def _declare(L):
         "nvjpegSetDeviceMemoryPadding": [sz, p],
         "nvjpegSetPinnedMemoryPadding": [sz, p],
         "nvjpegDecodeBatchedPreAllocate": [p, p, i, i, i, i, i],
+        # decoupled API
+        "nvjpegDecoderCreate": [p, i, ctypes.POINTER(p)],
+        "nvjpegDecoderDestroy": [p],
+        "nvjpegDecoderStateCreate": [p, p, ctypes.POINTER(p)],
+        "nvjpegBufferPinnedCreate": [p, p, ctypes.POINTER(p)],
+        "nvjpegBufferPinnedDestroy": [p],
+        "nvjpegBufferDeviceCreate": [p, p, ctypes.POINTER(p)],
+        "nvjpegBufferDeviceDestroy": [p],
+        "nvjpegStateAttachPinnedBuffer": [p, p],
+        "nvjpegStateAttachDeviceBuffer": [p, p],
+        "nvjpegJpegStreamCreate": [p, ctypes.POINTER(p)],
+        "nvjpegJpegStreamDestroy": [p],
+        "nvjpegJpegStreamParse": [p, p, sz, i, i, p],
+        "nvjpegDecodeJpegHost": [p, p, p, p, p],
+        "nvjpegDecodeJpegTransferToDevice": [p, p, p, p, p],
+        "nvjpegDecodeJpegDevice": [p, p, p, ctypes.POINTER(Image), p],
     }
     for name, args in sigs.items():
         fn = getattr(L, name)
@@ -134,9 +151,14 @@ class HardwareDecoder:
         self._imgs = (Image * max_batch)()
         self._batch = None
 
-    def preallocate(self, batch: int, width: int, height: int, chroma: int) -> None:
-        """Size nvJPEG's internal buffers for the largest expected image up front."""
-        check("nvjpegDecodeBatchedPreAllocate", self.L.nvjpegDecodeBatchedPreAllocate(
+    def preallocate(self, batch: int, width: int, height: int, chroma: int, padding: int = 0) -> None:
+        """Size nvJPEG's internal buffers for the largest expected image up front, so a larger
+        image later does not make the library allocate in steady state."""
+        L = self.L
+        if padding:
+            check("nvjpegSetDeviceMemoryPadding", L.nvjpegSetDeviceMemoryPadding(padding, self.handle))
+            check("nvjpegSetPinnedMemoryPadding", L.nvjpegSetPinnedMemoryPadding(padding, self.handle))
+        check("nvjpegDecodeBatchedPreAllocate", L.nvjpegDecodeBatchedPreAllocate(
             self.handle, self.state, batch, width, height, chroma, OUTPUT_RGBI))
 
     def decode(self, host_ptrs, lengths, rois, dst_ptrs, dst_pitches, stream_ptr: int) -> None:
@@ -169,6 +191,90 @@ class HardwareDecoder:
                     self.L.nvjpegDecodeParamsDestroy(self.params[k])
             self.L.nvjpegJpegStateDestroy(self.state)
             self.L.nvjpegDestroy(self.handle)
+            self.handle = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class HybridDecoder:
+    """Decoupled nvJPEG with the HYBRID backend: Huffman decoding on the calling CPU thread, the
+    rest (IDCT, upsampling, colour) on the GPU, one ROI per image, RGBI output.
+
+    For what the engines refuse but the GPU can still help with — progressive and grayscale
+    JPEGs. Two pinned buffers alternate so that the host phase of one image overlaps the copy of
+    the previous one; a pinned buffer is reused only after its copy's event has completed.
+    One instance per thread.
+    """
+
+    def __init__(self, stream_ptr: int):
+        import cupy
+
+        L = lib()
+        self.L = L
+        self.stream_ptr = stream_ptr
+        self.handle = ctypes.c_void_p()
+        check("nvjpegCreateEx(DEFAULT)", L.nvjpegCreateEx(BACKEND_DEFAULT, None, None, 0, ctypes.byref(self.handle)))
+        self.decoder, self.state = ctypes.c_void_p(), ctypes.c_void_p()
+        check("nvjpegDecoderCreate(HYBRID)", L.nvjpegDecoderCreate(self.handle, BACKEND_HYBRID,
+                                                                  ctypes.byref(self.decoder)))
+        check("nvjpegDecoderStateCreate", L.nvjpegDecoderStateCreate(self.handle, self.decoder,
+                                                                     ctypes.byref(self.state)))
+        self.pinned = [ctypes.c_void_p(), ctypes.c_void_p()]
+        self.jstreams = [ctypes.c_void_p(), ctypes.c_void_p()]
+        for k in range(2):
+            check("nvjpegBufferPinnedCreate", L.nvjpegBufferPinnedCreate(self.handle, None,
+                                                                         ctypes.byref(self.pinned[k])))
+            check("nvjpegJpegStreamCreate", L.nvjpegJpegStreamCreate(self.handle, ctypes.byref(self.jstreams[k])))
+        self.device_buf = ctypes.c_void_p()
+        check("nvjpegBufferDeviceCreate", L.nvjpegBufferDeviceCreate(self.handle, None, ctypes.byref(self.device_buf)))
+        check("nvjpegStateAttachDeviceBuffer", L.nvjpegStateAttachDeviceBuffer(self.state, self.device_buf))
+        self.params = ctypes.c_void_p()
+        check("nvjpegDecodeParamsCreate", L.nvjpegDecodeParamsCreate(self.handle, ctypes.byref(self.params)))
+        check("nvjpegDecodeParamsSetOutputFormat", L.nvjpegDecodeParamsSetOutputFormat(self.params, OUTPUT_RGBI))
+        self.events = [cupy.cuda.Event(disable_timing=True), cupy.cuda.Event(disable_timing=True)]
+        self._used = [False, False]
+        self._k = 0
+        self._img = Image()
+
+    def decode(self, ptr: int, length: int, roi, dst: int, pitch: int) -> None:
+        """Decode one JPEG's ROI (x, y, w, h) to dst (RGBI, pitch) on this decoder's stream."""
+        import cupy
+
+        L, h, k = self.L, self.handle, self._k
+        self._k ^= 1
+        if self._used[k]:  # the copy out of this pinned buffer two images ago must be done
+            self.events[k].synchronize()
+        js = self.jstreams[k]
+        check("nvjpegJpegStreamParse", L.nvjpegJpegStreamParse(h, ptr, length, 0, 0, js))
+        x, y, w, hh = roi
+        check("nvjpegDecodeParamsSetROI", L.nvjpegDecodeParamsSetROI(self.params, x, y, w, hh))
+        check("nvjpegStateAttachPinnedBuffer", L.nvjpegStateAttachPinnedBuffer(self.state, self.pinned[k]))
+        check("nvjpegDecodeJpegHost", L.nvjpegDecodeJpegHost(h, self.decoder, self.state, self.params, js))
+        check("nvjpegDecodeJpegTransferToDevice", L.nvjpegDecodeJpegTransferToDevice(
+            h, self.decoder, self.state, js, self.stream_ptr))
+        cupy.cuda.runtime.eventRecord(self.events[k].ptr, self.stream_ptr)
+        self._used[k] = True
+        self._img.channel[0] = dst
+        self._img.pitch[0] = pitch
+        check("nvjpegDecodeJpegDevice", L.nvjpegDecodeJpegDevice(h, self.decoder, self.state,
+                                                                 ctypes.byref(self._img), self.stream_ptr))
+
+    def close(self):
+        if getattr(self, "handle", None):
+            L = self.L
+            L.nvjpegDecodeParamsDestroy(self.params)
+            for k in range(2):
+                L.nvjpegJpegStreamDestroy(self.jstreams[k])
+            L.nvjpegJpegStateDestroy(self.state)
+            for k in range(2):
+                L.nvjpegBufferPinnedDestroy(self.pinned[k])
+            L.nvjpegBufferDeviceDestroy(self.device_buf)
+            L.nvjpegDecoderDestroy(self.decoder)
+            L.nvjpegDestroy(self.handle)
             self.handle = None
 
     def __del__(self):
