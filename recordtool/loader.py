@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import warnings
 
 import numpy as np
 
@@ -20,6 +21,10 @@ from .reader import Dataset
 from .user_ops import KeyedOp
 
 _END = object()
+
+
+class RecordError(RuntimeError):
+    """A record's image could not be decoded; the message names the shard file and byte offset."""
 
 
 def _dist_defaults(rank, world_size):
@@ -56,7 +61,7 @@ class Loader:
                  mean=IMAGENET_MEAN, std=IMAGENET_STD, dtype: str = "float32", layout: str = "NCHW",
                  seed: int = 0, rank: int | None = None, world_size: int | None = None, drop_last: bool = True,
                  prefetch: int = 2, threads: int | None = None, user_op=None, as_torch: bool | None = None,
-                 producers: int | None = None, with_ids: bool = False, split="auto"):
+                 producers: int | None = None, with_ids: bool = False, split="auto", on_error: str = "raise"):
         if device not in ("cpu", "cuda"):
             raise ValueError("device must be 'cpu' or 'cuda'")
         self.ds = path if isinstance(path, Dataset) else Dataset(path)
@@ -71,6 +76,13 @@ class Loader:
         # "auto" follows measured rates, so which path decodes an image varies from run to run and
         # its pixels by a few levels (≥ 40 dB); "gpu" makes every batch bit-identical across runs.
         self.split = split
+        # a record whose image neither libjpeg nor Pillow can decode: "raise" (RecordError in the
+        # training loop, naming shard and offset) or "warn" (a warning each time; the sample is
+        # zeros, its label kept; listed in .bad_records)
+        if on_error not in ("raise", "warn"):
+            raise ValueError("on_error must be 'raise' or 'warn'")
+        self.on_error = on_error
+        self.bad_records = {}  # record id → reason
         # producer threads, batches dealt round-robin and handed out in order. On the GPU several
         # keep the NVJPG engines fed while one stages the next batch (BENCHMARKS.md: 4 best).
         self.producers = max(1, int(producers or (4 if device == "cuda" else 1)))
@@ -158,8 +170,10 @@ class Loader:
             flips = np.zeros(len(ids), bool)
         labels = ix.label[ids].astype(np.int64)
         if self.device == "cpu":
+            errors = []
             images = decode_crop_resize(bufs, win, size=(self.size, self.size), threads=self.threads,
-                                        policy="fallback")
+                                        policy="fallback", errors=errors)
+            self._bad(ids, errors)
             if self.user_op is not None:  # the user sees the batch as training will, flips included
                 images = self.user_op(mirror(images, flips))
                 flips = np.zeros(len(ids), bool)
@@ -201,6 +215,7 @@ class Loader:
         dec = self._decoder(producer)
         images = dec(bufs, win, flips, self._routes[ids])
         self.last_split = dict(dec.last)
+        self._bad(ids, dec.last.get("errors", []))
         if self.user_op is not None:  # uint8 NHWC on the device → user op → normalize
             import cupy
 
@@ -220,6 +235,23 @@ class Loader:
             with torch.cuda.device(self.gpu_id):
                 return to_torch(images, dec.stream), torch.from_numpy(labels).cuda(self.gpu_id, non_blocking=True)
         return images, labels
+
+    def _bad(self, ids, errors) -> None:
+        if not errors:
+            return
+        c = self.ds.index.columns
+        lines = []
+        for i, reason in errors:
+            r = int(ids[i])
+            shard = self.ds.shards[int(c["shard"][r])]["name"]
+            where = os.path.join(self.ds.root, shard)
+            lines.append(f"record {r} ({where}, image bytes at offset {int(c['jpeg_offset'][r])}, "
+                         f"{int(c['jpeg_length'][r])} bytes): {reason}")
+            self.bad_records[r] = reason
+        if self.on_error == "raise":
+            raise RecordError("undecodable image(s): " + "; ".join(lines))
+        for line in lines:
+            warnings.warn(f"recordtool: {line}; the sample is zeros this time", RuntimeWarning, stacklevel=2)
 
     # ------------------------------------------------------------------ pipeline
     def __iter__(self):

@@ -77,7 +77,9 @@ cat "$OUT"/bench_cli_*.log 2>/dev/null; grep "train_imagenet\|Error" "$OUT/train
 cat "$OUT/loader_memory.log" 2>/dev/null | tail -16
 grep -E "epoch|rank|total|coverage|Error" "$OUT/dist.log" 2>/dev/null | tail -20
 cat "$OUT/skipped.log" 2>/dev/null; echo "total $SECONDS s"
-grep -E "passed|failed|Error" "$OUT/pytest.log" | tail -5
+grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$OUT/pytest.log" | tail -12
 [ -f "$OUT/extra.log" ] && tail -20 "$OUT/extra.log"
-grep -q " failed" "$OUT/pytest.log" && exit 1
-exit 0
+# only a few files come back from the machine: one archive of every log and JSON
+rc=0; grep -q " failed" "$OUT/pytest.log" 2>/dev/null && rc=1
+(cd "$OUT" && tar czf all.tgz --exclude=all.tgz . && find . -type f ! -name all.tgz -delete)
+exit $rc

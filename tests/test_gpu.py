@@ -208,16 +208,17 @@ def test_bad_jpeg_in_batch_is_reported():
     on_cpu = GPUDecoder(max_batch=8, dtype="uint8", split="cpu")
     on_cpu(bufs, win, np.zeros(8, bool), hw)
     assert [i for i, _ in on_cpu.last["errors"]] == [2]  # the CPU path names it
-    # The engines decode a truncated stream without an error status (seen on the H200): the
-    # batch completes; `recordtool verify` is what finds such damage (CRC32C per shard).
-    on_gpu = GPUDecoder(max_batch=8, dtype="uint8", split="gpu")
-    out = on_gpu(bufs, win, np.zeros(8, bool), hw)
-    assert out.shape == (8, 3, 224, 224)
-    # a damaged progressive file: the hybrid decoder refuses it, the CPU path then names it
-    assert hw[4] == HYBRID
+    # Neither the engines nor the hybrid decoder report a truncated stream (seen on the H200):
+    # a file not ending in EOI is sent to libjpeg, which names it
     bufs[4] = bufs[4][: len(bufs[4]) // 3]
-    on_gpu(bufs, win, np.zeros(8, bool), hw)
-    assert 4 in [i for i, _ in on_gpu.last["errors"]], on_gpu.last
+    assert hw[4] == HYBRID
+    on_gpu = GPUDecoder(max_batch=8, dtype="uint8", layout="NHWC", split="gpu")
+    out = cupy.asnumpy(on_gpu(bufs, win, np.zeros(8, bool), hw))
+    assert sorted(i for i, _ in on_gpu.last["errors"]) == [2, 4], on_gpu.last
+    assert on_gpu.last["cpu"] == 2 + int((hw == CPU).sum())
+    ref = decode_crop_resize(bufs, win, policy="skip")
+    for k in set(range(8)) - {2, 4}:  # the rest of the batch is intact
+        assert psnr(out[k], ref[k]) >= 40
 
 
 @gpu
@@ -302,3 +303,18 @@ def test_cuda_loader_memory_fixed_after_warmup(packed_mix):
             before = pool.total_bytes()
     assert pool.total_bytes() == before and ld._ring.spills == 0
     assert ld._ring.free == len(ld._ring._mem)  # every batch given back
+
+
+@gpu
+def test_cuda_loader_names_a_damaged_record(packed_mix, tmp_path):
+    from test_loader import _damaged_copy
+
+    from recordtool.loader import Loader, RecordError
+
+    ix = __import__("recordtool").open(packed_mix).index
+    engine = int(np.nonzero(route(ix.chroma, ix.progressive, ix.colorspace) == ENGINE)[0][3])
+    path, shard, off = _damaged_copy(packed_mix, tmp_path, engine)
+    ld = Loader(path, batch_size=8, size=64, device="cuda", as_torch=False)
+    with pytest.raises(RecordError, match=f"record {engine} .*{shard}.*offset {off}"):
+        for _ in ld:
+            pass

@@ -136,3 +136,43 @@ def test_ctrl_c_in_training_loop_stops_the_pipeline(packed):
     time.sleep(0.3)
     assert not [t for t in threading.enumerate() if t.name == "recordtool-loader" and t.is_alive()]
     assert len(collect(ld)) == len(ld)  # and the loader still works afterwards
+
+
+def _damaged_copy(packed, tmp_path, record):
+    """A copy of the packed set whose record's image bytes start with zeros (damage after packing)."""
+    import shutil
+
+    out = tmp_path / "damaged"
+    shutil.copytree(packed, out)
+    ds = recordtool.open(str(out))
+    c = ds.index.columns
+    shard = out / ds.shards[int(c["shard"][record])]["name"]
+    off = int(c["jpeg_offset"][record])
+    ds.close()
+    with open(shard, "r+b") as f:
+        f.seek(off)
+        f.write(b"\0" * 16)
+    return str(out), shard.name, off
+
+
+def test_undecodable_record_names_shard_and_offset(packed, tmp_path):
+    from recordtool.loader import RecordError
+
+    path, shard, off = _damaged_copy(packed, tmp_path, 7)
+    ld = Loader(path, batch_size=8, size=32, seed=1, as_torch=False)
+    with pytest.raises(RecordError) as e:
+        for _ in ld:
+            pass
+    assert f"record 7 (" in str(e.value) and shard in str(e.value) and f"offset {off}" in str(e.value)
+    assert threading.active_count() < 50  # the producer stopped
+    # warn: the epoch completes, the sample is zeros, the label stays, the record is listed
+    ld = Loader(path, batch_size=8, size=32, seed=1, as_torch=False, on_error="warn", train=False,
+                mean=(0, 0, 0), std=(1, 1, 1))
+    with pytest.warns(RuntimeWarning, match=f"record 7 .*offset {off}"):
+        batches = list(ld.__iter__())
+    ds = recordtool.open(path)
+    for (x, y), ids in zip(batches, ld.batch_ids(0)):
+        assert y.tolist() == ds.labels[ids].tolist()
+        if 7 in ids.tolist():
+            assert float(np.abs(x[ids.tolist().index(7)]).max()) == 0.0
+    assert list(ld.bad_records) == [7]

@@ -190,7 +190,7 @@ class GPUDecoder:
         GPUDecoder._instances = getattr(GPUDecoder, "_instances", 0) + 1
         self.pool = 1 + (GPUDecoder._instances - 1) % 63 if pool is None else pool  # ids 1..63; 0 is the default
         self.cpu_fraction = 0.0 if split in ("gpu", "auto") else (1.0 if split == "cpu" else float(split))
-        self._rates = {"gpu": None, "cpu": None}
+        self._rates = {"gpu": None, "cpu": None, "hybrid": None}
         self.last = {}
         self.ring = ring
         # the CPU part and the hybrid decoder run beside the engines' submission, on threads kept
@@ -247,6 +247,12 @@ class GPUDecoder:
             cpu._native.reserve(big, self.cpu_threads, self.pool)
         if self.ring is None and outputs > 0:
             self.ring = OutputRing(self.output_shape(), self.dtype, outputs, self.device_id)
+        if self.hybrid is not None and routes is not None and (np.asarray(routes) == HYBRID).any():
+            sel = np.asarray(routes) == HYBRID
+            try:
+                self._prime_hybrid(int(np.asarray(widths)[sel].max()), int(np.asarray(heights)[sel].max()))
+            except Exception as e:
+                self.prealloc_error = f"hybrid: {e}"
         if self.hw is not None and len(widths):
             engine = np.ones(len(widths), bool) if routes is None else np.asarray(routes) == ENGINE
             if engine.any():
@@ -257,6 +263,22 @@ class GPUDecoder:
                         self.hw.preallocate(b, W, H, CHROMA_444, padding=16 << 20)
                 except Exception as e:  # a sizing hint only: decoding works without it
                     self.prealloc_error = str(e)
+
+    def _prime_hybrid(self, width: int, height: int) -> None:
+        """Decode one progressive 4:4:4 image of the largest hybrid-bound size, so the hybrid
+        decoder's device and pinned buffers reach their final size now, not mid-epoch."""
+        import io
+
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.new("RGB", (width, height), (120, 130, 140)).save(buf, "JPEG", quality=90, progressive=True,
+                                                                  subsampling=0)
+        view = np.frombuffer(buf.getbuffer(), np.uint8)
+        with self.device:
+            self.hybrid.decode(view.ctypes.data, len(view), (0, 0, width, height), self._arena.data.ptr, width * 3)
+            self.hybrid_stream.synchronize()
+        del view
 
     def _alloc(self, staging: int, arena: int) -> None:
         cupy = self.cupy
@@ -296,12 +318,20 @@ class GPUDecoder:
         windows = np.asarray(windows, np.float64).reshape(n, 4)
         flips = np.asarray(flips, bool).reshape(n)
         routes = np.asarray(routes).reshape(n)
-        if routes.dtype == bool:
-            routes = np.where(routes, ENGINE, CPU)
+        routes = np.where(routes, ENGINE, CPU) if routes.dtype == bool else routes.copy()
+        # Neither GPU decoder reports a truncated stream (seen on the H200): a file that does not
+        # end in EOI goes to libjpeg, which names it — or decodes it, if only trailing bytes follow.
+        routes[[bytes(b[-2:]) != b"\xff\xd9" for b in buffers]] = CPU
         self._ensure(buffers, windows)
         # -- split: everything no GPU decoder takes, plus a share of the engines' images, to the CPU
-        hyb_idx = np.nonzero(routes == HYBRID)[0] if self.hybrid is not None else np.zeros(0, np.int64)
         eligible = np.nonzero(routes == ENGINE)[0] if self.hw is not None else np.zeros(0, np.int64)
+        hyb_idx = np.nonzero(routes == HYBRID)[0] if self.hybrid is not None else np.zeros(0, np.int64)
+        rh, rg = self._rates["hybrid"], self._rates["gpu"]
+        if self.split == "auto" and rh and rg and len(hyb_idx) > 2:
+            # the hybrid decoder's Huffman pass is one thread: give it what it finishes while the
+            # engines do their share; the rest goes to the CPU threads
+            t_engines = len(eligible) * (1 - self.cpu_fraction) / rg
+            hyb_idx = hyb_idx[: max(2, int(rh * t_engines))]
         on_gpu = np.zeros(n, bool)
         on_gpu[eligible] = True
         on_gpu[hyb_idx] = True
@@ -327,6 +357,7 @@ class GPUDecoder:
 
         cpu_job = self._workers.submit(cpu_part)
         hyb_job = self._workers.submit(self._decode_hybrid, buffers, hyb_idx, layout) if len(hyb_idx) else None
+        t_hyb = None
         hw_failed, hyb_failed = [], []
         with self.device, self.stream:
             ev_start = self.stream.record()
@@ -341,7 +372,7 @@ class GPUDecoder:
             ev_decoded = self.stream.record()
             t_cpu, errors = cpu_job.result()
             if hyb_job is not None:
-                hyb_failed = hyb_job.result()
+                hyb_failed, t_hyb = hyb_job.result()
                 self.stream.wait_event(self.hybrid_stream.record())
             gpu_failed = hw_failed + hyb_failed
             if gpu_failed:  # what a GPU decoder refused: the CPU path decodes it (or names the error)
@@ -374,10 +405,12 @@ class GPUDecoder:
             if len(gpu_idx) and not hw_failed:  # engine time: host submission or device work, the longer
                 t_gpu = max(t_host, cupy.cuda.get_elapsed_time(ev_start, ev_decoded) / 1e3)
         n_gpu = len(gpu_idx) - len(hw_failed)
-        self._adapt(n_gpu, t_gpu, len(cpu_idx) - len(gpu_failed), t_cpu)
+        self._adapt(n, n_gpu, t_gpu, len(cpu_idx) - len(gpu_failed), t_cpu,
+                    len(hyb_idx) - len(hyb_failed), t_hyb if not hyb_failed else None)
         self.last = {"n": n, "gpu": int(n_gpu), "hybrid": int(len(hyb_idx) - len(hyb_failed)),
                      "cpu": int(len(cpu_idx)), "cpu_forced": int(len(forced)), "cpu_fraction": self.cpu_fraction,
                      "gpu_rate": self._rates["gpu"], "cpu_rate": self._rates["cpu"],
+                     "hybrid_rate": self._rates["hybrid"],
                      "errors": errors, "seconds": time.perf_counter() - t0}
         return out
 
@@ -415,7 +448,8 @@ class GPUDecoder:
 
     def _decode_hybrid(self, buffers, hyb_idx, layout) -> list:
         """Hybrid-decode each window (Huffman on this thread, the rest on the hybrid stream);
-        return the indices it refused, for the CPU path."""
+        return the indices it refused, for the CPU path, and the seconds it took."""
+        t = time.perf_counter()
         failed = []
         with self.device:
             for i in hyb_idx.tolist():
@@ -426,13 +460,14 @@ class GPUDecoder:
                     self.hybrid.decode(view.ctypes.data, len(view), (rx, ry, rw, rh), dst, pitch)
                 except Exception:
                     failed.append(i)
-        return failed
+            self.hybrid_stream.synchronize()
+        return failed, time.perf_counter() - t
 
-    def _adapt(self, n_gpu, t_gpu, n_cpu, t_cpu):
+    def _adapt(self, n, n_gpu, t_gpu, n_cpu, t_cpu, n_hyb=0, t_hyb=None):
         """Move the CPU share so that both sides take the same time on the next batch."""
         a = 0.3
-        for key, nn, t in (("gpu", n_gpu, t_gpu), ("cpu", n_cpu, t_cpu)):
-            if nn >= 8 and t:
+        for key, nn, t, least in (("gpu", n_gpu, t_gpu, 8), ("cpu", n_cpu, t_cpu, 8), ("hybrid", n_hyb, t_hyb, 2)):
+            if nn >= least and t:
                 r = nn / t
                 self._rates[key] = r if self._rates[key] is None else (1 - a) * self._rates[key] + a * r
         if self.split != "auto" or self.hw is None:
@@ -441,7 +476,7 @@ class GPUDecoder:
         if rg and rc:
             self.cpu_fraction = float(np.clip(rc / (rc + rg), 0.0, 0.9))
         elif rg and not rc:
-            self.cpu_fraction = 0.05  # measure the CPU once
+            self.cpu_fraction = max(0.05, 8.5 / max(n, 1))  # measure the CPU once (≥ 8 images)
         elif rc and not rg:
             self.cpu_fraction = 0.5
 

@@ -158,6 +158,9 @@ class HardwareDecoder:
         if padding:
             check("nvjpegSetDeviceMemoryPadding", L.nvjpegSetDeviceMemoryPadding(padding, self.handle))
             check("nvjpegSetPinnedMemoryPadding", L.nvjpegSetPinnedMemoryPadding(padding, self.handle))
+        check("nvjpegDecodeBatchedInitialize",
+              L.nvjpegDecodeBatchedInitialize(self.handle, self.state, batch, 1, OUTPUT_RGBI))
+        self._batch = batch
         check("nvjpegDecodeBatchedPreAllocate", L.nvjpegDecodeBatchedPreAllocate(
             self.handle, self.state, batch, width, height, chroma, OUTPUT_RGBI))
 
@@ -236,9 +239,15 @@ class HybridDecoder:
         check("nvjpegDecodeParamsCreate", L.nvjpegDecodeParamsCreate(self.handle, ctypes.byref(self.params)))
         check("nvjpegDecodeParamsSetOutputFormat", L.nvjpegDecodeParamsSetOutputFormat(self.params, OUTPUT_RGBI))
         self.events = [cupy.cuda.Event(disable_timing=True), cupy.cuda.Event(disable_timing=True)]
+        self.set_padding(16 << 20)
         self._used = [False, False]
         self._k = 0
         self._img = Image()
+
+    def set_padding(self, padding: int) -> None:
+        """Grow nvJPEG's buffers in steps of `padding` bytes rather than to each new image's size."""
+        check("nvjpegSetDeviceMemoryPadding", self.L.nvjpegSetDeviceMemoryPadding(padding, self.handle))
+        check("nvjpegSetPinnedMemoryPadding", self.L.nvjpegSetPinnedMemoryPadding(padding, self.handle))
 
     def decode(self, ptr: int, length: int, roi, dst: int, pitch: int) -> None:
         """Decode one JPEG's ROI (x, y, w, h) to dst (RGBI, pitch) on this decoder's stream."""
