@@ -81,5 +81,5 @@ grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$OUT/pytest.log" | tail -12
 [ -f "$OUT/extra.log" ] && tail -20 "$OUT/extra.log"
 # only a few files come back from the machine: one archive of every log and JSON
 rc=0; grep -q " failed" "$OUT/pytest.log" 2>/dev/null && rc=1
-(cd "$OUT" && tar czf all.tgz --exclude=all.tgz . && find . -type f ! -name all.tgz -delete)
+(cd "$OUT" && tar czf all.tgz --exclude=all.tgz --exclude=run.log . ; find . -type f ! -name all.tgz ! -name run.log -delete)
 exit $rc

@@ -163,7 +163,7 @@ def test_undecodable_record_names_shard_and_offset(packed, tmp_path):
     with pytest.raises(RecordError) as e:
         for _ in ld:
             pass
-    assert f"record 7 (" in str(e.value) and shard in str(e.value) and f"offset {off}" in str(e.value)
+    assert "record 7 (" in str(e.value) and shard in str(e.value) and f"offset {off}" in str(e.value)
     assert threading.active_count() < 50  # the producer stopped
     # warn: the epoch completes, the sample is zeros, the label stays, the record is listed
     ld = Loader(path, batch_size=8, size=32, seed=1, as_torch=False, on_error="warn", train=False,

@@ -276,7 +276,9 @@ class GPUDecoder:
                                                                   subsampling=0)
         view = np.frombuffer(buf.getbuffer(), np.uint8)
         with self.device:
-            self.hybrid.decode(view.ctypes.data, len(view), (0, 0, width, height), self._arena.data.ptr, width * 3)
+            for _ in range(2):  # once per pinned buffer (they alternate)
+                self.hybrid.decode(view.ctypes.data, len(view), (0, 0, width, height), self._arena.data.ptr,
+                                   width * 3)
             self.hybrid_stream.synchronize()
         del view
 
