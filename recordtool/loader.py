@@ -84,8 +84,9 @@ class Loader:
         self.on_error = on_error
         self.bad_records = {}  # record id → reason
         # producer threads, batches dealt round-robin and handed out in order. On the GPU several
-        # keep the NVJPG engines fed while one stages the next batch (BENCHMARKS.md: 4 best).
-        self.producers = max(1, int(producers or (4 if device == "cuda" else 1)))
+        # keep the NVJPG engines fed while one stages the next batch (BENCHMARKS.md: 4 best); on
+        # the CPU two, so one's Python work and user op overlap the other's decode on the pool.
+        self.producers = max(1, int(producers or (4 if device == "cuda" else 2)))
         self.rank, self.world_size = _dist_defaults(rank, world_size)
         self.sampler = self.ds.sampler(seed=seed, rank=self.rank, world_size=self.world_size, drop_last=drop_last)
         if as_torch is None:

@@ -109,6 +109,14 @@ def test_user_ops_applied_and_reproducible(packed):
     out = cut(a.copy())
     assert ((out == 0).all(axis=-1).sum(axis=(1, 2)) > 0).all()  # a square per image
     assert np.array_equal(out, cut(a.copy()))  # same ids, same epoch: same squares
+    # the CPU's per-image slices zero exactly the square the GPU's mask formula does (also at edges)
+    u = cut.draws(4, [102, 103])
+    cy, cx = (u[:, 0] * 32).astype(int)[:, None, None], (u[:, 1] * 32).astype(int)[:, None, None]
+    yy, xx = np.arange(32)[None, :, None], np.arange(32)[None, None, :]
+    mask = (np.abs(yy - cy) <= 8) & (np.abs(xx - cx) <= 8)
+    ref = a.copy()
+    ref[mask] = 0
+    assert np.array_equal(out, ref)
 
 
 def test_torch_tensors_when_torch_is_installed(packed):
