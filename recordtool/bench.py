@@ -131,8 +131,9 @@ def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | No
         from .decode.gpu import GPUDecoder, route
 
         dec = GPUDecoder(max_batch=batch_size, dtype="uint8", layout="NHWC", cpu_threads=max(1, threads - 2))
-        dec.warmup(ix.jpeg_length, ix.width, ix.height)
-        hw = route(ix.chroma[order], ix.progressive[order], ix.colorspace[order])
+        routes = route(ix.chroma, ix.progressive, ix.colorspace)
+        dec.warmup(ix.jpeg_length, ix.width, ix.height, routes=routes)
+        hw = routes[order]
         flips = np.zeros(n, bool)
         dec(bufs[:batch_size], win[:batch_size], flips[:batch_size], hw[:batch_size])
         t = time.perf_counter()
