@@ -124,10 +124,7 @@ class Loader:
         if device == "cpu":
             from .decode import cpu
 
-            if cpu.native_available():  # size the decode threads' buffers once: RSS stays flat
-                ix = self.ds.index
-                big = int((ix.width.astype(np.int64) * ix.height).max()) * 3 if len(ix) else 0
-                cpu._native.reserve(big, self.threads)
+            cpu.reserve(self.ds.index.width, self.ds.index.height, self.threads)
 
     # ------------------------------------------------------------------ epoch bookkeeping
     def __len__(self) -> int:

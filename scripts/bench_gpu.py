@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import recordtool  # noqa: E402
 from recordtool.decode import random_flips, random_windows  # noqa: E402
 from recordtool.bench import nvimgcodec_peer, torchvision_peer  # noqa: E402,F401
-from recordtool.decode.gpu import GPUDecoder, OutputRing, hardware_decodable, route  # noqa: E402
+from recordtool.decode.gpu import GPUDecoder, OutputRing, device_memory_used, hardware_decodable, route  # noqa: E402,E501
 
 def log(*a):
     print(*a, flush=True)
@@ -49,7 +49,6 @@ def recordtool_gpu(ds, batch, epochs, producers, split="auto", hybrid=True):
     for d in decs:
         d.ring = ring
         d.warmup(idx_all.jpeg_length, idx_all.width, idx_all.height, routes=hw)
-    dev_used = lambda: (lambda f, t: t - f)(*cupy.cuda.runtime.memGetInfo())  # noqa: E731
     pool = cupy.get_default_memory_pool()
     results = {}
     for epoch in range(epochs):
@@ -74,7 +73,7 @@ def recordtool_gpu(ds, batch, epochs, producers, split="auto", hybrid=True):
                 q_out.put((k, out, dict(dec.last)))
 
         pool_before = pool.total_bytes()
-        used_before, spills_before = dev_used(), ring.spills
+        used_before, spills_before = device_memory_used(), ring.spills
         allocs_before = sum(d.allocations for d in decs)
         t = time.perf_counter()
         ths = [threading.Thread(target=produce, args=(d,)) for d in decs]
@@ -99,7 +98,7 @@ def recordtool_gpu(ds, batch, epochs, producers, split="auto", hybrid=True):
                    "gpu_rate": splits[-1]["gpu_rate"], "cpu_rate": splits[-1]["cpu_rate"],
                    "hybrid_share": float(np.mean([s["hybrid"] / s["n"] for s in splits])),
                    "pool_growth_bytes": pool.total_bytes() - pool_before,
-                   "device_used_growth_bytes": dev_used() - used_before, "ring_spills": ring.spills - spills_before,
+                   "device_used_growth_bytes": device_memory_used() - used_before, "ring_spills": ring.spills - spills_before,
                    "buffer_growths": sum(d.allocations for d in decs) - allocs_before,
                    "errors": sum(len(s["errors"]) for s in splits), "hw_error": decs[0].hw_error}
         log(f"  epoch {epoch}: {done / dt:,.0f} img/s, cpu share {cpu_share:.2f}, hybrid share "

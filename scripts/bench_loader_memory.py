@@ -44,8 +44,9 @@ def run(path, device, epochs, batch, user_op=None, images=None):
             import torch
 
             torch.cuda.synchronize()
-            free, total = cupy.cuda.runtime.memGetInfo()  # everything: CuPy pool, nvJPEG, torch, context
-            gpu = (cupy.get_default_memory_pool().total_bytes() / 1e6, (total - free) / 1e6,
+            from recordtool.decode.gpu import device_memory_used
+
+            gpu = (cupy.get_default_memory_pool().total_bytes() / 1e6, device_memory_used(ld.gpu_id) / 1e6,
                    ld._ring.spills if ld._ring is not None else 0)
         else:
             gpu = (0.0, 0.0, 0)

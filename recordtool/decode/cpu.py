@@ -33,6 +33,14 @@ def native_available() -> bool:
     return _native is not None
 
 
+def reserve(widths, heights, threads: int, pool: int = 0) -> None:
+    """Size each decode thread's buffer for the largest of these images now, so resident memory
+    does not grow later as threads meet larger images. No-op without the native decoder."""
+    if _native is not None and len(widths):
+        big = int((np.asarray(widths, np.int64) * np.asarray(heights, np.int64)).max()) * 3
+        _native.reserve(big, int(threads), int(pool))
+
+
 def _fallback_warning():
     global _warned
     if not _warned:

@@ -119,6 +119,15 @@ class _Slot:
         self.ring._release(self.k)
 
 
+def device_memory_used(device: int = 0) -> int:
+    """Bytes in use on the GPU (cudaMemGetInfo): CuPy's pool, nvJPEG's buffers, torch, the context."""
+    import cupy
+
+    with cupy.cuda.Device(device):
+        free, total = cupy.cuda.runtime.memGetInfo()
+    return total - free
+
+
 def _consumer_stream(device: int) -> int:
     """The stream the calling thread works on: torch's current one if torch is loaded, else CuPy's."""
     import sys
@@ -242,9 +251,7 @@ class GPUDecoder:
         lens = np.sort(np.asarray(jpeg_lengths, np.int64))[::-1][:b]
         regions = np.sort(_region_bytes(np.asarray(widths, np.float64), np.asarray(heights, np.float64)))[::-1][:b]
         self._alloc(int(lens.sum()) + b * 64, int(regions.sum()))
-        if cpu.native_available() and len(widths):  # the CPU share's decode buffers, sized once
-            big = int((np.asarray(widths, np.int64) * np.asarray(heights, np.int64)).max()) * 3
-            cpu._native.reserve(big, self.cpu_threads, self.pool)
+        cpu.reserve(widths, heights, self.cpu_threads, self.pool)  # the CPU share's decode buffers
         if self.ring is None and outputs > 0:
             self.ring = OutputRing(self.output_shape(), self.dtype, outputs, self.device_id)
         if self.hybrid is not None and routes is not None and (np.asarray(routes) == HYBRID).any():
@@ -260,7 +267,8 @@ class GPUDecoder:
                 H = int(np.asarray(heights)[engine].max())
                 try:  # 4:4:4 is the largest layout: enough for any chroma of these sizes
                     with self.device:
-                        self.hw.preallocate(b, W, H, CHROMA_444, padding=16 << 20)
+                        self.hw.set_padding(16 << 20)
+                        self.hw.preallocate(b, W, H, CHROMA_444)
                 except Exception as e:  # a sizing hint only: decoding works without it
                     self.prealloc_error = str(e)
 

@@ -116,14 +116,33 @@ def check(call: str, status: int) -> None:
         raise NvjpegError(call, status)
 
 
-class HardwareDecoder:
+class _Handle:
+    """What both decoders share: an nvJPEG library handle (`self.handle`), its buffer growth
+    padding, and release on close / garbage collection."""
+
+    L = None
+    handle = None
+
+    def set_padding(self, padding: int) -> None:
+        """Grow nvJPEG's buffers in steps of `padding` bytes rather than to each new image's size."""
+        check("nvjpegSetDeviceMemoryPadding", self.L.nvjpegSetDeviceMemoryPadding(padding, self.handle))
+        check("nvjpegSetPinnedMemoryPadding", self.L.nvjpegSetPinnedMemoryPadding(padding, self.handle))
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class HardwareDecoder(_Handle):
     """nvjpegDecodeBatchedEx on the NVJPG engines, RGBI output, one ROI per image.
 
     One instance per thread (nvJPEG states are not shared). Raises NvjpegError with
     ARCH_MISMATCH where the GPU has no hardware JPEG engine.
     """
 
-    def __init__(self, max_batch: int, device_padding: int = 0, pinned_padding: int = 0):
+    def __init__(self, max_batch: int):
         L = lib()
         self.L = L
         self.handle = ctypes.c_void_p()
@@ -133,10 +152,6 @@ class HardwareDecoder:
         check("nvjpegGetHardwareDecoderInfo", L.nvjpegGetHardwareDecoderInfo(self.handle, ctypes.byref(e),
                                                                             ctypes.byref(c)))
         self.engines, self.cores = e.value, c.value
-        if device_padding:
-            check("nvjpegSetDeviceMemoryPadding", L.nvjpegSetDeviceMemoryPadding(device_padding, self.handle))
-        if pinned_padding:
-            check("nvjpegSetPinnedMemoryPadding", L.nvjpegSetPinnedMemoryPadding(pinned_padding, self.handle))
         self.state = ctypes.c_void_p()
         check("nvjpegJpegStateCreate", L.nvjpegJpegStateCreate(self.handle, ctypes.byref(self.state)))
         self.max_batch = max_batch
@@ -151,13 +166,10 @@ class HardwareDecoder:
         self._imgs = (Image * max_batch)()
         self._batch = None
 
-    def preallocate(self, batch: int, width: int, height: int, chroma: int, padding: int = 0) -> None:
+    def preallocate(self, batch: int, width: int, height: int, chroma: int) -> None:
         """Size nvJPEG's internal buffers for the largest expected image up front, so a larger
         image later does not make the library allocate in steady state."""
         L = self.L
-        if padding:
-            check("nvjpegSetDeviceMemoryPadding", L.nvjpegSetDeviceMemoryPadding(padding, self.handle))
-            check("nvjpegSetPinnedMemoryPadding", L.nvjpegSetPinnedMemoryPadding(padding, self.handle))
         check("nvjpegDecodeBatchedInitialize",
               L.nvjpegDecodeBatchedInitialize(self.handle, self.state, batch, 1, OUTPUT_RGBI))
         self._batch = batch
@@ -196,14 +208,8 @@ class HardwareDecoder:
             self.L.nvjpegDestroy(self.handle)
             self.handle = None
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
-
-class HybridDecoder:
+class HybridDecoder(_Handle):
     """Decoupled nvJPEG with the HYBRID backend: Huffman decoding on the calling CPU thread, the
     rest (IDCT, upsampling, colour) on the GPU, one ROI per image, RGBI output.
 
@@ -238,21 +244,15 @@ class HybridDecoder:
         self.params = ctypes.c_void_p()
         check("nvjpegDecodeParamsCreate", L.nvjpegDecodeParamsCreate(self.handle, ctypes.byref(self.params)))
         check("nvjpegDecodeParamsSetOutputFormat", L.nvjpegDecodeParamsSetOutputFormat(self.params, OUTPUT_RGBI))
+        self._record = cupy.cuda.runtime.eventRecord
         self.events = [cupy.cuda.Event(disable_timing=True), cupy.cuda.Event(disable_timing=True)]
         self.set_padding(16 << 20)
         self._used = [False, False]
         self._k = 0
         self._img = Image()
 
-    def set_padding(self, padding: int) -> None:
-        """Grow nvJPEG's buffers in steps of `padding` bytes rather than to each new image's size."""
-        check("nvjpegSetDeviceMemoryPadding", self.L.nvjpegSetDeviceMemoryPadding(padding, self.handle))
-        check("nvjpegSetPinnedMemoryPadding", self.L.nvjpegSetPinnedMemoryPadding(padding, self.handle))
-
     def decode(self, ptr: int, length: int, roi, dst: int, pitch: int) -> None:
         """Decode one JPEG's ROI (x, y, w, h) to dst (RGBI, pitch) on this decoder's stream."""
-        import cupy
-
         L, h, k = self.L, self.handle, self._k
         self._k ^= 1
         if self._used[k]:  # the copy out of this pinned buffer two images ago must be done
@@ -265,7 +265,7 @@ class HybridDecoder:
         check("nvjpegDecodeJpegHost", L.nvjpegDecodeJpegHost(h, self.decoder, self.state, self.params, js))
         check("nvjpegDecodeJpegTransferToDevice", L.nvjpegDecodeJpegTransferToDevice(
             h, self.decoder, self.state, js, self.stream_ptr))
-        cupy.cuda.runtime.eventRecord(self.events[k].ptr, self.stream_ptr)
+        self._record(self.events[k].ptr, self.stream_ptr)
         self._used[k] = True
         self._img.channel[0] = dst
         self._img.pitch[0] = pitch
@@ -285,9 +285,3 @@ class HybridDecoder:
             L.nvjpegDecoderDestroy(self.decoder)
             L.nvjpegDestroy(self.handle)
             self.handle = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
