@@ -125,7 +125,7 @@ def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | No
         t = time.perf_counter()
         for s in range(0, n, batch_size):
             e = min(n, s + batch_size)
-            decode_crop_resize(bufs[s:e], win[s:e], threads=threads, out=out[: e - s], policy="skip")
+            decode_crop_resize(bufs[s:e], win[s:e], threads=threads, out=out[: e - s], on_error="skip")
         r["decode"] = {"img_s": n / (time.perf_counter() - t)}
     else:
         from .decode.gpu import GPUDecoder, route

@@ -20,6 +20,13 @@ def _size(text: str) -> int:
     return int(t)
 
 
+def _policy(on_error, strict: bool) -> str:
+    """--strict is --on-error raise; both at once must agree."""
+    if strict and on_error not in (None, "raise"):
+        raise click.UsageError(f"--strict contradicts --on-error {on_error}")
+    return "raise" if strict else (on_error or "skip")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="recordtool")
 def main():
@@ -36,7 +43,10 @@ def main():
 @click.option("--shard-size", default=None, help="Target part file size, e.g. 128MB (default 128MB).")
 @click.option("--workers", type=int, default=None, help="Reader threads (default 2×cores). Output is the same for any value.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the pack-time shuffle across shards.")
-@click.option("--strict", is_flag=True, help="Fail on the first file or record that cannot be packed instead of skipping it.")
+@click.option("--on-error", "on_error", type=click.Choice(["skip", "warn", "raise"]), default=None,
+              help="A file or record that cannot be packed: skip it (default; listed in pack_report.json), "
+              "warn and skip, or raise (stop, nothing published).")
+@click.option("--strict", is_flag=True, help="Same as --on-error raise.")
 @click.option("--overwrite", is_flag=True, help="Replace a finished dataset in OUT.")
 @click.option("--max-pixels", type=int, default=None, help="Reject images declaring more pixels (default 64 Mpx).")
 @click.option("--preset", type=click.Choice(sorted(["tf-slim", "tfds"])), default=None,
@@ -53,7 +63,7 @@ def main():
 @click.option("--hw-friendly", is_flag=True,
               help="Re-encode JPEGs NVIDIA's hardware decoder cannot take (progressive, 4:1:1, ...) as baseline 4:2:0.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def pack(src, out, kind, shards, shard_size, workers, seed, strict, overwrite, max_pixels, preset, image_key,
+def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, overwrite, max_pixels, preset, image_key,
          label_key, label_offset, filename_key, compression, max_side, quality, hw_friendly, quiet):
     """Pack SRC into OUT: OFRecord part files, index.rtx, manifest.json.
 
@@ -61,11 +71,12 @@ def pack(src, out, kind, shards, shard_size, workers, seed, strict, overwrite, m
     0..K-1). JPEG bytes are copied unchanged; CMYK JPEGs, PNGs and other images are converted
     to RGB JPEG; unreadable files or records are skipped and listed in OUT/pack_report.json.
     """
-    from .format.ofrecord import FormatError
-    from .pack import PackError, pack as run_pack
+    from .errors import RecordtoolError
+    from .pack import pack as run_pack
     from .sources.image import DEFAULT_MAX_PIXELS, Transcode
-    from .sources.tfrecord import PRESETS, TFRecordError
+    from .sources.tfrecord import PRESETS
 
+    policy = _policy(on_error, strict)
     try:
         if kind != "tfrecord" and len(src) != 1:
             raise click.UsageError(f"--from {kind} takes one SRC folder")
@@ -75,7 +86,7 @@ def pack(src, out, kind, shards, shard_size, workers, seed, strict, overwrite, m
             from .sources.ofrecord import OFRecordSource
 
             source = OFRecordSource(src[0], image_key=image_key or "encoded", label_key=label_key or "class/label",
-                                    strict=strict)
+                                    on_error=policy)
         else:
             from .sources.tfrecord import TFRecordSource
 
@@ -91,13 +102,13 @@ def pack(src, out, kind, shards, shard_size, workers, seed, strict, overwrite, m
             parent = os.path.dirname(os.path.abspath(out))
             os.makedirs(parent, exist_ok=True)  # GZIP/ZLIB files are inflated beside OUT
             source = TFRecordSource(src, keys, tmpdir=parent,
-                                    compression=compression, strict=strict)
+                                    compression=compression, on_error=policy)
         summary = run_pack(source, out, shards=shards, shard_size=_size(shard_size) if shard_size else None,
-                           workers=workers, seed=seed, strict=strict, overwrite=overwrite,
+                           workers=workers, seed=seed, on_error=policy, overwrite=overwrite,
                            max_pixels=max_pixels or DEFAULT_MAX_PIXELS,
                            transcode=Transcode(max_side=max_side, quality=quality, hw_friendly=hw_friendly),
                            progress=not quiet)
-    except (PackError, FileExistsError, FileNotFoundError, ValueError, FormatError, TFRecordError) as e:
+    except (RecordtoolError, FileExistsError, FileNotFoundError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     for w in summary.warnings:
         click.echo(f"warning: {w}", err=True)
@@ -112,16 +123,19 @@ def pack(src, out, kind, shards, shard_size, workers, seed, strict, overwrite, m
 @click.argument("root", type=click.Path(exists=True, file_okay=False))
 @click.option("--image-key", default="encoded", show_default=True)
 @click.option("--label-key", default="class/label", show_default=True)
-@click.option("--strict", is_flag=True, help="Fail on the first record that cannot be indexed.")
+@click.option("--on-error", "on_error", type=click.Choice(["skip", "warn", "raise"]), default=None,
+              help="A record that cannot be indexed: skip it (default; listed in the manifest), warn, or raise.")
+@click.option("--strict", is_flag=True, help="Same as --on-error raise.")
 @click.option("--quiet", "-q", is_flag=True)
-def index_cmd(root, image_key, label_key, strict, quiet):
+def index_cmd(root, image_key, label_key, on_error, strict, quiet):
     """Build index + manifest for OFRecord part files made elsewhere (e.g. OneFlow's)."""
-    from .format.ofrecord import FormatError
+    from .errors import RecordtoolError
     from .format.scan import index_parts
 
     try:
-        m = index_parts(root, image_key=image_key, label_key=label_key, strict=strict, progress=not quiet)
-    except (FormatError, OSError) as e:
+        m = index_parts(root, image_key=image_key, label_key=label_key, on_error=_policy(on_error, strict),
+                        progress=not quiet)
+    except (RecordtoolError, OSError) as e:
         raise click.ClickException(str(e)) from None
     for s in m["skipped"][:10]:
         click.echo(f"left out: {s['reason']}", err=True)
@@ -134,12 +148,12 @@ def index_cmd(root, image_key, label_key, strict, quiet):
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def inspect(root, as_json):
     """Counts, classes, sizes, chroma/progressive mix and shards of a dataset."""
-    from .format.ofrecord import FormatError
+    from .errors import RecordtoolError
     from .inspect import render, summarize
 
     try:
         s = summarize(root)
-    except (FormatError, OSError) as e:
+    except (RecordtoolError, OSError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(json.dumps(s, indent=1) if as_json else render(s))
 
@@ -181,12 +195,12 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
     the same records and cores in the same run; the table gives ratios to it.
     """
     from .bench import plot, run, table
-    from .format.ofrecord import FormatError
+    from .errors import RecordtoolError
 
     try:
         r = run(root, device=device, batch_size=batch_size, threads=threads, epochs=epochs, images=images,
                 progress=not quiet)
-    except (FormatError, OSError, ValueError) as e:
+    except (RecordtoolError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(table(r))
     if json_path:

@@ -18,13 +18,10 @@ import numpy as np
 from .decode import center_windows, decode_crop_resize, mirror, normalize, random_flips, random_windows
 from .decode.ops import IMAGENET_MEAN, IMAGENET_STD
 from .reader import Dataset
+from .errors import RecordError  # noqa: F401
 from .user_ops import KeyedOp
 
 _END = object()
-
-
-class RecordError(RuntimeError):
-    """A record's image could not be decoded; the message names the shard file and byte offset."""
 
 
 def _dist_defaults(rank, world_size):
@@ -170,7 +167,7 @@ class Loader:
         if self.device == "cpu":
             errors = []
             images = decode_crop_resize(bufs, win, size=(self.size, self.size), threads=self.threads,
-                                        policy="fallback", errors=errors)
+                                        on_error="skip", fallback=True, errors=errors)
             self._bad(ids, errors)
             if self.user_op is not None:  # the user sees the batch as training will, flips included
                 images = self.user_op(mirror(images, flips))

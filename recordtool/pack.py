@@ -17,14 +17,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import __version__
+from .errors import OnError, PackError, on_error as _on_error, report as _report
 from .format.writer import DatasetWriter, fault_point
+from .sources.base import Source
 from .sources.image import DEFAULT_MAX_PIXELS, NO_TRANSCODE, Rejected, Transcode, prepare
 
 DEFAULT_SHARD_SIZE = 128 * 1024 * 1024
-
-
-class PackError(RuntimeError):
-    pass
 
 
 @dataclass
@@ -83,12 +81,31 @@ def _load(source, item, max_pixels, transcode):
         return item, e, None, None
 
 
-def pack(src, out: str, *, shards: int | None = None, shard_size: int | None = None,
-         workers: int | None = None, seed: int = 0, strict: bool = False, overwrite: bool = False,
+def pack(src: str | os.PathLike | Source, out: str, *, shards: int | None = None, shard_size: int | None = None,
+         workers: int | None = None, seed: int = 0, on_error: OnError | str = "skip", overwrite: bool = False,
          max_pixels: int = DEFAULT_MAX_PIXELS, transcode: Transcode = NO_TRANSCODE,
          progress: bool = True) -> Summary:
-    """Pack `src` — a folder path, or a source object (sources.tfrecord / sources.ofrecord)."""
+    """Pack a source into OUT: OFRecord part files, index.rtx, manifest.json (all or nothing).
+
+    Args:
+        src: an ImageNet-style folder path, or a `Source` (TFRecordSource, OFRecordSource).
+        out: the dataset directory to write (created; must be empty, ours, or --overwrite).
+        shards: number of part files; each is filled by its own task (same bytes for any
+            `workers`). Exclusive with `shard_size`.
+        shard_size: target part-file size in bytes (default 128 MiB) when `shards` is not given.
+        workers: reader threads (default 2 × cores); the output does not depend on it.
+        seed: seed of the pack-time shuffle across shards.
+        on_error: a file or record that cannot be packed — "skip" (default: listed in
+            pack_report.json), "warn" (listed and a warning), "raise" (stop, nothing published;
+            the CLI's --strict).
+        overwrite: replace a finished dataset in `out`.
+        max_pixels: images declaring more pixels are refused (decompression bombs).
+        transcode: optional re-encoding (`Transcode`: max_side, quality, hw_friendly).
+        progress: show a tqdm bar.
+    """
     t0 = time.perf_counter()
+    policy = _on_error(on_error)
+    strict = policy is OnError.RAISE
     if shards is not None and shard_size is not None:
         raise ValueError("give --shards or --shard-size, not both")
     if shards is not None and shards < 1:
@@ -102,9 +119,10 @@ def pack(src, out: str, *, shards: int | None = None, shard_size: int | None = N
         source = ImageFolderSource(os.fspath(src))
     else:
         source = src
-    if strict and (source.skipped or source.warnings):
-        first = f"{source.skipped[0][0]}: {source.skipped[0][1]}" if source.skipped else source.warnings[0]
-        raise PackError(f"--strict: {first}")
+    for where, why in source.skipped:
+        _report(policy, f"{where}: {why}", PackError)
+    if strict and source.warnings:
+        raise PackError(f"on_error=raise: {source.warnings[0]}")
     items = source.items
     order = np.random.default_rng(seed).permutation(len(items))
     shuffled = [items[i] for i in order]
@@ -121,8 +139,7 @@ def pack(src, out: str, *, shards: int | None = None, shard_size: int | None = N
     def record(item, res, label, filename, shard):
         """Write one loaded item (or note why it was skipped); safe from several shard threads."""
         if isinstance(res, Rejected):
-            if strict:
-                raise PackError(f"--strict: {source.where(item)}: {res}")
+            _report(policy, f"{source.where(item)}: {res}", PackError, stacklevel=4)
             with lock:
                 skipped.append((source.where(item), str(res)))
         else:
@@ -147,7 +164,7 @@ def pack(src, out: str, *, shards: int | None = None, shard_size: int | None = N
             def fill(k):
                 try:
                     for item in shuffled[bounds[k]:bounds[k + 1]]:
-                        if failed.is_set():  # another shard hit --strict or an error: stop early
+                        if failed.is_set():  # another shard hit on_error="raise" or an error: stop early
                             return
                         record(*_load(source, item, max_pixels, transcode), writers[k])
                 except BaseException:
@@ -180,17 +197,17 @@ def pack(src, out: str, *, shards: int | None = None, shard_size: int | None = N
         "skipped": [{"file": f, "reason": r} for f, r in sorted(skipped)],
         "warnings": source.warnings,
     }
-    manifest = {
+    fields = {
         "classes": classes,
         "source": source.describe(),
         "pack": {"seed": seed, "shards": shards, "shard_size": shard_size, "max_pixels": max_pixels,
-                 "strict": strict, "shuffled": True, "max_side": transcode.max_side,
+                 "on_error": policy.value, "shuffled": True, "max_side": transcode.max_side,
                  "quality": transcode.quality, "hw_friendly": transcode.hw_friendly},
         "tool": {"name": "recordtool", "version": __version__},
     }
     if class_text:
-        manifest["class_text"] = class_text
-    m = writer.commit(manifest, report)
+        fields["class_text"] = class_text
+    m = writer.commit(fields, report)
     source.close()
     return Summary(out, m["records"], len(m["shards"]), sum(s["bytes"] for s in m["shards"]),
                    time.perf_counter() - t0, sorted(converted), sorted(skipped), source.warnings)

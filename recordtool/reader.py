@@ -11,20 +11,28 @@ import threading
 
 import numpy as np
 
+from .errors import FormatError
+from .format import files
 from .format import index as ix
-from .format.ofrecord import FormatError
+from .format import manifest as mf
 
 
 class Dataset:
+    """A finished dataset directory: manifest and index loaded and checked once, shards mapped
+    on first use. Every index row is bounds-checked against the manifest's shard sizes when the
+    dataset opens, so `ds[i]` can only return bytes of the record the index names."""
+
     def __init__(self, root: str):
         self.root = os.fspath(root)
-        self.manifest = ix.read_manifest(self.root)
-        self.index = ix.read_index(os.path.join(self.root, self.manifest["index"]["file"]))
+        self.manifest = mf.load(self.root)
+        index_path = files.inside(self.root, self.manifest["index"]["file"], "index file")
+        self.index = ix.read_index(index_path)
         self.classes = list(self.manifest["classes"])
         self.shards = self.manifest["shards"]
         if len(self.index) != self.manifest["records"]:
-            raise FormatError(f"{self.root}: index holds {len(self.index)} records, manifest says "
+            raise FormatError(f"{index_path}: index holds {len(self.index)} records, manifest says "
                               f"{self.manifest['records']}")
+        check_rows(self.index, self.shards, index_path, len(self.classes))
         self._maps: list = [None] * len(self.shards)
         self._views: list = [None] * len(self.shards)
         self._lock = threading.Lock()
@@ -48,16 +56,16 @@ class Dataset:
 
     def _map(self, shard: int) -> memoryview:
         info = self.shards[shard]
-        path = os.path.join(self.root, info["name"])
+        path = files.inside(self.root, info["name"], "shard name")
         try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size != info["bytes"]:
-                    raise FormatError(f"{path}: {size} bytes, manifest says {info['bytes']} "
-                                      f"(offset {min(size, info['bytes'])}: truncated or overwritten)")
-                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+            mm, size = files.map_readonly(path)
         except FileNotFoundError:
             raise FormatError(f"{path}: shard missing") from None
+        if size != info["bytes"]:
+            if isinstance(mm, mmap.mmap):
+                mm.close()
+            raise FormatError(f"{path}: {size} bytes, manifest says {info['bytes']} "
+                              f"(offset {min(size, info['bytes'])}: truncated or overwritten)")
         self._maps[shard] = mm
         self._views[shard] = memoryview(mm)
         return self._views[shard]
@@ -124,6 +132,39 @@ class Dataset:
 
 def open_dataset(path: str) -> Dataset:
     return Dataset(path)
+
+
+def check_rows(index, shards: list, where: str, classes: int | None = None) -> None:
+    """Vectorised bounds check of every index row against the manifest's shards: shard number
+    in range, record and image bytes inside the shard file, image inside its record, label
+    inside the class list. FormatError names the first bad row."""
+    c = index.columns
+    n = len(index)
+    if not n:
+        return
+    nbytes = np.array([s["bytes"] for s in shards] + [0], np.uint64)
+    shard = c["shard"].astype(np.int64)
+    bad_shard = shard >= len(shards)
+    size = nbytes[np.where(bad_shard, len(shards), shard)]
+    off, length = c["offset"].astype(np.uint64), c["length"].astype(np.uint64)
+    joff, jlen = c["jpeg_offset"].astype(np.uint64), c["jpeg_length"].astype(np.uint64)
+    rec_end = off + np.uint64(8) + length
+    checks = [
+        (bad_shard, lambda r: f"shard {int(shard[r])} but the manifest lists {len(shards)} shards"),
+        ((rec_end > size) | (rec_end < off), lambda r: f"record at {int(off[r])}+{int(length[r])} runs past "
+                                                       f"the shard's {int(size[r])} bytes"),
+        ((joff < off + np.uint64(8)) | (joff + jlen > rec_end),
+         lambda r: f"image bytes {int(joff[r])}+{int(jlen[r])} outside its record {int(off[r])}+{int(length[r])}"),
+        ((c["width"] <= 0) | (c["height"] <= 0), lambda r: f"size {int(c['width'][r])}x{int(c['height'][r])}"),
+        (c["label"] < 0, lambda r: f"negative label {int(c['label'][r])}"),
+    ]
+    if classes is not None:
+        checks.append((c["label"] >= classes, lambda r: f"label {int(c['label'][r])} but the manifest lists "
+                                                        f"{classes} classes"))
+    for bad, what in checks:
+        if bad.any():
+            r = int(np.argmax(bad))
+            raise FormatError(f"{where}: row {r}: {what(r)} ({int(bad.sum())} bad rows)")
 
 
 class Sampler:

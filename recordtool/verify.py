@@ -16,8 +16,11 @@ from dataclasses import dataclass, field
 import crc32c
 import numpy as np
 
+from .errors import FormatError
+from .format import files
 from .format import index as ix
-from .format.ofrecord import FormatError, decode_ofrecord, iter_records
+from .format import manifest as mf
+from .format.ofrecord import decode_ofrecord, iter_records
 
 
 @dataclass
@@ -40,9 +43,9 @@ def verify(root: str, decode: bool = False, threads: int | None = None, max_erro
         return len(res.errors) >= max_errors
 
     try:
-        manifest = ix.read_manifest(root)
+        manifest = mf.load(root)
         idx_info = manifest["index"]
-        idx_path = os.path.join(root, idx_info["file"])
+        idx_path = files.inside(root, idx_info["file"], "index file")
         index = ix.read_index(idx_path)
         blob = index.buffer  # checksum the same mapping the columns come from: one read
         if len(blob) != idx_info["bytes"] or f"{crc32c.crc32c(blob):08x}" != idx_info["crc32c"]:
@@ -74,11 +77,13 @@ def verify(root: str, decode: bool = False, threads: int | None = None, max_erro
         bar = tqdm(total=sum(s["bytes"] for s in manifest["shards"]), unit="B", unit_scale=True,
                    desc="verify")
     for s, info in enumerate(manifest["shards"]):
-        path = os.path.join(root, info["name"])
+        path = os.path.join(root, info["name"])  # a plain name: mf.load checked it
         try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+            mm, size = files.map_readonly(path)
+        except FormatError as e:
+            if bad(str(e)):
+                return res
+            continue
         except OSError as e:
             if bad(f"{path}: cannot open ({e.strerror})"):
                 return res

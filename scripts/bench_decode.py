@@ -50,7 +50,7 @@ def main():
     def fused():
         for s in range(0, n, a.batch):
             e = min(n, s + a.batch)
-            decode_crop_resize(bufs[s:e], win[s:e], threads=T, out=out[: e - s], policy="skip")
+            decode_crop_resize(bufs[s:e], win[s:e], threads=T, out=out[: e - s], on_error="skip")
 
     fused()  # warm the pool
     t_fused = best_of(fused, a.repeat)

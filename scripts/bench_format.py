@@ -27,6 +27,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import recordtool  # noqa: E402
 from recordtool.format import index as ix  # noqa: E402
+from recordtool.format import manifest as mf  # noqa: E402
 from recordtool.pack import pack  # noqa: E402
 
 
@@ -71,15 +72,26 @@ def bench_index_open(tmp, n=1_281_167, shards=1024):
     cols["width"][:] = 500
     cols["height"][:] = 375
     cols["shard"][:] = np.arange(n) * shards // n
+    # consistent rows (open() bounds-checks every row against the shard sizes)
+    cols["length"][:] = cols["jpeg_length"] + 64
+    size = cols["length"].astype(np.int64) + 8
+    ends = np.cumsum(size)
+    first = np.searchsorted(cols["shard"], np.arange(shards))
+    starts = ends - size
+    cols["offset"][:] = starts - starts[first][cols["shard"]]
+    cols["jpeg_offset"][:] = cols["offset"] + 8 + 32
+    shard_bytes = np.bincount(cols["shard"], weights=size, minlength=shards).astype(np.int64)
     cols["size_order"] = ix.size_order(cols["jpeg_length"])
-    ix.write_index(os.path.join(root, ix.INDEX_FILE), ix.Index(cols))
-    manifest = {"format": ix.FORMAT_NAME, "format_version": ix.FORMAT_VERSION, "records": n,
-                "index": {"file": ix.INDEX_FILE, "bytes": 0, "crc32c": "0"},
-                "classes": [f"n{k:08d}" for k in range(1000)],
-                "shards": [{"name": f"part-{k:05d}", "records": 0, "bytes": 0, "crc32c": "0"}
-                           for k in range(shards)]}
-    with open(os.path.join(root, ix.MANIFEST_FILE), "wb") as f:
-        f.write(ix.dump_json(manifest))
+    blob = ix.encode_index(ix.Index(cols))
+    with open(os.path.join(root, ix.INDEX_FILE), "wb") as f:
+        f.write(blob)
+    counts = np.bincount(cols["shard"], minlength=shards)
+    manifest = mf.build(records=n, index={"file": ix.INDEX_FILE, "bytes": len(blob), "crc32c": "00000000"},
+                        classes=[f"n{k:08d}" for k in range(1000)],
+                        shards=[{"name": f"part-{k:05d}", "records": int(counts[k]), "bytes": int(shard_bytes[k]),
+                                 "crc32c": "00000000"} for k in range(shards)],
+                        keys={}, source={"kind": "synthetic"}, tool={"name": "bench_format"})
+    mf.write(root, manifest)
     times = []
     for _ in range(7):
         t = time.perf_counter()

@@ -194,7 +194,7 @@ def test_index_reports_bad_records(tmp_path, folder):
     assert "part-00000: offset" in m["skipped"][0]["reason"]
     assert verify(str(root)).ok
     with pytest.raises(FormatError, match="part-00000: offset"):
-        index_parts(str(root), strict=True, progress=False)
+        index_parts(str(root), on_error="raise", progress=False)
     shutil.copy(root / "part-00000", root / "part-00001")
     with open(root / "part-00001", "ab") as f:
         f.write(b"\x01\x02")

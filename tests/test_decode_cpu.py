@@ -178,7 +178,7 @@ def bad_batch(photos):
 def test_bad_inputs_reported_not_crashing(photos):
     bufs, win = bad_batch(photos)
     errors = []
-    out = decode_crop_resize(bufs, win, policy="skip", errors=errors)
+    out = decode_crop_resize(bufs, win, on_error="skip", errors=errors)
     failed = dict(errors)
     assert set(failed) == {1, 2, 3, 4}
     assert "truncated" in failed[1] or "premature" in failed[1].lower()
@@ -203,7 +203,7 @@ def test_fallback_policy_uses_pillow_for_what_it_can(photos, monkeypatch):
     calls = []
     real = R.truth
     monkeypatch.setattr(R, "truth", lambda *a: calls.append(a[0]) or real(*a))
-    out = decode_crop_resize(bufs, win, policy="fallback", errors=errors)
+    out = decode_crop_resize(bufs, win, on_error="skip", fallback=True, errors=errors)
     assert {i for i, _ in errors} == {1, 2, 3, 4}  # Pillow cannot fix these either
     assert all("Pillow fallback" in r for _, r in errors) and len(calls) == 4
     assert np.array_equal(out[0], out[5])
@@ -225,7 +225,7 @@ def test_python_fallback_path_same_results(photos, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # warns once only
         errors = []
-        decode_crop_resize(bufs + [b""], np.vstack([win, win[:1]]), policy="skip", errors=errors)
+        decode_crop_resize(bufs + [b""], np.vstack([win, win[:1]]), on_error="skip", errors=errors)
     assert [i for i, _ in errors] == [3]
 
 

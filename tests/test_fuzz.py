@@ -49,7 +49,7 @@ def test_native_decoder_survives_mutations(seeds):
     for k, data in enumerate(seeds):
         muts = list(mutations(data, 200, 10 + k))
         errors = []
-        out = decode_crop_resize(muts, np.array([[0, 0, 16, 16]] * len(muts)), size=(32, 32), policy="skip",
+        out = decode_crop_resize(muts, np.array([[0, 0, 16, 16]] * len(muts)), size=(32, 32), on_error="skip",
                                  errors=errors, threads=2)
         assert out.shape == (len(muts), 32, 32, 3)
         assert all(isinstance(r, str) and r for _, r in errors)

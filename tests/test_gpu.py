@@ -216,7 +216,7 @@ def test_bad_jpeg_in_batch_is_reported():
     out = cupy.asnumpy(on_gpu(bufs, win, np.zeros(8, bool), hw))
     assert sorted(i for i, _ in on_gpu.last["errors"]) == [2, 4], on_gpu.last
     assert on_gpu.last["cpu"] == 2 + int((hw == CPU).sum())
-    ref = decode_crop_resize(bufs, win, policy="skip")
+    ref = decode_crop_resize(bufs, win, on_error="skip")
     for k in set(range(8)) - {2, 4}:  # the rest of the batch is intact
         assert psnr(out[k], ref[k]) >= 40
 

@@ -171,7 +171,7 @@ def test_strict_fails_on_first_bad_file_and_leaves_nothing(tmp_path):
     write(str(src / "a" / "ok.jpg"), jpeg_bytes())
     write(str(src / "a" / "zero.jpg"), b"")
     with pytest.raises(PackError, match="zero.jpg: empty file"):
-        pack(str(src), str(tmp_path / "out"), strict=True, progress=False)
+        pack(str(src), str(tmp_path / "out"), on_error="raise", progress=False)
     assert not (tmp_path / "out" / "manifest.json").exists()
     assert not any(n.startswith("part-") for n in os.listdir(tmp_path / "out"))
 

@@ -43,7 +43,8 @@ def test_index_round_trip_and_damage(tmp_path):
     cols = {k: rng.integers(0, 100, n).astype(dt) for k, dt in ix.COLUMNS.items()}
     cols["size_order"] = ix.size_order(cols["jpeg_length"])
     p = str(tmp_path / "index.rtx")
-    ix.write_index(p, ix.Index(cols))
+    with open(p, 'wb') as f:
+        f.write(ix.encode_index(ix.Index(cols)))
     back = ix.read_index(p)
     for k in ix.COLUMNS:
         assert back.columns[k].dtype == np.dtype(ix.COLUMNS[k]) and np.array_equal(back.columns[k], cols[k])

@@ -122,7 +122,7 @@ def test_truncated_gzip_keeps_what_came_before(tmp_path):
 def test_strict_stops_with_file_and_offset(tmp_path):
     off = EXPECTED["_offsets_slim-00000"]
     with pytest.raises(TFRecordError, match=rf"bad-data-byte: offset {off[2]}: data CRC"):
-        TFRecordSource([fx("bad-data-byte")], SLIM, strict=True)
+        TFRecordSource([fx("bad-data-byte")], SLIM, on_error="raise")
 
 
 def test_explicit_keys_and_bad_label(tmp_path):

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..errors import DecodeError, OnError, on_error as _on_error
 from . import reference
 
 try:
@@ -16,17 +17,8 @@ except ImportError as e:  # extension not built: same API through PyTurboJPEG + 
     _IMPORT_ERROR = str(e)
 
 DEFAULT_MAX_PIXELS = 64 * 1024 * 1024
+MAX_SIDE = 16384  # output sides above this are refused (the batch would not fit in memory anyway)
 _warned = False
-
-
-class DecodeError(RuntimeError):
-    """Some images of a batch failed; `.failures` is a list of (batch index, reason)."""
-
-    def __init__(self, failures):
-        self.failures = failures
-        head = "; ".join(f"#{i}: {r}" for i, r in failures[:5])
-        more = f" (+{len(failures) - 5} more)" if len(failures) > 5 else ""
-        super().__init__(f"{len(failures)} image(s) failed to decode: {head}{more}")
 
 
 def native_available() -> bool:
@@ -75,24 +67,37 @@ def _python_batch(buffers, windows, out, threads, max_pixels, margin):
 
 
 def decode_crop_resize(buffers, windows, size=(224, 224), threads: int | None = None, out=None,
-                       policy: str = "raise", max_pixels: int = DEFAULT_MAX_PIXELS,
-                       errors: list | None = None, scale_margin: float = reference.SCALE_MARGIN,
-                       pool: int = 0) -> np.ndarray:
+                       on_error: OnError | str = "raise", fallback: bool = False,
+                       max_pixels: int = DEFAULT_MAX_PIXELS, errors: list | None = None,
+                       scale_margin: float = reference.SCALE_MARGIN, pool: int = 0, policy: str | None = None) -> np.ndarray:
     """Decode each JPEG's crop window and resize it to `size` (h, w): uint8 (N, h, w, 3) RGB.
 
-    windows: (N, 4) (y, x, h, w) in source pixels (int, or float for the eval transform).
-    out: a preallocated C-contiguous uint8 (N, h, w, 3) array (e.g. pinned memory) to fill.
-    policy on a failed image: "raise" (DecodeError after the whole batch), "skip" (slot left
-    zero) or "fallback" (Pillow full decode + crop + resize; zero if that fails too). Failures
-    are appended to `errors` as (index, reason) when a list is given.
-    scale_margin: DCT scaling (1/4, 1/2) is used only while the scaled window stays ≥
-    margin × size (1.0 = fastest; 1.1 keeps PSNR ≥ 40 dB against Pillow's crop+resize).
-    pool: native thread-pool id; callers decoding at the same time should use different ids.
+    Args:
+        buffers: JPEG bytes-likes (bytes, memoryviews into shards, numpy arrays).
+        windows: (N, 4) (y, x, h, w) in source pixels (int, or float for the eval transform).
+        size: output (h, w).
+        threads: native decode threads (default: cores).
+        out: a preallocated C-contiguous uint8 (N, h, w, 3) array (e.g. pinned memory) to fill.
+        on_error: an image that fails — "raise" (DecodeError after the whole batch), "warn" (a
+            warning, slot zero) or "skip" (slot zero). Failures are appended to `errors` as
+            (index, reason) when a list is given.
+        fallback: retry a failed image with Pillow (full decode + crop + resize) before it counts
+            as failed — for files libjpeg refuses but Pillow takes.
+        max_pixels: images declaring more pixels fail (decompression bombs).
+        scale_margin: DCT scaling (1/4, 1/2) is used only while the scaled window stays ≥
+            margin × size (1.0 = fastest; 1.1 keeps PSNR ≥ 40 dB against Pillow's crop+resize).
+        pool: native thread-pool id; callers decoding at the same time should use different ids.
+        policy: deprecated spelling: "raise", "skip", or "fallback" (= on_error="skip", fallback=True).
     """
-    if policy not in ("raise", "skip", "fallback"):
-        raise ValueError(f"policy must be raise, skip or fallback, not {policy!r}")
+    if policy is not None:
+        if policy not in ("raise", "skip", "fallback"):
+            raise ValueError(f"policy must be raise, skip or fallback, not {policy!r}")
+        on_error, fallback = ("skip", True) if policy == "fallback" else (policy, False)
+    on_error = _on_error(on_error)
     n = len(buffers)
     oh, ow = int(size[0]), int(size[1])
+    if not (0 < oh <= MAX_SIDE and 0 < ow <= MAX_SIDE):
+        raise ValueError(f"output size {oh}x{ow}: each side must be in 1..{MAX_SIDE}")
     win = np.ascontiguousarray(np.asarray(windows, dtype=np.float64).reshape(n, 4))
     if out is None:
         out = np.empty((n, oh, ow, 3), np.uint8)
@@ -107,7 +112,7 @@ def decode_crop_resize(buffers, windows, size=(224, 224), threads: int | None = 
     else:
         _fallback_warning()
         failures = _python_batch(buffers, win, out, threads, max_pixels, scale_margin)
-    if failures and policy == "fallback":
+    if failures and fallback:
         still = []
         for i, reason in failures:
             try:
@@ -120,6 +125,9 @@ def decode_crop_resize(buffers, windows, size=(224, 224), threads: int | None = 
         failures = still
     if errors is not None:
         errors.extend(failures)
-    if failures and policy == "raise":
-        raise DecodeError(failures)
+    if failures:
+        if on_error is OnError.RAISE:
+            raise DecodeError(failures)
+        if on_error is OnError.WARN:
+            warnings.warn(f"recordtool: {DecodeError(failures)}", RuntimeWarning, stacklevel=2)
     return out

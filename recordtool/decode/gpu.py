@@ -362,7 +362,7 @@ class GPUDecoder:
             if len(cpu_idx):
                 cpu.decode_crop_resize([buffers[i] for i in cpu_idx], windows[cpu_idx], size=(h, w),
                                        threads=self.cpu_threads, out=self._cpu_out[: len(cpu_idx)],
-                                       policy="fallback", errors=errors, pool=self.pool)
+                                       on_error="skip", fallback=True, errors=errors, pool=self.pool)
             return time.perf_counter() - t, [(int(cpu_idx[i]), r) for i, r in errors]
 
         cpu_job = self._workers.submit(cpu_part)
@@ -390,7 +390,7 @@ class GPUDecoder:
                 extra_out = np.empty((len(gpu_failed), h, w, 3), np.uint8)
                 errs = []
                 cpu.decode_crop_resize([buffers[i] for i in gpu_failed], windows[gpu_failed], size=(h, w),
-                                       threads=self.cpu_threads, out=extra_out, policy="fallback", errors=errs,
+                                       threads=self.cpu_threads, out=extra_out, on_error="skip", fallback=True, errors=errs,
                                        pool=self.pool)
                 errors += [(int(gpu_failed[i]), r) for i, r in errs]
                 cpu_idx = np.concatenate([cpu_idx, gpu_failed])

@@ -11,6 +11,8 @@ import glob
 import os
 import sys
 
+from ..errors import RecordtoolError
+
 # enums (nvjpeg.h)
 BACKEND_DEFAULT, BACKEND_HYBRID, BACKEND_GPU_HYBRID, BACKEND_HARDWARE = 0, 1, 2, 3
 OUTPUT_RGBI = 5
@@ -19,7 +21,7 @@ STATUS = {0: "SUCCESS", 1: "NOT_INITIALIZED", 2: "INVALID_PARAMETER", 3: "BAD_JP
           9: "IMPLEMENTATION_NOT_SUPPORTED", 10: "INCOMPLETE_BITSTREAM"}
 
 
-class NvjpegError(RuntimeError):
+class NvjpegError(RecordtoolError, RuntimeError):
     def __init__(self, call: str, status: int):
         self.status = status
         super().__init__(f"{call} failed: NVJPEG_STATUS_{STATUS.get(status, status)}")

@@ -1,4 +1,4 @@
-"""The index file and the manifest: everything a reader needs without touching a shard.
+"""The index file: per-record metadata a reader needs without touching a shard.
 
 Layout (see FORMAT.md): magic, a JSON header naming the columns, then each column as a
 little-endian array at a 64-byte-aligned offset. Opening = one mmap + np.frombuffer per
@@ -7,20 +7,16 @@ column, so 1.28M records open in well under a millisecond of parsing.
 from __future__ import annotations
 
 import json
-import mmap
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import FormatError
+from . import files
 from .jpeg import JpegInfo
-from .ofrecord import FormatError
+from .manifest import FORMAT_NAME, FORMAT_VERSION
 
 INDEX_FILE = "index.rtx"
-MANIFEST_FILE = "manifest.json"
-REPORT_FILE = "pack_report.json"
-FORMAT_NAME = "recordtool-ofrecord"
-FORMAT_VERSION = 1
 MAGIC = b"RTINDEX\x01"
 ALIGN = 64
 
@@ -102,10 +98,11 @@ def size_order(jpeg_length: np.ndarray) -> np.ndarray:
     return np.argsort(-jpeg_length.astype(np.int64), kind="stable").astype(COLUMNS["size_order"])
 
 
-def write_index(path: str, index: Index) -> None:
+def encode_index(index: Index) -> bytes:
+    """The bytes of index.rtx for these columns (FORMAT.md); callers write them through
+    `files` (exclusive create or temp + rename) and checksum the same bytes."""
     n = len(index)
     cols = []
-    offset = 0
     for name, dtype in COLUMNS.items():
         arr = np.ascontiguousarray(index.columns[name], dtype=dtype)
         if arr.shape != (n,):
@@ -114,21 +111,20 @@ def write_index(path: str, index: Index) -> None:
     # header size depends on offsets, which depend on the header size: fix the header length first
     header = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "count": n,
               "columns": [{"name": nm, "dtype": dt, "offset": 0} for nm, dt, _ in cols]}
-    probe = json.dumps(header).encode()
-    hdr_len = len(probe) + 32 * len(cols)  # room for offsets' digits
-    offset = _align(len(MAGIC) + 4 + hdr_len)
+    hdr_len = len(json.dumps(header).encode()) + 32 * len(cols)  # room for offsets' digits
+    offset = end = _align(len(MAGIC) + 4 + hdr_len)
     for entry, (_, _, arr) in zip(header["columns"], cols):
         entry["offset"] = offset
-        offset = _align(offset + arr.nbytes)
+        end = offset + arr.nbytes
+        offset = _align(end)
     blob = json.dumps(header).encode()
     blob += b" " * (hdr_len - len(blob))
-    with open(path, "wb") as f:
-        f.write(MAGIC)
-        f.write(len(blob).to_bytes(4, "little"))
-        f.write(blob)
-        for entry, (_, _, arr) in zip(header["columns"], cols):
-            f.write(b"\0" * (entry["offset"] - f.tell()))
-            f.write(arr.tobytes())
+    out = bytearray(end)  # no padding after the last column
+    head = MAGIC + len(blob).to_bytes(4, "little") + blob
+    out[:len(head)] = head
+    for entry, (_, _, arr) in zip(header["columns"], cols):
+        out[entry["offset"]:entry["offset"] + arr.nbytes] = arr.tobytes()
+    return bytes(out)
 
 
 def _align(x: int) -> int:
@@ -136,68 +132,51 @@ def _align(x: int) -> int:
 
 
 def read_index(path: str) -> Index:
-    """Map the index file read-only; columns are zero-copy views of the mapping."""
+    """Map the index file read-only; columns are zero-copy views of the mapping. The header is
+    checked (types, dtypes, column extents) before any column is made."""
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < len(MAGIC) + 4:
-                raise FormatError(f"{path}: {size} bytes, too short for an index")
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        mm, size = files.map_readonly(path)
     except FileNotFoundError:
         raise FormatError(f"{path}: index file missing") from None
+    if size < len(MAGIC) + 4:
+        raise FormatError(f"{path}: {size} bytes, too short for an index")
     if mm[:len(MAGIC)] != MAGIC:
         raise FormatError(f"{path}: offset 0: not a recordtool index (bad magic)")
     hdr_len = int.from_bytes(mm[8:12], "little")
+    if 12 + hdr_len > size:
+        raise FormatError(f"{path}: offset 8: header of {hdr_len} bytes runs past the end ({size} bytes)")
     try:
         header = json.loads(mm[12:12 + hdr_len])
-    except ValueError as e:
+    except (ValueError, UnicodeDecodeError) as e:
         raise FormatError(f"{path}: offset 12: unreadable header ({e})") from None
-    if header.get("version") != FORMAT_VERSION:
-        raise FormatError(f"{path}: index version {header.get('version')} not supported "
-                          f"(this recordtool reads {FORMAT_VERSION})")
-    n = header["count"]
+    if not isinstance(header, dict) or header.get("version") != FORMAT_VERSION:
+        raise FormatError(f"{path}: index version {header.get('version') if isinstance(header, dict) else None!r} "
+                          f"not supported (this recordtool reads {FORMAT_VERSION})")
+    n = header.get("count")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise FormatError(f"{path}: offset 12: header count {n!r} is not a non-negative integer")
+    entries = header.get("columns")
+    if not isinstance(entries, list):
+        raise FormatError(f"{path}: offset 12: header 'columns' is not a list")
     cols = {}
-    for entry in header["columns"]:
-        dt = np.dtype(entry["dtype"])
+    for entry in entries:
+        if not (isinstance(entry, dict) and isinstance(entry.get("name"), str) and isinstance(entry.get("offset"), int)
+                and not isinstance(entry.get("offset"), bool) and entry["offset"] >= 0):
+            raise FormatError(f"{path}: offset 12: bad column entry {entry!r}")
+        name = entry["name"]
+        if name in COLUMNS and entry.get("dtype") != COLUMNS[name]:
+            raise FormatError(f"{path}: column {name} has dtype {entry.get('dtype')!r}, format says {COLUMNS[name]!r}")
+        if name not in COLUMNS:
+            continue  # readers ignore columns they do not know (FORMAT.md)
+        dt = np.dtype(COLUMNS[name])
         end = entry["offset"] + n * dt.itemsize
         if end > size:
-            raise FormatError(f"{path}: offset {entry['offset']}: column {entry['name']} runs past "
+            raise FormatError(f"{path}: offset {entry['offset']}: column {name} runs past "
                               f"the end of the file ({size} bytes; truncated?)")
-        cols[entry["name"]] = np.frombuffer(mm, dtype=dt, count=n, offset=entry["offset"])
+        if entry["offset"] % dt.itemsize:
+            raise FormatError(f"{path}: offset {entry['offset']}: column {name} is not aligned")
+        cols[name] = np.frombuffer(mm, dtype=dt, count=n, offset=entry["offset"]) if n else np.zeros(0, dt)
     missing = set(COLUMNS) - set(cols)
     if missing:
         raise FormatError(f"{path}: columns missing: {sorted(missing)}")
     return Index(cols, mm)
-
-
-def read_manifest(root: str) -> dict:
-    path = os.path.join(root, MANIFEST_FILE)
-    try:
-        with open(path, "rb") as f:
-            m = json.load(f)
-    except FileNotFoundError:
-        hint = ""
-        if os.path.isdir(os.path.join(root, ".partial")):
-            hint = " (an unfinished pack is there: re-run `recordtool pack` to finish it)"
-        elif any(n.startswith("part-") for n in _listdir(root)):
-            hint = " (part files without an index: run `recordtool index` on them)"
-        raise FormatError(f"{path}: no manifest, so {root} is not a finished recordtool dataset{hint}") \
-            from None
-    except ValueError as e:
-        raise FormatError(f"{path}: unreadable JSON ({e})") from None
-    if m.get("format") != FORMAT_NAME or m.get("format_version") != FORMAT_VERSION:
-        raise FormatError(f"{path}: format {m.get('format')!r} v{m.get('format_version')} "
-                          f"is not {FORMAT_NAME} v{FORMAT_VERSION}")
-    return m
-
-
-def dump_json(obj) -> bytes:
-    """Stable JSON: same content ⇒ same bytes, so re-runs are byte-identical."""
-    return (json.dumps(obj, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
-
-
-def _listdir(root):
-    try:
-        return os.listdir(root)
-    except OSError:
-        return []

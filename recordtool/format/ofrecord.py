@@ -11,6 +11,8 @@ import functools
 import struct
 from dataclasses import dataclass
 
+from ..errors import FormatError  # noqa: F401  (raised by iter_records; importable from here too)
+
 LENGTH = struct.Struct("<q")  # OneFlow reads the length in host order; x86 = little-endian
 LENGTH_SIZE = LENGTH.size
 
@@ -21,8 +23,6 @@ _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 BYTES_LIST, FLOAT_LIST, DOUBLE_LIST, INT32_LIST, INT64_LIST = 1, 2, 3, 4, 5
 
 
-class FormatError(ValueError):
-    """Bad data on disk (shard, index, manifest); the message names the file and byte offset."""
 
 
 _SMALL = [bytes((i,)) for i in range(128)]

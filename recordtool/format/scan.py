@@ -10,9 +10,12 @@ import os
 
 import crc32c
 
+from ..errors import FormatError, OnError, on_error as _on_error, report
+from . import files
 from . import index as ix
+from . import manifest as mf
 from .jpeg import BadJPEG, NotJPEG, probe
-from .ofrecord import BYTES_LIST, INT32_LIST, INT64_LIST, FormatError, decode_ofrecord, iter_records
+from .ofrecord import BYTES_LIST, INT32_LIST, INT64_LIST, decode_ofrecord, iter_records
 from .writer import KEY_FILENAME, KEY_HEIGHT, KEY_IMAGE, KEY_LABEL, KEY_WIDTH
 
 
@@ -21,12 +24,6 @@ def find_parts(root: str, prefix: str = "part-") -> list[str]:
     if not names:
         raise FormatError(f"{root}: no part files named {prefix}NNNNN")
     return sorted(names, key=lambda n: int(n[len(prefix):]))
-
-
-def map_file(path: str):
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
 
 
 def record_fields(mm, rec, image_key: str, label_key: str):
@@ -68,8 +65,17 @@ def _int_value(feat, key, where):
 
 
 def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABEL,
-                strict: bool = False, progress: bool = True) -> dict:
-    """Scan root/part-* and write root/index.rtx + manifest.json. Returns the manifest."""
+                on_error: OnError | str = "skip", progress: bool = True) -> dict:
+    """Scan root/part-* and write root/index.rtx + manifest.json. Returns the manifest.
+
+    Args:
+        root: folder of OFRecord part files (e.g. OneFlow's ImageNet).
+        image_key, label_key: feature keys of the image bytes and the integer label.
+        on_error: a record that cannot be indexed — "skip" (listed in the manifest's
+            `skipped`), "warn", or "raise" (stop; nothing written).
+        progress: show a tqdm bar.
+    """
+    policy = _on_error(on_error)
     names = find_parts(root)
     builder = ix.IndexBuilder()
     shards, skipped, synsets = [], [], {}
@@ -81,8 +87,7 @@ def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABE
                    unit_scale=True, desc="index")
     for s, name in enumerate(names):
         path = os.path.join(root, name)
-        mm = map_file(path)
-        size = len(mm)
+        mm, size = files.map_readonly(path)
         try:
             count = 0
             for rec in iter_records(mm, path):
@@ -97,8 +102,7 @@ def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABE
                         raise FormatError(f"{path}: offset {rec.offset}: CMYK/YCCK JPEG; re-pack with "
                                           "`recordtool pack --from ofrecord` to convert it")
                 except FormatError as e:
-                    if strict:
-                        raise
+                    report(policy, str(e), FormatError)
                     skipped.append({"shard": name, "offset": rec.offset, "reason": str(e)})
                     continue
                 syn = synset_of(mm, feats)
@@ -117,28 +121,18 @@ def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABE
         bar.close()
     index = builder.finish()
     nclasses = int(index.label.max()) + 1 if len(index) else 0
-    tmp_index = os.path.join(root, ix.INDEX_FILE + ".tmp")
-    ix.write_index(tmp_index, index)
-    with open(tmp_index, "rb") as f:
-        index_crc = crc32c.crc32c(f.read())
-    manifest = {
-        "format": ix.FORMAT_NAME,
-        "format_version": ix.FORMAT_VERSION,
-        "records": len(index),
-        "shards": shards,
-        "index": {"file": ix.INDEX_FILE, "bytes": os.path.getsize(tmp_index), "crc32c": f"{index_crc:08x}"},
-        "classes": [synsets.get(k, str(k)) for k in range(nclasses)],
-        "keys": {"image": image_key, "label": label_key, "height": KEY_HEIGHT, "width": KEY_WIDTH,
-                 "filename": KEY_FILENAME},
-        "source": {"kind": "ofrecord-scan", "path": root},
-        "skipped": skipped,
-        "tool": {"name": "recordtool", "version": _version()},
-    }
-    tmp_manifest = os.path.join(root, ix.MANIFEST_FILE + ".tmp")
-    with open(tmp_manifest, "wb") as f:
-        f.write(ix.dump_json(manifest))
-    os.replace(tmp_index, os.path.join(root, ix.INDEX_FILE))
-    os.replace(tmp_manifest, os.path.join(root, ix.MANIFEST_FILE))
+    blob = ix.encode_index(index)
+    manifest = mf.build(
+        records=len(index), shards=shards,
+        index={"file": ix.INDEX_FILE, "bytes": len(blob), "crc32c": f"{crc32c.crc32c(blob):08x}"},
+        classes=[synsets.get(k, str(k)) for k in range(nclasses)],
+        keys={"image": image_key, "label": label_key, "height": KEY_HEIGHT, "width": KEY_WIDTH,
+              "filename": KEY_FILENAME},
+        source={"kind": "ofrecord-scan", "path": root}, skipped=skipped,
+        tool={"name": "recordtool", "version": _version()})
+    # index first, manifest last: a dataset is finished when its manifest exists
+    files.replace_tmp(os.path.join(root, ix.INDEX_FILE), blob)
+    mf.write(root, manifest)
     return manifest
 
 

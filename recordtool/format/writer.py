@@ -11,7 +11,10 @@ import shutil
 
 import crc32c
 
+from ..errors import OutputExists
+from . import files
 from . import index as ix
+from . import manifest as mf
 from .jpeg import JpegInfo
 from .ofrecord import LENGTH_SIZE, encode_ofrecord, frame
 
@@ -31,15 +34,11 @@ def shard_name(i: int) -> str:
     return f"{SHARD_PREFIX}{i:0{SHARD_DIGITS}d}"
 
 
-class OutputExists(FileExistsError):
-    pass
-
-
 def claim_output(out: str, overwrite: bool) -> None:
     """Make OUT ready for a new pack, refusing to clobber anything that is not ours."""
     os.makedirs(out, exist_ok=True)
     names = set(os.listdir(out))
-    finished = ix.MANIFEST_FILE in names
+    finished = mf.MANIFEST_FILE in names
     ours = finished or PARTIAL_DIR in names
     if names and not ours:
         raise OutputExists(f"{out}: not empty and holds no recordtool dataset; "
@@ -48,8 +47,8 @@ def claim_output(out: str, overwrite: bool) -> None:
         raise OutputExists(f"{out}: already holds a finished dataset; pass --overwrite to replace it")
     # remove what a finished or killed pack of ours left: manifest first, so a kill during the
     # cleanup still leaves nothing that looks finished
-    for name in sorted(names, key=lambda nm: nm != ix.MANIFEST_FILE):
-        if name in (ix.INDEX_FILE, ix.REPORT_FILE, ix.MANIFEST_FILE) or \
+    for name in sorted(names, key=lambda nm: nm != mf.MANIFEST_FILE):
+        if name in (ix.INDEX_FILE, mf.REPORT_FILE, mf.MANIFEST_FILE) or \
                 (name.startswith(SHARD_PREFIX) and name[len(SHARD_PREFIX):].isdigit()):
             os.remove(os.path.join(out, name))
     shutil.rmtree(os.path.join(out, PARTIAL_DIR), ignore_errors=True)
@@ -67,7 +66,7 @@ class ShardWriter:
         self.pos = 0
         self.crc = 0
         self.records = 0
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._fd = files.create_exclusive(path)
 
     def add(self, jpeg: bytes, info: JpegInfo, label: int, filename: bytes) -> None:
         enc = encode_ofrecord({KEY_IMAGE: jpeg, KEY_LABEL: int(label), KEY_HEIGHT: info.height,
@@ -137,39 +136,31 @@ class DatasetWriter:
             self.new_shard()
         self.writers[-1].add(jpeg, info, label, filename)
 
-    def commit(self, manifest: dict, report: dict | None = None) -> dict:
-        """Write index + manifest, then move everything into place, manifest last."""
+    def commit(self, fields: dict, report: dict | None = None) -> dict:
+        """Write index + manifest (`fields`: manifest.build's arguments beyond the shards and
+        the index), then move everything into place, manifest last."""
         shards = [w.close() for w in self.writers]
         builder = ix.IndexBuilder()
         for w in self.writers:
             builder.extend(w.index)
         index = builder.finish()
-        ix.write_index(os.path.join(self.tmp, ix.INDEX_FILE), index)
-        with open(os.path.join(self.tmp, ix.INDEX_FILE), "rb") as f:
-            index_crc = crc32c.crc32c(f.read())
-        manifest = dict(manifest)
-        manifest.update({
-            "format": ix.FORMAT_NAME,
-            "format_version": ix.FORMAT_VERSION,
-            "records": len(index),
-            "shards": shards,
-            "index": {"file": ix.INDEX_FILE, "bytes": os.path.getsize(os.path.join(self.tmp, ix.INDEX_FILE)),
-                      "crc32c": f"{index_crc:08x}"},
-            "keys": {"image": KEY_IMAGE, "label": KEY_LABEL, "height": KEY_HEIGHT, "width": KEY_WIDTH,
-                     "filename": KEY_FILENAME},
-        })
+        blob = ix.encode_index(index)
+        files.write_new(os.path.join(self.tmp, ix.INDEX_FILE), blob)
         names = [s["name"] for s in shards] + [ix.INDEX_FILE]
+        fields = dict(fields)
         if report is not None:
-            with open(os.path.join(self.tmp, ix.REPORT_FILE), "wb") as f:
-                f.write(ix.dump_json(report))
-            names.append(ix.REPORT_FILE)
-            manifest["report"] = ix.REPORT_FILE
-        with open(os.path.join(self.tmp, ix.MANIFEST_FILE), "wb") as f:
-            f.write(ix.dump_json(manifest))
+            files.write_new(os.path.join(self.tmp, mf.REPORT_FILE), mf.dump(report))
+            names.append(mf.REPORT_FILE)
+            fields["report"] = mf.REPORT_FILE
+        manifest = mf.build(records=len(index), shards=shards,
+                            index={"file": ix.INDEX_FILE, "bytes": len(blob), "crc32c": f"{crc32c.crc32c(blob):08x}"},
+                            keys={"image": KEY_IMAGE, "label": KEY_LABEL, "height": KEY_HEIGHT, "width": KEY_WIDTH,
+                                  "filename": KEY_FILENAME}, **fields)
+        files.write_new(os.path.join(self.tmp, mf.MANIFEST_FILE), mf.dump(manifest))
         for name in names:
             fault_point("publish")
             os.replace(os.path.join(self.tmp, name), os.path.join(self.out, name))
-        os.replace(os.path.join(self.tmp, ix.MANIFEST_FILE), os.path.join(self.out, ix.MANIFEST_FILE))
+        os.replace(os.path.join(self.tmp, mf.MANIFEST_FILE), os.path.join(self.out, mf.MANIFEST_FILE))
         fault_point("published")
         shutil.rmtree(self.tmp, ignore_errors=True)
         return manifest

@@ -13,13 +13,14 @@ import math
 import warnings
 from dataclasses import dataclass
 
+from ..errors import RecordtoolError
 from ..format.jpeg import (BadJPEG, CHROMA_410, CHROMA_411, CHROMA_UNKNOWN, CS_NAMES, JpegInfo, NotJPEG, probe)
 
 DEFAULT_MAX_PIXELS = 64 * 1024 * 1024  # same default as the decoders' bomb check
 CONVERT_QUALITY = 95
 
 
-class Rejected(ValueError):
+class Rejected(RecordtoolError, ValueError):
     """This file cannot become a record; str() is the reason for the report."""
 
 

@@ -18,7 +18,12 @@ class Item:
 
 
 class ImageFolderSource:
-    """Sorted class folders → labels 0..K-1; files walked recursively (following links), sorted."""
+    """An ImageNet-style folder as a `Source`: sorted class folders → labels 0..K-1 (torchvision
+    ImageFolder's rule); files walked recursively (following links), sorted.
+
+    Args:
+        root: the folder holding one sub-folder per class.
+    """
 
     kind = "imagefolder"
 

@@ -1,13 +1,14 @@
 """An existing OFRecord dataset (OneFlow's, or ours) as a pack source: re-shard, re-index, fix."""
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
-from ..format import index as ix
-from ..format.ofrecord import FormatError, iter_records
-from ..format.scan import find_parts, map_file, record_fields, synset_of
+from ..errors import FormatError, OnError, on_error as _on_error, report
+from ..format import files
+from ..format import manifest as mf
+from ..format.ofrecord import iter_records
+from ..format.scan import find_parts, record_fields, synset_of
 from ..format.writer import KEY_FILENAME
 from .image import Rejected
 
@@ -22,10 +23,21 @@ class Rec:
 
 
 class OFRecordSource:
+    """OFRecord part files (`part-NNNNN`, OneFlow's or ours) as a `Source`: one walk of the
+    framing and of each record's wire format lists the items (image spans, labels).
+
+    Args:
+        root: folder holding the part files.
+        image_key, label_key: feature keys of the image bytes and the integer label.
+        on_error: a record or part whose framing is broken: "raise", "warn" or "skip" (listed
+            in the pack report either way).
+    """
+
     kind = "ofrecord"
 
     def __init__(self, root: str, image_key: str = "encoded", label_key: str = "class/label",
-                 strict: bool = False):
+                 on_error: OnError | str = "skip"):
+        policy = _on_error(on_error)
         self.root = root
         self.names = find_parts(root)
         self.keys = {"image": image_key, "label": label_key}
@@ -33,15 +45,14 @@ class OFRecordSource:
         self._maps, self._synsets = [], {}
         for s, name in enumerate(self.names):
             path = os.path.join(root, name)
-            mm = map_file(path)
+            mm, _ = files.map_readonly(path)
             self._maps.append(mm)
             try:
                 for rec in iter_records(mm, path):
                     try:
                         span, label, feats = record_fields(mm, rec, image_key, label_key)
                     except FormatError as e:
-                        if strict:
-                            raise
+                        report(policy, str(e), FormatError)
                         self.skipped.append((f"{path}: offset {rec.offset}", str(e)))
                         continue
                     fn = feats.get(KEY_FILENAME)
@@ -51,14 +62,14 @@ class OFRecordSource:
                     if syn is not None:
                         self._synsets.setdefault(label, syn)
             except FormatError as e:  # framing broken: the rest of this part is unreadable
-                if strict:
-                    raise
+                report(policy, str(e), FormatError)
                 self.skipped.append((path, str(e)))
         self._classes = None
-        mpath = os.path.join(root, ix.MANIFEST_FILE)
-        if os.path.exists(mpath):
-            with open(mpath, "rb") as f:
-                self._classes = json.load(f).get("classes")
+        if os.path.exists(os.path.join(root, mf.MANIFEST_FILE)):  # ours: keep its class names
+            try:
+                self._classes = mf.load(root)["classes"]
+            except FormatError as e:
+                self.warnings.append(f"class names of {root} not used: {e}")
 
     def where(self, item: Rec) -> str:
         return f"{os.path.join(self.root, self.names[item.shard])}: offset {item.offset}"

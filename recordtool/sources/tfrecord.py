@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import crc32c
 
+from ..errors import FormatError, OnError, on_error as _on_error, report
 from .image import Rejected
 
 _HDR = struct.Struct("<QI")
@@ -30,7 +31,7 @@ PRESETS = {
 }
 
 
-class TFRecordError(ValueError):
+class TFRecordError(FormatError):
     """Bad framing or checksum; message names the file and byte offset."""
 
 
@@ -58,7 +59,7 @@ class ScanResult:
     problems: list = field(default_factory=list)  # (file, offset, reason)
 
 
-def scan_buffer(buf, name: str, file_no: int, strict: bool, out: ScanResult) -> None:
+def scan_buffer(buf, name: str, file_no: int, policy: OnError, out: ScanResult) -> None:
     """Walk one file's records, checking both CRCs.
 
     A bad data CRC skips that record only (its length was verified, framing holds); a bad
@@ -67,28 +68,27 @@ def scan_buffer(buf, name: str, file_no: int, strict: bool, out: ScanResult) -> 
     pos, n = 0, len(buf)
     while pos < n:
         if n - pos < _HDR.size:
-            _problem(out, strict, name, pos, f"truncated: {n - pos} trailing bytes, too few for a record header")
+            _problem(out, policy, name, pos, f"truncated: {n - pos} trailing bytes, too few for a record header")
             return
         length, lcrc = _HDR.unpack_from(buf, pos)
         if masked_crc(buf[pos:pos + 8]) != lcrc:
-            _problem(out, strict, name, pos, "length CRC mismatch (corrupt record header); rest of file skipped")
+            _problem(out, policy, name, pos, "length CRC mismatch (corrupt record header); rest of file skipped")
             return
         end = pos + 12 + length + 4
         if end > n:
-            _problem(out, strict, name, pos, f"truncated: record of {length} bytes needs {end - pos} bytes, "
+            _problem(out, policy, name, pos, f"truncated: record of {length} bytes needs {end - pos} bytes, "
                                              f"file has {n - pos} left")
             return
         (dcrc,) = _U32.unpack_from(buf, pos + 12 + length)
         if masked_crc(buf[pos + 12:pos + 12 + length]) != dcrc:
-            _problem(out, strict, name, pos, "data CRC mismatch; record skipped")
+            _problem(out, policy, name, pos, "data CRC mismatch; record skipped")
         else:
             out.spans.append(Span(file_no, pos, length))
         pos = end
 
 
-def _problem(out, strict, name, offset, reason):
-    if strict:
-        raise TFRecordError(f"{name}: offset {offset}: {reason}")
+def _problem(out, policy, name, offset, reason):
+    report(policy, f"{name}: offset {offset}: {reason}", TFRecordError, stacklevel=4)
     out.problems.append((name, offset, reason))
 
 
@@ -149,15 +149,25 @@ def inflate(path: str, tmpdir: str, compression: str, tag: int = 0) -> tuple[str
 
 
 class TFRecordSource:
-    """Records of TFRecord files, by offset; each holds a tf.train.Example."""
+    """Records of TFRecord files, by offset; each holds a tf.train.Example (a `Source`).
+
+    Args:
+        patterns: file paths or globs.
+        keys: feature keys — image, label, label_offset, filename, synset, text (see PRESETS).
+        tmpdir: where GZIP/ZLIB files are inflated (a fresh temporary folder inside it, removed
+            by close()).
+        compression: "auto", "none", "gzip" or "zlib".
+        on_error: a damaged record or stream: "raise", "warn" or "skip" (listed in the pack
+            report either way).
+    """
 
     kind = "tfrecord"
 
     def __init__(self, patterns, keys: dict, tmpdir: str | None = None, compression: str = "auto",
-                 strict: bool = False):
-        """tmpdir: where GZIP/ZLIB files are inflated (a fresh temporary folder by default);
-        removed by close()."""
+                 on_error: OnError | str = "skip"):
         import tempfile
+
+        policy = _on_error(on_error)
 
         self.files = expand(patterns)
         self._tmp = tempfile.mkdtemp(prefix="recordtool-tfrecord-", dir=tmpdir)
@@ -170,8 +180,7 @@ class TFRecordSource:
         for k, path in enumerate(self.files):
             raw, problem = inflate(path, tmpdir, compression, k)
             if problem:
-                if strict:
-                    raise TFRecordError(f"{path}: {problem}")
+                report(policy, f"{path}: {problem}", TFRecordError)
                 result.problems.append((path, 0, problem + "; records before it kept"))
             self._paths.append(raw)
             with open(raw, "rb") as f:
@@ -179,7 +188,7 @@ class TFRecordSource:
                 mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
             self._maps.append(mm)
             name = path if raw == path else f"{path} (inflated)"
-            scan_buffer(mm, name, k, strict, result)
+            scan_buffer(mm, name, k, policy, result)
         self.items = result.spans
         self.skipped = [(f"{f}: offset {off}", why) for f, off, why in result.problems]
         self._names: dict = {}  # label → (synset, text)

@@ -1,0 +1,170 @@
+"""manifest.json: build it, write it, load and validate it (spec: FORMAT.md, "manifest.json").
+
+Its presence means "this dataset is finished". Every reader goes through `load`, which checks
+the JSON types and names before anything is used: a wrong type anywhere gives a FormatError
+naming the key, and every file name must be a plain name inside the dataset directory.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from ..errors import FormatError, UnsafePath
+from . import files
+
+MANIFEST_FILE = "manifest.json"
+REPORT_FILE = "pack_report.json"
+FORMAT_NAME = "recordtool-ofrecord"
+FORMAT_VERSION = 1
+MAX_BYTES = 256 << 20  # a manifest larger than this is refused unread (~2M shard entries)
+_HEX8 = re.compile(r"^[0-9a-f]{8}$")
+
+
+def dump(obj) -> bytes:
+    """Stable JSON: same content ⇒ same bytes, so re-runs are byte-identical. Names that are not
+    valid UTF-8 (Linux file names can be any bytes) are kept as surrogate escapes → replaced."""
+    text = json.dumps(obj, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    return text.encode("utf-8", "replace" if _has_surrogates(text) else "strict")
+
+
+def _has_surrogates(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
+
+
+def build(*, records: int, shards: list, index: dict, classes: list, keys: dict, source: dict,
+          tool: dict, pack: dict | None = None, class_text: list | None = None, report: str | None = None,
+          skipped: list | None = None, extra: dict | None = None) -> dict:
+    """The manifest of a finished dataset, validated (so we never write one we would refuse).
+
+    Args:
+        records: number of records (= index rows).
+        shards: `{name, records, bytes, crc32c}` per part file, in file-number order.
+        index: `{file, bytes, crc32c}` of index.rtx.
+        classes: class names; position = label.
+        keys: feature keys used for image, label, height, width, filename.
+        source: what was packed (`{kind, ...}`).
+        tool: `{name, version}` of the writer.
+        pack: the options that shaped the output (pack only).
+        class_text: human-readable class names (TFRecord sources with text).
+        report: file name of the pack report, when there is one.
+        skipped: records `recordtool index` left out, `{shard, offset, reason}`.
+        extra: more keys (readers ignore keys they do not know).
+    """
+    m = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "records": int(records),
+         "shards": shards, "index": index, "classes": classes, "keys": keys, "source": source, "tool": tool}
+    for k, v in (("pack", pack), ("class_text", class_text), ("report", report), ("skipped", skipped)):
+        if v is not None:
+            m[k] = v
+    m.update(extra or {})
+    validate(m, MANIFEST_FILE)
+    return m
+
+
+def write(root: str, manifest: dict) -> None:
+    """Write root/manifest.json through a temporary file created exclusively, then rename."""
+    files.replace_tmp(os.path.join(root, MANIFEST_FILE), dump(manifest))
+
+
+def load(root: str) -> dict:
+    """The validated manifest of the dataset at root; FormatError says what is wrong and where."""
+    path = os.path.join(root, MANIFEST_FILE)
+    try:
+        raw = files.read_bounded(path, MAX_BYTES, "manifest")
+    except FileNotFoundError:
+        raise FormatError(f"{path}: no manifest, so {root} is not a finished recordtool dataset{_hint(root)}") \
+            from None
+    except IsADirectoryError:
+        raise UnsafePath(f"{path}: is a directory, not a manifest") from None
+    try:
+        m = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise FormatError(f"{path}: unreadable JSON ({e})") from None
+    return validate(m, path)
+
+
+def _hint(root: str) -> str:
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return ""
+    if ".partial" in names:
+        return " (an unfinished pack is there: re-run `recordtool pack` to finish it)"
+    if any(n.startswith("part-") for n in names):
+        return " (part files without an index: run `recordtool index` on them)"
+    return ""
+
+
+def _need(cond: bool, path: str, what: str) -> None:
+    if not cond:
+        raise FormatError(f"{path}: {what}")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def validate(m, path: str = MANIFEST_FILE) -> dict:
+    """Check a parsed manifest's structure and types; return it. FormatError names the key."""
+    _need(isinstance(m, dict), path, f"top level is {type(m).__name__}, not an object")
+    if m.get("format") != FORMAT_NAME or m.get("format_version") != FORMAT_VERSION:
+        raise FormatError(f"{path}: format {m.get('format')!r} v{m.get('format_version')!r} is not "
+                          f"{FORMAT_NAME} v{FORMAT_VERSION}")
+    _need(_is_int(m.get("records")) and m["records"] >= 0, path,
+          f"'records' must be a non-negative integer, not {m.get('records')!r}")
+    shards = m.get("shards")
+    _need(isinstance(shards, list), path, f"'shards' must be a list, not {type(shards).__name__}")
+    seen = set()
+    for k, s in enumerate(shards):
+        where = f"shards[{k}]"
+        _need(isinstance(s, dict), path, f"{where} must be an object")
+        name = s.get("name")
+        try:
+            files.plain_name(name, f"{where}.name")
+        except UnsafePath as e:
+            raise UnsafePath(f"{path}: {e}") from None
+        _need(name not in seen, path, f"{where}.name {name!r} appears twice")
+        _need(name not in (MANIFEST_FILE, REPORT_FILE) and not name.endswith(".tmp"), path,
+              f"{where}.name {name!r} is not a part file name")
+        seen.add(name)
+        for key in ("records", "bytes"):
+            _need(_is_int(s.get(key)) and s[key] >= 0, path,
+                  f"{where}.{key} must be a non-negative integer, not {s.get(key)!r}")
+        _need(isinstance(s.get("crc32c"), str) and bool(_HEX8.match(s["crc32c"])), path,
+              f"{where}.crc32c must be 8 lowercase hex digits, not {s.get('crc32c')!r}")
+    _need(sum(s["records"] for s in shards) == m["records"], path,
+          f"shards hold {sum(s['records'] for s in shards)} records, 'records' says {m['records']}")
+    idx = m.get("index")
+    _need(isinstance(idx, dict), path, "'index' must be an object {file, bytes, crc32c}")
+    try:
+        files.plain_name(idx.get("file"), "index.file")
+    except UnsafePath as e:
+        raise UnsafePath(f"{path}: {e}") from None
+    _need(idx["file"] not in seen and idx["file"] != MANIFEST_FILE, path,
+          f"index.file {idx['file']!r} names another file of the dataset")
+    _need(_is_int(idx.get("bytes")) and idx["bytes"] >= 0, path, "index.bytes must be a non-negative integer")
+    _need(isinstance(idx.get("crc32c"), str) and bool(_HEX8.match(idx["crc32c"])), path,
+          "index.crc32c must be 8 lowercase hex digits")
+    classes = m.get("classes")
+    _need(isinstance(classes, list) and all(isinstance(c, str) for c in classes), path,
+          "'classes' must be a list of strings")
+    ct = m.get("class_text")
+    _need(ct is None or (isinstance(ct, list) and all(c is None or isinstance(c, str) for c in ct)), path,
+          "'class_text' must be a list of strings or nulls")
+    keys = m.get("keys", {})
+    _need(isinstance(keys, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in keys.items()),
+          path, "'keys' must map names to feature keys (strings)")
+    if "report" in m:
+        try:
+            files.plain_name(m["report"], "report")
+        except UnsafePath as e:
+            raise UnsafePath(f"{path}: {e}") from None
+    sk = m.get("skipped", [])
+    _need(isinstance(sk, list) and all(isinstance(s, dict) for s in sk), path, "'skipped' must be a list of objects")
+    for key in ("source", "pack", "tool"):
+        _need(m.get(key) is None or isinstance(m[key], dict), path, f"'{key}' must be an object")
+    return m

@@ -1,0 +1,41 @@
+"""What pack reads from: the `Source` protocol every source implements.
+
+A source lists its items up front (cheap: names and offsets, no image bytes), so pack can
+shuffle them with the seed and assign them to shards before reading anything; then `load`
+reads one item. ImageFolderSource, TFRecordSource and OFRecordSource implement it; pack and
+the tests depend on this protocol only.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Source(Protocol):
+    """Attributes:
+        kind: "imagefolder", "tfrecord" or "ofrecord" (the manifest's source.kind).
+        items: every candidate record, in a stable order (pack shuffles positions in it).
+        skipped: (where, reason) for what listing already refused (not an image, bad framing).
+        warnings: messages for the user (an empty class folder, …).
+    """
+
+    kind: str
+    items: list
+    skipped: list
+    warnings: list
+
+    def where(self, item: Any) -> str:
+        """Human-readable location of an item: a path, or file + byte offset."""
+
+    def load(self, item: Any) -> tuple:
+        """(image bytes, label, filename bytes) of one item; raises `Rejected` with the reason
+        when the item cannot become a record."""
+
+    def classes(self, max_label: int) -> tuple:
+        """(class names indexed by label, human-readable class texts or None)."""
+
+    def describe(self) -> dict:
+        """The manifest's `source` entry."""
+
+    def close(self) -> None:
+        """Release mappings and scratch files."""
