@@ -12,7 +12,7 @@ import mmap
 import os
 import stat
 
-from ..errors import UnsafePath
+from ..errors import UnsafePath  # noqa: F401  (re-exported for fs.py)
 
 _READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 

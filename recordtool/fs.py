@@ -1,0 +1,154 @@
+"""The small file-system interface pack and the reader do their I/O through.
+
+Local paths get `LocalFS` (plain os calls, symlinks never followed for what we create or
+delete); URLs (`s3://`, `gs://`, `file://`, `memory://` …) get `FsspecFS`, a thin wrapper over
+fsspec (an optional dependency: `pip install recordtool[s3]`). Paths are strings in the
+file system's own syntax; `join` builds them. Writes go to a new object (`open_write`), and
+`replace` is atomic on local disks and copy-then-delete on object stores, which is why a
+dataset's manifest is always written last: its presence means "finished".
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import shutil
+from typing import BinaryIO, Protocol
+
+from .format import files
+
+
+class FileSystem(Protocol):
+    """What pack tasks and readers may do to storage."""
+
+    def join(self, *parts: str) -> str: ...
+    def open_read(self, path: str) -> BinaryIO: ...
+    def open_write(self, path: str) -> BinaryIO: ...
+    def read_bytes(self, path: str, limit: int) -> bytes: ...
+    def write_bytes(self, path: str, data: bytes) -> None: ...
+    def size(self, path: str) -> int: ...
+    def exists(self, path: str) -> bool: ...
+    def isdir(self, path: str) -> bool: ...
+    def listdir(self, path: str) -> list: ...
+    def makedirs(self, path: str) -> None: ...
+    def replace(self, src: str, dst: str) -> None: ...
+    def remove(self, path: str) -> None: ...
+    def rmtree(self, path: str) -> None: ...
+
+
+def is_url(path) -> bool:
+    return isinstance(path, str) and "://" in path and not path.startswith("file://")
+
+
+def get_fs(path) -> tuple:
+    """(FileSystem, path in its syntax) for a local path or a URL."""
+    path = os.fspath(path)
+    if is_url(path):
+        return FsspecFS.from_url(path)
+    if path.startswith("file://"):
+        path = path[len("file://"):]
+    return LocalFS(), path
+
+
+class LocalFS:
+    """Local disk. Reads refuse symlinks and special files (files.open_regular); writes create
+    new files exclusively (a planted symlink is never written through)."""
+
+    def join(self, *parts: str) -> str:
+        return os.path.join(*parts)
+
+    def open_read(self, path: str) -> BinaryIO:
+        return os.fdopen(files.open_regular(path), "rb")
+
+    def open_write(self, path: str) -> BinaryIO:
+        return os.fdopen(files.create_exclusive(path), "wb")
+
+    def read_bytes(self, path: str, limit: int) -> bytes:
+        return files.read_bounded(path, limit)
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        files.write_new(path, data)
+
+    def size(self, path: str) -> int:
+        return os.stat(path).st_size
+
+    def exists(self, path: str) -> bool:
+        return os.path.lexists(path)
+
+    def isdir(self, path: str) -> bool:
+        return os.path.isdir(path) and not os.path.islink(path)
+
+    def listdir(self, path: str) -> list:
+        return sorted(os.listdir(path))
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    def replace(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+    def remove(self, path: str) -> None:
+        os.unlink(path)
+
+    def rmtree(self, path: str) -> None:
+        shutil.rmtree(path)
+
+
+class FsspecFS:
+    """Any fsspec file system (s3fs for s3://, gcsfs for gs://, memory:// in tests)."""
+
+    def __init__(self, fs, protocol: str):
+        self.fs, self.protocol = fs, protocol
+
+    @classmethod
+    def from_url(cls, url: str, **options) -> tuple:
+        try:
+            import fsspec
+        except ImportError:
+            raise ImportError(f"{url}: object storage needs fsspec (pip install 'recordtool[s3]')") from None
+        fs, path = fsspec.core.url_to_fs(url, **options)
+        return cls(fs, url.split("://", 1)[0]), path
+
+    def url(self, path: str) -> str:
+        return f"{self.protocol}://{path}"
+
+    def join(self, *parts: str) -> str:
+        return posixpath.join(*parts)
+
+    def open_read(self, path: str) -> BinaryIO:
+        return self.fs.open(path, "rb")
+
+    def open_write(self, path: str) -> BinaryIO:
+        return self.fs.open(path, "wb")
+
+    def read_bytes(self, path: str, limit: int) -> bytes:
+        size = self.size(path)
+        if size > limit:
+            raise files.UnsafePath(f"{self.url(path)}: {size} bytes, more than the {limit} allowed here")
+        return self.fs.cat_file(path)
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        self.fs.pipe_file(path, data)
+
+    def size(self, path: str) -> int:
+        return int(self.fs.size(path))
+
+    def exists(self, path: str) -> bool:
+        return self.fs.exists(path)
+
+    def isdir(self, path: str) -> bool:
+        return self.fs.isdir(path)
+
+    def listdir(self, path: str) -> list:
+        return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(path, detail=False))
+
+    def makedirs(self, path: str) -> None:
+        self.fs.makedirs(path, exist_ok=True)
+
+    def replace(self, src: str, dst: str) -> None:
+        self.fs.mv(src, dst)
+
+    def remove(self, path: str) -> None:
+        self.fs.rm_file(path)
+
+    def rmtree(self, path: str) -> None:
+        self.fs.rm(path, recursive=True)
