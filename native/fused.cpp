@@ -94,6 +94,7 @@ struct Scratch {
     std::vector<int32_t> acc;     // resample vertical accumulators
     HScratch hs;                  // resample horizontal pass
     Coeffs ch, cv;
+    std::vector<uint8_t> tile;    // one resampled image before the fused normalize (Emit)
 };
 
 // Per-thread decode buffers, kept across batches (and reserved up front by `reserve`).
@@ -117,6 +118,60 @@ struct Params {
     int force_scale;  // 0: choose; else M in 1..8 (tests)
     double margin;
 };
+
+// The fused output pass: one resampled uint8 image (h × w × 3, RGB) → mirrored if asked,
+// x · scale + bias per channel, float32 or float16, NCHW or NHWC — what the GPU kernel does
+// after its resample. Runs on the decode thread right after the resample, while the tile is in
+// cache. Python reference: recordtool.decode.ops.normalize_reference.
+struct Emit {
+    bool on = false;
+    bool half = false;
+    bool nchw = true;
+    float scale[3], bias[3];
+    const bool* flips = nullptr;
+    void* out = nullptr;  // N × 3 × h × w (or N × h × w × 3) elements of float or half
+};
+
+// float → IEEE half, round to nearest even (as numpy's astype(float16)); finite inputs only.
+static inline uint16_t to_half(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    x &= 0x7FFFFFFFu;
+    if (x >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);  // overflow → inf
+    if (x < 0x38800000u) {                                    // subnormal half (or zero)
+        if (x < 0x33000000u) return (uint16_t)sign;
+        const uint32_t e = x >> 23, m = (x & 0x7FFFFFu) | 0x800000u;
+        const uint32_t shift = 126 - e;  // half subnormal = m · 2^(e - 150) / 2^-24
+        const uint32_t rem = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+        uint32_t r = m >> shift;
+        if (rem > halfway || (rem == halfway && (r & 1u))) r++;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t r = x - 0x38000000u;  // rebias exponent 127 → 15
+    const uint32_t rem = r & 0x1FFFu;
+    r >>= 13;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) r++;
+    return (uint16_t)(sign | r);
+}
+
+
+static void emit_one(const Emit& e, const uint8_t* img, int H, int W, size_t n) {
+    const bool flip = e.flips[n];
+    const size_t plane = (size_t)H * W, base = n * plane * 3;
+    for (int y = 0; y < H; y++) {
+        const uint8_t* row = img + (size_t)y * W * 3;
+        for (int x = 0; x < W; x++) {
+            const uint8_t* q = row + 3 * (flip ? (W - 1 - x) : x);
+            for (int c = 0; c < 3; c++) {
+                const float v = q[c] * e.scale[c] + e.bias[c];
+                const size_t o = e.nchw ? base + c * plane + (size_t)y * W + x : base + ((size_t)y * W + x) * 3 + c;
+                if (e.half) static_cast<uint16_t*>(e.out)[o] = to_half(v);
+                else static_cast<float*>(e.out)[o] = v;
+            }
+        }
+    }
+}
 
 // Decode the window of one JPEG and resample it into task.out. Returns false with a reason.
 static bool run_one(Task& t, const Params& p, Scratch& s) {
@@ -325,25 +380,16 @@ static Pool& pool(int id = 0) {
 
 using namespace rt;
 
-// buffers: sequence of bytes-like; windows: (N, 4) float64 (y, x, h, w);
-// out: (N, H, W, 3) uint8 C-contiguous. Returns list of (index, reason) for failed images.
-static py::list decode_crop_resize(py::sequence buffers, py::array_t<double, py::array::c_style> windows,
-                                   py::array_t<uint8_t, py::array::c_style> out, int threads, long long max_pixels,
-                                   int force_scale, double margin, int pool_id) {
+// Tasks of one batch: buffers (sequence of bytes-likes, kept alive by `keep`) and windows
+// (N, 4) float64 (y, x, h, w). `out` (uint8 slots) is set by the caller or by Emit.
+static std::vector<Task> make_tasks(py::sequence buffers, py::array_t<double, py::array::c_style> windows,
+                                    std::vector<py::buffer_info>& keep) {
     const size_t n = buffers.size();
     if (windows.ndim() != 2 || (size_t)windows.shape(0) != n || windows.shape(1) != 4)
         throw std::invalid_argument("windows must have shape (N, 4)");
-    if (out.ndim() != 4 || (size_t)out.shape(0) != n || out.shape(3) != 3)
-        throw std::invalid_argument("out must have shape (N, H, W, 3)");
-    if (force_scale < 0 || force_scale > 8) throw std::invalid_argument("force_scale must be in 0..8");
-    if (!(margin > 0)) throw std::invalid_argument("scale margin must be > 0");
-    Params p{(int)out.shape(2), (int)out.shape(1), max_pixels, force_scale, margin};
     std::vector<Task> tasks(n);
-    std::vector<py::buffer_info> keep;
     keep.reserve(n);
     auto win = windows.unchecked<2>();
-    uint8_t* base = out.mutable_data();
-    const size_t slot = (size_t)p.out_w * p.out_h * 3;
     for (size_t i = 0; i < n; i++) {
         py::object obj = buffers[i];
         keep.emplace_back(py::buffer(obj).request());
@@ -354,8 +400,22 @@ static py::list decode_crop_resize(py::sequence buffers, py::array_t<double, py:
         tasks[i].x = win(i, 1);
         tasks[i].h = win(i, 2);
         tasks[i].w = win(i, 3);
-        tasks[i].out = base + i * slot;
     }
+    return tasks;
+}
+
+static void check_params(const Params& p) {
+    if (p.out_w < 1 || p.out_h < 1 || p.out_w > 16384 || p.out_h > 16384)
+        throw std::invalid_argument("output size must be 1..16384 on each side");
+    if (p.force_scale < 0 || p.force_scale > 8) throw std::invalid_argument("force_scale must be in 0..8");
+    if (!(p.margin > 0)) throw std::invalid_argument("scale margin must be > 0");
+}
+
+// Decode every task on the pool, largest first; a failed image's slot is zeros (before Emit).
+// With Emit on, each image goes through the thread's tile and the fused output pass.
+static py::list run_batch(std::vector<Task>& tasks, const Params& p, int threads, int pool_id, const Emit& emit) {
+    const size_t n = tasks.size();
+    const size_t slot = (size_t)p.out_w * p.out_h * 3;
     std::vector<size_t> sizes(n);
     for (size_t i = 0; i < n; i++) sizes[i] = tasks[i].size;
     const std::vector<uint32_t> order = largest_first(sizes);
@@ -367,14 +427,17 @@ static py::list decode_crop_resize(py::sequence buffers, py::array_t<double, py:
         workers.run(participants, [&](int) {
             // per-thread buffers live across batches: no allocation in steady state
             Scratch& s = scratch();
+            if (emit.on && s.tile.size() < slot) s.tile.resize(slot);
             for (;;) {
                 size_t k = next.fetch_add(1, std::memory_order_relaxed);
                 if (k >= n) break;
                 Task& t = tasks[order[k]];
+                if (emit.on) t.out = s.tile.data();
                 if (!run_one(t, p, s)) {
                     t.status = 1;
                     std::memset(t.out, 0, slot);
                 }
+                if (emit.on) emit_one(emit, t.out, p.out_h, p.out_w, order[k]);
             }
             if (s.region.capacity() > kKeepBytes) {  // after a huge image, give the memory back
                 std::vector<uint8_t>().swap(s.region);
@@ -386,6 +449,58 @@ static py::list decode_crop_resize(py::sequence buffers, py::array_t<double, py:
     for (size_t i = 0; i < n; i++)
         if (tasks[i].status) failures.append(py::make_tuple(i, tasks[i].message));
     return failures;
+}
+
+// buffers: sequence of bytes-like; windows: (N, 4) float64 (y, x, h, w);
+// out: (N, H, W, 3) uint8 C-contiguous. Returns list of (index, reason) for failed images.
+static py::list decode_crop_resize(py::sequence buffers, py::array_t<double, py::array::c_style> windows,
+                                   py::array_t<uint8_t, py::array::c_style> out, int threads, long long max_pixels,
+                                   int force_scale, double margin, int pool_id) {
+    const size_t n = buffers.size();
+    if (out.ndim() != 4 || (size_t)out.shape(0) != n || out.shape(3) != 3)
+        throw std::invalid_argument("out must have shape (N, H, W, 3)");
+    Params p{(int)out.shape(2), (int)out.shape(1), max_pixels, force_scale, margin};
+    check_params(p);
+    std::vector<py::buffer_info> keep;
+    std::vector<Task> tasks = make_tasks(buffers, windows, keep);
+    uint8_t* base = out.mutable_data();
+    const size_t slot = (size_t)p.out_w * p.out_h * 3;
+    for (size_t i = 0; i < n; i++) tasks[i].out = base + i * slot;
+    return run_batch(tasks, p, threads, pool_id, Emit{});
+}
+
+// The same, with the fused output pass: out is float32 or float16, (N, 3, H, W) when nchw else
+// (N, H, W, 3); image n is mirrored where flips[n]; value = pixel · scale[c] + bias[c].
+// Reference: ops.normalize_reference(decode_crop_resize(...)). Failed images come out as the
+// normalised zero image; their (index, reason) are returned.
+static py::list decode_crop_resize_normalize(py::sequence buffers, py::array_t<double, py::array::c_style> windows,
+                                             py::array_t<bool, py::array::c_style> flips, py::array out,
+                                             std::vector<float> scale, std::vector<float> bias, bool nchw,
+                                             int threads, long long max_pixels, double margin, int pool_id) {
+    const size_t n = buffers.size();
+    if (out.ndim() != 4 || (size_t)out.shape(0) != n) throw std::invalid_argument("out must have shape (N, ...)");
+    if (!(out.flags() & py::array::c_style)) throw std::invalid_argument("out must be C-contiguous");
+    const bool half = out.dtype().is(py::dtype("float16"));
+    if (!half && !out.dtype().is(py::dtype::of<float>())) throw std::invalid_argument("out must be float32 or float16");
+    const int H = (int)(nchw ? out.shape(2) : out.shape(1)), W = (int)(nchw ? out.shape(3) : out.shape(2));
+    if ((nchw ? out.shape(1) : out.shape(3)) != 3) throw std::invalid_argument("out must have 3 channels");
+    if ((size_t)flips.size() != n) throw std::invalid_argument("flips must have N entries");
+    if (scale.size() != 3 || bias.size() != 3) throw std::invalid_argument("scale and bias need 3 values");
+    Params p{W, H, max_pixels, 0, margin};
+    check_params(p);
+    std::vector<py::buffer_info> keep;
+    std::vector<Task> tasks = make_tasks(buffers, windows, keep);
+    Emit e;
+    e.on = true;
+    e.half = half;
+    e.nchw = nchw;
+    for (int c = 0; c < 3; c++) {
+        e.scale[c] = scale[c];
+        e.bias[c] = bias[c];
+    }
+    e.flips = flips.data();
+    e.out = out.mutable_data();
+    return run_batch(tasks, p, threads, pool_id, e);
 }
 
 // The resampler alone, for its tests against PIL: src (H, W, 3) uint8, box (x0, y0, x1, y1).
@@ -440,29 +555,6 @@ static void reserve(size_t bytes, int threads, int pool_id) {
 }
 
 // ------------------------------------------------------------------ normalize
-
-// float → IEEE half, round to nearest even (as numpy's astype(float16)); finite inputs only.
-static inline uint16_t to_half(float f) {
-    uint32_t x;
-    std::memcpy(&x, &f, 4);
-    const uint32_t sign = (x >> 16) & 0x8000u;
-    x &= 0x7FFFFFFFu;
-    if (x >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);  // overflow → inf
-    if (x < 0x38800000u) {                                    // subnormal half (or zero)
-        if (x < 0x33000000u) return (uint16_t)sign;
-        const uint32_t e = x >> 23, m = (x & 0x7FFFFFu) | 0x800000u;
-        const uint32_t shift = 126 - e;  // half subnormal = m · 2^(e - 150) / 2^-24
-        const uint32_t rem = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
-        uint32_t r = m >> shift;
-        if (rem > halfway || (rem == halfway && (r & 1u))) r++;
-        return (uint16_t)(sign | r);
-    }
-    uint32_t r = x - 0x38000000u;  // rebias exponent 127 → 15
-    const uint32_t rem = r & 0x1FFFu;
-    r >>= 13;
-    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) r++;
-    return (uint16_t)(sign | r);
-}
 
 // uint8 NHWC batch → (x · scale + bias) per channel, mirrored where flips[n], into float32 or
 // float16, NCHW or NHWC. One image per task on the pool. Reference: recordtool.decode.ops.normalize.
@@ -527,6 +619,9 @@ PYBIND11_MODULE(_native, m) {
     m.doc() = "recordtool native decode: fused libjpeg-turbo crop decode + Pillow-exact bilinear resample";
     m.def("decode_crop_resize", &decode_crop_resize, py::arg("buffers"), py::arg("windows"), py::arg("out"),
           py::arg("threads"), py::arg("max_pixels"), py::arg("force_scale") = 0, py::arg("margin") = 1.1, py::arg("pool") = 0);
+    m.def("decode_crop_resize_normalize", &decode_crop_resize_normalize, py::arg("buffers"), py::arg("windows"),
+          py::arg("flips"), py::arg("out"), py::arg("scale"), py::arg("bias"), py::arg("nchw"), py::arg("threads"),
+          py::arg("max_pixels"), py::arg("margin") = 1.1, py::arg("pool") = 0);
     m.def("resample", &resample_py, py::arg("src"), py::arg("box"), py::arg("out_w"), py::arg("out_h"));
     m.def("choose_scale", &choose_scale, py::arg("win_w"), py::arg("win_h"), py::arg("out_w"), py::arg("out_h"),
           py::arg("margin"), py::arg("min_m"));

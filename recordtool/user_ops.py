@@ -1,8 +1,11 @@
 """Two example user ops for `Loader(user_op=...)`: plain array code, no C++.
 
-Each takes a uint8 NHWC batch (numpy on the CPU loader, CuPy on the GPU loader — the same
-code runs on both through the array module) and returns it. Randomness is keyed like the crop
-windows: pass the batch's sample ids and the epoch for reproducible augmentation.
+A user op takes a uint8 NHWC batch (numpy on the CPU loader, CuPy on the GPU loader — the same
+code runs on both through the array module) and returns it. Ops whose randomness must be
+reproducible subclass `KeyedOp`: the Loader then calls `op(batch, keys)` with the batch's
+`BatchKeys` (sample ids, epoch, seed), so their draws are keyed like the crop windows — a pure
+function of (seed, epoch, sample id) whatever the producer threads. The op object itself holds
+no per-batch state: several producers call it at the same time.
 """
 from __future__ import annotations
 
@@ -21,16 +24,26 @@ def _xp(batch):
 
 
 class KeyedOp:
-    """Base of ops whose randomness is keyed like the crop windows. The Loader sets `ids` (the
-    batch's sample ids) and `epoch` before each call; without them, batch positions are used."""
+    """Base of ops whose randomness is keyed like the crop windows: called `op(batch, keys)`.
+
+    Args:
+        seed: mixed into the op's draws (beside the loader's seed in `keys`).
+    """
+
+    keyed = True  # the Loader passes BatchKeys with each call
 
     def __init__(self, seed: int = 0):
         self.seed = seed
-        self.ids, self.epoch = None, 0
 
-    def draws(self, n: int, counters) -> np.ndarray:
-        ids = np.arange(n) if self.ids is None else self.ids
-        return uniforms(ids, self.seed, self.epoch, counters)
+    def draws(self, n: int, counters, keys=None) -> np.ndarray:
+        """U[0, 1) (n, len(counters)) keyed by (seed, keys.seed, keys.epoch, keys.ids); without
+        keys (a direct call), by batch position and epoch 0."""
+        if keys is None:
+            return uniforms(np.arange(n), self.seed, 0, counters)
+        return uniforms(keys.ids, self.seed ^ (int(keys.seed) * 0x9E3779B1), keys.epoch, counters)
+
+    def __call__(self, batch, keys=None):
+        raise NotImplementedError
 
 
 class RandomGrayscale(KeyedOp):
@@ -40,9 +53,9 @@ class RandomGrayscale(KeyedOp):
         super().__init__(seed)
         self.p = p
 
-    def __call__(self, batch):
+    def __call__(self, batch, keys=None):
         xp = _xp(batch)
-        pick = np.nonzero(self.draws(batch.shape[0], [101])[:, 0] < self.p)[0]
+        pick = np.nonzero(self.draws(batch.shape[0], [101], keys)[:, 0] < self.p)[0]
         if len(pick):
             sel = batch[xp.asarray(pick)].astype(xp.float32)
             gray = sel[..., 0] * 0.299 + sel[..., 1] * 0.587 + sel[..., 2] * 0.114
@@ -57,10 +70,10 @@ class Cutout(KeyedOp):
         super().__init__(seed)
         self.size = size
 
-    def __call__(self, batch):
+    def __call__(self, batch, keys=None):
         xp = _xp(batch)
         n, h, w = batch.shape[:3]
-        u = self.draws(n, [102, 103])
+        u = self.draws(n, [102, 103], keys)
         cy = (u[:, 0] * h).astype(np.int64)
         cx = (u[:, 1] * w).astype(np.int64)
         half = self.size // 2

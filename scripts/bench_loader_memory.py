@@ -47,7 +47,7 @@ def run(path, device, epochs, batch, user_op=None, images=None):
             from recordtool.decode.gpu import device_memory_used
 
             gpu = (cupy.get_default_memory_pool().total_bytes() / 1e6, device_memory_used(ld.gpu_id) / 1e6,
-                   ld._ring.spills if ld._ring is not None else 0)
+                   ld.ring.spills)
         else:
             gpu = (0.0, 0.0, 0)
         rows.append((e, n / (time.perf_counter() - t), rss_mb(), gpu))

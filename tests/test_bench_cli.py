@@ -6,6 +6,7 @@ import sys
 from PIL import Image
 
 from conftest import jpeg_bytes, write
+from recordtool import peers
 from recordtool.pack import pack
 
 
@@ -18,12 +19,42 @@ def test_bench_cli(tmp_path):
                         "--epochs", "2", "--threads", "2", "--json", str(tmp_path / "b.json"), "--plot",
                         str(tmp_path / "b.png"), "-q"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
-    assert "full loader" in p.stdout and "baseline" in p.stdout
+    assert "recordtool Loader" in p.stdout and "baseline" in p.stdout and "DALI" in p.stdout
     r = json.loads((tmp_path / "b.json").read_text())
     for key in ("read", "decode", "loader", "baseline_pil"):
         assert next(iter(r[key].values())) > 0
     assert r["loader"]["batches"] >= 4 and r["loader"]["p99_ms"] >= r["loader"]["p50_ms"] > 0
-    assert Image.open(tmp_path / "b.png").size == (720, 360)
+    assert r["loader"]["stage_ms_per_image"]["decode"] > 0 and r["loader"]["ring_spills"] == 0
+    assert 0 < r["loader_over_decode_stage"]
+    if peers.dali_available():  # DALI ran on the same records, batch and threads
+        assert r["dali"]["img_s"] > 0 and r["loader_over_dali"] > 0, r["dali"]
+    else:
+        assert "error" in r["dali"]
+    assert Image.open(tmp_path / "b.png").size[1] == 360
     h = subprocess.run([sys.executable, "-m", "recordtool.cli", "bench", "--help"], capture_output=True, text=True)
-    for flag in ("--device", "--batch-size", "--threads", "--epochs", "--json", "--plot"):
+    for flag in ("--device", "--batch-size", "--threads", "--epochs", "--json", "--plot", "--dali-files"):
         assert flag in h.stdout
+
+
+def test_dali_peer_reads_records_and_files(tmp_path):
+    """DALI's CPU pipeline (what `recordtool bench --device cpu` compares with) on our records and
+    on the original files; a PNG named .JPEG is left out of the files DALI is given."""
+    import pytest
+
+    if not peers.dali_available():
+        pytest.skip("nvidia.dali does not import")
+    from conftest import png_bytes
+
+    import recordtool
+
+    src = tmp_path / "src"
+    for i in range(24):
+        write(str(src / f"c{i % 2}" / f"{i}.JPEG"), jpeg_bytes(120, 90, seed=i))
+    write(str(src / "c0" / "png.JPEG"), png_bytes())
+    pack(str(src), str(tmp_path / "out"), shards=1, progress=False)
+    ds = recordtool.open(str(tmp_path / "out"))
+    r = peers.dali_rate(ds, "cpu", 8, 2, epochs=2)
+    assert r["img_s"] > 0 and r["images"] == 24 and r["input"].startswith("recordtool")
+    files = peers.jpeg_files(str(src))
+    assert len(files) == 24 and all(not p.endswith("png.JPEG") for p, _ in files)
+    assert peers.dali_rate(files, "cpu", 8, 2, epochs=2)["img_s"] > 0

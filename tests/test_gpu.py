@@ -318,3 +318,83 @@ def test_cuda_loader_names_a_damaged_record(packed_mix, tmp_path):
     with pytest.raises(RecordError, match=f"record {engine} .*{shard}.*offset {off}"):
         for _ in ld:
             pass
+
+
+# ------------------------------------------------------------------ the split planner (no GPU needed)
+
+def test_planner_routes_eoi_and_fixed_splits():
+    from recordtool.decode.gpu import SplitPlanner, ends_with_eoi
+
+    routes = np.array([ENGINE] * 6 + [HYBRID] * 2 + [CPU] * 2, np.int8)
+    bufs = [b"\xff\xd8..\xff\xd9"] * 10
+    bufs[1] = b"\xff\xd8..truncated"  # no EOI: libjpeg must see it (GPU decoders do not report truncation)
+    eoi = ends_with_eoi(bufs)
+    assert eoi.tolist() == [True, False] + [True] * 8
+    p = SplitPlanner("gpu").plan(routes, eoi)
+    assert p.engine.tolist() == [0, 2, 3, 4, 5] and p.hybrid.tolist() == [6, 7]
+    assert sorted(p.cpu.tolist()) == [1, 8, 9] and p.forced == 3 and p.n == 10
+    p = SplitPlanner("cpu").plan(routes, eoi)
+    assert len(p.engine) == len(p.hybrid) == 0 and sorted(p.cpu.tolist()) == list(range(10))
+    p = SplitPlanner(0.5).plan(routes, eoi)  # half the batch on the CPU: forced ones + engine images
+    assert len(p.cpu) == 5 and p.cpu[:3].tolist() == [1, 8, 9] and len(p.engine) == 3
+    p = SplitPlanner("gpu", engines=True, hybrid=False).plan(routes, eoi)
+    assert len(p.hybrid) == 0 and {6, 7} <= set(p.cpu.tolist())
+    p = SplitPlanner("auto", engines=False).plan(routes, eoi)  # no engines here
+    assert len(p.engine) == 0 and {0, 2, 3, 4, 5} <= set(p.cpu.tolist())
+    with pytest.raises(ValueError):
+        SplitPlanner(1.5)
+
+
+def test_planner_auto_split_follows_measured_rates():
+    from recordtool.decode.gpu import SplitPlanner
+
+    pl = SplitPlanner("auto")
+    routes = np.full(100, ENGINE, np.int8)
+    eoi = np.ones(100, bool)
+    assert len(pl.plan(routes, eoi).cpu) == 0
+    pl.observe(100, 100, 0.01, 0, None)  # engines measured, CPU not yet: send it a few to measure
+    assert 0 < len(pl.plan(routes, eoi).cpu) <= 10
+    for _ in range(30):  # engines 4× as fast as the CPU: the CPU should get ~1/5
+        p = pl.plan(routes, eoi)
+        pl.observe(100, len(p.engine), len(p.engine) / 8000, len(p.cpu), len(p.cpu) / 2000)
+    assert abs(pl.cpu_fraction - 0.2) < 0.02 and abs(len(pl.plan(routes, eoi).cpu) - 20) <= 2
+    # the hybrid decoder gets what it finishes while the engines do their part, the rest the CPU
+    routes[:50] = HYBRID
+    pl.rates.hybrid = 500.0
+    p = pl.plan(routes, eoi)
+    t_engines = 50 * (1 - pl.cpu_fraction) / pl.rates.gpu
+    assert len(p.hybrid) == max(2, int(500.0 * t_engines)) and p.n == 100
+
+
+@gpu
+@pytest.mark.parametrize("how", ["abandoned", "break", "collected"])
+def test_cuda_script_leaving_a_loader_exits_cleanly(packed_mix, tmp_path, how):
+    import subprocess
+    import sys
+
+    from test_loader import _EXIT_SCRIPT
+
+    script = tmp_path / "leave.py"
+    script.write_text(_EXIT_SCRIPT)
+    p = subprocess.run([sys.executable, str(script), how, packed_mix, "cuda"], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0 and "end of script" in p.stdout, (p.returncode, p.stderr[-2000:])
+
+
+@gpu
+def test_cuda_keyed_user_op_same_for_any_producers_and_normalised_by_the_kernel(packed_mix):
+    """Keyed ops get their keys with the call (no race between producers); the uint8 batch the
+    op returns is normalised by the resize kernel at 1:1 into the output ring — the same values
+    as normalising it on the host."""
+    from recordtool.loader import Loader
+    from recordtool.user_ops import Cutout
+
+    kw = dict(batch_size=8, size=48, seed=2, split="gpu", as_torch=False, dtype="float32", layout="NCHW",
+              user_op=Cutout(16))
+    ref = [cupy.asnumpy(x) for x, _ in Loader(packed_mix, device="cuda", producers=1, **kw)]
+    got = [cupy.asnumpy(x) for x, _ in Loader(packed_mix, device="cuda", producers=4, **kw)]
+    assert all(np.array_equal(a, b) for a, b in zip(ref, got))
+    raw = Loader(packed_mix, device="cuda", producers=1, **dict(kw, mean=(0, 0, 0), std=(1 / 255,) * 3))
+    x = cupy.asnumpy(next(iter(raw))[0])
+    assert np.abs(x - np.rint(x)).max() < 1e-3 and x.min() > -1e-3 and x.max() < 255.001  # pixels back
+    assert (x == 0).all(axis=1).any()  # the cutout squares are there

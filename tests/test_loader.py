@@ -7,7 +7,7 @@ import pytest
 
 import recordtool
 from conftest import jpeg_bytes, write
-from recordtool.loader import Loader
+from recordtool.loader import BatchKeys, Loader
 from recordtool.pack import pack
 from recordtool.user_ops import Cutout, RandomGrayscale
 
@@ -105,12 +105,13 @@ def test_user_ops_applied_and_reproducible(packed):
     ld.close()
     cut = Cutout(size=16)
     a = np.full((4, 32, 32, 3), 200, np.uint8)
-    cut.ids, cut.epoch = np.arange(4), 0
-    out = cut(a.copy())
+    keys = BatchKeys(np.array([7, 3, 11, 5]), 2, 9)
+    out = cut(a.copy(), keys)
     assert ((out == 0).all(axis=-1).sum(axis=(1, 2)) > 0).all()  # a square per image
-    assert np.array_equal(out, cut(a.copy()))  # same ids, same epoch: same squares
+    assert np.array_equal(out, cut(a.copy(), keys))  # same ids, same epoch: same squares
+    assert not np.array_equal(out, cut(a.copy(), BatchKeys(keys.ids, 3, 9)))  # another epoch: others
     # the CPU's per-image slices zero exactly the square the GPU's mask formula does (also at edges)
-    u = cut.draws(4, [102, 103])
+    u = cut.draws(4, [102, 103], keys)
     cy, cx = (u[:, 0] * 32).astype(int)[:, None, None], (u[:, 1] * 32).astype(int)[:, None, None]
     yy, xx = np.arange(32)[None, :, None], np.arange(32)[None, None, :]
     mask = (np.abs(yy - cy) <= 8) & (np.abs(xx - cx) <= 8)
@@ -184,3 +185,63 @@ def test_undecodable_record_names_shard_and_offset(packed, tmp_path):
         if 7 in ids.tolist():
             assert float(np.abs(x[ids.tolist().index(7)]).max()) == 0.0
     assert list(ld.bad_records) == [7]
+
+
+@pytest.mark.parametrize("op", [Cutout(size=12), RandomGrayscale(p=0.5)])
+def test_keyed_user_ops_give_the_same_batches_for_any_producers(packed, op):
+    """A batch is a pure function of (seed, epoch, ids): keyed user ops get their keys with the
+    call, so producer threads running batches at once cannot swap them (the op is shared)."""
+    def run(producers, threads):
+        ld = Loader(packed, batch_size=4, size=32, seed=3, user_op=op, producers=producers, threads=threads,
+                    prefetch=1, as_torch=False, layout="NHWC", mean=(0, 0, 0), std=(1, 1, 1))
+        ld.set_epoch(1)
+        return [x.copy() for x, _ in ld]
+
+    ref = run(1, 1)
+    assert len(ref) == 12
+    for producers, threads in ((4, 2), (3, 1), (6, 3)):
+        got = run(producers, threads)
+        assert all(np.array_equal(a, b) for a, b in zip(ref, got)), (producers, threads)
+
+
+_EXIT_SCRIPT = """
+import gc, sys
+from recordtool.loader import Loader
+how, path, device = sys.argv[1:4]
+ld = Loader(path, batch_size=4, size=32, device=device, as_torch=False, producers=3, prefetch=2)
+it = iter(ld)
+for _ in range(3):
+    next(it)
+if how == "exhausted":
+    for _ in it:
+        pass
+elif how == "closed":
+    it.close()
+elif how == "loader-closed":
+    ld.close()
+elif how == "collected":
+    del it
+    gc.collect()
+elif how == "break":
+    for k, _ in enumerate(ld):
+        if k == 1:
+            break
+# "abandoned": the iterator stays referenced by this module while the interpreter exits
+print("end of script", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["abandoned", "exhausted", "closed", "loader-closed", "collected", "break"])
+def test_script_leaving_a_loader_exits_cleanly(packed, tmp_path, how):
+    """`for step, batch in enumerate(loader): if step == N: break` and friends, then the script
+    ends: exit code 0, whatever state the producer threads are in (was SIGABRT, 134)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "leave.py"
+    script.write_text(_EXIT_SCRIPT)
+    for _ in range(3):  # the old crash depended on timing: several runs each
+        p = subprocess.run([sys.executable, str(script), how, packed, "cpu"], capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 0 and "end of script" in p.stdout, (p.returncode, p.stderr[-2000:])
+        assert "terminate called" not in p.stderr

@@ -131,3 +131,78 @@ def decode_crop_resize(buffers, windows, size=(224, 224), threads: int | None = 
         if on_error is OnError.WARN:
             warnings.warn(f"recordtool: {DecodeError(failures)}", RuntimeWarning, stacklevel=2)
     return out
+
+
+def decode_crop_resize_normalize(buffers, windows, flips=None, size=(224, 224), mean=None, std=None,
+                                 layout: str = "NCHW", dtype="float32", out=None, threads: int | None = None,
+                                 on_error: OnError | str = "raise", fallback: bool = False,
+                                 max_pixels: int = DEFAULT_MAX_PIXELS, errors: list | None = None,
+                                 scale_margin: float = reference.SCALE_MARGIN, pool: int = 0) -> np.ndarray:
+    """`normalize(decode_crop_resize(...), flips=flips)` in one native pass: each image is
+    decoded, resampled, mirrored, normalised and written as float32/float16 NCHW/NHWC by the
+    same thread while it is in cache — no uint8 batch, no second pass (what the GPU kernel does).
+
+    Args:
+        buffers, windows, size, threads, on_error, fallback, max_pixels, errors, scale_margin, pool:
+            as decode_crop_resize.
+        flips: bool (N,) horizontal mirror per image (default none).
+        mean, std: per channel in 0..1 units (default ImageNet's): value = (p / 255 - mean) / std.
+        layout: "NCHW" or "NHWC".
+        dtype: float32 or float16.
+        out: a preallocated C-contiguous output of that shape and dtype to fill.
+    A failed image (after the Pillow fallback, when asked) is the normalised zero image.
+    """
+    from .ops import IMAGENET_MEAN, IMAGENET_STD, normalize, scale_bias
+
+    on_error = _on_error(on_error)
+    n = len(buffers)
+    oh, ow = int(size[0]), int(size[1])
+    if not (0 < oh <= MAX_SIDE and 0 < ow <= MAX_SIDE):
+        raise ValueError(f"output size {oh}x{ow}: each side must be in 1..{MAX_SIDE}")
+    if layout not in ("NCHW", "NHWC"):
+        raise ValueError("layout must be NCHW or NHWC")
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float16):
+        raise ValueError(f"dtype must be float32 or float16, not {dtype}")
+    shape = (n, 3, oh, ow) if layout == "NCHW" else (n, oh, ow, 3)
+    if out is None:
+        out = np.empty(shape, dtype)
+    elif out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
+        raise ValueError(f"out must be C-contiguous {dtype} {shape}, got {out.dtype} {out.shape}")
+    flips = np.zeros(n, bool) if flips is None else np.ascontiguousarray(flips, bool).reshape(n)
+    mean = IMAGENET_MEAN if mean is None else mean
+    std = IMAGENET_STD if std is None else std
+    scale, bias = scale_bias(mean, std)
+    if n == 0:
+        return out
+    win = np.ascontiguousarray(np.asarray(windows, dtype=np.float64).reshape(n, 4))
+    if _native is None:  # the reference: decode, then normalize
+        errs: list = []
+        img = decode_crop_resize(buffers, win, size, threads, None, "skip", fallback, max_pixels, errs, scale_margin)
+        out[...] = normalize(img, mean, std, layout, dtype, flips=flips)
+        failures = errs
+        fallback = False
+    else:
+        failures = _native.decode_crop_resize_normalize(list(buffers), win, flips, out, scale.tolist(),
+                                                        bias.tolist(), layout == "NCHW", int(threads or os.cpu_count() or 1),
+                                                        int(max_pixels), float(scale_margin), int(pool))
+    if failures and fallback:
+        still = []
+        for i, reason in failures:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")  # Pillow's truncation warnings → failure
+                    img = reference.truth(buffers[i], win[i], ow, oh)[None]
+            except Exception as e:
+                still.append((i, f"{reason}; Pillow fallback: {type(e).__name__}: {e}"))
+                continue
+            out[i] = normalize(np.ascontiguousarray(img), mean, std, layout, dtype, flips=flips[i:i + 1])[0]
+        failures = still
+    if errors is not None:
+        errors.extend(failures)
+    if failures:
+        if on_error is OnError.RAISE:
+            raise DecodeError(failures)
+        if on_error is OnError.WARN:
+            warnings.warn(f"recordtool: {DecodeError(failures)}", RuntimeWarning, stacklevel=2)
+    return out

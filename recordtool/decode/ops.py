@@ -27,23 +27,37 @@ def mirror(batch: np.ndarray, flags) -> np.ndarray:
     return batch
 
 
+def scale_bias(mean, std):
+    """(scale, bias) float32 per channel so that pixel · scale + bias = (pixel / 255 - mean) / std."""
+    scale = (1.0 / (255.0 * np.asarray(std, np.float32))).astype(np.float32)
+    bias = (-np.asarray(mean, np.float32) / np.asarray(std, np.float32)).astype(np.float32)
+    return scale, bias
+
+
 def normalize(batch: np.ndarray, mean=IMAGENET_MEAN, std=IMAGENET_STD, layout: str = "NCHW",
-              dtype=np.float32, flips=None, threads: int | None = None) -> np.ndarray:
+              dtype=np.float32, flips=None, threads: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """(x / 255 - mean) / std per channel (torchvision's units), to NCHW or NHWC float32/float16;
-    images with flips[n] true are mirrored on the way (saves a separate mirror pass)."""
+    images with flips[n] true are mirrored on the way (saves a separate mirror pass); written
+    into `out` when given (C-contiguous, that shape and dtype)."""
     if layout not in ("NCHW", "NHWC"):
         raise ValueError("layout must be NCHW or NHWC")
     dtype = np.dtype(dtype)
-    scale = (1.0 / (255.0 * np.asarray(std, np.float32))).astype(np.float32)
-    bias = (-np.asarray(mean, np.float32) / np.asarray(std, np.float32)).astype(np.float32)
+    scale, bias = scale_bias(mean, std)
     n, h, w, _ = batch.shape
     flips = np.zeros(n, bool) if flips is None else np.ascontiguousarray(flips, bool)
+    shape = (n, 3, h, w) if layout == "NCHW" else (n, h, w, 3)
+    if out is not None and (out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous):
+        raise ValueError(f"out must be C-contiguous {dtype} {shape}, got {out.dtype} {out.shape}")
     if cpu._native is not None and dtype in (np.float32, np.float16) and batch.dtype == np.uint8:
-        out = np.empty((n, 3, h, w) if layout == "NCHW" else (n, h, w, 3), dtype)
+        out = np.empty(shape, dtype) if out is None else out
         cpu._native.normalize(np.ascontiguousarray(batch), flips, out, scale.tolist(), bias.tolist(),
                               layout == "NCHW", threads or os.cpu_count() or 1)
         return out
-    return normalize_reference(batch, scale, bias, layout, dtype, flips)
+    ref = normalize_reference(batch, scale, bias, layout, dtype, flips)
+    if out is None:
+        return ref
+    out[...] = ref
+    return out
 
 
 def normalize_reference(batch, scale, bias, layout, dtype, flips):

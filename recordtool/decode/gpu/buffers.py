@@ -1,0 +1,196 @@
+"""Every buffer the GPU decoder uses, sized once at warm-up so steady state allocates nothing:
+pinned staging for JPEG bytes, the device arena for decoded windows, pinned + device buffers
+for the CPU share's pixels, the per-sample table the kernel reads, and the ring of output
+batches handed to the consumer.
+"""
+from __future__ import annotations
+
+import collections
+import sys
+import threading
+
+import numpy as np
+
+from .kernel import SAMPLE_DTYPE
+
+ALIGN = 256  # arena placement of each decoded window
+
+
+def region_bytes(w, h) -> np.ndarray:
+    """Upper bound of the arena bytes one window of w × h needs (whole-pixel region + alignment)."""
+    return ((np.ceil(w) + 1) * (np.ceil(h) + 1) * 3 + 2 * ALIGN).astype(np.int64)
+
+
+def staging_bytes(lengths) -> int:
+    """Pinned bytes a batch of JPEGs of these lengths needs (64-byte aligned slots)."""
+    return int(np.sum(np.asarray(lengths, np.int64))) + 64 * len(lengths)
+
+
+class DecodeBuffers:
+    """The decoder's working memory for batches of up to `max_batch` images of `size` (h, w).
+
+    Args:
+        cupy: the cupy module.
+        max_batch: images per batch at most.
+        size: output (h, w).
+    """
+
+    def __init__(self, cupy, max_batch: int, size):
+        self.cupy, self.max_batch = cupy, max_batch
+        h, w = size
+        b = max_batch
+        self.staging = self.staging_np = self.arena = None
+        self.allocations = 0  # growths after construction (0 in steady state)
+        self._cpu_out_mem = cupy.cuda.alloc_pinned_memory(b * h * w * 3)
+        self.cpu_out = np.frombuffer(self._cpu_out_mem, np.uint8, b * h * w * 3).reshape(b, h, w, 3)
+        self.cpu_dev = cupy.empty((b, h, w, 3), np.uint8)
+        self._samples_mem = cupy.cuda.alloc_pinned_memory(b * SAMPLE_DTYPE.itemsize)
+        self.samples = np.frombuffer(self._samples_mem, SAMPLE_DTYPE, b)
+        self.samples_dev = cupy.empty(b * SAMPLE_DTYPE.itemsize, np.uint8)
+
+    def reserve(self, staging: int, arena: int) -> None:
+        """Have at least this many pinned staging and device arena bytes."""
+        cupy = self.cupy
+        if self.staging_np is None or staging > self.staging_np.size:
+            self._staging_mem = cupy.cuda.alloc_pinned_memory(staging)
+            self.staging_np = np.frombuffer(self._staging_mem, np.uint8, staging)
+            self.allocations += 1
+        if self.arena is None or arena > self.arena.size:
+            self.arena = cupy.empty(arena, np.uint8)
+            self.allocations += 1
+
+    def plan_for(self, jpeg_lengths, widths, heights) -> tuple:
+        """(staging, arena) bytes that no batch of this dataset can outgrow: the `max_batch`
+        largest files and regions (a window's region is at most the image + 1 px each way)."""
+        b = self.max_batch
+        lens = np.sort(np.asarray(jpeg_lengths, np.int64))[::-1][:b]
+        regions = np.sort(region_bytes(np.asarray(widths, np.float64), np.asarray(heights, np.float64)))[::-1][:b]
+        return staging_bytes(lens), int(regions.sum())
+
+    def ensure(self, buffers, windows) -> None:
+        """Grow if this batch needs more than warm-up planned (counted in .allocations)."""
+        need_arena = int(region_bytes(windows[:, 3], windows[:, 2]).sum())
+        self.reserve(staging_bytes([len(x) for x in buffers]), need_arena)
+
+    def place(self, windows, idx) -> dict:
+        """Place each window of `idx` (whole-pixel region) in the arena and fill its sample row.
+        Returns {index: (rx, ry, rw, rh, dst, pitch)} for the decoders."""
+        s = self.samples
+        win = windows[idx]
+        y, x, hh, ww = win[:, 0], win[:, 1], win[:, 2], win[:, 3]
+        rx, ry = np.floor(x).astype(np.int64), np.floor(y).astype(np.int64)
+        rw = np.maximum(1, np.ceil(x + ww).astype(np.int64) - rx)
+        rh = np.maximum(1, np.ceil(y + hh).astype(np.int64) - ry)
+        pitch = rw * 3
+        size = (pitch * rh + ALIGN - 1) // ALIGN * ALIGN
+        dst = self.arena.data.ptr + np.concatenate([[0], np.cumsum(size)[:-1]]).astype(np.int64)
+        s["src"][idx], s["pitch"][idx], s["rw"][idx], s["rh"][idx] = dst, pitch, rw, rh
+        s["x0"][idx], s["y0"][idx], s["x1"][idx], s["y1"][idx] = x - rx, y - ry, x + ww - rx, y + hh - ry
+        return dict(zip(idx.tolist(), zip(rx.tolist(), ry.tolist(), rw.tolist(), rh.tolist(), dst.tolist(),
+                                          pitch.tolist())))
+
+    def place_cpu(self, idx, size) -> None:
+        """Sample rows of CPU-decoded images: whole output-sized images in `cpu_dev`, in order."""
+        h, w = size
+        s = self.samples
+        s["src"][idx] = self.cpu_dev.data.ptr + np.arange(len(idx), dtype=np.int64) * (h * w * 3)
+        s["pitch"][idx], s["rw"][idx], s["rh"][idx] = w * 3, w, h
+        s["x0"][idx], s["y0"][idx], s["x1"][idx], s["y1"][idx] = 0.0, 0.0, float(w), float(h)
+
+
+class OutputRing:
+    """Output batches allocated once and recycled, so steady state allocates no device memory.
+
+    A slot is handed out as a CuPy array whose memory owner gives the slot back when the last
+    reference dies — the CuPy array or, through DLPack, the torch tensor. At that moment an
+    event is recorded on the consumer's current stream (torch's when torch is loaded), and the
+    next producer to take the slot waits on it, so work the training loop queued on that batch
+    finishes before it is overwritten. A slot is never taken while referenced: when all are
+    held (a caller keeping batches), the batch comes from CuPy's pool and counts in `spills`.
+
+    Args:
+        shape: the full batch shape (max_batch, ...).
+        dtype: element type.
+        slots: batches alive at once (queued + being made + held by the consumer).
+        device: CUDA device id.
+    """
+
+    def __init__(self, shape, dtype, slots: int, device: int = 0):
+        import cupy
+
+        self.cupy = cupy
+        self.shape, self.dtype, self.device = tuple(shape), np.dtype(dtype), device
+        self.nbytes = int(np.prod(self.shape)) * self.dtype.itemsize
+        with cupy.cuda.Device(device):
+            self._mem = [cupy.cuda.alloc(self.nbytes) for _ in range(slots)]
+        self._free = collections.deque(range(slots))
+        self._ready = [None] * slots  # event recorded when the slot was given back
+        self._lock = threading.Lock()
+        self.spills = 0
+
+    @property
+    def slots(self) -> int:
+        return len(self._mem)
+
+    def acquire(self, n: int, stream):
+        """An (n, ...) array over a free slot; `stream` waits until its last user is done."""
+        cupy = self.cupy
+        shape = (n,) + self.shape[1:]
+        with self._lock:
+            k = self._free.popleft() if self._free else None
+            ev = None if k is None else self._ready[k]
+            if k is None:
+                self.spills += 1
+        if k is None:
+            return cupy.empty(shape, self.dtype)
+        if ev is not None:
+            stream.wait_event(ev)
+        mem = cupy.cuda.UnownedMemory(self._mem[k].ptr, self.nbytes, _Slot(self, k), self.device)
+        return cupy.ndarray(shape, self.dtype, cupy.cuda.MemoryPointer(mem, 0))
+
+    def _release(self, k: int) -> None:
+        cupy = self.cupy
+        try:
+            with cupy.cuda.Device(self.device):
+                ev = cupy.cuda.Event(disable_timing=True)
+                cupy.cuda.runtime.eventRecord(ev.ptr, consumer_stream(self.device))
+        except Exception:  # interpreter shutdown: nothing will use the slot again
+            return
+        with self._lock:
+            self._ready[k] = ev
+            self._free.append(k)
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+
+class _Slot:
+    """The owner object behind a slot's memory: when it dies, the slot goes back to its ring."""
+
+    __slots__ = ("ring", "k")
+
+    def __init__(self, ring, k):
+        self.ring, self.k = ring, k
+
+    def __del__(self):
+        self.ring._release(self.k)
+
+
+def consumer_stream(device: int) -> int:
+    """The stream the calling thread works on: torch's current one if torch is loaded, else CuPy's."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return torch.cuda.current_stream(device).cuda_stream
+    import cupy
+
+    return cupy.cuda.get_current_stream().ptr
+
+
+def device_memory_used(device: int = 0) -> int:
+    """Bytes in use on the GPU (cudaMemGetInfo): CuPy's pool, nvJPEG's buffers, torch, the context."""
+    import cupy
+
+    with cupy.cuda.Device(device):
+        free, total = cupy.cuda.runtime.memGetInfo()
+    return total - free

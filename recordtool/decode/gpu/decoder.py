@@ -1,0 +1,325 @@
+"""GPUDecoder: decode → crop → resize → mirror → normalize a batch onto the GPU.
+
+NVJPG hardware batched decode with one ROI per image (the crop window), nvJPEG's hybrid
+decoder (CPU Huffman, GPU IDCT) for progressive and grayscale files, the CPU native path for
+what neither takes and for a share of the rest (plan.py decides), then one CUDA kernel
+(kernel.py) into a batch of the output ring (buffers.py).
+"""
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...format.jpeg import CHROMA_444
+from .. import cpu
+from ..ops import IMAGENET_MEAN, IMAGENET_STD
+from . import kernel as K
+from .buffers import DecodeBuffers, OutputRing
+from .plan import CPU, ENGINE, HYBRID, Split, SplitPlanner, ends_with_eoi
+
+
+@dataclass
+class BatchReport:
+    """How the last batch was split and how fast each side went (`GPUDecoder.last`)."""
+
+    n: int = 0
+    gpu: int = 0  # images the engines decoded
+    hybrid: int = 0  # images the hybrid decoder decoded
+    cpu: int = 0  # images the CPU decoded (forced + moved + what a GPU decoder refused)
+    cpu_forced: int = 0  # of those, images no GPU decoder takes
+    cpu_fraction: float = 0.0  # the planner's CPU share after this batch
+    gpu_rate: float | None = None
+    cpu_rate: float | None = None
+    hybrid_rate: float | None = None
+    errors: list = field(default_factory=list)  # (batch index, reason) of images nothing decoded
+    seconds: float = 0.0
+    stages: dict = field(default_factory=dict)  # seconds per stage of this call
+
+    def __getitem__(self, key):  # report["cpu"] still works
+        return getattr(self, key)
+
+    def get(self, key, default=None):
+        return getattr(self, key, default)
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "errors"}
+
+
+class GPUDecoder:
+    """Decode → crop → resize → mirror → normalize a batch onto the GPU.
+
+    One instance per producer thread (nvJPEG states, streams and staging are per instance).
+
+    Args:
+        size: output (h, w).
+        max_batch: images per call at most.
+        layout: "NCHW" or "NHWC".
+        dtype: "float32", "float16" (normalized) or "uint8" (pixels, not normalized).
+        mean, std: normalization, in 0..1 units per channel (torchvision's).
+        cpu_threads: native threads for the CPU share (default: cores - 1).
+        split: how the engines' images are shared with the CPU (see plan.Split).
+        device: CUDA device id.
+        pool: native CPU thread-pool id (distinct per decoder so producers do not queue).
+        hybrid: send progressive and gray files to nvJPEG's hybrid decoder (else to the CPU).
+        ring: the output ring to take batches from (shared by the producers of a Loader);
+            None: warmup() makes one.
+    """
+
+    _instances = 0
+
+    def __init__(self, size=(224, 224), max_batch: int = 256, layout: K.Layout = "NCHW",
+                 dtype: K.DType = "float16", mean=IMAGENET_MEAN, std=IMAGENET_STD, cpu_threads: int | None = None,
+                 split: Split = "auto", device: int = 0, pool: int | None = None, hybrid: bool = True,
+                 ring: OutputRing | None = None):
+        import cupy
+
+        K.check(dtype, layout)
+        if not (0 < int(size[0]) <= cpu.MAX_SIDE and 0 < int(size[1]) <= cpu.MAX_SIDE) or max_batch < 1:
+            raise ValueError(f"size {size} (sides 1..{cpu.MAX_SIDE}) / max_batch {max_batch} (≥ 1) out of range")
+        self.cupy = cupy
+        self.device_id = device
+        self.device = cupy.cuda.Device(device)
+        self.size = (int(size[0]), int(size[1]))
+        self.max_batch = max_batch
+        self.layout, self.dtype = layout, dtype
+        self.mean = tuple(float(m) for m in mean)
+        self.std = tuple(float(s) for s in std)
+        self.cpu_threads = cpu_threads or max(1, (os.cpu_count() or 2) - 1)
+        GPUDecoder._instances += 1
+        self.pool = 1 + (GPUDecoder._instances - 1) % 63 if pool is None else pool  # ids 1..63; 0 is the default
+        self.planner = SplitPlanner(split)
+        self.last = BatchReport()
+        self.ring = ring
+        self.hw = self.hybrid = None
+        self.hw_error = self.hybrid_error = self.prealloc_error = self.last_gpu_error = None
+        # the CPU part and the hybrid decoder run beside the engines' submission, on threads kept
+        # for the decoder's life (a thread per batch would churn stacks and malloc arenas)
+        self._workers = ThreadPoolExecutor(2, thread_name_prefix="recordtool-gpu")
+        with self.device:
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+            self._kernel = K.kernel(dtype, layout)
+            if self.planner.split != "cpu":
+                from ..nvjpeg import HardwareDecoder, HybridDecoder, NvjpegError
+
+                try:
+                    self.hw = HardwareDecoder(max_batch)
+                except (NvjpegError, OSError) as e:  # no engines here: everything on the CPU path
+                    self.hw_error = str(e)
+                if hybrid:
+                    try:
+                        self.hybrid_stream = cupy.cuda.Stream(non_blocking=True)
+                        self.hybrid = HybridDecoder(self.hybrid_stream.ptr)
+                    except (NvjpegError, OSError) as e:
+                        self.hybrid_error = str(e)
+            self.buf = DecodeBuffers(cupy, max_batch, self.size)
+        self.planner.engines = self.hw is not None
+        self.planner.hybrid = self.hybrid is not None
+
+    @property
+    def split(self):
+        return self.planner.split
+
+    @property
+    def cpu_fraction(self) -> float:
+        return self.planner.cpu_fraction
+
+    @property
+    def allocations(self) -> int:
+        return self.buf.allocations
+
+    def output_shape(self, n: int | None = None):
+        h, w = self.size
+        n = self.max_batch if n is None else n
+        return (n, 3, h, w) if self.layout == "NCHW" else (n, h, w, 3)
+
+    # ------------------------------------------------------------------ warm-up
+    def warmup(self, jpeg_lengths, widths, heights, outputs: int = 3, routes=None) -> None:
+        """Size every buffer from the index's largest images, so steady state allocates nothing.
+
+        Args:
+            jpeg_lengths, widths, heights: the index columns of every record this decoder may see.
+            outputs: output batches alive at once (the ring's slots), unless a ring was given.
+            routes: route codes per record; primes the hybrid decoder and pre-allocates nvJPEG's
+                engine buffers for the largest image each will see.
+        """
+        widths, heights = np.asarray(widths), np.asarray(heights)
+        self.buf.reserve(*self.buf.plan_for(jpeg_lengths, widths, heights))
+        self.buf.allocations = 0
+        cpu.reserve(widths, heights, self.cpu_threads, self.pool)  # the CPU share's decode buffers
+        if self.ring is None and outputs > 0:
+            self.ring = OutputRing(self.output_shape(), self.dtype, outputs, self.device_id)
+        routes = None if routes is None else np.asarray(routes)
+        if self.hybrid is not None and routes is not None and (routes == HYBRID).any():
+            sel = routes == HYBRID
+            try:
+                self._prime_hybrid(int(widths[sel].max()), int(heights[sel].max()))
+            except Exception as e:
+                self.prealloc_error = f"hybrid: {e}"
+        if self.hw is not None and len(widths):
+            engine = np.ones(len(widths), bool) if routes is None else routes == ENGINE
+            if engine.any():
+                try:  # 4:4:4 is the largest layout: enough for any chroma of these sizes
+                    with self.device:
+                        self.hw.set_padding(16 << 20)
+                        self.hw.preallocate(self.max_batch, int(widths[engine].max()), int(heights[engine].max()),
+                                            CHROMA_444)
+                except Exception as e:  # a sizing hint only: decoding works without it
+                    self.prealloc_error = str(e)
+
+    def _prime_hybrid(self, width: int, height: int) -> None:
+        """Decode one progressive 4:4:4 image of the largest hybrid-bound size, so the hybrid
+        decoder's device and pinned buffers reach their final size now, not mid-epoch."""
+        import io
+
+        from PIL import Image
+
+        out = io.BytesIO()
+        Image.new("RGB", (width, height), (120, 130, 140)).save(out, "JPEG", quality=90, progressive=True,
+                                                                  subsampling=0)
+        view = np.frombuffer(out.getbuffer(), np.uint8)
+        with self.device:
+            for _ in range(2):  # once per pinned buffer (they alternate)
+                self.hybrid.decode(view.ctypes.data, len(view), (0, 0, width, height), self.buf.arena.data.ptr,
+                                   width * 3)
+            self.hybrid_stream.synchronize()
+        del view
+
+    # ------------------------------------------------------------------ one batch
+    def __call__(self, buffers, windows, flips, routes):
+        """Decode one batch. Returns a CuPy array (N, 3, h, w) or (N, h, w, 3), complete when
+        the call returns (from the ring when there is one).
+
+        Args:
+            buffers: JPEG bytes-likes.
+            windows: (N, 4) (y, x, h, w) crop windows in source pixels.
+            flips: bool (N,) horizontal mirror per image.
+            routes: route codes (N,) from the index (plan.route), or bool (N,) = engine-decodable.
+        """
+        t0 = time.perf_counter()
+        n = len(buffers)
+        if n > self.max_batch:
+            raise ValueError(f"batch of {n} > max_batch {self.max_batch}")
+        windows = np.asarray(windows, np.float64).reshape(n, 4)
+        flips = np.asarray(flips, bool).reshape(n)
+        routes = np.asarray(routes).reshape(n)
+        if routes.dtype == bool:
+            routes = np.where(routes, ENGINE, CPU)
+        plan = self.planner.plan(routes, ends_with_eoi(buffers))
+        self.buf.ensure(buffers, windows)
+        places = self.buf.place(windows, np.concatenate([plan.engine, plan.hybrid]).astype(np.int64))
+        t_plan = time.perf_counter()
+        cpu_job = self._workers.submit(self._decode_cpu, buffers, windows, plan.cpu, 0)
+        hyb_job = self._workers.submit(self._decode_hybrid, buffers, plan.hybrid, places) if len(plan.hybrid) else None
+        hw_failed, hyb_failed, t_hyb = [], [], None
+        with self.device, self.stream:
+            ev_start = self.stream.record()
+            tg = time.perf_counter()
+            if len(plan.engine):
+                try:
+                    self._decode_engines(buffers, plan.engine, places)
+                except Exception as e:  # the engines refused the batch: the CPU takes it
+                    hw_failed = plan.engine.tolist()
+                    self.last_gpu_error = str(e)
+            t_submit = time.perf_counter() - tg
+            ev_decoded = self.stream.record()
+            t_cpu, errors = cpu_job.result()
+            if hyb_job is not None:
+                hyb_failed, t_hyb = hyb_job.result()
+                self.stream.wait_event(self.hybrid_stream.record())
+            t_wait = time.perf_counter()
+            cpu_idx = plan.cpu
+            refused = np.asarray(hw_failed + hyb_failed, np.int64)
+            if len(refused):  # what a GPU decoder refused: the CPU path decodes it (or names the error)
+                _, errs = self._decode_cpu(buffers, windows, refused, len(cpu_idx))
+                errors += errs
+                cpu_idx = np.concatenate([cpu_idx, refused])
+            if len(cpu_idx):
+                self.buf.cpu_dev[: len(cpu_idx)].set(self.buf.cpu_out[: len(cpu_idx)], stream=self.stream)
+                self.buf.place_cpu(cpu_idx, self.size)
+            samples = self.buf.samples[:n]
+            samples["mirror"] = flips
+            self.buf.samples_dev[: samples.nbytes].set(samples.view(np.uint8), stream=self.stream)
+            out = self.ring.acquire(n, self.stream) if self.ring is not None else \
+                self.cupy.empty(self.output_shape(n), self.dtype)
+            K.launch(self._kernel, self.buf.samples_dev, n, out, self.size, self.mean, self.std, self.stream)
+            self.stream.synchronize()
+            t_gpu = None
+            if len(plan.engine) and not hw_failed:  # engine time: host submission or device work, the longer
+                t_gpu = max(t_submit, self.cupy.cuda.get_elapsed_time(ev_start, ev_decoded) / 1e3)
+        n_gpu = len(plan.engine) - len(hw_failed)
+        n_hyb = len(plan.hybrid) - len(hyb_failed)
+        self.planner.observe(n, n_gpu, t_gpu, len(plan.cpu), t_cpu, n_hyb, t_hyb if not hyb_failed else None)
+        r = self.planner.rates
+        t_end = time.perf_counter()
+        self.last = BatchReport(n=n, gpu=n_gpu, hybrid=n_hyb, cpu=len(cpu_idx), cpu_forced=plan.forced,
+                                cpu_fraction=self.planner.cpu_fraction, gpu_rate=r.gpu, cpu_rate=r.cpu,
+                                hybrid_rate=r.hybrid, errors=errors, seconds=t_end - t0,
+                                stages={"plan": t_plan - t0, "engines_submit": t_submit, "cpu_decode": t_cpu,
+                                        "hybrid_decode": t_hyb or 0.0, "wait": t_wait - t_plan,
+                                        "finish": t_end - t_wait})
+        return out
+
+    def _decode_cpu(self, buffers, windows, idx, at: int):
+        """CPU-decode `idx` into cpu_out[at:at+len(idx)]; (seconds, [(batch index, reason)])."""
+        t = time.perf_counter()
+        errors = []
+        if len(idx):
+            h, w = self.size
+            cpu.decode_crop_resize([buffers[i] for i in idx], windows[idx], size=(h, w), threads=self.cpu_threads,
+                                   out=self.buf.cpu_out[at:at + len(idx)], on_error="skip", fallback=True,
+                                   errors=errors, pool=self.pool)
+        return time.perf_counter() - t, [(int(idx[i]), r) for i, r in errors]
+
+    def _decode_engines(self, buffers, idx, places):
+        """Stage JPEG bytes in pinned memory, decode each window as an ROI into the arena."""
+        bufs = [buffers[i] for i in idx]
+        stage = self.buf.staging_np
+        base = stage.ctypes.data
+        if cpu.native_available():  # one GIL-free memcpy pass
+            offs = cpu._native.gather(bufs, base, stage.size, 64)
+        else:
+            offs = np.cumsum([0] + [(len(b) + 63) // 64 * 64 for b in bufs[:-1]])
+            for o, b in zip(offs, bufs):
+                stage[o:o + len(b)] = np.frombuffer(b, np.uint8)
+        ps = [places[int(i)] for i in idx]
+        self.hw.decode((base + np.asarray(offs, np.int64)).tolist(), [len(b) for b in bufs], [p[:4] for p in ps],
+                       [p[4] for p in ps], [p[5] for p in ps], self.stream.ptr)
+
+    def _decode_hybrid(self, buffers, idx, places):
+        """Hybrid-decode each window (Huffman on this thread, the rest on the hybrid stream);
+        return the indices it refused, for the CPU path, and the seconds it took."""
+        t = time.perf_counter()
+        failed = []
+        with self.device:
+            for i in idx.tolist():
+                rx, ry, rw, rh, dst, pitch = places[i]
+                try:
+                    view = np.frombuffer(buffers[i], np.uint8)
+                    self.hybrid.decode(view.ctypes.data, len(view), (rx, ry, rw, rh), dst, pitch)
+                except Exception:
+                    failed.append(i)
+            self.hybrid_stream.synchronize()
+        return failed, time.perf_counter() - t
+
+    def close(self):
+        """Stop the helper threads and release nvJPEG's handles (also on garbage collection)."""
+        self._workers.shutdown(wait=True)
+        for name in ("hw", "hybrid"):
+            d = getattr(self, name, None)
+            if d is not None:
+                d.close()
+                setattr(self, name, None)
+
+
+def to_torch(array, stream=None):
+    """Hand a CuPy array to PyTorch through DLPack; PyTorch's current stream waits for `stream`."""
+    import torch
+
+    if stream is not None:
+        dev = torch.device("cuda", array.device.id)
+        torch.cuda.current_stream(dev).wait_stream(torch.cuda.ExternalStream(stream.ptr, device=dev))
+    return torch.from_dlpack(array)

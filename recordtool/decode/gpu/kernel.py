@@ -1,0 +1,61 @@
+"""The one CUDA kernel after decode: resize (Pillow's antialiased BILINEAR) + mirror + normalize +
+layout + dtype for a whole batch (native/gpu_resize.cu; numpy reference: decode/gpu_ref.py).
+
+Each sample of the batch is a row of SAMPLE_DTYPE: where its decoded pixels are (any pitch),
+the float window inside them, and whether to mirror it.
+"""
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+import numpy as np
+
+SAMPLE_DTYPE = np.dtype([("src", "<u8"), ("pitch", "<i8"), ("rw", "<i4"), ("rh", "<i4"), ("x0", "<f4"),
+                         ("y0", "<f4"), ("x1", "<f4"), ("y1", "<f4"), ("mirror", "<i4")], align=True)
+
+DType = Literal["float32", "float16", "uint8"]
+Layout = Literal["NCHW", "NHWC"]
+_NAMES = {("float32", "NCHW"): "resize_normalize<float, true, true>",
+          ("float32", "NHWC"): "resize_normalize<float, false, true>",
+          ("float16", "NCHW"): "resize_normalize<__half, true, true>",
+          ("float16", "NHWC"): "resize_normalize<__half, false, true>",
+          ("uint8", "NCHW"): "resize_normalize<unsigned char, true, false>",
+          ("uint8", "NHWC"): "resize_normalize<unsigned char, false, false>"}
+_module = None
+
+
+def check(dtype: str, layout: str) -> None:
+    if (dtype, layout) not in _NAMES:
+        raise ValueError(f"dtype float32|float16|uint8 and layout NCHW|NHWC, not {dtype!r}, {layout!r}")
+
+
+def _source() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    for p in (os.path.join(here, "..", "gpu_resize.cu"), os.path.join(here, "..", "..", "..", "native",
+                                                                        "gpu_resize.cu")):
+        if os.path.exists(p):
+            with open(p) as f:
+                return f.read()
+    raise FileNotFoundError("gpu_resize.cu not found next to recordtool.decode or in native/")
+
+
+def kernel(dtype: DType, layout: Layout):
+    """The compiled resize_normalize<T, NCHW, NORMALIZE> for this output type."""
+    global _module
+    import cupy
+
+    check(dtype, layout)
+    if _module is None:
+        _module = cupy.RawModule(code=_source(), options=("-std=c++17",), name_expressions=list(_NAMES.values()))
+    return _module.get_function(_NAMES[(dtype, layout)])
+
+
+def launch(fn, samples_dev, n: int, out, size, mean, std, stream) -> None:
+    """Run the kernel over n samples on `stream` into `out` (n, 3, h, w) or (n, h, w, 3)."""
+    h, w = size
+    m, s = mean, std
+    with stream:
+        fn(((w + 31) // 32, (h + 7) // 8, n), (32, 8, 1),
+           (samples_dev, out, np.int32(w), np.int32(h), np.float32(m[0]), np.float32(m[1]), np.float32(m[2]),
+            np.float32(s[0]), np.float32(s[1]), np.float32(s[2])))

@@ -1,0 +1,159 @@
+"""Which image of a batch goes where — NVJPG engines, nvJPEG's hybrid decoder or the CPU — and
+how the CPU's share follows the measured rates. Pure NumPy: CI tests it without a GPU.
+
+Routing uses the index columns (chroma, progressive, colorspace): no parsing in the hot path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Literal, Union
+
+import numpy as np
+
+from ...format.jpeg import CHROMA_420, CHROMA_422, CHROMA_440, CHROMA_444, CHROMA_GRAY, CS_GRAY, CS_YCBCR
+
+
+class Route(IntEnum):
+    """Where an image is decoded."""
+
+    ENGINE = 0  # NVJPG hardware engines (baseline YCbCr 4:4:4 / 4:2:2 / 4:2:0 / 4:4:0)
+    HYBRID = 1  # nvJPEG hybrid decoder: CPU Huffman, GPU IDCT (progressive, gray)
+    CPU = 2  # the native CPU path (CMYK, RGB-coded, 4:1:1, unknown, damaged files)
+
+
+ENGINE, HYBRID, CPU = Route.ENGINE, Route.HYBRID, Route.CPU
+
+# Grayscale does not go to the engines: their RGBI output for 1-component JPEGs with an ROI did
+# not match the image on the H200 (13.8 dB against libjpeg-turbo, tests/test_gpu.py).
+HW_CHROMA = (CHROMA_444, CHROMA_422, CHROMA_420, CHROMA_440)
+
+Split = Union[Literal["auto", "gpu", "cpu"], float]
+"""How images the engines could take are shared with the CPU: "auto" follows measured rates so
+both sides finish together; "gpu" sends them all to the engines (bit-identical runs); "cpu"
+decodes everything on the CPU; a float in [0, 1] fixes the CPU's share."""
+
+
+def hardware_decodable(chroma, progressive, colorspace) -> np.ndarray:
+    """What goes to the NVJPG engines: baseline YCbCr 4:4:4/4:2:2/4:2:0/4:4:0."""
+    chroma = np.asarray(chroma)
+    return np.isin(chroma, HW_CHROMA) & (np.asarray(progressive) == 0) & (np.asarray(colorspace) == CS_YCBCR)
+
+
+def route(chroma, progressive, colorspace) -> np.ndarray:
+    """Route codes (int8) per image: ENGINE for baseline YCbCr the engines take; HYBRID for
+    progressive YCbCr (same chroma layouts) and grayscale; CPU for the rest."""
+    chroma, progressive, colorspace = np.asarray(chroma), np.asarray(progressive), np.asarray(colorspace)
+    hw = hardware_decodable(chroma, progressive, colorspace)
+    hybrid = ((np.isin(chroma, HW_CHROMA) & (colorspace == CS_YCBCR))
+              | ((chroma == CHROMA_GRAY) & (colorspace == CS_GRAY))) & ~hw
+    return np.where(hw, ENGINE, np.where(hybrid, HYBRID, CPU)).astype(np.int8)
+
+
+def ends_with_eoi(buffers) -> np.ndarray:
+    """bool per buffer: does it end in the EOI marker FF D9? Neither GPU decoder reports a
+    truncated stream (seen on the H200), so a file that does not goes to libjpeg, which names it."""
+    return np.fromiter((len(b) >= 2 and b[-2] == 0xFF and b[-1] == 0xD9 for b in buffers), bool, len(buffers))
+
+
+def check_split(split) -> Split:
+    if split in ("auto", "gpu", "cpu"):
+        return split
+    try:
+        f = float(split)
+    except (TypeError, ValueError):
+        f = -1.0
+    if not 0.0 <= f <= 1.0:
+        raise ValueError(f"split must be 'auto', 'gpu', 'cpu' or a CPU share in [0, 1], not {split!r}")
+    return f
+
+
+@dataclass
+class Plan:
+    """One batch's assignment: batch positions per decoder."""
+
+    engine: np.ndarray
+    hybrid: np.ndarray
+    cpu: np.ndarray  # the `forced` ones first, then the share moved from the engines
+    forced: int  # CPU images no GPU decoder takes here (route, missing EOI, decoder unavailable)
+
+    @property
+    def n(self) -> int:
+        return len(self.engine) + len(self.hybrid) + len(self.cpu)
+
+
+@dataclass
+class Rates:
+    """Exponentially smoothed decode rates (images/s) per side, from each batch's timings."""
+
+    alpha: float = 0.3
+    gpu: float | None = None
+    cpu: float | None = None
+    hybrid: float | None = None
+
+    def update(self, side: str, images: int, seconds: float | None, least: int) -> None:
+        if images >= least and seconds:
+            r = images / seconds
+            old = getattr(self, side)
+            setattr(self, side, r if old is None else (1 - self.alpha) * old + self.alpha * r)
+
+
+@dataclass
+class SplitPlanner:
+    """Plans each batch and adapts the CPU share from the measured rates (`observe`).
+
+    Args:
+        split: see `Split`.
+        engines: the NVJPG engines are usable here.
+        hybrid: the hybrid decoder is usable (else progressive / gray go to the CPU).
+    """
+
+    split: Split = "auto"
+    engines: bool = True
+    hybrid: bool = True
+    rates: Rates = field(default_factory=Rates)
+    cpu_fraction: float = 0.0
+
+    def __post_init__(self):
+        self.split = check_split(self.split)
+        self.cpu_fraction = 0.0 if self.split in ("gpu", "auto") else (1.0 if self.split == "cpu" else float(self.split))
+        if self.split == "cpu":
+            self.engines = self.hybrid = False
+
+    def plan(self, routes, eoi) -> Plan:
+        """routes: Route codes (n,); eoi: ends_with_eoi (n,)."""
+        routes = np.asarray(routes)
+        n = len(routes)
+        routes = np.where(np.asarray(eoi, bool), routes, CPU)
+        eligible = np.nonzero(routes == ENGINE)[0] if self.engines else np.zeros(0, np.int64)
+        hyb = np.nonzero(routes == HYBRID)[0] if self.hybrid else np.zeros(0, np.int64)
+        rh, rg = self.rates.hybrid, self.rates.gpu
+        if self.split == "auto" and rh and rg and len(hyb) > 2:
+            # the hybrid decoder's Huffman pass is one thread: give it what it finishes while the
+            # engines do their share; the rest goes to the CPU threads
+            t_engines = len(eligible) * (1 - self.cpu_fraction) / rg
+            hyb = hyb[: max(2, int(rh * t_engines))]
+        on_gpu = np.zeros(n, bool)
+        on_gpu[eligible] = True
+        on_gpu[hyb] = True
+        forced = np.nonzero(~on_gpu)[0]
+        extra = max(0, min(len(eligible), int(round(self.cpu_fraction * n)) - len(forced)))
+        return Plan(engine=eligible[: len(eligible) - extra], hybrid=hyb,
+                    cpu=np.concatenate([forced, eligible[len(eligible) - extra:]]).astype(np.int64),
+                    forced=len(forced))
+
+    def observe(self, n: int, n_gpu: int, t_gpu, n_cpu: int, t_cpu, n_hyb: int = 0, t_hyb=None) -> None:
+        """Fold one batch's timings in, then move the CPU share so that both sides would take
+        the same time on the next batch (only with split="auto" and working engines)."""
+        self.rates.update("gpu", n_gpu, t_gpu, 8)
+        self.rates.update("cpu", n_cpu, t_cpu, 8)
+        self.rates.update("hybrid", n_hyb, t_hyb, 2)
+        if self.split != "auto" or not self.engines:
+            return
+        rg, rc = self.rates.gpu, self.rates.cpu
+        if rg and rc:
+            self.cpu_fraction = float(np.clip(rc / (rc + rg), 0.0, 0.9))
+        elif rg and not rc:
+            self.cpu_fraction = max(0.05, 8.5 / max(n, 1))  # measure the CPU once (≥ 8 images)
+        elif rc and not rg:
+            self.cpu_fraction = 0.5

@@ -1,0 +1,133 @@
+"""The CPU batcher: a batch's JPEGs → fused native decode + crop + resize + mirror + normalize
+straight into a recycled output array (or, with a user op, uint8 first, then normalize)."""
+from __future__ import annotations
+
+import collections
+import ctypes
+import threading
+import time
+
+import numpy as np
+
+from ..decode import cpu
+from ..decode.ops import normalize
+from .recipe import Recipe
+
+
+class HostRing:
+    """Host output batches allocated once and recycled, like the GPU's OutputRing: a slot comes
+    back when the last array viewing it (numpy, or a torch tensor made by from_numpy) dies.
+    Every batch a fresh 150 MB array would cost page faults on each of its pages (glibc maps
+    such blocks anew each time); a held slot is never reused — when all are held the batch is a
+    new array and counts in `spills`.
+
+    Args:
+        shape: the full batch shape.
+        dtype: element type.
+        slots: batches alive at once.
+    """
+
+    def __init__(self, shape, dtype, slots: int):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        nbytes = int(np.prod(self.shape)) * self.dtype.itemsize
+        ring = self
+
+        class Owner(ctypes.c_uint8 * nbytes):
+            __slots__ = ("k",)
+
+            def __del__(self):
+                ring._give_back(self.k)
+
+        self._owner = Owner
+        self._mem = [np.empty(nbytes, np.uint8) for _ in range(slots)]
+        for m in self._mem:
+            m.fill(0)  # touch every page now, not in the first epoch
+        self._free = collections.deque(range(slots))
+        self._lock = threading.Lock()
+        self.spills = 0
+
+    @property
+    def slots(self) -> int:
+        return len(self._mem)
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def acquire(self, n: int) -> np.ndarray:
+        shape = (n,) + self.shape[1:]
+        with self._lock:
+            k = self._free.popleft() if self._free else None
+            if k is None:
+                self.spills += 1
+        if k is None:
+            return np.empty(shape, self.dtype)
+        owner = self._owner.from_buffer(self._mem[k])
+        owner.k = k
+        return np.frombuffer(owner, self.dtype, int(np.prod(shape))).reshape(shape)
+
+    def _give_back(self, k: int) -> None:
+        with self._lock:
+            self._free.append(k)
+
+
+class CPUBatcher:
+    """Makes the batches of a CPU Loader.
+
+    Args:
+        recipe: what a batch is (windows, flips, labels from seed, epoch and ids).
+        threads: native decode threads per call.
+        mean, std, dtype, layout: the normalisation and output format.
+        user_op: optional op on the uint8 NHWC batch before normalisation (see user_ops).
+        slots: output batches alive at once (queued + being made + held by the consumer).
+        max_batch: images per batch.
+    """
+
+    def __init__(self, recipe: Recipe, threads: int, mean, std, dtype: str, layout: str, user_op, slots: int,
+                 max_batch: int):
+        self.recipe, self.threads = recipe, threads
+        self.mean, self.std, self.dtype, self.layout = mean, std, np.dtype(dtype), layout
+        self.user_op = user_op
+        s = recipe.size
+        shape = (max_batch, 3, s, s) if layout == "NCHW" else (max_batch, s, s, 3)
+        self.ring = HostRing(shape, dtype, slots)
+        self._scratch: dict = {}  # producer slot → its uint8 batch (user ops only)
+        ix = recipe.ds.index
+        cpu.reserve(ix.width, ix.height, threads)
+
+    def __call__(self, ids, epoch: int, slot: int):
+        """(images, labels, bad, stages) of the batch of these ids; bad: [(position, reason)]."""
+        t0 = time.perf_counter()
+        b = self.recipe.inputs(ids, epoch)
+        t1 = time.perf_counter()
+        errors: list = []
+        out = self.ring.acquire(len(ids))
+        s = self.recipe.size
+        if self.user_op is None:
+            cpu.decode_crop_resize_normalize(b.buffers, b.windows, b.flips, (s, s), self.mean, self.std,
+                                             self.layout, self.dtype, out=out, threads=self.threads,
+                                             on_error="skip", fallback=True, errors=errors)
+            t2 = t3 = time.perf_counter()
+        else:
+            raw = self._scratch.get(slot)
+            if raw is None or raw.shape[0] < len(ids):
+                raw = self._scratch[slot] = np.empty((self.ring.shape[0], s, s, 3), np.uint8)
+            raw = cpu.decode_crop_resize(b.buffers, b.windows, (s, s), self.threads, raw[:len(ids)],
+                                         on_error="skip", fallback=True, errors=errors)
+            raw[b.flips] = raw[b.flips, :, ::-1]  # the user sees the batch as training will
+            t2 = time.perf_counter()
+            raw = call_user_op(self.user_op, raw, b.keys)
+            t3 = time.perf_counter()
+            normalize(raw, self.mean, self.std, self.layout, self.dtype, threads=self.threads, out=out)
+        return out, b.labels, errors, {"inputs": t1 - t0, "decode": t2 - t1, "user_op": t3 - t2,
+                                       "normalize": time.perf_counter() - t3}
+
+    def close(self) -> None:
+        self._scratch.clear()
+
+
+def call_user_op(op, batch, keys):
+    """op(batch, keys) for keyed ops (user_ops.KeyedOp or `keyed = True`), else op(batch)."""
+    if getattr(op, "keyed", False):
+        return op(batch, keys)
+    return op(batch)

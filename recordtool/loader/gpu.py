@@ -1,0 +1,111 @@
+"""The GPU batcher: one GPUDecoder per producer slot (nvJPEG states are per thread), one output
+ring shared by all slots, routes from the index, the caller's CUDA device, and — with a user
+op — a uint8 ring plus a second pass of the same kernel that normalises into the output ring."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from .cpu import call_user_op
+from .recipe import Recipe
+
+
+class GPUBatcher:
+    """Makes the batches of a cuda Loader.
+
+    Args:
+        recipe: what a batch is.
+        device: CUDA device id (producer threads do not inherit the caller's current device).
+        producers: producer slots (one GPUDecoder each).
+        threads: CPU threads in all (shared by the slots' CPU shares).
+        mean, std, dtype, layout: the normalisation and output format.
+        user_op: optional op on the uint8 NHWC CuPy batch before normalisation.
+        split, hybrid: see GPUDecoder.
+        slots: output batches alive at once.
+        max_batch: images per batch.
+    """
+
+    def __init__(self, recipe: Recipe, device: int, producers: int, threads: int, mean, std, dtype: str,
+                 layout: str, user_op, split, hybrid: bool, slots: int, max_batch: int):
+        from ..decode.gpu import OutputRing, route
+        from ..decode.gpu.kernel import kernel
+
+        self.recipe, self.device, self.producers = recipe, device, producers
+        self.threads = threads
+        self.mean, self.std, self.dtype, self.layout = mean, std, dtype, layout
+        self.user_op, self.split, self.hybrid = user_op, split, hybrid
+        self.max_batch = max_batch
+        ix = recipe.ds.index
+        self.routes = route(ix.chroma, ix.progressive, ix.colorspace)
+        s = recipe.size
+        self._decoders: dict = {}
+        self._lock = threading.Lock()
+        shape = (max_batch, 3, s, s) if layout == "NCHW" else (max_batch, s, s, 3)
+        self.ring = OutputRing(shape, dtype, slots, device)
+        # with a user op the decoders write uint8 NHWC here; the op runs on it; the kernel then
+        # normalises it into `ring` (a 1:1 resample is an exact copy)
+        self.raw_ring = OutputRing((max_batch, s, s, 3), "uint8", slots, device) if user_op is not None else None
+        self._normalize = kernel(dtype, layout) if user_op is not None else None
+
+    def decoder(self, slot: int):
+        """The GPUDecoder of a producer slot, made and warmed up on first use, kept across epochs."""
+        dec = self._decoders.get(slot)
+        if dec is None:
+            from ..decode.gpu import GPUDecoder
+
+            with self._lock:
+                ix = self.recipe.ds.index
+                raw = self.user_op is not None
+                s = self.recipe.size
+                dec = GPUDecoder((s, s), max_batch=self.max_batch, layout="NHWC" if raw else self.layout,
+                                 dtype="uint8" if raw else self.dtype, mean=self.mean, std=self.std,
+                                 device=self.device, split=self.split, hybrid=self.hybrid,
+                                 cpu_threads=max(1, (self.threads - self.producers) // self.producers),
+                                 ring=self.raw_ring if raw else self.ring)
+                dec.warmup(ix.jpeg_length, ix.width, ix.height, routes=self.routes)
+                self._decoders[slot] = dec
+        return dec
+
+    def __call__(self, ids, epoch: int, slot: int):
+        """(images, labels, bad, stages, report) of the batch of these ids."""
+        import cupy
+
+        t0 = time.perf_counter()
+        b = self.recipe.inputs(ids, epoch)
+        t1 = time.perf_counter()
+        dec = self.decoder(slot)
+        images = dec(b.buffers, b.windows, b.flips, self.routes[ids])
+        t2 = t3 = time.perf_counter()
+        if self.user_op is not None:
+            with cupy.cuda.Device(self.device), dec.stream:
+                images = call_user_op(self.user_op, images, b.keys)
+                t3 = time.perf_counter()
+                images = self._normalise(images, dec)
+        return images, b.labels, dec.last.errors, {"inputs": t1 - t0, "decode": t2 - t1, "user_op": t3 - t2,
+                                                   "normalize": time.perf_counter() - t3}, dec.last
+
+    def _normalise(self, raw, dec):
+        """uint8 NHWC (n, s, s, 3) → the output format, through the resize kernel at 1:1."""
+        from ..decode.gpu.kernel import SAMPLE_DTYPE, launch
+
+        cupy = dec.cupy
+        n, s = raw.shape[0], self.recipe.size
+        raw = cupy.ascontiguousarray(raw)
+        rows = np.zeros(n, SAMPLE_DTYPE)
+        rows["src"] = raw.data.ptr + np.arange(n, dtype=np.int64) * (s * s * 3)
+        rows["pitch"], rows["rw"], rows["rh"] = s * 3, s, s
+        rows["x1"], rows["y1"] = float(s), float(s)
+        samples = dec.buf.samples[:n]
+        samples[...] = rows
+        dec.buf.samples_dev[: samples.nbytes].set(samples.view(np.uint8), stream=dec.stream)
+        out = self.ring.acquire(n, dec.stream)
+        launch(self._normalize, dec.buf.samples_dev, n, out, (s, s), self.mean, self.std, dec.stream)
+        dec.stream.synchronize()
+        return out
+
+    def close(self) -> None:
+        for dec in self._decoders.values():
+            dec.close()
+        self._decoders.clear()

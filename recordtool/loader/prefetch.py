@@ -1,0 +1,131 @@
+"""Ordered prefetch on producer threads: task j is made by producer j % P, results come out in
+task order, an exception in a producer is raised in the consumer with its traceback.
+
+Producer threads hold no reference to the Prefetcher, so an abandoned one is garbage-collected
+and its `__del__` stops them. Every live Prefetcher is also closed at interpreter exit, before
+finalization: a producer thread still inside native code when the interpreter tears down
+would otherwise be killed mid-call (std::terminate, SIGABRT — "terminate called without an
+active exception").
+"""
+from __future__ import annotations
+
+import atexit
+import queue
+import threading
+import weakref
+
+
+class _Failure:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+_END = object()
+_LIVE: "weakref.WeakSet[Prefetcher]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for p in list(_LIVE):
+        p.close()
+
+
+def _produce(k: int, tasks: int, producers: int, make, out: queue.Queue, stop: threading.Event) -> None:
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    try:
+        for j in range(k, tasks, producers):
+            if stop.is_set():
+                return
+            if not put(make(j, k)):
+                return
+        put(_END)
+    except BaseException as e:  # surfaces in the consumer, with its traceback
+        put(_Failure(e))
+
+
+class Prefetcher:
+    """Iterate make(j, slot) for j in range(tasks), in order, made ahead on producer threads.
+
+    Args:
+        tasks: number of items.
+        make: make(j, slot) → item; slot (0..producers-1) is the producer's id, so per-producer
+            state (a GPU decoder, scratch buffers) is indexed by it — never shared.
+        producers: threads; task j runs on producer j % producers.
+        depth: items each producer may have made ahead (its queue's size).
+        name: thread name.
+    """
+
+    def __init__(self, tasks: int, make, producers: int = 1, depth: int = 2, name: str = "recordtool-loader"):
+        self.tasks = int(tasks)
+        self.producers = max(1, min(int(producers), max(1, self.tasks)))
+        self._queues = [queue.Queue(maxsize=max(1, int(depth))) for _ in range(self.producers)]
+        self._stop = threading.Event()
+        self._next = 0
+        self._threads = [threading.Thread(target=_produce, name=name, daemon=True,
+                                          args=(k, self.tasks, self.producers, make, self._queues[k], self._stop))
+                         for k in range(self.producers)]
+        _LIVE.add(self)
+        for t in self._threads:
+            t.start()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._next >= self.tasks:
+            self.close()
+            raise StopIteration
+        k = self._next % self.producers
+        q, t = self._queues[k], self._threads[k]
+        while True:
+            try:
+                item = q.get(timeout=0.1)
+                break
+            except queue.Empty:
+                if self._stop.is_set():
+                    raise StopIteration from None
+                if not t.is_alive() and q.empty():
+                    self.close()
+                    raise RuntimeError(f"recordtool: producer thread {k} ended without a result")
+        if isinstance(item, _Failure):
+            self.close()
+            raise item.exc
+        if item is _END:  # cannot happen before the last task; kept as a guard
+            self.close()
+            raise StopIteration
+        self._next += 1
+        return item
+
+    @property
+    def done(self) -> int:
+        """Items handed out so far."""
+        return self._next
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Stop the producers and wait for them (a producer finishes the item it is making)."""
+        self._stop.set()
+        for q in self._queues:  # wake producers blocked on a full queue, drop what they made
+            try:
+                while True:
+                    q.get_nowait()
+            except queue.Empty:
+                pass
+        me = threading.current_thread()
+        for t in self._threads:
+            if t is not me and t.is_alive():
+                t.join(timeout)
+        _LIVE.discard(self)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,57 @@
+"""What a batch is, as a pure function of (seed, epoch, sample ids): its JPEG bytes, crop
+windows, flips and labels — shared by the CPU and GPU batchers, so both make the same batch."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..decode import center_windows, random_flips, random_windows
+from ..reader import Dataset
+
+
+@dataclass(frozen=True)
+class BatchKeys:
+    """What a batch's keyed randomness depends on; passed with every call to a keyed user op,
+    never stored on a shared object (producer threads run batches concurrently)."""
+
+    ids: np.ndarray  # the batch's sample ids, in batch order
+    epoch: int
+    seed: int
+
+
+@dataclass
+class BatchInputs:
+    buffers: list  # zero-copy memoryviews of the JPEG bytes
+    windows: np.ndarray  # (n, 4) y, x, h, w in source pixels
+    flips: np.ndarray  # bool (n,)
+    labels: np.ndarray  # int64 (n,)
+    keys: BatchKeys
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Args:
+        ds: the dataset.
+        train: RandomResizedCrop windows + random flips (else resize 256/224 × size + centre crop).
+        size: output side.
+        seed: keys the windows, flips and keyed user ops (with epoch and sample id).
+    """
+
+    ds: Dataset
+    train: bool
+    size: int
+    seed: int
+
+    def inputs(self, ids: np.ndarray, epoch: int) -> BatchInputs:
+        ix = self.ds.index
+        ds = self.ds
+        buffers = [ds[int(i)][0] for i in ids]
+        w, h = ix.width[ids], ix.height[ids]
+        if self.train:
+            win = random_windows(w, h, ids, self.seed, epoch)
+            flips = random_flips(ids, self.seed, epoch)
+        else:
+            win = center_windows(w, h, resize=round(self.size * 256 / 224), crop=self.size)
+            flips = np.zeros(len(ids), bool)
+        return BatchInputs(buffers, win, flips, ix.label[ids].astype(np.int64), BatchKeys(ids, epoch, self.seed))
