@@ -3,7 +3,6 @@
 images, batch and threads (recordtool.peers)."""
 from __future__ import annotations
 
-import os
 import resource
 import time
 
@@ -11,6 +10,7 @@ import numpy as np
 
 from . import peers
 from .decode import decode_crop_resize, random_windows
+from .decode.cpu import cores
 from .loader import Loader
 from .peers import best_of, pil_rrc_rate  # noqa: F401  (scripts import them from here)
 from .reader import Dataset
@@ -78,13 +78,13 @@ def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | No
         producers: Loader producer threads (default: the Loader's).
     """
     ds = Dataset(path)
-    threads = threads or os.cpu_count() or 1
+    threads = threads or cores()
     order = ds.sampler(seed=seed).indices(0)
     if images:
         order = order[:images]
     n = len(order)
     r = {"path": path, "device": device, "records": n, "threads": threads, "batch_size": batch_size,
-         "cores": os.cpu_count(), "mean_jpeg_kb": float(ds.index.jpeg_length[order].mean() / 1e3)}
+         "cores": cores(), "mean_jpeg_kb": float(ds.index.jpeg_length[order].mean() / 1e3)}
     bar = None
     if progress:
         from tqdm import tqdm
@@ -131,8 +131,7 @@ def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | No
         batcher(batches[0], 0, 0)
         t = time.perf_counter()
         for b in batches:
-            x = batcher(b, 0, 0)[0]
-            del x
+            batcher(b, 0, 0)  # the batch goes back to the ring as soon as it is dropped
         r["decode"] = {"img_s": len(batches) * batch_size / (time.perf_counter() - t),
                        "split": batcher.decoder(0).last.as_dict()}
     ld.close()

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import __version__
+from .decode.cpu import cores
 from .errors import OnError, PackError, on_error as _on_error, report as _report
 from .format.writer import DatasetWriter, fault_point
 from .sources.base import Source
@@ -112,7 +113,7 @@ def pack(src: str | os.PathLike | Source, out: str, *, shards: int | None = None
         raise ValueError("--shards must be ≥ 1")
     if shards is None and shard_size is None:
         shard_size = DEFAULT_SHARD_SIZE
-    workers = workers or min(32, (os.cpu_count() or 1) * 2)
+    workers = workers or min(32, cores() * 2)
     if isinstance(src, (str, os.PathLike)):
         from .sources.imagefolder import ImageFolderSource
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import crc32c
 import numpy as np
 
+from .decode.cpu import cores
 from .errors import FormatError
 from .format import files
 from .format import index as ix
@@ -171,7 +172,7 @@ def _decode_all(root, threads, res, bad):
         return i, None
 
     # libjpeg's warnings (premature end of data, corrupt entropy data) are damage here
-    with warnings.catch_warnings(), ThreadPoolExecutor(threads or os.cpu_count() or 1) as ex:
+    with warnings.catch_warnings(), ThreadPoolExecutor(threads or cores()) as ex:
         warnings.simplefilter("error")
         for i, err in ex.map(one, range(len(ds))):
             if err is None:

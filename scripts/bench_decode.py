@@ -32,7 +32,7 @@ def main():
     ap.add_argument("packed")
     ap.add_argument("--images", type=int, default=4096)
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -44,7 +44,7 @@ def main():
     for b in bufs:  # page cache warm
         bytes(b)
     win = random_windows(ds.index.width[idx], ds.index.height[idx], idx, seed=0, epoch=0)
-    T = a.threads
+    T = a.threads or recordtool.decode.cpu.cores()
     out = np.empty((a.batch, 224, 224, 3), np.uint8)
 
     def fused():

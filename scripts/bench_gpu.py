@@ -146,7 +146,7 @@ def main():
     ds = recordtool.open(a.packed)
     for i in range(len(ds)):
         bytes(ds[i][0])  # page cache warm
-    cores = os.cpu_count()
+    cores = recordtool.decode.cpu.cores()
     r = {"images": len(ds), "cores": cores, "commit": os.environ.get("RECORDTOOL_COMMIT") or subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()}
     log(f"bench_gpu: {len(ds)} images, {np.mean(ds.index.jpeg_length) / 1e3:.0f} KB mean, {cores} cores")

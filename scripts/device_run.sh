@@ -1,30 +1,49 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (16 vCPU, Python 3.12, no network): set up from carried wheels,
-# build the native part, run the tests, generate + pack the ImageNet-like set, benchmark.
-# Logs and JSON go to $OUT; a short table is printed last.
-#   carry: .whl and .carry, made by scripts/prepare_device_carry.sh (run it here first)
-#   steps: STEPS="decode decode16 format gpu loader train memory dist" (default "decode format gpu")
+# One call on the GPU machine (no network): set up from carried wheels, build the native part,
+# then the steps asked for. Logs and JSON go to $OUT (one archive); a short table is printed last.
+#   carry: .whl and .carry (scripts/prepare_device_carry.sh), and for DALI one part per call:
+#          .dali/dali-part-N and .dali/dali-extra (../shared/tools/dali_carry.sh .dali). Parts are
+#          kept in /tmp/dali-parts while the machine stays warm; with all three there, DALI is
+#          assembled and imported by every benchmark (the peer of issue 12).
+#   steps: STEPS="tests fidelity gpu gpu384 loader loader384 dist memory train decode format tune"
 #   a step is skipped when fewer than its estimated seconds are left of DEADLINE (default 570 s)
+#   GPUS: for "dist" — ranks of the several-GPU run (default: all GPUs; one rank per GPU, pinned
+#   to its share of the cores), after the one-GPU reference (one rank pinned to CORES_PER_GPU cores)
 set -uo pipefail
 DEADLINE=${DEADLINE:-570}
 fits() {  # fits NAME SECONDS: is there time left for this step?
   if (( SECONDS + $2 > DEADLINE )); then echo "SKIPPED $1 (needs ~$2 s, $((DEADLINE - SECONDS)) s left)" | tee -a "$OUT/skipped.log"; return 1; fi
 }
+has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 IMAGES=${IMAGES:-8192}
-export PYTHONUNBUFFERED=1
+STEPS=${STEPS:-tests gpu}
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # no .git travels: the caller writes the commit to .carry/commit (git rev-parse --short HEAD)
 [ -f .carry/commit ] && export RECORDTOOL_COMMIT=$(cat .carry/commit)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 cp .carry/libturbojpeg.so.0 /usr/lib/x86_64-linux-gnu/ && ldconfig
-nproc; python3 -c "import numpy, PIL, cv2; print('numpy', numpy.__version__, 'PIL', PIL.__version__, 'cv2', cv2.__version__)"
-python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+# DALI: stash this call's part; assemble once all three are here
+mkdir -p /tmp/dali-parts; cp .dali/dali-part-* /tmp/dali-parts/ 2>/dev/null
+if [ -d .dali/dali-extra ]; then export LD_LIBRARY_PATH=$PWD/.dali/dali-extra:${LD_LIBRARY_PATH:-}; fi
+if [ ! -d /tmp/dali/nvidia/dali ] && [ "$(ls /tmp/dali-parts 2>/dev/null | wc -l)" = 3 ] && [ -d .dali/dali-extra ]; then
+  mkdir -p /tmp/dali && cat /tmp/dali-parts/dali-part-* | .dali/dali-extra/zstd -d -q | tar x -C /tmp/dali
+  .dali/dali-extra/zstd -d -q -c .dali/dali-extra/nvimgcodec.tar.zst | tar x -C /tmp/dali
+  python3 -m pip install -q --no-index --no-deps --target /tmp/dali-deps .dali/dali-extra/*.whl
+fi
+[ -d /tmp/dali/nvidia/dali ] && export PYTHONPATH=$PYTHONPATH:/tmp/dali:/tmp/dali-deps
+echo "parts: $(ls /tmp/dali-parts | tr '\n' ' ')"
+nproc; nvidia-smi -L; python3 -c "import numpy, PIL, cv2, torch; print('numpy', numpy.__version__, 'PIL', PIL.__version__, 'cv2', cv2.__version__, 'torch', torch.__version__, 'gpus', torch.cuda.device_count())"
+python3 -c "import nvidia.dali as d; print('DALI', d.__version__)" 2>/dev/null || echo "DALI not assembled"
+if [ ! -f recordtool/_native*.so ] || [ native/fused.cpp -nt recordtool/_native*.so ]; then
+  python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+fi
 python3 -c "from recordtool import _native; print('native ok, libjpeg API', _native.LIBJPEG_VERSION)"
-if [ "${PYTEST_ARGS:-tests}" != none ]; then
-  RECORDTOOL_REQUIRE_NATIVE=1 timeout 300 python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests} > "$OUT/pytest.log" 2>&1
+if has tests && fits tests 200; then
+  RECORDTOOL_REQUIRE_NATIVE=1 timeout 240 python3 -m pytest -q -x -p no:cacheprovider ${PYTEST_ARGS:-tests} > "$OUT/pytest.log" 2>&1
   echo "pytest: $(tail -1 "$OUT/pytest.log") ($SECONDS s)"
 fi
 if [ ! -f /tmp/bench-packed/manifest.json ]; then  # a warm machine keeps the data of the last call
@@ -32,54 +51,82 @@ if [ ! -f /tmp/bench-packed/manifest.json ]; then  # a warm machine keeps the da
   python3 scripts/make_imagenet_like.py /tmp/bench --images "$IMAGES" --classes 100 --photos .carry/photos 2>&1 | tail -1
   python3 -m recordtool.cli pack /tmp/bench /tmp/bench-packed --shards 16 -q
 fi
+if { has gpu384 || has loader384; } && [ ! -f /tmp/bench-384/manifest.json ]; then
+  python3 -m recordtool.cli pack /tmp/bench /tmp/bench-384 --shards 16 --max-side 384 --quality 90 -q
+fi
 echo "data ready ($SECONDS s)"
-STEPS=${STEPS:-decode format gpu}
-case " $STEPS " in *" decode "*) fits decode 60 && {
-  python3 scripts/bench_decode.py /tmp/bench-packed --images "$IMAGES" --threads "$(nproc)" \
-    --json "$OUT/bench_decode.json" > "$OUT/bench_decode.log" 2>&1
-  python3 scripts/bench_decode.py /tmp/bench-packed --images 2048 --threads 1 --repeat 2 \
-    --json "$OUT/bench_decode_1t.json" > "$OUT/bench_decode_1t.log" 2>&1; } ;; esac
-case " $STEPS " in *" decode16 "*) fits decode16 60 && {
-  python3 scripts/bench_decode.py /tmp/bench-packed --images "$IMAGES" --threads "$(nproc)" \
-    --json "$OUT/bench_decode.json" > "$OUT/bench_decode.log" 2>&1
-  python3 scripts/bench_decode.py /tmp/bench-packed --images "$IMAGES" --threads "$(nproc)" --batch 1024 \
-    --json "$OUT/bench_decode_b1024.json" > "$OUT/bench_decode_b1024.log" 2>&1; } ;; esac
-case " $STEPS " in *" format "*) fits format 40 &&
-  python3 scripts/bench_format.py /tmp/bench /tmp/bench-packed --json "$OUT/bench_format.json" \
-    > "$OUT/bench_format.log" 2>&1 ;; esac
-case " $STEPS " in *" gpu "*) fits gpu 150 &&
-  timeout 300 python3 scripts/bench_gpu.py /tmp/bench-packed --epochs "${EPOCHS:-2}" ${GPU_ARGS:-} \
-    --json "$OUT/bench_gpu.json" > "$OUT/bench_gpu.log" 2>&1 ;; esac
-case " $STEPS " in *" memory "*) fits memory 60 &&
-  timeout 150 python3 scripts/bench_loader_memory.py /tmp/bench-packed --device cuda --epochs 10 \
-    > "$OUT/loader_memory.log" 2>&1 ;; esac
-case " $STEPS " in *" dist "*) fits dist 60 && {
-  # ranks sharing the one GPU (gloo), then one rank alone for the per-rank reference
-  for n in 2 1; do
-    timeout 100 python3 -m torch.distributed.run --standalone --nproc_per_node=$n scripts/distributed_loader.py \
-      /tmp/bench-packed --device cuda --epochs 2 >> "$OUT/dist.log" 2>&1
-  done; } ;; esac
-case " $STEPS " in *" loader "*) fits loader 100 &&
-  for d in cpu cuda; do
-    python3 -m recordtool.cli bench /tmp/bench-packed --device $d --epochs 2 --json "$OUT/bench_cli_$d.json" -q \
-      > "$OUT/bench_cli_$d.log" 2>&1
-  done ;; esac
-case " $STEPS " in *" train "*) fits train 150 &&
+CORES=$(nproc); NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
+CPG=${CORES_PER_GPU:-$((CORES / (NGPU > 0 ? NGPU : 1)))}
+one_gpu() {  # run a command as on the one-GPU machine: GPU 0 and CPG cores
+  if (( NGPU > 1 )); then CUDA_VISIBLE_DEVICES=0 taskset -c 0-$((CPG - 1)) "$@"; else "$@"; fi
+}
+if has fidelity && fits fidelity 90; then
+  one_gpu timeout 200 python3 scripts/gpu_fidelity.py .carry/photos --windows ${FID_WINDOWS:-12} --json "$OUT/fidelity.json" \
+    > "$OUT/fidelity.log" 2>&1
+fi
+if has gpu && fits gpu 150; then
+  one_gpu timeout 300 python3 scripts/bench_gpu.py /tmp/bench-packed --epochs "${EPOCHS:-3}" ${GPU_ARGS:-} \
+    --json "$OUT/bench_gpu.json" > "$OUT/bench_gpu.log" 2>&1
+fi
+if has gpu384 && fits gpu384 120; then
+  one_gpu timeout 240 python3 scripts/bench_gpu.py /tmp/bench-384 --epochs "${EPOCHS:-3}" ${GPU384_ARGS:---producers 4 --splits auto --hybrid on} \
+    --json "$OUT/bench_gpu_384.json" > "$OUT/bench_gpu_384.log" 2>&1
+fi
+if has loader && fits loader 120; then
+  for d in ${LOADER_DEVICES:-cpu cuda}; do
+    one_gpu timeout 200 python3 -m recordtool.cli bench /tmp/bench-packed --device $d --epochs 3 --dali-files /tmp/bench \
+      --json "$OUT/bench_cli_$d.json" -q > "$OUT/bench_cli_$d.log" 2>&1
+  done
+fi
+if has loader384 && fits loader384 100; then
+  for d in ${LOADER_DEVICES:-cpu cuda}; do
+    one_gpu timeout 200 python3 -m recordtool.cli bench /tmp/bench-384 --device $d --epochs 3 --dali-files /tmp/bench \
+      --json "$OUT/bench_cli_384_$d.json" -q > "$OUT/bench_cli_384_$d.log" 2>&1
+  done
+fi
+if has tune && fits tune 150; then
+  one_gpu timeout 240 bash -c "${TUNE_CMD:-echo no TUNE_CMD}" > "$OUT/tune.log" 2>&1
+fi
+if has dist && fits dist 90; then
+  G=${GPUS:-$NGPU}
+  # the one-GPU reference: one rank, GPU 0, CPG cores; then G ranks, one GPU and CPG cores each
+  CUDA_VISIBLE_DEVICES=0 taskset -c 0-$((CPG - 1)) timeout 150 python3 -m torch.distributed.run --standalone \
+    --nproc_per_node=1 scripts/distributed_loader.py /tmp/bench-packed --device cuda --epochs ${DIST_EPOCHS:-8} \
+    --json "$OUT/dist_1.json" > "$OUT/dist_1.log" 2>&1
+  taskset -c 0-$((CPG * G - 1)) timeout 200 python3 -m torch.distributed.run --standalone --nproc_per_node=$G \
+    scripts/distributed_loader.py /tmp/bench-packed --device cuda --epochs ${DIST_EPOCHS:-8} --resume-check \
+    --json "$OUT/dist_$G.json" > "$OUT/dist_$G.log" 2>&1
+fi
+if has memory && fits memory 60; then
+  one_gpu timeout 150 python3 scripts/bench_loader_memory.py /tmp/bench-packed --device cuda --epochs 10 \
+    > "$OUT/loader_memory.log" 2>&1
+fi
+if has train && fits train 150; then
   for cfg in "torchvision --data /tmp/bench" "recordtool --data /tmp/bench-packed --device cuda" \
              "recordtool --data /tmp/bench-packed --device cpu"; do
-    timeout 120 python3 scripts/train_imagenet.py --loader $cfg --steps 40 --warmup 10 >> "$OUT/train.log" 2>&1
-  done ;; esac
+    one_gpu timeout 120 python3 scripts/train_imagenet.py --loader $cfg --steps 40 --warmup 10 >> "$OUT/train.log" 2>&1
+  done
+fi
+if has decode && fits decode 60; then
+  one_gpu python3 scripts/bench_decode.py /tmp/bench-packed --images "$IMAGES" --json "$OUT/bench_decode.json" \
+    > "$OUT/bench_decode.log" 2>&1
+fi
+if has format && fits format 40; then
+  one_gpu python3 scripts/bench_format.py /tmp/bench /tmp/bench-packed --json "$OUT/bench_format.json" \
+    > "$OUT/bench_format.log" 2>&1
+fi
 [ -f .carry/extra.sh ] && bash .carry/extra.sh > "$OUT/extra.log" 2>&1
 echo "=================== results"
-cat "$OUT"/bench_decode*.log "$OUT"/bench_format.log 2>/dev/null
-grep -A20 "summary" "$OUT/bench_gpu.log" 2>/dev/null || tail -30 "$OUT/bench_gpu.log" 2>/dev/null
-cat "$OUT"/bench_cli_*.log 2>/dev/null; grep "train_imagenet\|Error" "$OUT/train.log" 2>/dev/null
-cat "$OUT/loader_memory.log" 2>/dev/null | tail -16
-grep -E "epoch|rank|total|coverage|Error" "$OUT/dist.log" 2>/dev/null | tail -20
+grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$OUT/pytest.log" 2>/dev/null | tail -15
+sed -n '/^variant/,$p' "$OUT/fidelity.log" 2>/dev/null | head -60
+for f in "$OUT"/bench_gpu*.log; do [ -f "$f" ] && { echo "--- $f"; grep -A25 "summary" "$f" || tail -30 "$f"; }; done
+cat "$OUT"/bench_cli_*.log 2>/dev/null
+for f in "$OUT"/dist_*.log; do [ -f "$f" ] && { echo "--- $f"; grep -E "epoch|rank|total|coverage|resume|Error" "$f" | tail -24; }; done
+tail -16 "$OUT/loader_memory.log" 2>/dev/null; grep "train_imagenet\|Error" "$OUT/train.log" 2>/dev/null
+cat "$OUT"/bench_decode.log "$OUT"/bench_format.log "$OUT/tune.log" 2>/dev/null | tail -40
 cat "$OUT/skipped.log" 2>/dev/null; echo "total $SECONDS s"
-grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$OUT/pytest.log" | tail -12
 [ -f "$OUT/extra.log" ] && tail -20 "$OUT/extra.log"
 # only a few files come back from the machine: one archive of every log and JSON
 rc=0; grep -q " failed" "$OUT/pytest.log" 2>/dev/null && rc=1
-(cd "$OUT" && tar czf all.tgz --exclude=all.tgz --exclude=run.log . ; find . -type f ! -name all.tgz ! -name run.log -delete)
+(cd "$OUT" && tar czf all.tgz --exclude=all.tgz . ; find . -type f ! -name all.tgz -delete)
 exit $rc

@@ -1,14 +1,22 @@
 #!/usr/bin/env python3
-"""One loader per process under torch.distributed: per-rank img/s, total img/s, and a check that
-the ranks together see every sample exactly once per epoch.
+"""One Loader per process under torch.distributed: per-rank img/s per epoch, total img/s, a check
+that the ranks together see every sample exactly once per epoch, and a mid-epoch resume check.
 
-  torchrun --nproc_per_node=N scripts/distributed_loader.py PACKED [--device cuda|cpu] [--epochs 2]
+  torchrun --nproc_per_node=N scripts/distributed_loader.py PACKED [--device cuda|cpu] [--epochs 6]
+      [--pin/--no-pin] [--resume-check] [--json FILE]
 
 NCCL with one GPU per rank; gloo on CPU and when ranks share a GPU (NCCL refuses two ranks on
-one device). The machine's NCCL environment variables are left as they are. Rank 0 prints the
-table; exit 1 if coverage fails.
+one device). The machine's NCCL environment variables are left as they are. With --pin each
+rank is pinned to its own share of the cores (the cores this process may use / ranks on this
+node) before its Loader starts, so its threads stay there. The first epoch warms up; the table
+gives each rank's img/s per timed epoch, its median, the cores it kept busy and where its
+producers' time went. --resume-check: in one more epoch (split "gpu", bit-identical pixels) every
+rank takes some batches, saves state_dict, stops, and a new Loader resumes from it; the batches
+(ids, labels and a checksum of the pixels) must equal an uninterrupted run's. Rank 0 prints the
+table; exit 1 if coverage or resume fails.
 """
 import argparse
+import json
 import os
 import sys
 import time
@@ -21,49 +29,79 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import recordtool  # noqa: E402
 
 
+def digest(x) -> tuple:
+    """Exact integer checksum of a batch's bits (on its device)."""
+    v = torch.as_tensor(x)
+    v = v.contiguous().view(torch.int16 if v.element_size() == 2 else torch.int32).to(torch.int64).flatten()
+    w = torch.arange(v.numel(), device=v.device, dtype=torch.int64) % 65521 + 1
+    return int(v.sum().item()), int((v * w).sum().item())
+
+
+def batches_of(loader, limit=None):
+    out = []
+    for k, (x, y, ids) in enumerate(loader):
+        out.append((np.asarray(ids).tolist(), torch.as_tensor(y).cpu().tolist(), digest(x)))
+        if limit is not None and k + 1 >= limit:
+            break
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("packed")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--epochs", type=int, default=2, help="epochs run; the first is not timed")
+    ap.add_argument("--threads", type=int, default=None, help="decode threads per rank (default: its cores)")
     ap.add_argument("--producers", type=int, default=None, help="loader producer threads per rank")
     ap.add_argument("--backend", default=None, help="nccl or gloo (default: nccl when each rank has a GPU)")
+    ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                    help="pin each rank to its share of the cores")
+    ap.add_argument("--resume-check", action="store_true")
+    ap.add_argument("--json", default=None)
     a = ap.parse_args()
     cuda = a.device == "cuda"
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
+    local = int(os.environ.get("LOCAL_RANK", 0))
     shared = cuda and local_world > torch.cuda.device_count()
     backend = a.backend or ("nccl" if cuda and not shared else "gloo")
+    cpus = sorted(os.sched_getaffinity(0))
+    if a.pin and local_world > 1:
+        share = len(cpus) // local_world
+        cpus = cpus[local * share:(local + 1) * share]
+        os.sched_setaffinity(0, cpus)
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
-    local = int(os.environ.get("LOCAL_RANK", 0))
     if cuda:
         dev = local % torch.cuda.device_count()  # ranks share a device when there are fewer GPUs
         torch.cuda.set_device(dev)
         import cupy
 
         cupy.cuda.Device(dev).use()
-    threads = a.threads or max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
-    loader = recordtool.Loader(a.packed, batch_size=a.batch, device=a.device, drop_last=False, threads=threads,
-                               with_ids=True, dtype="float16" if cuda else "float32", producers=a.producers)
+    threads = a.threads or len(os.sched_getaffinity(0))
+    kw = dict(batch_size=a.batch, device=a.device, drop_last=False, threads=threads, with_ids=True,
+              dtype="float16" if cuda else "float32", producers=a.producers)
+    loader = recordtool.Loader(a.packed, **kw)
     assert (loader.rank, loader.world_size) == (rank, world)
     n = len(loader.ds)
     ok = True
+    epochs = []
     for epoch in range(a.epochs):
         loader.set_epoch(epoch)
+        if epoch == 1:
+            loader.stage_seconds.clear()
         dist.barrier()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         seen = []
         for x, y, ids in loader:
             seen.append(np.asarray(ids))
         if cuda:
             torch.cuda.synchronize()
-        dt = time.perf_counter() - t
+        dt, busy = time.perf_counter() - t, (time.process_time() - c) / (time.perf_counter() - t)
         mine = np.concatenate(seen) if seen else np.zeros(0, np.int64)
         rates = [None] * world
         all_ids = [None] * world
-        dist.all_gather_object(rates, (len(mine), dt))
+        dist.all_gather_object(rates, (len(mine), dt, busy))
         dist.all_gather_object(all_ids, mine.tolist())
         if rank == 0:
             union = np.concatenate([np.asarray(x, np.int64) for x in all_ids])
@@ -71,20 +109,65 @@ def main():
             exact = bool((counts == 1).all())
             pad = world * len(loader.sampler) - n  # DistributedSampler-style padding when n % world
             ok &= exact or (pad > 0 and (counts >= 1).all() and counts.sum() == n + pad)
-            gpus = torch.cuda.device_count() if cuda else 0
-            print(f"epoch {epoch}: {n} samples, {world} ranks, device {a.device} ({gpus} GPUs"
-                  f"{', shared by the ranks' if shared else ''}), backend {backend}, {threads} threads/rank")
-            for r, (cnt, secs) in enumerate(rates):
-                print(f"  rank {r}: {cnt} images in {secs:.2f} s = {cnt / secs:,.0f} img/s")
-            total = sum(c for c, _ in rates) / max(s for _, s in rates)
-            print(f"  total {total:,.0f} img/s; every sample exactly once: {exact}"
-                  + ("" if exact else f" (missing {(counts == 0).sum()}, repeated {(counts > 1).sum()}, "
-                                      f"padding {pad})"))
+            epochs.append({"epoch": epoch, "ranks": [{"images": cnt, "seconds": s, "img_s": cnt / s, "cores_busy": b}
+                                                     for cnt, s, b in rates],
+                           "total_img_s": sum(r[0] for r in rates) / max(r[1] for r in rates), "exact_cover": exact})
+            print(f"epoch {epoch}: " + ", ".join(f"rank {r} {cnt / s:,.0f} img/s ({b:.1f} cores)"
+                                                  for r, (cnt, s, b) in enumerate(rates))
+                  + f"; total {epochs[-1]['total_img_s']:,.0f}; every sample exactly once: {exact}"
+                  + ("" if exact else f" (missing {(counts == 0).sum()}, repeated {(counts > 1).sum()}, padding {pad})"),
+                  flush=True)
+    stages = [None] * world
+    dist.all_gather_object(stages, {k: round(1e3 * v / max(1, n // world * max(1, a.epochs - 1)), 4)
+                                    for k, v in loader.stage_seconds.items()})
     loader.close()
+    loader.batcher.close()
+    resume_ok = None
+    if a.resume_check:
+        kw["split"] = "gpu" if cuda else "auto"
+        e = a.epochs
+        full = recordtool.Loader(a.packed, **kw)
+        full.set_epoch(e)
+        ref = batches_of(full)
+        full.close()
+        full.batcher.close()
+        part = recordtool.Loader(a.packed, **kw)
+        part.set_epoch(e)
+        k = max(1, len(ref) // 3)
+        got = batches_of(part, k)
+        state = part.state_dict()
+        part.close()
+        part.batcher.close()
+        resumed = recordtool.Loader(a.packed, **kw)
+        resumed.load_state_dict(state)
+        got += batches_of(resumed)
+        resumed.close()
+        same = got == ref
+        flags = [None] * world
+        dist.all_gather_object(flags, (same, len(ref), k))
+        resume_ok = all(f[0] for f in flags)
+        ok &= resume_ok
+        if rank == 0:
+            print(f"resume check (epoch {e}, split {kw['split']}): each rank stopped after "
+                  f"{[f[2] for f in flags]} of {[f[1] for f in flags]} batches and resumed from state_dict; "
+                  f"batches identical to an uninterrupted run: {[f[0] for f in flags]}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
+        timed = epochs[1:] or epochs
+        med = [float(np.median([ep["ranks"][r]["img_s"] for ep in timed])) for r in range(world)]
+        gpus = torch.cuda.device_count() if cuda else 0
+        print(f"\n{n} samples, {world} ranks, device {a.device} ({gpus} GPUs{', shared' if shared else ''}), backend "
+              f"{backend}, {threads} threads/rank, pinned {a.pin}, {len(timed)} timed epochs")
+        for r in range(world):
+            print(f"  rank {r}: median {med[r]:,.0f} img/s; producer ms/image {stages[r]}")
+        print(f"  total (median of epochs) {float(np.median([ep['total_img_s'] for ep in timed])):,.0f} img/s")
         print("coverage OK" if ok else "coverage FAILED")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"world": world, "device": a.device, "backend": backend, "threads": threads, "pinned": a.pin,
+                           "epochs": epochs, "median_img_s": med, "stages_ms_per_image": stages,
+                           "resume_ok": resume_ok, "ok": ok}, f, indent=1)
     sys.exit(0 if ok else 1)
 
 

@@ -1,6 +1,7 @@
 """CPU fused decode → crop → resize, batched, on the native thread pool (or the Python fallback)."""
 from __future__ import annotations
 
+import itertools
 import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +24,25 @@ _warned = False
 
 def native_available() -> bool:
     return _native is not None
+
+
+def cores() -> int:
+    """CPU cores this process may run on (its affinity mask: a rank pinned to 16 of 32 cores
+    gets 16), the default thread count everywhere."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+_pool_ids = itertools.count()
+
+
+def new_pool_id() -> int:
+    """A native thread-pool id for a caller that decodes while others do (ids 1..63 in turn; 0
+    is the default pool): each pool serves one call at a time, so concurrent callers — the
+    producers of a Loader — get their own threads instead of queueing."""
+    return 1 + next(_pool_ids) % 63
 
 
 def reserve(widths, heights, threads: int, pool: int = 0) -> None:
@@ -103,7 +123,7 @@ def decode_crop_resize(buffers, windows, size=(224, 224), threads: int | None = 
         out = np.empty((n, oh, ow, 3), np.uint8)
     elif out.shape != (n, oh, ow, 3) or out.dtype != np.uint8 or not out.flags.c_contiguous:
         raise ValueError(f"out must be C-contiguous uint8 {(n, oh, ow, 3)}, got {out.dtype} {out.shape}")
-    threads = threads or os.cpu_count() or 1
+    threads = threads or cores()
     if n == 0:
         return out
     if _native is not None:
@@ -184,7 +204,7 @@ def decode_crop_resize_normalize(buffers, windows, flips=None, size=(224, 224), 
         fallback = False
     else:
         failures = _native.decode_crop_resize_normalize(list(buffers), win, flips, out, scale.tolist(),
-                                                        bias.tolist(), layout == "NCHW", int(threads or os.cpu_count() or 1),
+                                                        bias.tolist(), layout == "NCHW", int(threads or cores()),
                                                         int(max_pixels), float(scale_margin), int(pool))
     if failures and fallback:
         still = []

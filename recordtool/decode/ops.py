@@ -1,7 +1,6 @@
 """CPU batch ops after the fused decode: the eval transform, mirror and normalize."""
 from __future__ import annotations
 
-import os
 
 import numpy as np
 
@@ -51,7 +50,7 @@ def normalize(batch: np.ndarray, mean=IMAGENET_MEAN, std=IMAGENET_STD, layout: s
     if cpu._native is not None and dtype in (np.float32, np.float16) and batch.dtype == np.uint8:
         out = np.empty(shape, dtype) if out is None else out
         cpu._native.normalize(np.ascontiguousarray(batch), flips, out, scale.tolist(), bias.tolist(),
-                              layout == "NCHW", threads or os.cpu_count() or 1)
+                              layout == "NCHW", threads or cpu.cores())
         return out
     ref = normalize_reference(batch, scale, bias, layout, dtype, flips)
     if out is None:

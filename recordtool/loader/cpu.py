@@ -81,10 +81,11 @@ class CPUBatcher:
         user_op: optional op on the uint8 NHWC batch before normalisation (see user_ops).
         slots: output batches alive at once (queued + being made + held by the consumer).
         max_batch: images per batch.
+        producers: producer slots; each gets its own native thread pool.
     """
 
     def __init__(self, recipe: Recipe, threads: int, mean, std, dtype: str, layout: str, user_op, slots: int,
-                 max_batch: int):
+                 max_batch: int, producers: int = 1):
         self.recipe, self.threads = recipe, threads
         self.mean, self.std, self.dtype, self.layout = mean, std, np.dtype(dtype), layout
         self.user_op = user_op
@@ -92,8 +93,12 @@ class CPUBatcher:
         shape = (max_batch, 3, s, s) if layout == "NCHW" else (max_batch, s, s, 3)
         self.ring = HostRing(shape, dtype, slots)
         self._scratch: dict = {}  # producer slot → its uint8 batch (user ops only)
+        # one native pool per producer slot: batches of different producers decode at the same
+        # time, so one batch's tail (its last, largest images) overlaps the next one's start
+        self._pools = [cpu.new_pool_id() for _ in range(producers)]
         ix = recipe.ds.index
-        cpu.reserve(ix.width, ix.height, threads)
+        for pool in self._pools:
+            cpu.reserve(ix.width, ix.height, threads, pool)  # its threads' decode buffers, now
 
     def __call__(self, ids, epoch: int, slot: int):
         """(images, labels, bad, stages) of the batch of these ids; bad: [(position, reason)]."""
@@ -103,17 +108,18 @@ class CPUBatcher:
         errors: list = []
         out = self.ring.acquire(len(ids))
         s = self.recipe.size
+        pool = self._pools[slot]
         if self.user_op is None:
             cpu.decode_crop_resize_normalize(b.buffers, b.windows, b.flips, (s, s), self.mean, self.std,
                                              self.layout, self.dtype, out=out, threads=self.threads,
-                                             on_error="skip", fallback=True, errors=errors)
+                                             on_error="skip", fallback=True, errors=errors, pool=pool)
             t2 = t3 = time.perf_counter()
         else:
             raw = self._scratch.get(slot)
             if raw is None or raw.shape[0] < len(ids):
                 raw = self._scratch[slot] = np.empty((self.ring.shape[0], s, s, 3), np.uint8)
             raw = cpu.decode_crop_resize(b.buffers, b.windows, (s, s), self.threads, raw[:len(ids)],
-                                         on_error="skip", fallback=True, errors=errors)
+                                         on_error="skip", fallback=True, errors=errors, pool=pool)
             raw[b.flips] = raw[b.flips, :, ::-1]  # the user sees the batch as training will
             t2 = time.perf_counter()
             raw = call_user_op(self.user_op, raw, b.keys)

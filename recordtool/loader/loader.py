@@ -15,7 +15,7 @@ from typing import Literal
 
 import numpy as np
 
-from ..decode.cpu import MAX_SIDE
+from ..decode.cpu import MAX_SIDE, cores
 from ..decode.ops import IMAGENET_MEAN, IMAGENET_STD
 from ..errors import OnError, RecordError, on_error as _on_error
 from ..reader import Dataset
@@ -115,7 +115,7 @@ class Loader:
         self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
         self.dtype, self.layout = dtype, layout
         self.seed, self.drop_last, self.prefetch = seed, drop_last, max(1, int(prefetch))
-        self.threads = max(1, int(threads or os.cpu_count() or 1))
+        self.threads = max(1, int(threads or cores()))
         self.user_op, self.with_ids, self.split, self.hybrid = user_op, with_ids, split, hybrid
         # producer threads, batches dealt round-robin and handed out in order. On the GPU several
         # keep the NVJPG engines fed while one stages the next batch (BENCHMARKS.md: 4 best); on
@@ -147,7 +147,7 @@ class Loader:
             from .cpu import CPUBatcher
 
             self.batcher = CPUBatcher(recipe, self.threads, self.mean, self.std, dtype, layout, user_op, slots,
-                                      self.batch_size)
+                                      self.batch_size, self.producers)
         else:
             from .gpu import GPUBatcher
 

@@ -7,7 +7,6 @@ what neither takes and for a share of the rest (plan.py decides), then one CUDA 
 """
 from __future__ import annotations
 
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -69,8 +68,6 @@ class GPUDecoder:
             None: warmup() makes one.
     """
 
-    _instances = 0
-
     def __init__(self, size=(224, 224), max_batch: int = 256, layout: K.Layout = "NCHW",
                  dtype: K.DType = "float16", mean=IMAGENET_MEAN, std=IMAGENET_STD, cpu_threads: int | None = None,
                  split: Split = "auto", device: int = 0, pool: int | None = None, hybrid: bool = True,
@@ -88,9 +85,8 @@ class GPUDecoder:
         self.layout, self.dtype = layout, dtype
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)
-        self.cpu_threads = cpu_threads or max(1, (os.cpu_count() or 2) - 1)
-        GPUDecoder._instances += 1
-        self.pool = 1 + (GPUDecoder._instances - 1) % 63 if pool is None else pool  # ids 1..63; 0 is the default
+        self.cpu_threads = cpu_threads or max(1, cpu.cores() - 1)
+        self.pool = cpu.new_pool_id() if pool is None else pool
         self.planner = SplitPlanner(split)
         self.last = BatchReport()
         self.ring = ring
