@@ -39,12 +39,15 @@ def log(*a):
     print(*a, flush=True)
 
 
-def recordtool_loader(ds, batch, epochs, producers=None, split="auto", hybrid=True):
-    """The Loader, as users build it; memory growth after the warm-up epoch."""
+def recordtool_loader(ds, batch, epochs, producers=None, split="auto", hybrid=True, cpu_threads=None):
+    """The Loader, as users build it; memory growth after the warm-up epoch. cpu_threads: the
+    native threads of each producer's CPU share (default: the Loader's, every core)."""
     import cupy
 
     ld = recordtool.Loader(ds, batch_size=batch, device="cuda", dtype="float16", producers=producers, split=split,
                            hybrid=hybrid)
+    if cpu_threads:
+        ld.batcher.cpu_threads = cpu_threads
     pool = cupy.get_default_memory_pool()
     r = loader_epochs(ld, 1)  # warm-up epoch: threads, decoders, buffers, kernel build
     pool0, used0, spills0 = pool.total_bytes(), device_memory_used(ld.gpu_id), ld.ring.spills
@@ -53,7 +56,7 @@ def recordtool_loader(ds, batch, epochs, producers=None, split="auto", hybrid=Tr
     r.update(pool_growth_bytes=pool.total_bytes() - pool0, device_used_growth_bytes=device_memory_used(ld.gpu_id) - used0,
              ring_spills=ld.ring.spills - spills0,
              buffer_growths=sum(d.allocations for d in ld.batcher._decoders.values()) - allocs0,
-             producers=ld.producers, split=split, hybrid=hybrid)
+             producers=ld.producers, split=split, hybrid=hybrid, cpu_threads=ld.batcher.cpu_threads)
     ld.close()
     ld.batcher.close()
     return r
@@ -137,6 +140,8 @@ def main():
     ap.add_argument("--splits", default="auto,gpu", help="split modes to try (auto, gpu, cpu or a CPU share)")
     ap.add_argument("--hybrid", default="on,off", help="progressive/gray files to nvJPEG's hybrid decoder (on) "
                     "or the CPU path (off); both are tried")
+    ap.add_argument("--cpu-threads", default="0", help="native threads of each producer's CPU share to try "
+                    "(0: the Loader's default, every core; 'share': cores / producers)")
     ap.add_argument("--peer-images", type=int, default=4096)
     ap.add_argument("--dali", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--dali-files", default=None, help="also run DALI on this folder's original JPEG files")
@@ -156,15 +161,17 @@ def main():
         for hy in a.hybrid.split(","):
             for sp in a.splits.split(","):
                 sp = sp if sp in ("auto", "gpu", "cpu") else float(sp)
-                for p in [int(x) for x in a.producers.split(",")]:
-                    res = recordtool_loader(ds, a.batch, a.epochs, p, split=sp, hybrid=hy == "on")
-                    log(f"  producers {p} split {sp} hybrid {hy}: {res['img_s']:,.0f} img/s (best epoch "
+                for p, ct in [(int(x), c) for x in a.producers.split(",") for c in a.cpu_threads.split(",")]:
+                    ct = max(1, (cores - p) // p) if ct == "share" else int(ct)
+                    res = recordtool_loader(ds, a.batch, a.epochs, p, split=sp, hybrid=hy == "on", cpu_threads=ct)
+                    log(f"  producers {p} cpu threads {res['cpu_threads']} split {sp} hybrid {hy}: "
+                        f"{res['img_s']:,.0f} img/s (best epoch "
                         f"{res['best_epoch_img_s']:,.0f}), {res['cores_busy']:.1f} cores busy, pool growth "
                         f"{res['pool_growth_bytes']} B, device growth {res['device_used_growth_bytes']} B, spills "
                         f"{res['ring_spills']}, stages ms/img {res['stage_ms_per_image']}, split {res.get('split')}")
                     runs.append(res)
         # the headline is the first configuration (the defaults), not the best of the sweep
-        keys = ("producers", "split", "hybrid", "img_s", "best_epoch_img_s", "cores_busy")
+        keys = ("producers", "cpu_threads", "split", "hybrid", "img_s", "best_epoch_img_s", "cores_busy")
         return dict(runs[0], sweep=[{k: x[k] for k in keys} for x in runs])
 
     steps = [("recordtool_loader", sweep)]
@@ -202,8 +209,8 @@ def main():
     log(f"  recordtool Loader (defaults, fp16 NCHW 224, RRC+flip+normalize)  {ours or 0:>10,.0f}"
         + (f"   {ours / dali:.2f}x DALI" if ours and dali else ""))
     for x in head.get("sweep", [])[1:] if isinstance(head, dict) else []:
-        log(f"    sweep: producers {x['producers']} split {x['split']} hybrid {x['hybrid']}"
-            f"{'':<17} {x['img_s']:>10,.0f}" + (f"   {x['img_s'] / dali:.2f}x DALI" if dali else ""))
+        log(f"    sweep: producers {x['producers']} cpu threads {x['cpu_threads']} split {x['split']} hybrid "
+            f"{x['hybrid']}{'':<4} {x['img_s']:>10,.0f}" + (f"   {x['img_s'] / dali:.2f}x DALI" if dali else ""))
     for k in ("dali", "dali_files", "torchvision_gpu_peer", "nvimgcodec_peer", "pil_pool_peer"):
         if k in r:
             v = val(r[k])

@@ -121,11 +121,11 @@ def main():
 
         def st(f):
             v = np.array([r[f] for r in g if r[f] is not None])
-            return v if len(v) else np.array([np.nan])
+            return v if len(v) else np.array([np.inf])
         gc, gt, ct, rw = st("gpu_vs_cpu"), st("gpu_vs_truth"), st("cpu_vs_truth"), st("raw_vs_libjpeg")
         print(f"{key[0]:<10} {key[1]:>5} {key[2]:>2} {len(g):>5} | {gc.min():5.1f} {np.percentile(gc, 1):5.1f} "
               f"{np.median(gc):5.1f} | {gt.min():5.1f} {np.median(gt):5.1f} | {ct.min():5.1f} {np.median(ct):5.1f} | "
-              f"{np.nanmin(rw):5.1f}")
+              f"{rw.min():5.1f}")
     allv = np.array([r["gpu_vs_cpu"] for r in rows])
     print(f"\nall: n {len(allv)}, gpu_vs_cpu min {allv.min():.1f} p1 {np.percentile(allv, 1):.1f} "
           f"p5 {np.percentile(allv, 5):.1f} median {np.median(allv):.1f}")

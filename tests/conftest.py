@@ -18,6 +18,17 @@ def photo_like(w: int, h: int, seed: int = 0) -> Image.Image:
     return Image.fromarray(np.clip(a, 0, 255).astype(np.uint8), "RGB")
 
 
+def sharp_chroma(w: int, h: int, seed: int = 0, cells: int = 24, alpha: float = 0.5) -> Image.Image:
+    """A photo-like image with hard-edged saturated colour patches blended in: sharp chroma edges,
+    where nvJPEG's replicated 4:2:x chroma and libjpeg's fancy upsampling differ most (like the
+    worst real photos, e.g. sand dunes against sky)."""
+    rng = np.random.default_rng(seed)
+    base = np.asarray(photo_like(w, h, seed), np.float32)
+    grid = rng.integers(0, 256, (cells * h // w + 1, cells, 3)).astype(np.uint8)
+    patches = np.asarray(Image.fromarray(grid).resize((w, h), Image.NEAREST), np.float32)
+    return Image.fromarray(np.clip((1 - alpha) * base + alpha * patches, 0, 255).astype(np.uint8))
+
+
 def jpeg_bytes(w=64, h=48, seed=0, mode="RGB", **save) -> bytes:
     im = photo_like(w, h, seed)
     if mode != "RGB":

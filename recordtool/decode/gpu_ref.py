@@ -31,8 +31,8 @@ def resize_normalize(region: np.ndarray, box, out_h: int, out_w: int, mirror: bo
     x0, y0, x1, y1 = box
     wx = _axis_weights(x0, x1, region.shape[1], out_w)
     wy = _axis_weights(y0, y1, region.shape[0], out_h)
-    img = np.einsum("ox,yxc->yoc", wx, region.astype(np.float64))
-    img = np.einsum("py,yoc->poc", wy, img)
+    chw = region.astype(np.float64).transpose(2, 0, 1)  # (3, h, w): two matrix products per channel
+    img = np.matmul(wy, np.matmul(chw, wx.T)).transpose(1, 2, 0)
     if mirror:
         img = img[:, ::-1]
     if mean is not None:

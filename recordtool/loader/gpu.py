@@ -37,6 +37,11 @@ class GPUBatcher:
         self.mean, self.std, self.dtype, self.layout = mean, std, dtype, layout
         self.user_op, self.split, self.hybrid = user_op, split, hybrid
         self.max_batch = max_batch
+        # native threads of each decoder's CPU share. Each producer's pool may use every core:
+        # a pool is busy only while its producer's CPU share decodes, and the split planner then
+        # measures what the cores really deliver (with a fixed share of the cores per producer,
+        # cores sat idle while the NVJPG engines were the bottleneck: 10 of 16 busy on the H200)
+        self.cpu_threads = threads
         ix = recipe.ds.index
         self.routes = route(ix.chroma, ix.progressive, ix.colorspace)
         s = recipe.size
@@ -62,7 +67,7 @@ class GPUBatcher:
                 dec = GPUDecoder((s, s), max_batch=self.max_batch, layout="NHWC" if raw else self.layout,
                                  dtype="uint8" if raw else self.dtype, mean=self.mean, std=self.std,
                                  device=self.device, split=self.split, hybrid=self.hybrid,
-                                 cpu_threads=max(1, (self.threads - self.producers) // self.producers),
+                                 cpu_threads=self.cpu_threads,
                                  ring=self.raw_ring if raw else self.ring)
                 dec.warmup(ix.jpeg_length, ix.width, ix.height, routes=self.routes)
                 self._decoders[slot] = dec

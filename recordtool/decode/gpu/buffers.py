@@ -33,31 +33,35 @@ class DecodeBuffers:
         cupy: the cupy module.
         max_batch: images per batch at most.
         size: output (h, w).
+        device: the CUDA device every device buffer lives on (whatever the calling thread's
+            current device is: producer threads do not inherit the caller's).
     """
 
-    def __init__(self, cupy, max_batch: int, size):
-        self.cupy, self.max_batch = cupy, max_batch
+    def __init__(self, cupy, max_batch: int, size, device: int = 0):
+        self.cupy, self.max_batch, self.device = cupy, max_batch, device
         h, w = size
         b = max_batch
         self.staging = self.staging_np = self.arena = None
         self.allocations = 0  # growths after construction (0 in steady state)
-        self._cpu_out_mem = cupy.cuda.alloc_pinned_memory(b * h * w * 3)
-        self.cpu_out = np.frombuffer(self._cpu_out_mem, np.uint8, b * h * w * 3).reshape(b, h, w, 3)
-        self.cpu_dev = cupy.empty((b, h, w, 3), np.uint8)
-        self._samples_mem = cupy.cuda.alloc_pinned_memory(b * SAMPLE_DTYPE.itemsize)
-        self.samples = np.frombuffer(self._samples_mem, SAMPLE_DTYPE, b)
-        self.samples_dev = cupy.empty(b * SAMPLE_DTYPE.itemsize, np.uint8)
+        with cupy.cuda.Device(device):
+            self._cpu_out_mem = cupy.cuda.alloc_pinned_memory(b * h * w * 3)
+            self.cpu_out = np.frombuffer(self._cpu_out_mem, np.uint8, b * h * w * 3).reshape(b, h, w, 3)
+            self.cpu_dev = cupy.empty((b, h, w, 3), np.uint8)
+            self._samples_mem = cupy.cuda.alloc_pinned_memory(b * SAMPLE_DTYPE.itemsize)
+            self.samples = np.frombuffer(self._samples_mem, SAMPLE_DTYPE, b)
+            self.samples_dev = cupy.empty(b * SAMPLE_DTYPE.itemsize, np.uint8)
 
     def reserve(self, staging: int, arena: int) -> None:
         """Have at least this many pinned staging and device arena bytes."""
         cupy = self.cupy
-        if self.staging_np is None or staging > self.staging_np.size:
-            self._staging_mem = cupy.cuda.alloc_pinned_memory(staging)
-            self.staging_np = np.frombuffer(self._staging_mem, np.uint8, staging)
-            self.allocations += 1
-        if self.arena is None or arena > self.arena.size:
-            self.arena = cupy.empty(arena, np.uint8)
-            self.allocations += 1
+        with cupy.cuda.Device(self.device):
+            if self.staging_np is None or staging > self.staging_np.size:
+                self._staging_mem = cupy.cuda.alloc_pinned_memory(staging)
+                self.staging_np = np.frombuffer(self._staging_mem, np.uint8, staging)
+                self.allocations += 1
+            if self.arena is None or arena > self.arena.size:
+                self.arena = cupy.empty(arena, np.uint8)
+                self.allocations += 1
 
     def plan_for(self, jpeg_lengths, widths, heights) -> tuple:
         """(staging, arena) bytes that no batch of this dataset can outgrow: the `max_batch`

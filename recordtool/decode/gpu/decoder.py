@@ -111,7 +111,7 @@ class GPUDecoder:
                         self.hybrid = HybridDecoder(self.hybrid_stream.ptr)
                     except (NvjpegError, OSError) as e:
                         self.hybrid_error = str(e)
-            self.buf = DecodeBuffers(cupy, max_batch, self.size)
+            self.buf = DecodeBuffers(cupy, max_batch, self.size, device)
         self.planner.engines = self.hw is not None
         self.planner.hybrid = self.hybrid is not None
 
