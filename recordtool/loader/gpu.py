@@ -81,7 +81,7 @@ class GPUBatcher:
         b = self.recipe.inputs(ids, epoch)
         t1 = time.perf_counter()
         dec = self.decoder(slot)
-        images = dec(b.buffers, b.windows, b.flips, self.routes[ids])
+        images = dec(b.buffers, b.windows, b.flips, self.routes[ids], self.recipe.ds.index.height[ids])
         t2 = t3 = time.perf_counter()
         if self.user_op is not None:
             with cupy.cuda.Device(self.device), dec.stream:

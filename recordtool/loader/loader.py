@@ -245,8 +245,10 @@ class EpochIterator:
         j = self._prefetcher.done - 1
         ids = self.batches[j]
         images, labels, bad, stages = made[:4]
-        if len(made) > 4:
+        if len(made) > 4:  # the GPU decoder's BatchReport: its stage times count too
             ld.last_split = made[4]
+            for k, v in made[4].stages.items():
+                ld.stage_seconds["gpu." + k] = ld.stage_seconds.get("gpu." + k, 0.0) + v
         for k, v in stages.items():
             ld.stage_seconds[k] = ld.stage_seconds.get(k, 0.0) + v
         if bad:
