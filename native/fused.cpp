@@ -411,7 +411,8 @@ static void check_params(const Params& p) {
     if (!(p.margin > 0)) throw std::invalid_argument("scale margin must be > 0");
 }
 
-// Decode every task on the pool, largest first; a failed image's slot is zeros (before Emit).
+// Decode every task on the pool (pool_id -1: on the calling thread), largest first; a failed
+// image's slot is zeros (before Emit).
 // With Emit on, each image goes through the thread's tile and the fused output pass.
 static py::list run_batch(std::vector<Task>& tasks, const Params& p, int threads, int pool_id, const Emit& emit) {
     const size_t n = tasks.size();
@@ -423,8 +424,7 @@ static py::list run_batch(std::vector<Task>& tasks, const Params& p, int threads
     int participants = std::max(1, std::min<int>(threads, (int)n));
     {
         py::gil_scoped_release release;
-        Pool& workers = pool(pool_id);
-        workers.run(participants, [&](int) {
+        auto job = [&](int) {
             // per-thread buffers live across batches: no allocation in steady state
             Scratch& s = scratch();
             if (emit.on && s.tile.size() < slot) s.tile.resize(slot);
@@ -443,7 +443,11 @@ static py::list run_batch(std::vector<Task>& tasks, const Params& p, int threads
                 std::vector<uint8_t>().swap(s.region);
                 std::vector<uint8_t>().swap(s.rgb);
             }
-        });
+        };
+        // pool -1: on the calling thread, no pool. Many callers decoding one image each at the
+        // same time (pack's transcoding workers) would otherwise queue on one pool's call lock.
+        if (pool_id == -1) job(0);
+        else pool(pool_id).run(participants, job);
     }
     py::list failures;
     for (size_t i = 0; i < n; i++)
@@ -452,7 +456,8 @@ static py::list run_batch(std::vector<Task>& tasks, const Params& p, int threads
 }
 
 // buffers: sequence of bytes-like; windows: (N, 4) float64 (y, x, h, w);
-// out: (N, H, W, 3) uint8 C-contiguous. Returns list of (index, reason) for failed images.
+// out: (N, H, W, 3) uint8 C-contiguous; pool_id: a pool, or -1 for the calling thread.
+// Returns list of (index, reason) for failed images.
 static py::list decode_crop_resize(py::sequence buffers, py::array_t<double, py::array::c_style> windows,
                                    py::array_t<uint8_t, py::array::c_style> out, int threads, long long max_pixels,
                                    int force_scale, double margin, int pool_id) {

@@ -134,7 +134,7 @@ def pack(src: str | os.PathLike | Source, out: str, *, shards: int | None = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=n, unit="img", desc="pack", mininterval=0.5)
+        bar = tqdm(total=n, unit="rec", desc="pack", mininterval=0.5)
     lock = threading.Lock()
 
     def record(item, res, label, filename, shard):

@@ -107,6 +107,9 @@ def decode_crop_resize(buffers, windows, size=(224, 224), threads: int | None = 
         scale_margin: DCT scaling (1/4, 1/2) is used only while the scaled window stays ≥
             margin × size (1.0 = fastest; 1.1 keeps PSNR ≥ 40 dB against Pillow's crop+resize).
         pool: native thread-pool id; callers decoding at the same time should use different ids.
+            -1: decode on the calling thread, no pool (`threads` unused) — for many threads each
+            decoding a few images at once (pack's transcoding workers), which would otherwise
+            queue on one pool (a pool serves one call at a time).
         policy: deprecated spelling: "raise", "skip", or "fallback" (= on_error="skip", fallback=True).
     """
     if policy is not None:
@@ -123,7 +126,7 @@ def decode_crop_resize(buffers, windows, size=(224, 224), threads: int | None = 
         out = np.empty((n, oh, ow, 3), np.uint8)
     elif out.shape != (n, oh, ow, 3) or out.dtype != np.uint8 or not out.flags.c_contiguous:
         raise ValueError(f"out must be C-contiguous uint8 {(n, oh, ow, 3)}, got {out.dtype} {out.shape}")
-    threads = threads or cores()
+    threads = 1 if pool == -1 else threads or cores()
     if n == 0:
         return out
     if _native is not None:

@@ -113,7 +113,7 @@ def _shrink_jpeg(data: bytes, info: JpegInfo, t: Transcode) -> Prepared:
     try:
         if cpu.native_available():
             rgb = cpu.decode_crop_resize([data], np.array([[0, 0, info.height, info.width]]), size=(h, w),
-                                         threads=1)[0]
+                                         pool=-1)[0]  # this worker's thread: workers run in parallel
         else:
             rgb = _shrink_python(data, info, w, h)
     except Exception as e:
