@@ -49,7 +49,12 @@ def main():
 @click.option("--strict", is_flag=True, help="Same as --on-error raise.")
 @click.option("--overwrite", is_flag=True, help="Replace a finished dataset in OUT.")
 @click.option("--max-pixels", type=int, default=None, help="Reject images declaring more pixels (default 64 Mpx).")
-@click.option("--preset", type=click.Choice(sorted(["tf-slim", "tfds"])), default=None,
+@click.option("--preset", type=click.Choice(["fast", "balanced", "lossless", "tf-slim", "tfds"]), default=None,
+              help="Speed preset (measured by `recordtool tune`, see README): lossless = JPEG bytes as they are; "
+              "balanced = --max-side 448 --quality 90 --hw-friendly; fast = --max-side 320 --quality 85 "
+              "--hw-friendly. --max-side/--quality given as well override the preset's. "
+              "tf-slim and tfds: the same as --keys (kept as an alias).")
+@click.option("--keys", type=click.Choice(["tf-slim", "tfds"]), default=None,
               help="TFRecord feature keys: tf-slim (image/encoded, 1-based image/class/label) or tfds (image, label).")
 @click.option("--image-key", default=None, help="TFRecord/OFRecord feature holding the image bytes.")
 @click.option("--label-key", default=None, help="TFRecord/OFRecord feature holding the integer label.")
@@ -58,13 +63,13 @@ def main():
 @click.option("--compression", type=click.Choice(["auto", "none", "gzip", "zlib"]), default="auto",
               show_default=True, help="TFRecord file compression.")
 @click.option("--max-side", type=int, default=None, help="Shrink images whose longer side exceeds this (re-encoded).")
-@click.option("--quality", type=click.IntRange(1, 100), default=95, show_default=True,
-              help="JPEG quality of every re-encoded image.")
+@click.option("--quality", type=click.IntRange(1, 100), default=None,
+              help="JPEG quality of every re-encoded image (default 95, or the preset's).")
 @click.option("--hw-friendly", is_flag=True,
               help="Re-encode JPEGs NVIDIA's hardware decoder cannot take (progressive, 4:1:1, ...) as baseline 4:2:0.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, overwrite, max_pixels, preset, image_key,
-         label_key, label_offset, filename_key, compression, max_side, quality, hw_friendly, quiet):
+def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, overwrite, max_pixels, preset, keys,
+         image_key, label_key, label_offset, filename_key, compression, max_side, quality, hw_friendly, quiet):
     """Pack SRC into OUT: OFRecord part files, index.rtx, manifest.json.
 
     Folders (SRC/<class>/<image>) get torchvision ImageFolder labels (sorted class folders →
@@ -73,10 +78,15 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
     """
     from .errors import RecordtoolError
     from .pack import pack as run_pack
-    from .sources.image import DEFAULT_MAX_PIXELS, Transcode
+    from .sources.image import DEFAULT_MAX_PIXELS
     from .sources.tfrecord import PRESETS
 
     policy = _policy(on_error, strict)
+    if preset in PRESETS:  # the old spelling of --keys
+        if keys not in (None, preset):
+            raise click.UsageError(f"--preset {preset} contradicts --keys {keys}")
+        keys, preset = preset, None
+    transcode = _transcode(preset, max_side, quality, hw_friendly)
     try:
         if kind != "tfrecord" and len(src) != 1:
             raise click.UsageError(f"--from {kind} takes one SRC folder")
@@ -90,23 +100,22 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
         else:
             from .sources.tfrecord import TFRecordSource
 
-            if preset is None and not (image_key and label_key):
-                raise click.UsageError("--from tfrecord needs --preset or both --image-key and --label-key")
-            keys = dict(PRESETS[preset]) if preset else {"image": None, "label": None, "label_offset": 0,
-                                                         "filename": None, "synset": None, "text": None}
+            if keys is None and not (image_key and label_key):
+                raise click.UsageError("--from tfrecord needs --keys or both --image-key and --label-key")
+            feature_keys = dict(PRESETS[keys]) if keys else {"image": None, "label": None, "label_offset": 0,
+                                                             "filename": None, "synset": None, "text": None}
             for k, v in (("image", image_key), ("label", label_key), ("label_offset", label_offset),
                          ("filename", filename_key)):
                 if v is not None:
-                    keys[k] = v
-            keys["preset"] = preset
+                    feature_keys[k] = v
+            feature_keys["preset"] = keys
             parent = os.path.dirname(os.path.abspath(out))
             os.makedirs(parent, exist_ok=True)  # GZIP/ZLIB files are inflated beside OUT
-            source = TFRecordSource(src, keys, tmpdir=parent,
+            source = TFRecordSource(src, feature_keys, tmpdir=parent,
                                     compression=compression, on_error=policy)
         summary = run_pack(source, out, shards=shards, shard_size=_size(shard_size) if shard_size else None,
                            workers=workers, seed=seed, on_error=policy, overwrite=overwrite,
-                           max_pixels=max_pixels or DEFAULT_MAX_PIXELS,
-                           transcode=Transcode(max_side=max_side, quality=quality, hw_friendly=hw_friendly),
+                           max_pixels=max_pixels or DEFAULT_MAX_PIXELS, transcode=transcode,
                            progress=not quiet)
     except (RecordtoolError, FileExistsError, FileNotFoundError, ValueError) as e:
         raise click.ClickException(str(e)) from None
@@ -117,6 +126,17 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
     if len(summary.skipped) > 10:
         click.echo(f"… {len(summary.skipped) - 10} more skipped", err=True)
     click.echo(summary.line())
+
+
+def _transcode(preset, max_side, quality, hw_friendly):
+    """A speed preset's Transcode with the options given explicitly on top."""
+    import dataclasses
+
+    from .sources.image import NO_TRANSCODE, SPEED_PRESETS
+
+    t = SPEED_PRESETS[preset] if preset else NO_TRANSCODE
+    changes = {"max_side": max_side, "quality": quality, "hw_friendly": True if hw_friendly else None}
+    return dataclasses.replace(t, **{k: v for k, v in changes.items() if v is not None})
 
 
 @main.command("index")
@@ -211,6 +231,60 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
     except (RecordtoolError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(table(r))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(r, f, indent=1, default=str)
+    if plot_path:
+        plot(r, plot_path)
+
+
+@main.command()
+@click.argument("src", type=click.Path(exists=True, file_okay=False))
+@click.option("--images", type=int, default=1000, show_default=True, help="Sample size, drawn with --seed.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sample, the crop windows and loaders.")
+@click.option("--sides", default=",".join(map(str, (256, 320, 384, 448, 512))), show_default=True,
+              help="--max-side candidates, comma-separated.")
+@click.option("--qualities", default=",".join(map(str, (75, 85, 90, 95))), show_default=True,
+              help="--quality candidates, comma-separated (each side is tried with each quality).")
+@click.option("--min-psnr", type=float, default=35.0, show_default=True,
+              help="Recommend the fastest candidate whose median crop PSNR against the originals is at least this (dB).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Loaders to time: auto = the CPU, and the GPU too when CuPy finds one.")
+@click.option("--batch-size", type=int, default=128, show_default=True, help="Loader batch size.")
+@click.option("--epochs", type=int, default=3, show_default=True,
+              help="Loader epochs per candidate; the first warms up, the best of the others counts.")
+@click.option("--threads", type=int, default=None, help="Decode threads (default: cores).")
+@click.option("--workers", type=int, default=None, help="Pack workers (default 2×cores).")
+@click.option("--work-dir", type=click.Path(file_okay=False), default=None,
+              help="Where the temporary folder for the sample's packs is made (default: the system's temp dir).")
+@click.option("--keep", is_flag=True, help="Keep the packs (their folder is printed) instead of removing them.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write all numbers here.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a PNG of throughput against fidelity, the recommended point marked.")
+@click.option("--quiet", "-q", is_flag=True, help="No line per candidate.")
+def tune(src, images, seed, sides, qualities, min_psnr, device, batch_size, epochs, threads, workers, work_dir, keep,
+         json_path, plot_path, quiet):
+    """Measure what --max-side / --quality buy on a sample of SRC (an ImageNet-style folder).
+
+    Packs the sample as it is and with every side × quality candidate (in a temporary folder,
+    removed afterwards), times the real Loader on each, and compares its 224² RandomResizedCrop
+    outputs with Pillow's from the original files under the same windows (PSNR, SSIM). Prints
+    a table and the fastest candidate within --min-psnr; `pack --preset` names measured settings.
+    """
+    from .errors import RecordtoolError
+    from .tune import candidates, gpu_available, parse_ints, plot, run, table
+
+    try:
+        cands = candidates(parse_ints(sides, "--sides"), parse_ints(qualities, "--qualities"))
+        devices = ("cpu", "cuda") if device == "cuda" or (device == "auto" and gpu_available()) else ("cpu",)
+        r = run(src, images=images, seed=seed, cands=cands, min_psnr=min_psnr, devices=devices,
+                batch_size=batch_size, epochs=epochs, threads=threads, workers=workers, work_dir=work_dir,
+                keep=keep, progress=not quiet)
+    except (RecordtoolError, OSError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(table(r))
+    if keep:
+        click.echo(f"packs kept in {r['work_dir']}")
     if json_path:
         with open(json_path, "w") as f:
             json.dump(r, f, indent=1, default=str)

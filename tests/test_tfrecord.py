@@ -142,7 +142,7 @@ def test_cli_tfrecord(tmp_path):
     assert "packed 12 records" in p.stdout
     p = subprocess.run([sys.executable, "-m", "recordtool.cli", "pack", "--from", "tfrecord", fx("tfds.tfrecord"),
                         str(tmp_path / "o2")], capture_output=True, text=True)
-    assert p.returncode != 0 and "--preset" in p.stderr
+    assert p.returncode != 0 and "--keys" in p.stderr
 
 
 def test_reshard_ofrecord(tmp_path, folder):

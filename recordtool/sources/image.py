@@ -44,6 +44,15 @@ class Transcode:
 
 NO_TRANSCODE = Transcode()
 
+# `pack --preset`: settings measured by `recordtool tune` on photos (BENCHMARKS.md, "Speed
+# presets"). lossless: JPEG bytes as they are. balanced / fast: shrink to a maximum side and
+# re-encode as baseline 4:2:0 (hw_friendly: the smaller progressive / odd-layout files too).
+SPEED_PRESETS = {
+    "lossless": NO_TRANSCODE,
+    "balanced": Transcode(max_side=448, quality=90, hw_friendly=True),
+    "fast": Transcode(max_side=320, quality=85, hw_friendly=True),
+}
+
 
 @dataclass
 class Prepared:

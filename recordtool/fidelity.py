@@ -1,0 +1,76 @@
+"""Image fidelity measures for `recordtool tune`: PSNR and SSIM of uint8 RGB batches.
+
+SSIM follows Wang, Bovik, Sheikh & Simoncelli (2004): an 11×11 Gaussian window of σ 1.5,
+K1 0.01, K2 0.03, dynamic range 255, population (not sample) variances, the map averaged over
+the positions where the window fits entirely ("valid"), computed per RGB channel and averaged
+over the channels (scikit-image's `structural_similarity(gaussian_weights=True,
+use_sample_covariance=False, data_range=255, channel_axis=-1)` gives the same numbers).
+These numpy routines are the implementation; there is no native one.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+PSNR_CAP = 100.0  # identical images: reported as 100 dB instead of infinity
+_K1, _K2, _RANGE = 0.01, 0.03, 255.0
+_C1, _C2 = (_K1 * _RANGE) ** 2, (_K2 * _RANGE) ** 2
+
+
+def gaussian_window(size: int = 11, sigma: float = 1.5) -> np.ndarray:
+    """1-D Gaussian weights summing to 1; the 2-D window is its outer product (separable)."""
+    x = np.arange(size, dtype=np.float64) - (size - 1) / 2.0
+    g = np.exp(-(x * x) / (2.0 * sigma * sigma))
+    return g / g.sum()
+
+
+def _filter(a: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """Valid 2-D correlation of the last two axes with the separable window g ⊗ g."""
+    k = len(g)
+    a = sliding_window_view(a, k, axis=-1) @ g
+    return sliding_window_view(a, k, axis=-2) @ g
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """PSNR in dB per image of two uint8 batches (N, H, W, C) (or one image (H, W, C)), peak 255,
+    over all pixels and channels; capped at PSNR_CAP for identical images."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        raise ValueError(f"shapes differ: {a.shape} and {b.shape}")
+    single = a.ndim == 3
+    a, b = (a[None], b[None]) if single else (a, b)
+    d = a.astype(np.float64) - b.astype(np.float64)
+    mse = (d * d).reshape(len(a), -1).mean(axis=1)
+    with np.errstate(divide="ignore"):
+        out = np.minimum(10.0 * np.log10(_RANGE * _RANGE / mse), PSNR_CAP)
+    return out[0] if single else out
+
+
+def ssim(a: np.ndarray, b: np.ndarray, sigma: float = 1.5, size: int = 11) -> np.ndarray:
+    """Mean SSIM per image of two uint8 batches (N, H, W, C) (or one image (H, W, C)).
+
+    Args:
+        a, b: the two batches; sides must be at least `size`.
+        sigma: Gaussian window σ (Wang et al.: 1.5).
+        size: window side (Wang et al.: 11).
+    """
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        raise ValueError(f"shapes differ: {a.shape} and {b.shape}")
+    single = a.ndim == 3
+    a, b = (a[None], b[None]) if single else (a, b)
+    if min(a.shape[1:3]) < size:
+        raise ValueError(f"images of {a.shape[1]}x{a.shape[2]} are smaller than the {size}x{size} window")
+    g = gaussian_window(size, sigma).astype(np.float32)
+    # channels first; centred on 128 so float32 keeps E[x²] − μ² accurate (|x| ≤ 128)
+    x = np.moveaxis(a, -1, 1).astype(np.float32) - 128.0
+    y = np.moveaxis(b, -1, 1).astype(np.float32) - 128.0
+    mx, my = _filter(x, g), _filter(y, g)
+    sxx = _filter(x * x, g) - mx * mx
+    syy = _filter(y * y, g) - my * my
+    sxy = _filter(x * y, g) - mx * my
+    mx, my = mx + 128.0, my + 128.0  # the luminance term needs the uncentred means
+    num = (2 * mx * my + _C1) * (2 * sxy + _C2)
+    den = (mx * mx + my * my + _C1) * (sxx + syy + _C2)
+    out = (num / den).astype(np.float64).mean(axis=(1, 2, 3))
+    return out[0] if single else out

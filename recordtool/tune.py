@@ -1,0 +1,386 @@
+"""`recordtool tune SRC`: what shrinking and re-encoding at pack time gains in loader speed and
+costs in fidelity, measured on a sample of the user's own images.
+
+For each candidate — the images as they are, and every `--max-side` × `--quality` pair — the
+sample is packed by the real `pack` into a temporary folder, read back by the real `Loader`
+(CPU; and GPU when CuPy finds a device), best epoch after a warm-up one, and its 224²
+RandomResizedCrop outputs are compared with what Pillow makes from the ORIGINAL files with the
+same windows: windows are drawn in the original image's pixels (`random_windows`, keyed by the
+sample position) and scaled with the image for a shrunk record; the candidate's crops come from
+the CPU decoder the Loader runs (`decode_crop_resize`), the references from
+`decode.reference.truth` (Pillow decode → crop → resize) on the original bytes. PSNR and SSIM
+(`recordtool.fidelity`), median and 5th percentile over the sample. The recommendation is the
+fastest candidate whose median PSNR is at least `min_psnr`.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from .decode import cpu, random_windows, reference
+from .errors import RecordtoolError
+from .fidelity import psnr, ssim
+from .sources.image import CONVERT_QUALITY, SPEED_PRESETS, Transcode
+
+DEFAULT_SIDES = (256, 320, 384, 448, 512)
+DEFAULT_QUALITIES = (75, 85, 90, 95)
+DEFAULT_MIN_PSNR = 35.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to pack: `max_side` None is the images as they are (`pack` without options)."""
+
+    max_side: int | None = None
+    quality: int = CONVERT_QUALITY
+
+    @property
+    def name(self) -> str:
+        return "as-is" if self.max_side is None else f"{self.max_side}px q{self.quality}"
+
+    @property
+    def transcode(self) -> Transcode:
+        if self.max_side is None:
+            return Transcode()
+        # shrunk images are re-encoded baseline 4:2:0 anyway; hw_friendly does the same for the
+        # smaller progressive / odd-layout ones, so every record takes the fast decode paths
+        return Transcode(max_side=self.max_side, quality=self.quality, hw_friendly=True)
+
+
+def candidates(sides=DEFAULT_SIDES, qualities=DEFAULT_QUALITIES) -> list:
+    """As-is first, then every side × quality pair."""
+    return [Candidate()] + [Candidate(int(s), int(q)) for s in sides for q in qualities]
+
+
+def preset_of(c: Candidate) -> str | None:
+    """The `pack --preset` name this candidate packs exactly like, if any."""
+    for name, t in SPEED_PRESETS.items():
+        if t == c.transcode:
+            return name
+    return None
+
+
+class SampleSource:
+    """`n` items of a source drawn with `seed`, as a `Source` for `pack`. Each record's label is
+    its position in the sample, so a packed record leads back to its original file whatever
+    pack's shuffle and skips do.
+
+    Args:
+        source: any `Source` (an ImageFolderSource for a folder).
+        n: sample size (all items when the source has fewer).
+        seed: seed of the draw.
+    """
+
+    def __init__(self, source, n: int, seed: int = 0):
+        self.source = source
+        k = min(int(n), len(source.items))
+        pick = np.sort(np.random.default_rng(seed).choice(len(source.items), k, replace=False))
+        self.originals = [source.items[i] for i in pick]
+        self.items = list(range(k))
+        self.kind = source.kind
+        self.skipped, self.warnings = [], []
+        self.seed = seed
+
+    def where(self, p: int) -> str:
+        return self.source.where(self.originals[p])
+
+    def load(self, p: int):
+        data, _, filename = self.source.load(self.originals[p])
+        return data, p, filename
+
+    def original(self, p: int) -> bytes:
+        return self.source.load(self.originals[p])[0]
+
+    def classes(self, max_label: int):
+        return [str(i) for i in range(max_label + 1)], None
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "sample_of": self.source.describe(), "images": len(self.items), "seed": self.seed}
+
+    def close(self):
+        pass
+
+
+def gpu_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no CuPy, no driver, no device
+        return False
+
+
+def _references(sample: SampleSource, size: int, seed: int, threads: int):
+    """Original sizes, windows in original pixels, and Pillow's crops of the original files;
+    positions whose original Pillow cannot open are left out (None)."""
+    import io
+
+    from PIL import Image
+
+    n = len(sample.items)
+    dims = np.zeros((n, 2), np.int64)  # (width, height)
+    refs = np.zeros((n, size, size, 3), np.uint8)
+    ok = np.zeros(n, bool)
+    datas = [None] * n
+
+    def dim(p):
+        try:
+            datas[p] = sample.original(p)
+            with Image.open(io.BytesIO(datas[p])) as im:
+                dims[p] = im.size
+            return True
+        except Exception:
+            return False
+
+    with ThreadPoolExecutor(threads) as ex:
+        ok[:] = list(ex.map(dim, range(n)))
+    ids = np.arange(n)
+    win = random_windows(np.maximum(dims[:, 0], 1), np.maximum(dims[:, 1], 1), ids, seed, 0)
+
+    def ref(p):
+        if not ok[p]:
+            return False
+        try:
+            refs[p] = reference.truth(datas[p], win[p], size, size)
+            return True
+        except Exception:
+            return False
+
+    with ThreadPoolExecutor(threads) as ex:
+        ok[:] = list(ex.map(ref, range(n)))
+    return dims, win, refs, ok
+
+
+def _fidelity(ds, dims, win, refs, ok, size: int, threads: int, chunk: int = 64) -> dict:
+    """PSNR/SSIM of the pack's crops (CPU decoder, windows scaled to each record's size) against
+    the references, per sample position."""
+    ix = ds.index
+    pos = ix.label.astype(np.int64)
+    keep = np.nonzero(ok[pos])[0]  # records whose original has a reference
+    d = np.maximum(dims[pos], 1)  # 0 where Pillow could not open the original (not in keep)
+    scale = np.stack([ix.height / d[:, 1], ix.width / d[:, 0]], axis=1).astype(np.float64)
+    mapped = win[pos].astype(np.float64) * np.concatenate([scale, scale], axis=1)  # windows scale with the image
+
+    def one(lo):
+        rec = keep[lo:lo + chunk]
+        errors = []
+        out = cpu.decode_crop_resize([ds[int(r)][0] for r in rec], mapped[rec], size=(size, size), threads=1,
+                                     pool=-1, on_error="skip", fallback=True, errors=errors)
+        good = np.ones(len(rec), bool)
+        good[[i for i, _ in errors]] = False
+        ref = refs[pos[rec]]
+        return psnr(out[good], ref[good]), ssim(out[good], ref[good]), int((~good).sum())
+
+    with ThreadPoolExecutor(threads) as ex:
+        parts = list(ex.map(one, range(0, len(keep), chunk)))
+    p = np.concatenate([a for a, _, _ in parts]) if parts else np.zeros(0)
+    s = np.concatenate([b for _, b, _ in parts]) if parts else np.zeros(0)
+    stat = (lambda v, q: float(np.percentile(v, q)) if len(v) else float("nan"))  # noqa: E731
+    return {"images": int(len(p)), "undecodable": sum(f for _, _, f in parts),
+            "psnr_median": stat(p, 50), "psnr_p5": stat(p, 5), "ssim_median": stat(s, 50), "ssim_p5": stat(s, 5)}
+
+
+def _loader_rate(path, device: str, batch_size: int, threads: int, epochs: int, seed: int) -> dict:
+    """Best timed epoch of the real Loader (the first epoch warms up)."""
+    from .bench import time_loader
+    from .loader import Loader
+
+    ld = Loader(path, batch_size=batch_size, device=device, train=True, seed=seed, threads=threads,
+                as_torch=False, dtype="float16" if device == "cuda" else "float32")
+    try:
+        timed, _ = time_loader(ld, max(2, epochs))
+    finally:
+        ld.close()
+    rates = [c / t for c, t in timed if t > 0]
+    return {"img_s": max(rates), "epochs_img_s": rates}
+
+
+def run(src, images: int = 1000, seed: int = 0, cands: list | None = None, min_psnr: float = DEFAULT_MIN_PSNR,
+        devices: tuple = ("cpu",), batch_size: int = 128, epochs: int = 3, threads: int | None = None,
+        workers: int | None = None, size: int = 224, work_dir: str | None = None, keep: bool = False,
+        progress: bool = True) -> dict:
+    """Pack a sample of SRC every candidate way, measure Loader speed and crop fidelity.
+
+    Args:
+        src: an ImageNet-style folder, or any `Source`.
+        images: sample size (drawn with `seed`).
+        seed: seed of the sample draw, the windows and the loaders.
+        cands: `Candidate`s (default: `candidates()`: as-is + 5 sides × 4 qualities).
+        min_psnr: the recommendation is the fastest candidate with median PSNR ≥ this (dB).
+        devices: loaders to time: "cpu" and/or "cuda".
+        batch_size: Loader batch size (drop_last: keep it well under `images`).
+        epochs: Loader epochs per candidate, the first a warm-up; the best other one counts.
+        threads: decode threads (default: cores).
+        workers: pack workers (default: pack's).
+        size: output side of the RandomResizedCrop (224).
+        work_dir: where the temporary folder for the packs is made (default: the system's).
+        keep: keep the packs (their folder is in the result's "work_dir").
+        progress: print a line per candidate.
+    """
+    from .pack import pack
+    from .reader import Dataset
+
+    threads = threads or os.cpu_count() or 1
+    cands = list(cands) if cands else candidates()
+    if isinstance(src, (str, os.PathLike)):
+        from .sources.imagefolder import ImageFolderSource
+
+        source = ImageFolderSource(os.fspath(src))
+    else:
+        source = src
+    sample = SampleSource(source, images, seed)
+    if len(sample.items) < batch_size:
+        raise ValueError(f"sample of {len(sample.items)} images is smaller than one batch ({batch_size}): "
+                         "lower --batch-size or raise --images")
+    say = print if progress else (lambda *a, **k: None)
+    t0 = time.perf_counter()
+    dims, win, refs, ok = _references(sample, size, seed, threads)
+    say(f"tune: {len(sample.items)} images sampled from {source.describe().get('path', source.kind)}; "
+        f"references (Pillow on the originals) in {time.perf_counter() - t0:.1f} s")
+    made_work_dir = bool(work_dir) and not os.path.isdir(work_dir)
+    if made_work_dir:
+        os.makedirs(work_dir)
+    tmp = tempfile.mkdtemp(prefix="recordtool-tune-", dir=work_dir)  # ours alone: removed at the end
+    rows = []
+    try:
+        for k, c in enumerate(cands):
+            out = os.path.join(tmp, f"c{k:02d}")
+            s = pack(sample, out, workers=workers, seed=seed, transcode=c.transcode, progress=False)
+            row = {"name": c.name, "max_side": c.max_side, "quality": c.quality, "preset": preset_of(c),
+                   "records": s.records, "converted": len(s.converted), "skipped": len(s.skipped),
+                   "bytes": s.bytes, "pack_rec_s": s.records / s.seconds if s.seconds else float("nan")}
+            ds = Dataset(out)
+            row["mean_pixels"] = float(np.mean(ds.index.width.astype(np.float64) * ds.index.height))
+            row.update(_fidelity(ds, dims, win, refs, ok, size, threads))
+            for dev in devices:
+                try:
+                    row[dev] = _loader_rate(out, dev, batch_size, threads, epochs, seed)
+                except Exception as e:  # e.g. the GPU decoder fails: reported, the others still run
+                    row[dev] = {"error": f"{type(e).__name__}: {e}"}
+            rows.append(row)
+            rates = "  ".join(f"{d} {row[d]['img_s']:,.0f} img/s" if "img_s" in row[d] else f"{d} failed"
+                              for d in devices)
+            say(f"  {c.name:<12} {s.bytes / 1e6:7.1f} MB  PSNR {row['psnr_median']:5.1f} dB (p5 "
+                f"{row['psnr_p5']:5.1f})  SSIM {row['ssim_median']:.4f}  {rates}")
+            del ds
+            if not keep:
+                shutil.rmtree(out)
+    finally:
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if made_work_dir:
+                try:
+                    os.rmdir(work_dir)  # made by us above, and empty now
+                except OSError:
+                    pass
+    r = {"source": source.describe(), "images": len(sample.items), "seed": seed, "size": size,
+         "batch_size": batch_size, "epochs": epochs, "threads": threads, "cores": os.cpu_count(),
+         "devices": list(devices), "min_psnr": min_psnr, "candidates": rows, "seconds": time.perf_counter() - t0}
+    if keep:
+        r["work_dir"] = tmp
+    r["recommended"] = recommend(r)
+    return r
+
+
+def speed(row: dict, devices) -> float:
+    """The candidate's rate on the last device measured (the GPU when there is one)."""
+    for d in reversed(list(devices)):
+        if "img_s" in row.get(d, {}):
+            return row[d]["img_s"]
+    return float("nan")
+
+
+def recommend(r: dict) -> str | None:
+    """Name of the fastest candidate with median PSNR ≥ r["min_psnr"] (None when none is)."""
+    ok = [c for c in r["candidates"] if c["psnr_median"] >= r["min_psnr"] and speed(c, r["devices"]) > 0]
+    if not ok:
+        return None
+    return max(ok, key=lambda c: speed(c, r["devices"]))["name"]
+
+
+def table(r: dict) -> str:
+    devs = r["devices"]
+    base = r["candidates"][0] if r["candidates"] and r["candidates"][0]["max_side"] is None else None
+    head = (f"{'candidate':<12} {'preset':<9} {'shrunk':>6} {'MB':>7} {'pack rec/s':>10} "
+            + " ".join(f"{d + ' img/s':>11}" for d in devs)
+            + f" {'vs as-is':>8} {'PSNR med':>8} {'PSNR p5':>7} {'SSIM med':>8} {'SSIM p5':>7}")
+    lines = [f"recordtool tune: {r['images']} images, {r['size']}² RandomResizedCrop, batch {r['batch_size']}, "
+             f"{r['threads']} threads, best of {max(1, r['epochs'] - 1)} epochs after a warm-up", head]
+    for c in r["candidates"]:
+        rates = " ".join(f"{c[d]['img_s']:>11,.0f}" if "img_s" in c[d] else f"{'failed':>11}" for d in devs)
+        gain = speed(c, devs) / speed(base, devs) if base else float("nan")
+        mark = " <- recommended" if c["name"] == r["recommended"] else ""
+        lines.append(f"{c['name']:<12} {c['preset'] or '':<9} {c['converted']:>6} {c['bytes'] / 1e6:>7.1f} "
+                     f"{c['pack_rec_s']:>10,.0f} {rates} {gain:>7.2f}x {c['psnr_median']:>8.1f} {c['psnr_p5']:>7.1f} "
+                     f"{c['ssim_median']:>8.4f} {c['ssim_p5']:>7.4f}{mark}")
+    for c in r["candidates"]:
+        for d in devs:
+            if "error" in c[d]:
+                lines.append(f"{c['name']}: {d} loader failed: {c[d]['error']}")
+    if r["recommended"]:
+        lines.append(f"recommended: {r['recommended']} — the fastest with median PSNR ≥ {r['min_psnr']:g} dB "
+                     f"(speed: {devs[-1]} loader)")
+    else:
+        lines.append(f"no candidate reaches median PSNR {r['min_psnr']:g} dB")
+    return "\n".join(lines)
+
+
+def plot(r: dict, path: str) -> None:
+    """Throughput against median PSNR, one point per candidate, the recommended one ringed
+    (Pillow only: no plotting dependency)."""
+    from PIL import Image, ImageDraw
+
+    devs = r["devices"]
+    pts = [(c["psnr_median"], speed(c, devs), c["name"]) for c in r["candidates"]]
+    pts = [p for p in pts if np.isfinite(p[0]) and np.isfinite(p[1])]
+    W, H, pad = 820, 520, 60
+    im = Image.new("RGB", (W, H), "white")
+    d = ImageDraw.Draw(im)
+    if not pts:
+        d.text((pad, pad), "no candidate measured", fill="black")
+        im.save(path)
+        return
+    xs, ys = [p[0] for p in pts] + [r["min_psnr"]], [p[1] for p in pts]
+    # near-lossless points (as-is: 60-100 dB) would squeeze the rest: drawn at the right edge
+    x0, x1 = min(xs) - 1, min(max(xs) + 1, max(55.0, r["min_psnr"] + 15))
+    y0, y1 = 0.0, max(ys) * 1.1
+
+    def at(x, y):
+        return pad + (x - x0) / (x1 - x0) * (W - 2 * pad), H - pad - (y - y0) / (y1 - y0) * (H - 2 * pad)
+
+    d.line([(pad, H - pad), (W - pad, H - pad)], fill="black")
+    d.line([(pad, pad), (pad, H - pad)], fill="black")
+    for k in range(5):  # axis ticks
+        xv, yv = x0 + (x1 - x0) * k / 4, y0 + (y1 - y0) * k / 4
+        d.text((at(xv, 0)[0] - 10, H - pad + 6), f"{xv:.0f}", fill="black")
+        d.text((4, at(x0, yv)[1] - 6), f"{yv:,.0f}", fill="black")
+    lx = at(r["min_psnr"], 0)[0]
+    d.line([(lx, pad), (lx, H - pad)], fill=(200, 200, 200))
+    d.text((lx + 4, pad), f"min PSNR {r['min_psnr']:g} dB", fill=(120, 120, 120))
+    for x, y, name in pts:
+        px, py = at(min(x, x1), y)
+        best = name == r["recommended"]
+        d.ellipse([px - 4, py - 4, px + 4, py + 4], fill=(200, 40, 40) if best else (70, 110, 180))
+        if best:
+            d.ellipse([px - 9, py - 9, px + 9, py + 9], outline=(200, 40, 40), width=2)
+        label = name + (f" ({x:.0f} dB)" if x > x1 else "") + (" (recommended)" if best else "")
+        d.text((px + 7, py - 6) if px < W - 2 * pad else (px - 7 - 6 * len(label), py - 6), label, fill="black")
+    d.text((pad, 12), f"recordtool tune: {r['images']} images, {devs[-1]} Loader img/s (y) against median PSNR "
+           f"of {r['size']}x{r['size']} crops vs the originals, dB (x)", fill="black")
+    im.save(path)
+
+
+def parse_ints(text: str, what: str) -> list:
+    try:
+        vals = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise RecordtoolError(f"{what}: comma-separated integers expected, got {text!r}") from None
+    if not vals:
+        raise RecordtoolError(f"{what}: no value given")
+    return vals
