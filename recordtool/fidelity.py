@@ -1,11 +1,12 @@
 """Image fidelity measures for `recordtool tune`: PSNR and SSIM of uint8 RGB batches.
 
-SSIM follows Wang, Bovik, Sheikh & Simoncelli (2004): an 11×11 Gaussian window of σ 1.5,
-K1 0.01, K2 0.03, dynamic range 255, population (not sample) variances, the map averaged over
-the positions where the window fits entirely ("valid"), computed per RGB channel and averaged
-over the channels (scikit-image's `structural_similarity(gaussian_weights=True,
-use_sample_covariance=False, data_range=255, channel_axis=-1)` gives the same numbers).
-These numpy routines are the implementation; there is no native one.
+SSIM follows Wang, Bovik, Sheikh & Simoncelli (2004), a grayscale measure: an 11×11
+Gaussian window of σ 1.5, K1 0.01, K2 0.03, dynamic range 255, population (not sample)
+variances, the map averaged over the positions where the window fits entirely ("valid"),
+computed on luma (ITU-R BT.601 Y = 0.299 R + 0.587 G + 0.114 B, unrounded) — scikit-image's
+`structural_similarity(gaussian_weights=True, use_sample_covariance=False, data_range=255)` on
+that Y gives the same numbers. Colour loss (4:2:0 chroma) shows in the PSNR, taken over all
+three RGB channels. These numpy routines are the implementation; there is no native one.
 """
 from __future__ import annotations
 
@@ -39,20 +40,30 @@ def psnr(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         raise ValueError(f"shapes differ: {a.shape} and {b.shape}")
     single = a.ndim == 3
     a, b = (a[None], b[None]) if single else (a, b)
-    d = a.astype(np.float64) - b.astype(np.float64)
-    mse = (d * d).reshape(len(a), -1).mean(axis=1)
+    d = (a.astype(np.int32) - b.astype(np.int32)).reshape(len(a), -1)  # exact: integer squares and sums
+    mse = np.einsum("ij,ij->i", d, d, dtype=np.int64) / d.shape[1]
     with np.errstate(divide="ignore"):
         out = np.minimum(10.0 * np.log10(_RANGE * _RANGE / mse), PSNR_CAP)
     return out[0] if single else out
 
 
-def ssim(a: np.ndarray, b: np.ndarray, sigma: float = 1.5, size: int = 11) -> np.ndarray:
-    """Mean SSIM per image of two uint8 batches (N, H, W, C) (or one image (H, W, C)).
+_LUMA = np.array([0.299, 0.587, 0.114], np.float32)
+
+
+def luma(a: np.ndarray) -> np.ndarray:
+    """BT.601 Y of uint8 RGB (..., 3) as float32 (unrounded)."""
+    return np.asarray(a, np.float32) @ _LUMA
+
+
+def ssim(a: np.ndarray, b: np.ndarray, sigma: float = 1.5, size: int = 11, chunk: int = 16) -> np.ndarray:
+    """Mean SSIM of the luma per image of two uint8 RGB batches (N, H, W, 3) (or one image
+    (H, W, 3)).
 
     Args:
         a, b: the two batches; sides must be at least `size`.
         sigma: Gaussian window σ (Wang et al.: 1.5).
         size: window side (Wang et al.: 11).
+        chunk: images per step (bounds the float32 temporaries: speed, not results).
     """
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape:
@@ -62,15 +73,16 @@ def ssim(a: np.ndarray, b: np.ndarray, sigma: float = 1.5, size: int = 11) -> np
     if min(a.shape[1:3]) < size:
         raise ValueError(f"images of {a.shape[1]}x{a.shape[2]} are smaller than the {size}x{size} window")
     g = gaussian_window(size, sigma).astype(np.float32)
-    # channels first; centred on 128 so float32 keeps E[x²] − μ² accurate (|x| ≤ 128)
-    x = np.moveaxis(a, -1, 1).astype(np.float32) - 128.0
-    y = np.moveaxis(b, -1, 1).astype(np.float32) - 128.0
-    mx, my = _filter(x, g), _filter(y, g)
-    sxx = _filter(x * x, g) - mx * mx
-    syy = _filter(y * y, g) - my * my
-    sxy = _filter(x * y, g) - mx * my
-    mx, my = mx + 128.0, my + 128.0  # the luminance term needs the uncentred means
-    num = (2 * mx * my + _C1) * (2 * sxy + _C2)
-    den = (mx * mx + my * my + _C1) * (sxx + syy + _C2)
-    out = (num / den).astype(np.float64).mean(axis=(1, 2, 3))
+    out = np.empty(len(a))
+    for s in range(0, len(a), chunk):
+        # centred on 128 so float32 keeps E[x²] − μ² accurate (|x| ≤ 128)
+        x, y = luma(a[s:s + chunk]) - 128.0, luma(b[s:s + chunk]) - 128.0
+        mx, my = _filter(x, g), _filter(y, g)
+        sxx = _filter(x * x, g) - mx * mx
+        syy = _filter(y * y, g) - my * my
+        sxy = _filter(x * y, g) - mx * my
+        mx, my = mx + 128.0, my + 128.0  # the luminance term needs the uncentred means
+        num = (2 * mx * my + _C1) * (2 * sxy + _C2)
+        den = (mx * mx + my * my + _C1) * (sxx + syy + _C2)
+        out[s:s + chunk] = (num / den).astype(np.float64).mean(axis=(1, 2))
     return out[0] if single else out

@@ -238,7 +238,7 @@ def run(src, images: int = 1000, seed: int = 0, cands: list | None = None, min_p
     if len(sample.items) < batch_size:
         raise ValueError(f"sample of {len(sample.items)} images is smaller than one batch ({batch_size}): "
                          "lower --batch-size or raise --images")
-    say = print if progress else (lambda *a, **k: None)
+    say = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
     t0 = time.perf_counter()
     dims, win, refs, ok = _references(sample, size, seed, threads)
     say(f"tune: {len(sample.items)} images sampled from {source.describe().get('path', source.kind)}; "
@@ -281,11 +281,30 @@ def run(src, images: int = 1000, seed: int = 0, cands: list | None = None, min_p
                     pass
     r = {"source": source.describe(), "images": len(sample.items), "seed": seed, "size": size,
          "batch_size": batch_size, "epochs": epochs, "threads": threads, "cores": os.cpu_count(),
-         "devices": list(devices), "min_psnr": min_psnr, "candidates": rows, "seconds": time.perf_counter() - t0}
+         "devices": list(devices), "min_psnr": min_psnr, "candidates": rows, "peers": {}}
+    if "cuda" in devices:
+        r["peers"]["dali_files"] = _dali_peer(sample, batch_size, threads, epochs, seed, size)
+    r["seconds"] = time.perf_counter() - t0
     if keep:
         r["work_dir"] = tmp
     r["recommended"] = recommend(r)
     return r
+
+
+def _dali_peer(sample: SampleSource, batch_size, threads, epochs, seed, size):
+    """DALI on the sample's original files (the GPU loader users compare with): img/s, or why
+    it did not run."""
+    paths = [getattr(item, "path", None) for item in sample.originals]
+    if None in paths:
+        return "not run: the source has no plain files (DALI reads files)"
+    try:
+        import cupy
+
+        from .bench import dali_files_peer
+
+        return dali_files_peer(paths, batch_size, threads, epochs, seed, size, cupy.cuda.runtime.getDevice())
+    except Exception as e:  # DALI missing or failing: reported, not fatal
+        return f"not run: {type(e).__name__}: {e}"
 
 
 def speed(row: dict, devices) -> float:
@@ -323,6 +342,13 @@ def table(r: dict) -> str:
         for d in devs:
             if "error" in c[d]:
                 lines.append(f"{c['name']}: {d} loader failed: {c[d]['error']}")
+    for name, v in r.get("peers", {}).items():
+        if isinstance(v, str):
+            lines.append(f"peer {name}: {v[:120]}")
+            continue
+        ratios = ", ".join(f"{c['name']}{' (' + c['preset'] + ')' if c['preset'] else ''} {speed(c, devs) / v:.2f}x"
+                           for c in r["candidates"] if c["name"] == r["recommended"] or c["preset"])
+        lines.append(f"peer {name} (on the original files): {v:,.0f} img/s; against it: {ratios}")
     if r["recommended"]:
         lines.append(f"recommended: {r['recommended']} — the fastest with median PSNR ≥ {r['min_psnr']:g} dB "
                      f"(speed: {devs[-1]} loader)")

@@ -19,27 +19,31 @@ from recordtool.tune import Candidate, SampleSource, candidates, preset_of, reco
 # ---------------------------------------------------------------- fidelity
 
 def _ssim_loops(a, b, size=11, sigma=1.5):
-    """Wang et al. written out: every window position, every channel, plain Python floats."""
+    """Wang et al. written out on BT.601 luma: every window position, plain Python floats."""
     g = [math.exp(-((i - (size - 1) / 2) ** 2) / (2 * sigma * sigma)) for i in range(size)]
     total = sum(g)
     w = [[g[i] * g[j] / total / total for j in range(size)] for i in range(size)]
     c1, c2 = (0.01 * 255) ** 2, (0.03 * 255) ** 2
-    H, W, C = a.shape
+    H, W, _ = a.shape
+
+    def y_of(im, r, c):
+        red, green, blue = (float(v) for v in im[r, c])
+        return 0.299 * red + 0.587 * green + 0.114 * blue
+
     vals = []
-    for c in range(C):
-        for y in range(H - size + 1):
-            for x in range(W - size + 1):
-                mx = my = sxx = syy = sxy = 0.0
-                for i in range(size):
-                    for j in range(size):
-                        p, q, k = float(a[y + i, x + j, c]), float(b[y + i, x + j, c]), w[i][j]
-                        mx += k * p
-                        my += k * q
-                        sxx += k * p * p
-                        syy += k * q * q
-                        sxy += k * p * q
-                sxx, syy, sxy = sxx - mx * mx, syy - my * my, sxy - mx * my
-                vals.append((2 * mx * my + c1) * (2 * sxy + c2) / ((mx * mx + my * my + c1) * (sxx + syy + c2)))
+    for y in range(H - size + 1):
+        for x in range(W - size + 1):
+            mx = my = sxx = syy = sxy = 0.0
+            for i in range(size):
+                for j in range(size):
+                    p, q, k = y_of(a, y + i, x + j), y_of(b, y + i, x + j), w[i][j]
+                    mx += k * p
+                    my += k * q
+                    sxx += k * p * p
+                    syy += k * q * q
+                    sxy += k * p * q
+            sxx, syy, sxy = sxx - mx * mx, syy - my * my, sxy - mx * my
+            vals.append((2 * mx * my + c1) * (2 * sxy + c2) / ((mx * mx + my * my + c1) * (sxx + syy + c2)))
     return sum(vals) / len(vals)
 
 
@@ -51,8 +55,9 @@ def test_ssim_matches_the_formula_written_out():
     for x, y in ((a, b), (a, c), (b, a)):
         assert ssim(x, y) == pytest.approx(_ssim_loops(x, y), abs=2e-6)
     assert ssim(a, a) == pytest.approx(1.0, abs=1e-6)
-    batch = ssim(np.stack([a, a]), np.stack([b, c]))
-    assert batch.shape == (2,) and batch[0] == pytest.approx(ssim(a, b), abs=1e-9)
+    batch = ssim(np.stack([a, a, b]), np.stack([b, c, a]), chunk=2)
+    assert batch.shape == (3,) and batch[0] == pytest.approx(ssim(a, b), abs=1e-9)
+    assert batch[2] == pytest.approx(ssim(b, a), abs=1e-9)
     assert np.isclose(gaussian_window().sum(), 1) and len(gaussian_window()) == 11
     with pytest.raises(ValueError):
         ssim(a[:10], b[:10])
