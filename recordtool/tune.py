@@ -197,8 +197,9 @@ def _loader_rate(path, device: str, batch_size: int, threads: int, epochs: int, 
         timed, _ = time_loader(ld, max(2, epochs))
     finally:
         ld.close()
-    rates = [c / t for c, t in timed if t > 0]
-    return {"img_s": max(rates), "epochs_img_s": rates}
+    rates = [c / t for c, t, _ in timed if t > 0]
+    per_cpu = [c / u for c, _, u in timed if u > 0]
+    return {"img_s": max(rates), "epochs_img_s": rates, "img_per_cpu_s": max(per_cpu) if per_cpu else float("nan")}
 
 
 def run(src, images: int = 1000, seed: int = 0, cands: list | None = None, min_psnr: float = DEFAULT_MIN_PSNR,
@@ -308,11 +309,9 @@ def _dali_peer(sample: SampleSource, batch_size, threads, epochs, seed, size):
 
 
 def speed(row: dict, devices) -> float:
-    """The candidate's rate on the last device measured (the GPU when there is one)."""
-    for d in reversed(list(devices)):
-        if "img_s" in row.get(d, {}):
-            return row[d]["img_s"]
-    return float("nan")
+    """The candidate's Loader rate on the last device of `devices` (the GPU when measured); NaN
+    when that loader failed (such a candidate is never recommended)."""
+    return row.get(list(devices)[-1], {}).get("img_s", float("nan"))
 
 
 def recommend(r: dict) -> str | None:
@@ -327,12 +326,14 @@ def table(r: dict) -> str:
     devs = r["devices"]
     base = r["candidates"][0] if r["candidates"] and r["candidates"][0]["max_side"] is None else None
     head = (f"{'candidate':<12} {'preset':<9} {'shrunk':>6} {'MB':>7} {'pack rec/s':>10} "
-            + " ".join(f"{d + ' img/s':>11}" for d in devs)
+            + " ".join(f"{d + ' img/s':>11}" for d in devs) + f" {'img/CPU-s':>9}"
             + f" {'vs as-is':>8} {'PSNR med':>8} {'PSNR p5':>7} {'SSIM med':>8} {'SSIM p5':>7}")
     lines = [f"recordtool tune: {r['images']} images, {r['size']}² RandomResizedCrop, batch {r['batch_size']}, "
-             f"{r['threads']} threads, best of {max(1, r['epochs'] - 1)} epochs after a warm-up", head]
+             f"{r['threads']} threads, best of {max(1, r['epochs'] - 1)} epochs after a warm-up; img/CPU-s: "
+             f"images per second of this process's CPU time, {devs[0]} loader", head]
     for c in r["candidates"]:
         rates = " ".join(f"{c[d]['img_s']:>11,.0f}" if "img_s" in c[d] else f"{'failed':>11}" for d in devs)
+        rates += f" {c[devs[0]].get('img_per_cpu_s', float('nan')):>9,.0f}"
         gain = speed(c, devs) / speed(base, devs) if base else float("nan")
         mark = " <- recommended" if c["name"] == r["recommended"] else ""
         lines.append(f"{c['name']:<12} {c['preset'] or '':<9} {c['converted']:>6} {c['bytes'] / 1e6:>7.1f} "

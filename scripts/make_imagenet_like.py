@@ -71,7 +71,7 @@ def procedural(rng, w, h) -> Image.Image:
     return Image.fromarray(np.clip(img, 0, 255).astype(np.uint8), "RGB")
 
 
-def from_photo(rng, photo: Image.Image, w, h) -> Image.Image:
+def from_photo(rng, photo: Image.Image, w, h, noise_scale: float = 1.0) -> Image.Image:
     pw, ph = photo.size
     scale = rng.uniform(0.25, 1.0)
     cw = min(pw, max(16, int(pw * scale)))
@@ -83,7 +83,7 @@ def from_photo(rng, photo: Image.Image, w, h) -> Image.Image:
     # Wallpaper-grade photos are smoother than ImageNet's; sensor-like noise brings the JPEG
     # size (and so entropy-decode cost) to ImageNet's ~100 KB at 500×375.
     noise = rng.standard_normal(size=img.shape, dtype=np.float32)
-    noise *= np.float32(rng.uniform(8, 12))
+    noise *= np.float32(rng.uniform(8, 12) * noise_scale)
     img += noise
     return Image.fromarray(np.clip(img, 0, 255).astype(np.uint8), "RGB")
 
@@ -113,13 +113,13 @@ def encode(img: Image.Image, plan) -> bytes:
 
 
 def make_one(args):
-    i, seed, out, classes, photos = args
+    i, seed, out, classes, photos, noise_scale = args
     rng = np.random.default_rng([seed, i])
     plan = _plan(rng)
     w, h = plan["size"]
     if photos:
         _load_photos(photos)
-        img = from_photo(rng, _PHOTOS[int(rng.integers(len(_PHOTOS)))], w, h)
+        img = from_photo(rng, _PHOTOS[int(rng.integers(len(_PHOTOS)))], w, h, noise_scale)
     else:
         img = procedural(rng, w, h)
     cls = i % classes
@@ -139,12 +139,14 @@ def main(argv=None):
     ap.add_argument("--photos", default=None, help="folder of photos to crop from (default: procedural)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=os.cpu_count())
+    ap.add_argument("--photo-noise", type=float, default=1.0,
+                    help="scale of the sensor-like noise added to photo crops (0: none; 1: ImageNet-like file sizes)")
     ap.add_argument("--no-quirks", dest="quirks", action="store_false",
                     help="leave out the PNG-named-.JPEG file")
     a = ap.parse_args(argv)
     for c in range(a.classes):
         os.makedirs(os.path.join(a.out, f"n{c:08d}"), exist_ok=True)
-    jobs = [(i, a.seed, a.out, a.classes, a.photos) for i in range(a.images)]
+    jobs = [(i, a.seed, a.out, a.classes, a.photos, a.photo_noise) for i in range(a.images)]
     with ProcessPoolExecutor(a.workers) as ex:
         results = list(ex.map(make_one, jobs, chunksize=16))
     if a.quirks and a.images:
