@@ -8,6 +8,7 @@ import sys
 import click
 
 from . import __version__
+from .sources.image import SPEED_PRESETS
 
 
 def _size(text: str) -> int:
@@ -51,8 +52,9 @@ def main():
 @click.option("--max-pixels", type=int, default=None, help="Reject images declaring more pixels (default 64 Mpx).")
 @click.option("--preset", type=click.Choice(["fast", "balanced", "lossless", "tf-slim", "tfds"]), default=None,
               help="Speed preset (measured by `recordtool tune`, see README): lossless = JPEG bytes as they are; "
-              "balanced = --max-side 448 --quality 90 --hw-friendly; fast = --max-side 320 --quality 85 "
-              "--hw-friendly. --max-side/--quality given as well override the preset's. "
+              + "; ".join(f"{k} = --max-side {t.max_side} --quality {t.quality}" + (" --hw-friendly" if t.hw_friendly else "")
+                          for k, t in SPEED_PRESETS.items() if t.max_side)
+              + ". --max-side/--quality given as well override the preset's. "
               "tf-slim and tfds: the same as --keys (kept as an alias).")
 @click.option("--keys", type=click.Choice(["tf-slim", "tfds"]), default=None,
               help="TFRecord feature keys: tf-slim (image/encoded, 1-based image/class/label) or tfds (image, label).")
@@ -132,7 +134,7 @@ def _transcode(preset, max_side, quality, hw_friendly):
     """A speed preset's Transcode with the options given explicitly on top."""
     import dataclasses
 
-    from .sources.image import NO_TRANSCODE, SPEED_PRESETS
+    from .sources.image import NO_TRANSCODE
 
     t = SPEED_PRESETS[preset] if preset else NO_TRANSCODE
     changes = {"max_side": max_side, "quality": quality, "hw_friendly": True if hw_friendly else None}

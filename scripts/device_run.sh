@@ -5,7 +5,7 @@
 #          .dali/dali-part-N and .dali/dali-extra (../shared/tools/dali_carry.sh .dali). Parts are
 #          kept in /tmp/dali-parts while the machine stays warm; with all three there, DALI is
 #          assembled and imported by every benchmark (the peer of issue 12).
-#   steps: STEPS="tests fidelity gpu gpu384 loader loader384 dist memory train decode format tune"
+#   steps: STEPS="tests fidelity gpu gpu384 loader loader384 dist memory train decode format tune presets"
 #   a step is skipped when fewer than its estimated seconds are left of DEADLINE (default 570 s)
 #   GPUS: for "dist" — ranks of the several-GPU run (default: all GPUs; one rank per GPU, pinned
 #   to its share of the cores), after the one-GPU reference (one rank pinned to CORES_PER_GPU cores)
@@ -87,6 +87,21 @@ fi
 if has tune && fits tune 150; then
   one_gpu timeout 240 bash -c "${TUNE_CMD:-echo no TUNE_CMD}" > "$OUT/tune.log" 2>&1
 fi
+if has presets && fits presets 200; then
+  # transcoding pack against workers (1, then every core), then each speed preset through
+  # recordtool bench with DALI on the original files
+  for w in 1 "$CPG"; do
+    rm -rf /tmp/bench-t
+    echo "pack --max-side 384 --quality 90 --workers $w: $(one_gpu python3 -m recordtool.cli pack /tmp/bench /tmp/bench-t \
+      --max-side 384 --quality 90 --workers "$w" -q | tail -1)" >> "$OUT/presets.log"
+  done
+  for p in ${PRESETS:-fast balanced}; do
+    [ -f "/tmp/bench-$p/manifest.json" ] || echo "$p: $(one_gpu python3 -m recordtool.cli pack /tmp/bench "/tmp/bench-$p" \
+      --preset "$p" --shards 16 -q | tail -1)" >> "$OUT/presets.log"
+    one_gpu timeout 200 python3 -m recordtool.cli bench "/tmp/bench-$p" --device cuda --epochs 3 --dali-files /tmp/bench \
+      --json "$OUT/bench_cli_preset_$p.json" -q > "$OUT/bench_cli_preset_$p.log" 2>&1
+  done
+fi
 if has dist && fits dist 90; then
   G=${GPUS:-$NGPU}
   # the one-GPU reference: one rank, GPU 0, CPG cores; then G ranks, one GPU and CPG cores each
@@ -124,6 +139,7 @@ cat "$OUT"/bench_cli_*.log 2>/dev/null
 for f in "$OUT"/dist_*.log; do [ -f "$f" ] && { echo "--- $f"; grep -E "epoch|rank|total|coverage|resume|Error" "$f" | tail -24; }; done
 tail -16 "$OUT/loader_memory.log" 2>/dev/null; grep "train_imagenet\|Error" "$OUT/train.log" 2>/dev/null
 cat "$OUT"/bench_decode.log "$OUT"/bench_format.log "$OUT/tune.log" 2>/dev/null | tail -40
+cat "$OUT/presets.log" 2>/dev/null
 cat "$OUT/skipped.log" 2>/dev/null; echo "total $SECONDS s"
 [ -f "$OUT/extra.log" ] && tail -20 "$OUT/extra.log"
 # only a few files come back from the machine: one archive of every log and JSON

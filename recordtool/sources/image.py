@@ -49,8 +49,8 @@ NO_TRANSCODE = Transcode()
 # re-encode as baseline 4:2:0 (hw_friendly: the smaller progressive / odd-layout files too).
 SPEED_PRESETS = {
     "lossless": NO_TRANSCODE,
-    "balanced": Transcode(max_side=448, quality=90, hw_friendly=True),
-    "fast": Transcode(max_side=320, quality=85, hw_friendly=True),
+    "balanced": Transcode(max_side=448, quality=95, hw_friendly=True),
+    "fast": Transcode(max_side=320, quality=90, hw_friendly=True),
 }
 
 
