@@ -278,6 +278,8 @@ def tune(src, images, seed, sides, qualities, min_psnr, device, batch_size, epoc
 
     try:
         cands = candidates(parse_ints(sides, "--sides"), parse_ints(qualities, "--qualities"))
+        if device == "cuda" and not gpu_available():
+            raise click.UsageError("--device cuda: CuPy finds no GPU here")
         devices = ("cpu", "cuda") if device == "cuda" or (device == "auto" and gpu_available()) else ("cpu",)
         r = run(src, images=images, seed=seed, cands=cands, min_psnr=min_psnr, devices=devices,
                 batch_size=batch_size, epochs=epochs, threads=threads, workers=workers, work_dir=work_dir,
