@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .decode import cpu, random_windows, reference
+from .decode.cpu import cores
 from .errors import RecordtoolError
 from .fidelity import psnr, ssim
 from .sources.image import CONVERT_QUALITY, SPEED_PRESETS, Transcode
@@ -187,19 +188,20 @@ def _fidelity(ds, dims, win, refs, ok, size: int, threads: int, chunk: int = 64)
 
 
 def _loader_rate(path, device: str, batch_size: int, threads: int, epochs: int, seed: int) -> dict:
-    """Best timed epoch of the real Loader (the first epoch warms up)."""
-    from .bench import time_loader
+    """The real Loader through `bench.loader_epochs`: best timed epoch (the first warms up), and
+    images per second of this process's CPU time over the timed epochs."""
+    from .bench import loader_epochs
     from .loader import Loader
 
     ld = Loader(path, batch_size=batch_size, device=device, train=True, seed=seed, threads=threads,
                 as_torch=False, dtype="float16" if device == "cuda" else "float32")
     try:
-        timed, _ = time_loader(ld, max(2, epochs))
+        r = loader_epochs(ld, max(2, epochs))
     finally:
         ld.close()
-    rates = [c / t for c, t, _ in timed if t > 0]
-    per_cpu = [c / u for c, _, u in timed if u > 0]
-    return {"img_s": max(rates), "epochs_img_s": rates, "img_per_cpu_s": max(per_cpu) if per_cpu else float("nan")}
+    busy = r["cores_busy"]  # CPU seconds per wall second over the timed epochs
+    return {"img_s": r["best_epoch_img_s"], "epochs_img_s": r["epochs_img_s"],
+            "img_per_cpu_s": r["img_s"] / busy if busy > 0 else float("nan"), "cores_busy": busy}
 
 
 def run(src, images: int = 1000, seed: int = 0, cands: list | None = None, min_psnr: float = DEFAULT_MIN_PSNR,
@@ -227,7 +229,7 @@ def run(src, images: int = 1000, seed: int = 0, cands: list | None = None, min_p
     from .pack import pack
     from .reader import Dataset
 
-    threads = threads or os.cpu_count() or 1
+    threads = threads or cores()
     cands = list(cands) if cands else candidates()
     if isinstance(src, (str, os.PathLike)):
         from .sources.imagefolder import ImageFolderSource
@@ -281,10 +283,10 @@ def run(src, images: int = 1000, seed: int = 0, cands: list | None = None, min_p
                 except OSError:
                     pass
     r = {"source": source.describe(), "images": len(sample.items), "seed": seed, "size": size,
-         "batch_size": batch_size, "epochs": epochs, "threads": threads, "cores": os.cpu_count(),
+         "batch_size": batch_size, "epochs": epochs, "threads": threads, "cores": cores(),
          "devices": list(devices), "min_psnr": min_psnr, "candidates": rows, "peers": {}}
     if "cuda" in devices:
-        r["peers"]["dali_files"] = _dali_peer(sample, batch_size, threads, epochs, seed, size)
+        r["peers"]["dali_files"] = _dali_peer(sample, batch_size, threads, epochs)
     r["seconds"] = time.perf_counter() - t0
     if keep:
         r["work_dir"] = tmp
@@ -292,19 +294,27 @@ def run(src, images: int = 1000, seed: int = 0, cands: list | None = None, min_p
     return r
 
 
-def _dali_peer(sample: SampleSource, batch_size, threads, epochs, seed, size):
-    """DALI on the sample's original files (the GPU loader users compare with): img/s, or why
-    it did not run."""
+def _dali_peer(sample: SampleSource, batch_size, threads, epochs):
+    """DALI on the sample's original JPEG files (what GPU users compare with; `peers.dali_best`:
+    the best of its hardware-decoder loads): img/s, or why it did not run."""
+    from . import peers
+
     paths = [getattr(item, "path", None) for item in sample.originals]
     if None in paths:
         return "not run: the source has no plain files (DALI reads files)"
+    if not peers.dali_available():
+        return "not run: nvidia.dali does not import"
+    files = []
+    for p, path in enumerate(paths):
+        with open(path, "rb") as f:
+            if peers.is_jpeg(f.read(4)):  # DALI's decoder stops on a PNG named .JPEG
+                files.append((path, p))
     try:
         import cupy
 
-        from .bench import dali_files_peer
-
-        return dali_files_peer(paths, batch_size, threads, epochs, seed, size, cupy.cuda.runtime.getDevice())
-    except Exception as e:  # DALI missing or failing: reported, not fatal
+        return peers.dali_best(files, "cuda", batch_size, threads, epochs,
+                               device_id=cupy.cuda.runtime.getDevice())["img_s"]
+    except Exception as e:  # failing peer: reported, not fatal
         return f"not run: {type(e).__name__}: {e}"
 
 

@@ -137,15 +137,6 @@ def test_tune_cli(photos, tmp_path):
     assert bad.exit_code != 0 and "--sides" in bad.output
 
 
-def test_dali_peer_on_the_original_files(photos):
-    """DALI's pipeline as tune runs it on the GPU, here CPU-only (decoder on the CPU)."""
-    pytest.importorskip("nvidia.dali")
-    from recordtool.bench import dali_files_peer
-
-    paths = sorted(str(p) for p in photos.rglob("*.jpg"))
-    assert dali_files_peer(paths, batch_size=8, threads=2, epochs=2, size=64, device_id=None) > 0
-
-
 def test_candidates_and_presets():
     c = candidates((256, 384), (85, 95))
     assert [x.name for x in c] == ["as-is", "256px q85", "256px q95", "384px q85", "384px q95"]
