@@ -16,7 +16,7 @@ fits() {  # fits NAME SECONDS: is there time left for this step?
 }
 has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"  # exported: TUNE_CMD may name $OUT
 IMAGES=${IMAGES:-8192}
 STEPS=${STEPS:-tests gpu}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
