@@ -275,6 +275,8 @@ def run(src, images: int = 1000, seed: int = 0, cands: list | None = None, min_p
             if not keep:
                 shutil.rmtree(out)
     finally:
+        if source is not src:  # made here from a path
+            source.close()
         if not keep:
             shutil.rmtree(tmp, ignore_errors=True)
             if made_work_dir:
