@@ -20,7 +20,7 @@ from . import __version__
 from .decode.cpu import cores
 from .errors import OnError, PackError, on_error as _on_error, report as _report
 from .format.writer import DatasetWriter, fault_point
-from .sources.base import Source
+from .sources.base import Source, source_paths
 from .sources.image import DEFAULT_MAX_PIXELS, NO_TRANSCODE, Rejected, Transcode, prepare
 
 DEFAULT_SHARD_SIZE = 128 * 1024 * 1024
@@ -117,7 +117,7 @@ def pack(src: str | os.PathLike | Source, out: str, *, shards: int | None = None
     if isinstance(src, (str, os.PathLike)):
         from .sources.imagefolder import ImageFolderSource
 
-        source = ImageFolderSource(os.fspath(src))
+        source = ImageFolderSource(os.fspath(src), exclude=(out,))
     else:
         source = src
     for where, why in source.skipped:
@@ -128,7 +128,11 @@ def pack(src: str | os.PathLike | Source, out: str, *, shards: int | None = None
     order = np.random.default_rng(seed).permutation(len(items))
     shuffled = [items[i] for i in order]
     n = len(shuffled)
-    writer = DatasetWriter(out, overwrite=overwrite)
+    try:
+        writer = DatasetWriter(out, overwrite=overwrite, sources=source_paths(source))
+    except BaseException:
+        source.close()
+        raise
     converted, skipped = [], list(source.skipped)
     bar = None
     if progress:

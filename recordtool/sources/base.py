@@ -39,3 +39,11 @@ class Source(Protocol):
 
     def close(self) -> None:
         """Release mappings and scratch files."""
+
+
+def source_paths(source) -> list:
+    """The paths a source reads (its folder, or its files): OUT must stay apart from them."""
+    root = getattr(source, "root", None)
+    if root is not None:
+        return [root]
+    return list(getattr(source, "files", []))
