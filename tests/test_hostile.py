@@ -188,3 +188,221 @@ def test_python_decode_path_refuses_the_same(monkeypatch):
     reasons = dict(errors)
     assert set(reasons) == {0, 1, 2}
     assert "coefficient" in reasons[0] and "scans" in reasons[1] and "Corrupt JPEG" in reasons[2]
+
+
+# ------------------------------------------------------------------ OUT: nothing of the user's is deleted
+
+def _cli(*args, timeout=120, check=False, **kw):
+    p = subprocess.run([sys.executable, "-m", "recordtool.cli", *map(str, args)], capture_output=True, text=True,
+                       timeout=timeout, **kw)
+    assert p.returncode >= 0, f"killed by signal {-p.returncode}: {p.stderr[-2000:]}"
+    if check:
+        assert p.returncode == 0, p.stderr[-3000:]
+    return p
+
+
+def _snapshot(root):
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for fn in filenames:
+            p = os.path.join(dirpath, fn)
+            out[os.path.relpath(p, root)] = open(p, "rb").read() if not os.path.islink(p) else os.readlink(p)
+    return out
+
+
+@pytest.fixture
+def small_folder(tmp_path):
+    root = tmp_path / "src"
+    for c in range(3):
+        for i in range(4):
+            write(str(root / f"c{c}" / f"{i}.jpg"), jpeg_bytes(40 + 4 * i, 32, seed=10 * c + i))
+    return root
+
+
+@pytest.fixture
+def packed_small(small_folder, tmp_path):
+    from recordtool.pack import pack
+
+    out = tmp_path / "ds"
+    pack(str(small_folder), str(out), shards=2, progress=False)
+    return out
+
+
+def test_reshard_in_place_never_unlinks_the_source(packed_small):
+    from recordtool.verify import verify
+
+    before = _snapshot(packed_small)
+    p = _cli("pack", "--from", "ofrecord", packed_small, packed_small, "--overwrite", "--strict", "--max-pixels",
+             "1000", "-q")
+    assert p.returncode != 0 and "source" in p.stderr
+    p = _cli("pack", "--from", "ofrecord", packed_small, packed_small, "--overwrite", "-q")
+    assert p.returncode != 0 and "new directory" in p.stderr
+    assert _snapshot(packed_small) == before and verify(str(packed_small)).ok
+
+
+def test_foreign_manifest_and_parts_are_never_deleted(small_folder, tmp_path):
+    out = tmp_path / "out"
+    user = {"manifest.json": b'{"my": "own manifest"}', "index.rtx": b"my index", "part-00000": b"my data",
+            "part-00001": b"more"}
+    for name, data in user.items():
+        write(str(out / name), data)
+    for extra in ([], ["--overwrite"]):
+        p = _cli("pack", small_folder, out, "-q", *extra)
+        assert p.returncode != 0 and "not a recordtool manifest" in p.stderr, p.stderr
+    assert _snapshot(out) == user
+
+
+def test_foreign_partial_is_never_deleted(small_folder, tmp_path):
+    out = tmp_path / "out"
+    write(str(out / ".partial" / "thesis.tex"), b"years of work")
+    write(str(out / "part-00007"), b"mine")
+    for extra in ([], ["--overwrite"]):
+        p = _cli("pack", small_folder, out, "-q", *extra)
+        assert p.returncode != 0 and ".partial" in p.stderr and "not made by recordtool" in p.stderr
+    assert _snapshot(out) == {".partial/thesis.tex": b"years of work", "part-00007": b"mine"}
+
+
+def test_overwrite_removes_exactly_what_the_manifest_lists(packed_small, small_folder):
+    from recordtool.format import manifest as mf
+    from recordtool.verify import verify
+
+    listed = {s["name"] for s in mf.load(str(packed_small))["shards"]}
+    write(str(packed_small / "NOTES.txt"), b"keep me")
+    write(str(packed_small / "part-00042"), b"not ours")  # a name pack would write, not listed
+    p = _cli("pack", small_folder, packed_small, "--overwrite", "-q")
+    assert p.returncode != 0 and "part-00042" in p.stderr and "did not write" in p.stderr
+    assert listed <= set(os.listdir(packed_small))  # refused before removing anything
+    os.unlink(packed_small / "part-00042")
+    _cli("pack", small_folder, packed_small, "--overwrite", "--shards", "1", "-q", check=True)
+    assert (packed_small / "NOTES.txt").read_bytes() == b"keep me" and verify(str(packed_small)).ok
+    assert not (packed_small / "part-00001").exists()  # the old dataset's second shard went
+
+
+def test_killed_mid_publish_leftovers_are_recognised_as_ours(small_folder, tmp_path):
+    # the marker's publishing list makes the parts a killed commit moved into OUT ours
+    out = tmp_path / "out"
+    env = dict(os.environ, RECORDTOOL_FAULT="publish:2")
+    p = subprocess.run([sys.executable, "-m", "recordtool.cli", "pack", small_folder, out, "--shards", "2", "-q"],
+                       env=env, capture_output=True)
+    assert p.returncode < 0 and (out / "part-00000").exists() and not (out / "manifest.json").exists()
+    _cli("pack", small_folder, out, "--shards", "2", "-q", check=True)
+
+
+def test_second_pack_into_the_same_out_fails_at_once(small_folder, tmp_path):
+    from recordtool.errors import OutputExists
+    from recordtool.format.writer import lock_output
+    from recordtool.pack import pack
+
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = lock_output(str(out))  # as a running pack holds it
+    try:
+        with pytest.raises(OutputExists, match="another recordtool pack"):
+            pack(str(small_folder), str(out), progress=False)
+    finally:
+        os.close(fd)
+    pack(str(small_folder), str(out), progress=False)
+
+
+def test_out_inside_src_or_src_inside_out_is_refused(small_folder, tmp_path):
+    from recordtool.errors import OutputExists
+    from recordtool.pack import pack
+
+    with pytest.raises(OutputExists, match="inside the source"):
+        pack(str(small_folder), str(small_folder / "packed"), progress=False)
+    with pytest.raises(OutputExists, match="holds the source"):
+        pack(str(small_folder), str(tmp_path), progress=False)
+    assert not (small_folder / "packed").exists()
+
+
+def test_a_link_to_out_inside_src_is_not_packed(small_folder, tmp_path):
+    from recordtool.pack import pack
+
+    out = tmp_path / "out"
+    first = pack(str(small_folder), str(out), progress=False)
+    os.symlink(out, small_folder / "c1" / "link-to-out")
+    os.symlink(out, small_folder / "zz-out")  # as a class folder
+    second = pack(str(small_folder), str(out), overwrite=True, progress=False)
+    assert second.records == first.records
+    assert {"c1/link-to-out", "zz-out"} <= {f for f, _ in second.skipped}
+
+
+def test_index_temp_files_never_follow_a_planted_link(packed_small, tmp_path):
+    from recordtool.format.scan import index_parts
+    from recordtool.verify import verify
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    for name in ("index.rtx.tmp", "manifest.json.tmp"):
+        os.symlink(victim, packed_small / name)
+    index_parts(str(packed_small), progress=False)
+    assert victim.read_bytes() == b"precious"
+    assert verify(str(packed_small)).ok and not (packed_small / "index.rtx.tmp").exists()
+
+
+# ------------------------------------------------------------------ hostile source folders
+
+def test_symlink_loops_pack_each_image_once(small_folder, tmp_path):
+    os.symlink("..", small_folder / "c0" / "up")  # loop through the root
+    os.symlink(".", small_folder / "c1" / "self")  # loop on itself
+    os.symlink("../c2", small_folder / "c1" / "again")  # a second way into c2
+    out = tmp_path / "out"
+    isolated(f"""
+        cap(1500)
+        from recordtool.pack import pack
+        s = pack({str(small_folder)!r}, {str(out)!r}, progress=False, workers=2)
+        print(s.records)
+        assert s.records == 12, s.records
+        why = dict(s.skipped)
+        assert "c0/up" in why and "c1/self" in why and "c1/again" in why, why
+    """, timeout=60)
+
+
+def test_huge_sparse_image_is_refused_unread(small_folder, tmp_path):
+    with open(small_folder / "c0" / "huge.JPEG", "wb") as f:
+        f.truncate(5 << 30)  # 5 GiB, sparse: reading it would cost 5 GiB per worker
+    out = tmp_path / "out"
+    isolated(f"""
+        cap(600)
+        from recordtool.pack import pack
+        s = pack({str(small_folder)!r}, {str(out)!r}, progress=False, workers=4)
+        why = dict(s.skipped)["c0/huge.JPEG"]
+        assert s.records == 12 and "more than" in why, why
+    """, timeout=60)
+
+
+def test_fifo_in_source_is_skipped_not_waited_on(small_folder, tmp_path):
+    os.mkfifo(small_folder / "c0" / "pipe.jpg")
+    os.symlink(small_folder / "c0" / "pipe.jpg", small_folder / "c1" / "link.jpg")
+    out = tmp_path / "out"
+    isolated(f"""
+        from recordtool.pack import pack
+        s = pack({str(small_folder)!r}, {str(out)!r}, progress=False)
+        why = dict(s.skipped)
+        assert s.records == 12 and "c0/pipe.jpg" in why and "c1/link.jpg" in why, why
+    """, timeout=30)
+
+
+def test_non_utf8_names_pack_and_are_reported(tmp_path):
+    from recordtool.format import manifest as mf
+    from recordtool.verify import verify
+
+    src = os.fsencode(tmp_path / "src")
+    for cls, fn in ((b"caf\xe9", b"x\xff.jpg"), (b"plain", b"ok.jpg"), (b"plain", b"bad\xfe.txt")):
+        os.makedirs(os.path.join(src, cls), exist_ok=True)
+        with open(os.path.join(src, cls, fn), "wb") as f:
+            f.write(jpeg_bytes(32, 32))
+    os.makedirs(os.path.join(src, b"empty\xfa"))
+    out = tmp_path / "out"
+    p = _cli("pack", os.fsdecode(src), out, "-q", check=True)
+    assert "skipped" in p.stderr and "warning" in p.stderr
+    m = mf.load(str(out))
+    assert m["classes"][1:] == ["empty?", "plain"] and m["classes"][0].startswith("caf")
+    report = json.loads((out / "pack_report.json").read_bytes().decode("utf-8"))
+    assert any(r["file"].startswith("plain/bad") for r in report["skipped"])
+    assert verify(str(out)).ok
+    import recordtool
+
+    ds = recordtool.open(str(out))
+    names = {bytes(ds.record(i)) for i in range(len(ds))}
+    assert any(b"caf\xe9/x\xff.jpg" in r for r in names)  # the record keeps the name's bytes

@@ -151,10 +151,14 @@ def claim_output(out: str, overwrite: bool, sources=()) -> int:
     """
     check_separate(out, sources)
     os.makedirs(out, exist_ok=True)
+    lock_path = os.path.join(out, LOCK_FILE)
+    new_lock = not os.path.lexists(lock_path)
     lock = lock_output(out)
     try:
         _claim(out, overwrite)
     except BaseException:
+        if new_lock:  # refused a directory that is not ours: leave no trace in it
+            os.unlink(lock_path)
         os.close(lock)
         raise
     return lock

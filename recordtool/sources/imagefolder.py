@@ -62,6 +62,8 @@ class ImageFolderSource:
         if len(classes) > max_classes:
             raise FileNotFoundError(f"{root}: {len(classes)} class folders, more than max_classes {max_classes}")
         self.class_names = classes
+        # every class folder is its own: a link from one class into another is not walked
+        seen |= {_dir_id(os.path.join(root, c)) for c in classes}
         for label, cls in enumerate(classes):
             found = self._walk(os.path.join(root, cls), label, seen, excluded)
             if not found:
@@ -79,7 +81,7 @@ class ImageFolderSource:
             if ident in excluded:
                 self.skipped.append((rel_d, "the output directory: not packed"))
                 continue
-            if ident is None or ident in seen:
+            if d is not top and (ident is None or ident in seen):
                 self.skipped.append((rel_d, "directory already walked (symbolic link loop or a second link to it)"
                                      if ident is not None else "unreadable directory"))
                 continue
