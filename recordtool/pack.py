@@ -120,10 +120,14 @@ def pack(src: str | os.PathLike | Source, out: str, *, shards: int | None = None
         source = ImageFolderSource(os.fspath(src), exclude=(out,))
     else:
         source = src
-    for where, why in source.skipped:
-        _report(policy, f"{where}: {why}", PackError)
-    if strict and source.warnings:
-        raise PackError(f"on_error=raise: {source.warnings[0]}")
+    try:
+        for where, why in source.skipped:
+            _report(policy, f"{where}: {why}", PackError)
+        if strict and source.warnings:
+            raise PackError(f"on_error=raise: {source.warnings[0]}")
+    except BaseException:
+        source.close()
+        raise
     items = source.items
     order = np.random.default_rng(seed).permutation(len(items))
     shuffled = [items[i] for i in order]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+from ..format.manifest import MAX_CLASSES as DEFAULT_MAX_CLASSES  # noqa: F401  (sources' default)
+
 
 @runtime_checkable
 class Source(Protocol):

@@ -22,9 +22,6 @@ DEFAULT_MAX_PIXELS = 64 * 1024 * 1024  # same default as the decoders' bomb chec
 # image must stay far below the format's 4 GiB (uint32 lengths), and a sparse or huge file
 # must not cost its size in memory per reader thread.
 MAX_IMAGE_BYTES = 256 << 20
-# Smaller than any JPEG a decoder takes (tables included): records this short are refused in
-# bulk while listing, so millions of tiny records cost neither minutes nor gigabytes.
-MIN_IMAGE_BYTES = 100
 CONVERT_QUALITY = 95
 
 

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 from ..errors import UnsafePath
 from ..format import files
+from .base import DEFAULT_MAX_CLASSES
 from .image import MAX_IMAGE_BYTES, Rejected
 
 # torchvision's IMG_EXTENSIONS: what ImageFolder would load. Other files are reported, not packed.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-DEFAULT_MAX_CLASSES = 1_000_000
 
 
 @dataclass(frozen=True)
