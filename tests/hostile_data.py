@@ -92,3 +92,44 @@ def big_baseline(w=6000, h=6000) -> bytes:
     buf = io.BytesIO()
     im.save(buf, "JPEG", quality=50)
     return buf.getvalue()
+
+
+def example(image: bytes, label: int, key_image="image", key_label="label") -> bytes:
+    """A serialized tf.train.Example with an image and an int64 label (tfds keys by default)."""
+    from recordtool.format import example_pb2
+
+    ex = example_pb2.Example()
+    ex.features.feature[key_image].bytes_list.value.append(image)
+    ex.features.feature[key_label].int64_list.value.append(label)
+    return ex.SerializeToString()
+
+
+def tfrecord(records) -> bytes:
+    from recordtool.sources.tfrecord import frame_record
+
+    return b"".join(frame_record(r) for r in records)
+
+
+def ofrecord_part(images_labels) -> bytes:
+    """An OFRecord part file of (image bytes, label) records, as pack writes them."""
+    from recordtool.format.ofrecord import encode_ofrecord, frame
+
+    out = []
+    for image, label in images_labels:
+        out.extend(bytes(p) for p in frame(encode_ofrecord({"encoded": image, "class/label": label})))
+    return b"".join(out)
+
+
+def gzip_bomb(path: str, inflated: int, head: bytes = b"") -> None:
+    """A GZIP file inflating to `head` + zeros up to `inflated` bytes, written in pieces."""
+    import zlib
+
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    with open(path, "wb") as f:
+        f.write(c.compress(head))
+        block = bytes(1 << 22)
+        left = inflated - len(head)
+        while left > 0:
+            f.write(c.compress(block[:min(left, len(block))]))
+            left -= len(block)
+        f.write(c.flush())
