@@ -31,6 +31,11 @@ def _policy(on_error, strict: bool) -> str:
 @click.version_option(__version__, prog_name="recordtool")
 def main():
     """Pack image datasets into OFRecord shards with an index, and read them fast."""
+    import faulthandler
+
+    # a shard truncated in place while mapped kills the process with SIGBUS (README, Security):
+    # at least say where
+    faulthandler.enable()
 
 
 @main.command()

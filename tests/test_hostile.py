@@ -589,3 +589,25 @@ def test_special_files_never_hang_or_crash(packed_small, tmp_path, what, kind):
     """, timeout=30)
     assert "verify []" not in out, out
     assert ("FIFO" in out) if kind == "fifo" else ("directory" in out or "Is a directory" in out), out
+
+
+def test_shard_truncated_while_mapped_is_sigbus_and_size_checked_before(packed_small):
+    # documented (README, Security): mmap cannot turn lost pages into an exception; a shard
+    # damaged before it is mapped is a named error
+    import signal
+
+    p = subprocess.run([sys.executable, "-X", "faulthandler", "-c", f"""
+import os, recordtool
+ds = recordtool.open({str(packed_small)!r})
+data, _ = ds[0]
+path = os.path.join(ds.root, ds.shards[int(ds.index.shard[0])]["name"])
+os.truncate(path, 0)
+print(bytes(data[:4]))
+"""], capture_output=True, text=True, timeout=30)
+    assert p.returncode == -signal.SIGBUS and "Bus error" in p.stderr
+    import recordtool
+    from recordtool.errors import FormatError
+
+    ds = recordtool.open(str(packed_small))
+    with pytest.raises(FormatError, match="0 bytes, manifest says"):
+        [ds[i] for i in range(len(ds))]

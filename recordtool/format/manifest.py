@@ -108,7 +108,8 @@ def _need(cond: bool, path: str, what: str) -> None:
 
 
 def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    """A JSON integer that fits the int64 arithmetic readers do with it."""
+    return isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63
 
 
 def validate(m, path: str = MANIFEST_FILE) -> dict:
