@@ -611,3 +611,19 @@ print(bytes(data[:4]))
     ds = recordtool.open(str(packed_small))
     with pytest.raises(FormatError, match="0 bytes, manifest says"):
         [ds[i] for i in range(len(ds))]
+
+
+@native
+def test_fused_normalize_path_refuses_hostile_jpegs_too():
+    # the Loader's CPU path (decode + mirror + normalize in one native pass, Pillow retry)
+    from recordtool.decode.cpu import decode_crop_resize_normalize
+
+    bufs = [hd.bomb_progressive(), hd.many_scans(2000), hd.corrupt_entropy(2), jpeg_bytes(64, 48)]
+    errors = []
+    out = decode_crop_resize_normalize(bufs, np.array([[0, 0, 8, 8]] * 4), size=(16, 16), on_error="skip",
+                                       fallback=True, errors=errors, threads=2)
+    reasons = dict(errors)
+    assert {0, 1} <= set(reasons) and 3 not in reasons and out.shape == (4, 3, 16, 16)
+    assert "coefficient" in reasons[0] and "scans" in reasons[1] and "Pillow" not in reasons[0] + reasons[1]
+    with pytest.raises(ValueError):
+        decode_crop_resize_normalize(bufs[3:], np.array([[0, 0, 8, 8]]), size=(0, 16))
