@@ -627,3 +627,20 @@ def test_fused_normalize_path_refuses_hostile_jpegs_too():
     assert "coefficient" in reasons[0] and "scans" in reasons[1] and "Pillow" not in reasons[0] + reasons[1]
     with pytest.raises(ValueError):
         decode_crop_resize_normalize(bufs[3:], np.array([[0, 0, 8, 8]]), size=(0, 16))
+
+
+def test_a_failing_commit_leaves_nothing_behind(small_folder, tmp_path, monkeypatch):
+    # (an image over 4 GiB used to be written in full, then fail the commit with OverflowError
+    # and leave .partial: such images are now refused from their size, and any commit failure
+    # before the manifest is published aborts)
+    from recordtool.format import index as ix
+    from recordtool.pack import pack
+
+    def boom(index):
+        raise OverflowError("offset does not fit")
+
+    monkeypatch.setattr(ix, "encode_index", boom)
+    out = tmp_path / "out"
+    with pytest.raises(OverflowError):
+        pack(str(small_folder), str(out), progress=False)
+    assert sorted(os.listdir(out)) == [".recordtool.lock"]

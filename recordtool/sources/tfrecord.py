@@ -18,7 +18,7 @@ import crc32c
 from ..errors import FormatError, OnError, on_error as _on_error, report
 from ..format import files as _files
 from ..format.ofrecord import MIN_RECORD_BYTES
-from .image import Rejected
+from .image import MAX_IMAGE_BYTES, Rejected
 from .base import DEFAULT_MAX_CLASSES
 
 DEFAULT_MAX_INFLATE = 20.0  # a compressed file may inflate to this many times its size …
@@ -255,6 +255,8 @@ class TFRecordSource:
         """(image bytes, label, filename bytes) or raise Rejected."""
         from ..format import example_pb2
 
+        if item.length > MAX_IMAGE_BYTES + (1 << 20):  # refused unread: no copy of a huge record
+            raise Rejected(f"record of {item.length} bytes, more than an image of at most {MAX_IMAGE_BYTES} needs")
         data = self._maps[item.file][item.offset + 12:item.offset + 12 + item.length]
         ex = example_pb2.Example()
         try:
