@@ -644,3 +644,16 @@ def test_a_failing_commit_leaves_nothing_behind(small_folder, tmp_path, monkeypa
     with pytest.raises(OverflowError):
         pack(str(small_folder), str(out), progress=False)
     assert sorted(os.listdir(out)) == [".recordtool.lock"]
+
+
+def test_a_partial_link_is_never_followed(small_folder, tmp_path):
+    # .partial as a symlink to a folder holding a (copied) marker of ours: still not ours
+    elsewhere = tmp_path / "elsewhere"
+    write(str(elsewhere / "pack.json"), b'{"tool": "recordtool", "publishing": []}')
+    write(str(elsewhere / "data.bin"), b"keep")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.symlink(elsewhere, out / ".partial")
+    p = _cli("pack", small_folder, out, "-q")
+    assert p.returncode != 0 and "not made by recordtool" in p.stderr
+    assert (elsewhere / "data.bin").read_bytes() == b"keep"

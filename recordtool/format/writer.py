@@ -103,6 +103,8 @@ def read_marker(out: str) -> dict | None:
     `"tool": "recordtool"`), else None."""
     partial = os.path.join(out, PARTIAL_DIR)
     try:
+        if not stat.S_ISDIR(os.lstat(partial).st_mode):  # a link or a file there is not ours
+            return None
         raw = files.read_bounded(os.path.join(partial, MARKER_FILE), _MARKER_MAX, "pack marker")
         m = json.loads(raw)
     except (OSError, ValueError, FormatError):
