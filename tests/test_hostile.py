@@ -657,3 +657,15 @@ def test_a_partial_link_is_never_followed(small_folder, tmp_path):
     p = _cli("pack", small_folder, out, "-q")
     assert p.returncode != 0 and "not made by recordtool" in p.stderr
     assert (elsewhere / "data.bin").read_bytes() == b"keep"
+
+
+def test_index_leaves_out_jpegs_the_decoders_refuse(tmp_path):
+    from recordtool.format.scan import index_parts
+
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    (parts / "part-00000").write_bytes(hd.ofrecord_part([(hd.bomb_progressive(), 0), (hd.many_scans(2000), 1),
+                                                         (jpeg_bytes(32, 32), 1)]))
+    m = index_parts(str(parts), progress=False)
+    assert m["records"] == 1 and len(m["skipped"]) == 2
+    assert "coefficient" in m["skipped"][0]["reason"] and "scans" in m["skipped"][1]["reason"]

@@ -14,7 +14,7 @@ from ..errors import FormatError, OnError, on_error as _on_error, report
 from . import files
 from . import index as ix
 from . import manifest as mf
-from .jpeg import BadJPEG, NotJPEG, probe
+from .jpeg import BadJPEG, NotJPEG, decode_refusal, probe
 from .ofrecord import MIN_RECORD_BYTES, BYTES_LIST, INT32_LIST, INT64_LIST, decode_ofrecord, iter_records
 from .writer import KEY_FILENAME, KEY_HEIGHT, KEY_IMAGE, KEY_LABEL, KEY_WIDTH
 
@@ -132,6 +132,9 @@ def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABE
                     if not info.decodable_as_is:
                         raise FormatError(f"{path}: offset {rec.offset}: CMYK/YCCK JPEG; re-pack with "
                                           "`recordtool pack --from ofrecord` to convert it")
+                    why = decode_refusal(info, b - a)
+                    if why:  # the decoders would refuse it: not indexed (as pack does not pack it)
+                        raise FormatError(f"{path}: offset {rec.offset}: {why}")
                 except FormatError as e:
                     report(policy, str(e), FormatError)
                     skipped.append({"shard": name, "offset": rec.offset, "reason": str(e)})
