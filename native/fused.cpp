@@ -37,11 +37,21 @@ namespace rt {
 
 // ------------------------------------------------------------------ libjpeg error handling
 
+// Limits that keep a small hostile file from costing unbounded time or memory (README,
+// Security). Python reference: recordtool.format.jpeg (MAX_SCANS, COEF_RATIO, COEF_FLOOR,
+// decode_refusal), which pack and verify apply to the same header fields.
+constexpr int kMaxScans = 100;            // progressive files: more scans than this are refused
+constexpr long long kCoefRatio = 1024;    // multi-scan coefficient buffer ≤ ratio × file size …
+constexpr long long kCoefFloor = 4 << 20; // … or this many bytes, whichever is larger
+constexpr int kMaxSide = 16384;           // output sides (and the resampler's) above this are refused
+
 struct ErrorMgr {
     jpeg_error_mgr pub;
     jmp_buf jump;
     char message[JMSG_LENGTH_MAX];
-    bool truncated;
+    bool truncated;       // JWRN_JPEG_EOF: the pixels would be made up
+    bool corrupt;         // any other libjpeg warning: corrupt data (as verify --decode counts them)
+    char warning[JMSG_LENGTH_MAX];
 };
 
 static void on_error_exit(j_common_ptr cinfo) {
@@ -51,8 +61,48 @@ static void on_error_exit(j_common_ptr cinfo) {
 }
 
 static void on_emit_message(j_common_ptr cinfo, int level) {
-    // level -1: a warning. Premature end of data means the pixels we return would be made up.
-    if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF) reinterpret_cast<ErrorMgr*>(cinfo->err)->truncated = true;
+    // level -1: a warning (corrupt or missing data; libjpeg goes on with made-up pixels).
+    if (level >= 0) return;
+    ErrorMgr* err = reinterpret_cast<ErrorMgr*>(cinfo->err);
+    if (cinfo->err->msg_code == JWRN_JPEG_EOF) {
+        err->truncated = true;
+    } else if (!err->corrupt) {
+        err->corrupt = true;
+        (*cinfo->err->format_message)(cinfo, err->warning);
+    }
+}
+
+// Called by libjpeg between input passes (once per consumed iMCU row or marker): refuse a file
+// whose scan count passes kMaxScans (as tjbench -maxscans / libjpeg-turbo's TJPARAM_SCANLIMIT).
+struct ScanLimit {
+    jpeg_progress_mgr pub;
+    int max_scans;
+};
+
+static void on_progress(j_common_ptr cinfo) {
+    if (!cinfo->is_decompressor) return;
+    j_decompress_ptr d = reinterpret_cast<j_decompress_ptr>(cinfo);
+    const ScanLimit* lim = reinterpret_cast<const ScanLimit*>(cinfo->progress);
+    if (d->input_scan_number > lim->max_scans) {
+        ErrorMgr* err = reinterpret_cast<ErrorMgr*>(cinfo->err);
+        std::snprintf(err->message, sizeof(err->message), "more than %d scans (scan limit; hostile progressive file?)",
+                      lim->max_scans);
+        longjmp(err->jump, 1);
+    }
+}
+
+// Bytes libjpeg allocates for the whole-image coefficient buffer of a multi-scan file
+// (progressive, or sequential with one scan per component): 64 int16 per block, each
+// component's blocks padded to its sampling factors. 0 for single-scan files (no buffer).
+static long long coef_bytes(const jpeg_decompress_struct& c) {
+    if (!c.progressive_mode && c.comps_in_scan >= c.num_components) return 0;
+    const long long maxh = c.max_h_samp_factor, maxv = c.max_v_samp_factor;
+    const long long mcux = (c.image_width + 8 * maxh - 1) / (8 * maxh);
+    const long long mcuy = (c.image_height + 8 * maxv - 1) / (8 * maxv);
+    long long blocks = 0;
+    for (int k = 0; k < c.num_components; k++)
+        blocks += mcux * c.comp_info[k].h_samp_factor * mcuy * c.comp_info[k].v_samp_factor;
+    return blocks * 64 * 2;
 }
 
 static void on_output_message(j_common_ptr) {}
@@ -174,14 +224,20 @@ static void emit_one(const Emit& e, const uint8_t* img, int H, int W, size_t n) 
 }
 
 // Decode the window of one JPEG and resample it into task.out. Returns false with a reason.
+// libjpeg errors come back through longjmp to the setjmp below; C++ exceptions (allocation
+// of the region buffer, …) are caught here: every failure is this image's, never the process's.
 static bool run_one(Task& t, const Params& p, Scratch& s) {
     jpeg_decompress_struct cinfo;
     ErrorMgr err;
+    ScanLimit limit;
     std::memset(&err, 0, sizeof(err));
+    std::memset(&limit, 0, sizeof(limit));
     cinfo.err = jpeg_std_error(&err.pub);
     err.pub.error_exit = on_error_exit;
     err.pub.emit_message = on_emit_message;
     err.pub.output_message = on_output_message;
+    limit.pub.progress_monitor = on_progress;
+    limit.max_scans = kMaxScans;
     if (setjmp(err.jump)) {
         t.message = std::string("libjpeg: ") + err.message;
         jpeg_destroy_decompress(&cinfo);
@@ -193,90 +249,119 @@ static bool run_one(Task& t, const Params& p, Scratch& s) {
         jpeg_destroy_decompress(&cinfo);
         return false;
     }
-    jpeg_mem_src(&cinfo, t.data, (unsigned long)t.size);
-    jpeg_read_header(&cinfo, TRUE);
-    const long long W = cinfo.image_width, H = cinfo.image_height;
-    if (W * H > p.max_pixels) {
-        t.message = "header declares " + std::to_string(W) + "x" + std::to_string(H) + ", more than max_pixels " +
-                    std::to_string(p.max_pixels);
-        jpeg_destroy_decompress(&cinfo);
-        return false;
-    }
-    if (!(t.w > 0 && t.h > 0 && t.x >= 0 && t.y >= 0 && t.x + t.w <= W + 1e-6 && t.y + t.h <= H + 1e-6)) {
-        t.message = "window (y=" + std::to_string(t.y) + ", x=" + std::to_string(t.x) + ", h=" + std::to_string(t.h) +
-                    ", w=" + std::to_string(t.w) + ") outside the " + std::to_string(W) + "x" + std::to_string(H) +
-                    " image";
-        jpeg_destroy_decompress(&cinfo);
-        return false;
-    }
-    const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
-    cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
-    int m = p.force_scale ? p.force_scale : choose_scale(t.w, t.h, p.out_w, p.out_h, p.margin, min_scale(cinfo));
-    cinfo.scale_num = m;
-    cinfo.scale_denom = 8;
-    jpeg_start_decompress(&cinfo);
-    const int SW = cinfo.output_width, SH = cinfo.output_height;
-    const double sc = m / 8.0;
-    // window in scaled pixels, and the whole-pixel region that holds it
-    double bx0 = t.x * sc, by0 = t.y * sc, bx1 = (t.x + t.w) * sc, by1 = (t.y + t.h) * sc;
-    int rx0 = (int)std::floor(bx0 + 1e-9), ry0 = (int)std::floor(by0 + 1e-9);
-    int rx1 = std::min(SW, (int)std::ceil(bx1 - 1e-9)), ry1 = std::min(SH, (int)std::ceil(by1 - 1e-9));
-    if (rx1 <= rx0) rx1 = std::min(SW, rx0 + 1);
-    if (ry1 <= ry0) ry1 = std::min(SH, ry0 + 1);
-    JDIMENSION xoff = rx0, cw = rx1 - rx0;
-    if (rx0 > 0 || rx1 < SW) jpeg_crop_scanline(&cinfo, &xoff, &cw);  // xoff moves down to an iMCU edge
-    const int lead = rx0 - (int)xoff;
-    const int comps = cinfo.output_components;
-    const size_t row_bytes = (size_t)cinfo.output_width * comps;  // crop_scanline width
-    const int rows = ry1 - ry0;
-    const int rw = rx1 - rx0;
-    if (ry0 > 0) jpeg_skip_scanlines(&cinfo, ry0);
-    // libjpeg writes the rows straight into the region buffer, many rows per call
-    s.region.resize((size_t)rows * row_bytes);
-    s.rowptr.resize(rows);
-    for (int r = 0; r < rows; r++) s.rowptr[r] = s.region.data() + (size_t)r * row_bytes;
-    int done = 0;
-    while (done < rows) {
-        JDIMENSION got = jpeg_read_scanlines(&cinfo, s.rowptr.data() + done, rows - done);
-        if (got == 0) {
-            t.message = "decoder returned no row " + std::to_string(ry0 + done);
+    try {
+        cinfo.progress = &limit.pub;
+        jpeg_mem_src(&cinfo, t.data, (unsigned long)t.size);
+        jpeg_read_header(&cinfo, TRUE);
+        const long long W = cinfo.image_width, H = cinfo.image_height;
+        if (W * H > p.max_pixels) {
+            t.message = "header declares " + std::to_string(W) + "x" + std::to_string(H) + ", more than max_pixels " +
+                        std::to_string(p.max_pixels);
             jpeg_destroy_decompress(&cinfo);
             return false;
         }
-        done += got;
-    }
-    const uint8_t* src = s.region.data() + (size_t)lead * comps;
-    size_t src_stride = row_bytes;
-    if (cmyk) {
-        // Pillow's CMYK → RGB (Adobe files store inverted CMYK)
-        const bool inv = cinfo.saw_Adobe_marker;
-        s.rgb.resize((size_t)rows * rw * 3);
-        for (int r = 0; r < rows; r++) {
-            const uint8_t* q = src + (size_t)r * row_bytes;
-            uint8_t* d = s.rgb.data() + (size_t)r * rw * 3;
-            for (int x = 0; x < rw; x++) {
-                int c = q[4 * x], mg = q[4 * x + 1], y = q[4 * x + 2], k = q[4 * x + 3];
-                if (!inv) { c = 255 - c; mg = 255 - mg; y = 255 - y; k = 255 - k; }
-                // here c, mg, y, k are 255 - ink: R = (255 - C)(255 - K) / 255
-                auto mul = [](int a, int b) { int tmp = a * b + 128; return (uint8_t)((tmp + (tmp >> 8)) >> 8); };
-                d[3 * x] = mul(c, k);
-                d[3 * x + 1] = mul(mg, k);
-                d[3 * x + 2] = mul(y, k);
-            }
+        const long long coef = coef_bytes(cinfo);
+        if (coef > std::max(kCoefFloor, kCoefRatio * (long long)t.size)) {
+            t.message = "multi-scan JPEG declares " + std::to_string(W) + "x" + std::to_string(H) + ": its " +
+                        std::to_string(coef) + "-byte coefficient buffer is more than " + std::to_string(kCoefRatio) +
+                        "x its " + std::to_string(t.size) + " bytes (truncated or hostile file)";
+            jpeg_destroy_decompress(&cinfo);
+            return false;
         }
-        src = s.rgb.data();
-        src_stride = (size_t)rw * 3;
+        // the window must hold at least part of a pixel: x < W, y < H (a window starting at the
+        // right or bottom edge would be an empty crop)
+        if (!(t.w > 0 && t.h > 0 && t.x >= 0 && t.y >= 0 && t.x < W && t.y < H && t.x + t.w <= W + 1e-6 &&
+              t.y + t.h <= H + 1e-6)) {
+            t.message = "window (y=" + std::to_string(t.y) + ", x=" + std::to_string(t.x) + ", h=" +
+                        std::to_string(t.h) + ", w=" + std::to_string(t.w) + ") outside the " + std::to_string(W) +
+                        "x" + std::to_string(H) + " image";
+            jpeg_destroy_decompress(&cinfo);
+            return false;
+        }
+        const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+        cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
+        int m = p.force_scale ? p.force_scale
+                              : choose_scale(t.w, t.h, p.out_w, p.out_h, p.margin, min_scale(cinfo));
+        cinfo.scale_num = m;
+        cinfo.scale_denom = 8;
+        jpeg_start_decompress(&cinfo);  // progressive files: every scan is read here
+        const int SW = cinfo.output_width, SH = cinfo.output_height;
+        const double sc = m / 8.0;
+        // window in scaled pixels, and the whole-pixel region that holds it (at least one pixel,
+        // inside the scaled image)
+        double bx0 = t.x * sc, by0 = t.y * sc, bx1 = (t.x + t.w) * sc, by1 = (t.y + t.h) * sc;
+        int rx0 = std::min(SW - 1, (int)std::floor(bx0 + 1e-9)), ry0 = std::min(SH - 1, (int)std::floor(by0 + 1e-9));
+        int rx1 = std::min(SW, (int)std::ceil(bx1 - 1e-9)), ry1 = std::min(SH, (int)std::ceil(by1 - 1e-9));
+        if (rx1 <= rx0) rx1 = rx0 + 1;
+        if (ry1 <= ry0) ry1 = ry0 + 1;
+        JDIMENSION xoff = rx0, cw = rx1 - rx0;
+        if (rx0 > 0 || rx1 < SW) jpeg_crop_scanline(&cinfo, &xoff, &cw);  // xoff moves down to an iMCU edge
+        const int lead = rx0 - (int)xoff;
+        const int comps = cinfo.output_components;
+        const size_t row_bytes = (size_t)cinfo.output_width * comps;  // crop_scanline width
+        const int rows = ry1 - ry0;
+        const int rw = rx1 - rx0;
+        if (ry0 > 0) jpeg_skip_scanlines(&cinfo, ry0);
+        // libjpeg writes the rows straight into the region buffer, many rows per call
+        s.region.resize((size_t)rows * row_bytes);
+        s.rowptr.resize(rows);
+        for (int r = 0; r < rows; r++) s.rowptr[r] = s.region.data() + (size_t)r * row_bytes;
+        int done = 0;
+        while (done < rows) {
+            JDIMENSION got = jpeg_read_scanlines(&cinfo, s.rowptr.data() + done, rows - done);
+            if (got == 0) {
+                t.message = "decoder returned no row " + std::to_string(ry0 + done);
+                jpeg_destroy_decompress(&cinfo);
+                return false;
+            }
+            done += got;
+        }
+        const uint8_t* src = s.region.data() + (size_t)lead * comps;
+        size_t src_stride = row_bytes;
+        if (cmyk) {
+            // Pillow's CMYK → RGB (Adobe files store inverted CMYK)
+            const bool inv = cinfo.saw_Adobe_marker;
+            s.rgb.resize((size_t)rows * rw * 3);
+            for (int r = 0; r < rows; r++) {
+                const uint8_t* q = src + (size_t)r * row_bytes;
+                uint8_t* d = s.rgb.data() + (size_t)r * rw * 3;
+                for (int x = 0; x < rw; x++) {
+                    int c = q[4 * x], mg = q[4 * x + 1], y = q[4 * x + 2], k = q[4 * x + 3];
+                    if (!inv) { c = 255 - c; mg = 255 - mg; y = 255 - y; k = 255 - k; }
+                    // here c, mg, y, k are 255 - ink: R = (255 - C)(255 - K) / 255
+                    auto mul = [](int a, int b) { int tmp = a * b + 128; return (uint8_t)((tmp + (tmp >> 8)) >> 8); };
+                    d[3 * x] = mul(c, k);
+                    d[3 * x + 1] = mul(mg, k);
+                    d[3 * x + 2] = mul(y, k);
+                }
+            }
+            src = s.rgb.data();
+            src_stride = (size_t)rw * 3;
+        }
+        // window down to the last row: read on to the EOI marker (cheap: no more rows to
+        // decode), so damage at the end of the data (extraneous bytes, …) is seen too
+        if (ry1 == SH && cinfo.output_scanline == cinfo.output_height) jpeg_finish_decompress(&cinfo);
+        const bool truncated = err.truncated, corrupt = err.corrupt;
+        jpeg_abort_decompress(&cinfo);  // rows below the window are never decoded
+        jpeg_destroy_decompress(&cinfo);
+        if (truncated) {
+            t.message = "truncated: premature end of JPEG data inside the crop window";
+            return false;
+        }
+        if (corrupt) {  // libjpeg went on with made-up pixels: a failure, as in verify --decode
+            t.message = std::string("libjpeg: ") + err.warning;
+            return false;
+        }
+        resample(src, rw, rows, src_stride, bx0 - rx0, by0 - ry0, bx1 - rx0, by1 - ry0, t.out, p.out_w, p.out_h,
+                 (size_t)p.out_w * 3, s.tmp, s.ch, s.cv, s.acc, s.hs);
+        return true;
+    } catch (const std::bad_alloc&) {
+        t.message = "out of memory decoding this image (std::bad_alloc)";
+    } catch (const std::exception& e) {
+        t.message = std::string("internal error: ") + e.what();
     }
-    const bool truncated = err.truncated;
-    jpeg_abort_decompress(&cinfo);  // rows below the window are never decoded
-    jpeg_destroy_decompress(&cinfo);
-    if (truncated) {
-        t.message = "truncated: premature end of JPEG data inside the crop window";
-        return false;
-    }
-    resample(src, rw, rows, src_stride, bx0 - rx0, by0 - ry0, bx1 - rx0, by1 - ry0, t.out, p.out_w, p.out_h,
-             (size_t)p.out_w * 3, s.tmp, s.ch, s.cv, s.acc, s.hs);
-    return true;
+    jpeg_destroy_decompress(&cinfo);  // safe after a partial decode, and after destroy (no-op)
+    return false;
 }
 
 // Task order: largest encoded size first, ties by batch position. A huge image started last
@@ -404,9 +489,18 @@ static std::vector<Task> make_tasks(py::sequence buffers, py::array_t<double, py
     return tasks;
 }
 
+// An output side from an array shape, checked before it is narrowed to int (a 2**32 + 5 side
+// must not pass as 5).
+static int side(py::ssize_t v) {
+    if (v < 1 || v > kMaxSide)
+        throw std::invalid_argument("output side " + std::to_string(v) + " not in 1.." + std::to_string(kMaxSide));
+    return (int)v;
+}
+
 static void check_params(const Params& p) {
-    if (p.out_w < 1 || p.out_h < 1 || p.out_w > 16384 || p.out_h > 16384)
-        throw std::invalid_argument("output size must be 1..16384 on each side");
+    if (p.out_w < 1 || p.out_h < 1 || p.out_w > kMaxSide || p.out_h > kMaxSide)
+        throw std::invalid_argument("output size " + std::to_string(p.out_h) + "x" + std::to_string(p.out_w) +
+                                    ": each side must be in 1.." + std::to_string(kMaxSide));
     if (p.force_scale < 0 || p.force_scale > 8) throw std::invalid_argument("force_scale must be in 0..8");
     if (!(p.margin > 0)) throw std::invalid_argument("scale margin must be > 0");
 }
@@ -433,7 +527,13 @@ static py::list run_batch(std::vector<Task>& tasks, const Params& p, int threads
                 if (k >= n) break;
                 Task& t = tasks[order[k]];
                 if (emit.on) t.out = s.tile.data();
-                if (!run_one(t, p, s)) {
+                bool ok = false;
+                try {
+                    ok = run_one(t, p, s);
+                } catch (...) {  // run_one catches its own; nothing may reach std::terminate
+                    t.message = "internal error (unknown C++ exception)";
+                }
+                if (!ok) {
                     t.status = 1;
                     std::memset(t.out, 0, slot);
                 }
@@ -464,7 +564,7 @@ static py::list decode_crop_resize(py::sequence buffers, py::array_t<double, py:
     const size_t n = buffers.size();
     if (out.ndim() != 4 || (size_t)out.shape(0) != n || out.shape(3) != 3)
         throw std::invalid_argument("out must have shape (N, H, W, 3)");
-    Params p{(int)out.shape(2), (int)out.shape(1), max_pixels, force_scale, margin};
+    Params p{side(out.shape(2)), side(out.shape(1)), max_pixels, force_scale, margin};
     check_params(p);
     std::vector<py::buffer_info> keep;
     std::vector<Task> tasks = make_tasks(buffers, windows, keep);
@@ -487,7 +587,7 @@ static py::list decode_crop_resize_normalize(py::sequence buffers, py::array_t<d
     if (!(out.flags() & py::array::c_style)) throw std::invalid_argument("out must be C-contiguous");
     const bool half = out.dtype().is(py::dtype("float16"));
     if (!half && !out.dtype().is(py::dtype::of<float>())) throw std::invalid_argument("out must be float32 or float16");
-    const int H = (int)(nchw ? out.shape(2) : out.shape(1)), W = (int)(nchw ? out.shape(3) : out.shape(2));
+    const int H = side(nchw ? out.shape(2) : out.shape(1)), W = side(nchw ? out.shape(3) : out.shape(2));
     if ((nchw ? out.shape(1) : out.shape(3)) != 3) throw std::invalid_argument("out must have 3 channels");
     if ((size_t)flips.size() != n) throw std::invalid_argument("flips must have N entries");
     if (scale.size() != 3 || bias.size() != 3) throw std::invalid_argument("scale and bias need 3 values");
@@ -513,6 +613,12 @@ static py::array_t<uint8_t> resample_py(py::array_t<uint8_t, py::array::c_style>
                                         int out_h) {
     if (src.ndim() != 3 || src.shape(2) != 3) throw std::invalid_argument("src must be (H, W, 3)");
     if (box.size() != 4) throw std::invalid_argument("box must be (x0, y0, x1, y1)");
+    if (out_w < 1 || out_h < 1 || out_w > kMaxSide || out_h > kMaxSide)
+        throw std::invalid_argument("output size: each side must be in 1.." + std::to_string(kMaxSide));
+    if (src.shape(0) < 1 || src.shape(1) < 1) throw std::invalid_argument("src must not be empty");
+    if (!(box[0] >= 0 && box[1] >= 0 && box[2] > box[0] && box[3] > box[1] && box[2] <= src.shape(1) &&
+          box[3] <= src.shape(0)))
+        throw std::invalid_argument("box must lie inside src with x1 > x0, y1 > y0");
     py::array_t<uint8_t> out({(py::ssize_t)out_h, (py::ssize_t)out_w, (py::ssize_t)3});
     std::vector<uint8_t> tmp;
     std::vector<int32_t> acc;
@@ -634,4 +740,8 @@ PYBIND11_MODULE(_native, m) {
     m.def("reserve", &reserve, py::arg("bytes"), py::arg("threads"), py::arg("pool") = 0);
     m.def("pool_size", [] { return pool().size(); });
     m.attr("LIBJPEG_VERSION") = JPEG_LIB_VERSION;
+    m.attr("MAX_SCANS") = kMaxScans;
+    m.attr("COEF_RATIO") = kCoefRatio;
+    m.attr("COEF_FLOOR") = kCoefFloor;
+    m.attr("MAX_SIDE") = kMaxSide;
 }

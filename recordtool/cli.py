@@ -32,6 +32,14 @@ def _policy(on_error, strict: bool) -> str:
 @click.version_option(__version__, prog_name="recordtool")
 def main():
     """Pack image datasets into OFRecord shards with an index, and read them fast."""
+    import faulthandler
+
+    # a shard truncated in place while mapped kills the process with SIGBUS (README, Security):
+    # at least say where (not possible when stderr is no file, e.g. under click's test runner)
+    try:
+        faulthandler.enable()
+    except (ValueError, OSError, AttributeError):
+        pass
 
 
 @main.command()
@@ -69,9 +77,15 @@ def main():
               help="JPEG quality of every re-encoded image (default 95, or the preset's).")
 @click.option("--hw-friendly", is_flag=True,
               help="Re-encode JPEGs NVIDIA's hardware decoder cannot take (progressive, 4:1:1, ...) as baseline 4:2:0.")
+@click.option("--max-classes", type=click.IntRange(1), default=None,
+              help="Refuse records with a label at or above this (default 1,000,000): a class name is stored per label.")
+@click.option("--max-inflate", type=click.FloatRange(1), default=None,
+              help="A GZIP/ZLIB TFRecord may inflate to this many times its size, at least 256 MiB (default 20); "
+              "the rest is skipped and reported.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, overwrite, max_pixels, preset, keys,
-         image_key, label_key, label_offset, filename_key, compression, max_side, quality, hw_friendly, quiet):
+         image_key, label_key, label_offset, filename_key, compression, max_side, quality, hw_friendly, max_classes,
+         max_inflate, quiet):
     """Pack SRC into OUT: OFRecord part files, index.rtx, manifest.json.
 
     Folders (SRC/<class>/<image>) get torchvision ImageFolder labels (sorted class folders →
@@ -79,9 +93,10 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
     to RGB JPEG; unreadable files or records are skipped and listed in OUT/pack_report.json.
     """
     from .errors import RecordtoolError
+    from .format.manifest import MAX_CLASSES
     from .pack import pack as run_pack
     from .sources.image import DEFAULT_MAX_PIXELS
-    from .sources.tfrecord import PRESETS
+    from .sources.tfrecord import DEFAULT_MAX_INFLATE, PRESETS
 
     policy = _policy(on_error, strict)
     if preset in PRESETS:  # the old spelling of --keys
@@ -89,16 +104,20 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
             raise click.UsageError(f"--preset {preset} contradicts --keys {keys}")
         keys, preset = preset, None
     transcode = _transcode(preset, max_side, quality, hw_friendly)
+    max_classes = max_classes or MAX_CLASSES
+    source = None
     try:
         if kind != "tfrecord" and len(src) != 1:
             raise click.UsageError(f"--from {kind} takes one SRC folder")
         if kind == "folder":
-            source = src[0]
+            from .sources.imagefolder import ImageFolderSource
+
+            source = ImageFolderSource(src[0], exclude=(out,), max_classes=max_classes)
         elif kind == "ofrecord":
             from .sources.ofrecord import OFRecordSource
 
             source = OFRecordSource(src[0], image_key=image_key or "encoded", label_key=label_key or "class/label",
-                                    on_error=policy)
+                                    on_error=policy, max_classes=max_classes)
         else:
             from .sources.tfrecord import TFRecordSource
 
@@ -113,14 +132,17 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
             feature_keys["preset"] = keys
             parent = os.path.dirname(os.path.abspath(out))
             os.makedirs(parent, exist_ok=True)  # GZIP/ZLIB files are inflated beside OUT
-            source = TFRecordSource(src, feature_keys, tmpdir=parent,
-                                    compression=compression, on_error=policy)
+            source = TFRecordSource(src, feature_keys, tmpdir=parent, compression=compression, on_error=policy,
+                                    max_inflate=max_inflate or DEFAULT_MAX_INFLATE, max_classes=max_classes)
         summary = run_pack(source, out, shards=shards, shard_size=_size(shard_size) if shard_size else None,
                            workers=workers, seed=seed, on_error=policy, overwrite=overwrite,
                            max_pixels=max_pixels or DEFAULT_MAX_PIXELS, transcode=transcode,
                            progress=not quiet)
-    except (RecordtoolError, FileExistsError, FileNotFoundError, ValueError) as e:
+    except (RecordtoolError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
+    finally:
+        if source is not None:  # scratch files (inflated TFRecords) and mappings go, whatever happened
+            source.close()
     for w in summary.warnings:
         click.echo(f"warning: {w}", err=True)
     for f, why in summary.skipped[:10]:
@@ -148,15 +170,18 @@ def _transcode(preset, max_side, quality, hw_friendly):
 @click.option("--on-error", "on_error", type=click.Choice(["skip", "warn", "raise"]), default=None,
               help="A record that cannot be indexed: skip it (default; listed in the manifest), warn, or raise.")
 @click.option("--strict", is_flag=True, help="Same as --on-error raise.")
+@click.option("--max-classes", type=click.IntRange(1), default=None,
+              help="Leave out records with a label at or above this (default 1,000,000).")
 @click.option("--quiet", "-q", is_flag=True)
-def index_cmd(root, image_key, label_key, on_error, strict, quiet):
+def index_cmd(root, image_key, label_key, on_error, strict, max_classes, quiet):
     """Build index + manifest for OFRecord part files made elsewhere (e.g. OneFlow's)."""
     from .errors import RecordtoolError
+    from .format.manifest import MAX_CLASSES
     from .format.scan import index_parts
 
     try:
         m = index_parts(root, image_key=image_key, label_key=label_key, on_error=_policy(on_error, strict),
-                        progress=not quiet)
+                        progress=not quiet, max_classes=max_classes or MAX_CLASSES)
     except (RecordtoolError, OSError) as e:
         raise click.ClickException(str(e)) from None
     for s in m["skipped"][:10]:

@@ -20,7 +20,7 @@ from . import __version__
 from .decode.cpu import cores
 from .errors import OnError, PackError, on_error as _on_error, report as _report
 from .format.writer import DatasetWriter, fault_point
-from .sources.base import Source
+from .sources.base import Source, source_paths
 from .sources.image import DEFAULT_MAX_PIXELS, NO_TRANSCODE, Rejected, Transcode, prepare
 
 DEFAULT_SHARD_SIZE = 128 * 1024 * 1024
@@ -117,18 +117,26 @@ def pack(src: str | os.PathLike | Source, out: str, *, shards: int | None = None
     if isinstance(src, (str, os.PathLike)):
         from .sources.imagefolder import ImageFolderSource
 
-        source = ImageFolderSource(os.fspath(src))
+        source = ImageFolderSource(os.fspath(src), exclude=(out,))
     else:
         source = src
-    for where, why in source.skipped:
-        _report(policy, f"{where}: {why}", PackError)
-    if strict and source.warnings:
-        raise PackError(f"on_error=raise: {source.warnings[0]}")
+    try:
+        for where, why in source.skipped:
+            _report(policy, f"{where}: {why}", PackError)
+        if strict and source.warnings:
+            raise PackError(f"on_error=raise: {source.warnings[0]}")
+    except BaseException:
+        source.close()
+        raise
     items = source.items
     order = np.random.default_rng(seed).permutation(len(items))
     shuffled = [items[i] for i in order]
     n = len(shuffled)
-    writer = DatasetWriter(out, overwrite=overwrite)
+    try:
+        writer = DatasetWriter(out, overwrite=overwrite, sources=source_paths(source))
+    except BaseException:
+        source.close()
+        raise
     converted, skipped = [], list(source.skipped)
     bar = None
     if progress:

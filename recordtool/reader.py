@@ -157,6 +157,12 @@ def check_rows(index, shards: list, where: str, classes: int | None = None) -> N
          lambda r: f"image bytes {int(joff[r])}+{int(jlen[r])} outside its record {int(off[r])}+{int(length[r])}"),
         ((c["width"] <= 0) | (c["height"] <= 0), lambda r: f"size {int(c['width'][r])}x{int(c['height'][r])}"),
         (c["label"] < 0, lambda r: f"negative label {int(c['label'][r])}"),
+        # codes the decoders route by (FORMAT.md): anything else is not ours to interpret
+        ((c["chroma"] < -1) | (c["chroma"] > 7), lambda r: f"unknown chroma code {int(c['chroma'][r])}"),
+        ((c["colorspace"] < 1) | (c["colorspace"] > 5), lambda r: f"unknown colorspace code {int(c['colorspace'][r])}"),
+        (~np.isin(c["channels"], (1, 3, 4)), lambda r: f"{int(c['channels'][r])} channels"),
+        (c["progressive"] > 1, lambda r: f"progressive flag {int(c['progressive'][r])}"),
+        (c["size_order"] >= n, lambda r: f"size_order entry {int(c['size_order'][r])} past the {n} records"),
     ]
     if classes is not None:
         checks.append((c["label"] >= classes, lambda r: f"label {int(c['label'][r])} but the manifest lists "

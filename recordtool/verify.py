@@ -1,9 +1,11 @@
 """`recordtool verify`: re-read everything and prove shards, index and manifest agree.
 
 Checks, per shard: size and CRC32C against the manifest, framing, every record parses as
-an OFRecord (with protobuf itself, not our walker), and its label / image span / size agree
-with the index; then the index's own invariants; optionally a full decode of every image.
-The first problem is reported with shard file and byte offset.
+an OFRecord (with protobuf itself, not our walker), and its label / image span agree with the
+index, and its JPEG header with the index's width, height, chroma, colour space, channels and
+progressive flag (and the decoders' cost limits); then the index's own invariants (rows inside
+the shards and the class list, size order); a dataset without records fails. Optionally a full
+decode of every image. Problems are reported with shard file and byte offset.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from .errors import FormatError
 from .format import files
 from .format import index as ix
 from .format import manifest as mf
+from .format.jpeg import BadJPEG, NotJPEG, decode_refusal, probe
 from .format.ofrecord import decode_ofrecord, iter_records
 
 
@@ -37,6 +40,17 @@ class VerifyResult:
 
 def verify(root: str, decode: bool = False, threads: int | None = None, max_errors: int = 20,
            progress: bool = False) -> VerifyResult:
+    """Re-read the dataset at root; `.ok` only if shards, index and manifest all agree.
+
+    Args:
+        root: the dataset directory.
+        decode: also decode every image fully and compare its size with the index.
+        threads: decode threads (default: cores).
+        max_errors: stop after this many problems.
+        progress: show a tqdm bar.
+    """
+    from .reader import check_rows
+
     res = VerifyResult()
 
     def bad(msg):
@@ -51,6 +65,7 @@ def verify(root: str, decode: bool = False, threads: int | None = None, max_erro
         blob = index.buffer  # checksum the same mapping the columns come from: one read
         if len(blob) != idx_info["bytes"] or f"{crc32c.crc32c(blob):08x}" != idx_info["crc32c"]:
             raise FormatError(f"{idx_path}: size/CRC32C differ from the manifest (index damaged)")
+        check_rows(index, manifest["shards"], idx_path, len(manifest["classes"]))
     except (FormatError, OSError, KeyError) as e:
         res.errors.append(str(e))
         return res
@@ -61,8 +76,14 @@ def verify(root: str, decode: bool = False, threads: int | None = None, max_erro
     keys = manifest.get("keys", {})
     image_key, label_key = keys.get("image", "encoded"), keys.get("label", "class/label")
     skipped = {(s["shard"], s["offset"]) for s in manifest.get("skipped", []) if "shard" in s}
+    # `recordtool index` leaves out records too short to hold an image as one entry per part
+    short = {s["shard"]: s["shorter_than"] for s in manifest.get("skipped", [])
+             if isinstance(s.get("shorter_than"), int) and "shard" in s}
     if n != manifest["records"]:
         bad(f"{idx_path}: {n} rows, manifest says {manifest['records']} records")
+    if n == 0:
+        bad(f"{idx_path}: the dataset holds no record"
+            + (f" ({len(manifest['skipped'])} left out, see the manifest's 'skipped')" if manifest.get("skipped") else ""))
     # rows of each shard, in file order
     rows_by_shard = {}
     if n:
@@ -99,7 +120,7 @@ def verify(root: str, decode: bool = False, threads: int | None = None, max_erro
             try:
                 for rec in iter_records(mm, path):
                     where = f"{path}: offset {rec.offset}"
-                    if (info["name"], rec.offset) in skipped:
+                    if (info["name"], rec.offset) in skipped or rec.length < short.get(info["name"], 0):
                         continue
                     if k >= len(rows):
                         raise FormatError(f"{where}: record not in the index")
@@ -123,6 +144,7 @@ def verify(root: str, decode: bool = False, threads: int | None = None, max_erro
                                           f"{int(c['jpeg_offset'][r])}+{int(c['jpeg_length'][r])}")
                     if label != [int(c["label"][r])]:
                         raise FormatError(f"{where}: label {label}, index row {r} says {int(c['label'][r])}")
+                    _check_header(mm[a:b], c, r, where)
                     res.records += 1
                 if k != len(rows):
                     raise FormatError(f"{path}: offset {size}: index lists {len(rows)} records in this "
@@ -152,6 +174,26 @@ def verify(root: str, decode: bool = False, threads: int | None = None, max_erro
     if decode and res.ok:
         _decode_all(root, threads, res, bad)
     return res
+
+
+_HEADER_COLUMNS = ("width", "height", "chroma", "colorspace", "channels", "progressive")
+
+
+def _check_header(data, c, r: int, where: str) -> None:
+    """The record's JPEG header against index row r (what routing and windows rely on), and
+    the decoders' cost limits."""
+    try:
+        info = probe(data)
+    except (NotJPEG, BadJPEG) as e:
+        raise FormatError(f"{where}: image is not a JPEG the index can describe ({e})") from None
+    got = {"width": info.width, "height": info.height, "chroma": info.chroma, "colorspace": info.colorspace,
+           "channels": info.channels, "progressive": int(info.progressive)}
+    for k in _HEADER_COLUMNS:
+        if got[k] != int(c[k][r]):
+            raise FormatError(f"{where}: JPEG header says {k} {got[k]}, index row {r} says {int(c[k][r])}")
+    why = decode_refusal(info, len(data))
+    if why:
+        raise FormatError(f"{where}: the decoders refuse this image: {why}")
 
 
 def _decode_all(root, threads, res, bad):

@@ -120,14 +120,22 @@ def test_verify_decode_finds_corrupt_image(packed):
     ds.close()
     p = packed / f"part-{s:05d}"
     b = bytearray(p.read_bytes())
-    b[a:a + n] = b"\xff\xd8" + bytes(n - 2)  # same length, broken image
-    p.write_bytes(bytes(b))
-    m = json.loads((packed / "manifest.json").read_text())
-    # keep the CRC consistent so only the decode check can notice
     import crc32c
 
-    m["shards"][s]["crc32c"] = f"{crc32c.crc32c(bytes(b)):08x}"
-    (packed / "manifest.json").write_text(json.dumps(m))
+    def damage(image):
+        b[a:a + n] = image
+        p.write_bytes(bytes(b))
+        m = json.loads((packed / "manifest.json").read_text())
+        # keep the CRC consistent so only the header or decode checks can notice
+        m["shards"][s]["crc32c"] = f"{crc32c.crc32c(bytes(b)):08x}"
+        (packed / "manifest.json").write_text(json.dumps(m))
+
+    orig = bytes(b[a:a + n])
+    damage(b"\xff\xd8" + bytes(n - 2))  # same length, broken header: the header check sees it
+    assert f"part-{s:05d}" in _first_error(packed) and "not a JPEG" in _first_error(packed)
+    sos = orig.find(b"\xff\xda")
+    data = sos + 2 + int.from_bytes(orig[sos + 2:sos + 4], "big")
+    damage(orig[:data] + bytes(n - 2 - data) + b"\xff\xd9")  # header intact, entropy data zeroed
     assert verify(str(packed)).ok
     err = _first_error(packed, decode=True)
     assert f"record {i}" in err and f"part-{s:05d}" in err

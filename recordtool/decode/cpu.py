@@ -61,6 +61,39 @@ def _fallback_warning():
                       "PyTurboJPEG + Pillow path", RuntimeWarning, stacklevel=3)
 
 
+def refusal(data, max_pixels: int = DEFAULT_MAX_PIXELS) -> str | None:
+    """Why a decoder must not start on these bytes (the native decoder's own checks, for the
+    Python paths: the fallback decoder and the Pillow retry): too many pixels, too many scans,
+    a coefficient buffer out of proportion to the file. None when the header does not parse
+    as a JPEG (the decoder then fails on its own, cheaply)."""
+    from ..format.jpeg import BadJPEG, NotJPEG, decode_refusal, probe
+
+    try:
+        info = probe(data)
+    except (NotJPEG, BadJPEG):
+        return None
+    if info.width * info.height > max_pixels:
+        return f"header declares {info.width}x{info.height}, more than max_pixels {max_pixels}"
+    return decode_refusal(info, len(data))
+
+
+class _StillFailed(Exception):
+    """The Pillow retry did not help; str() is the reason for the failure list."""
+
+
+def _pillow_retry(data, window, ow: int, oh: int, max_pixels: int, reason: str) -> np.ndarray:
+    """`fallback=True`: Pillow full decode → crop → resize of one image libjpeg failed on —
+    unless the image is refused for its cost (then Pillow must not pay it either)."""
+    if refusal(data, max_pixels):
+        raise _StillFailed(reason)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # Pillow's truncation warnings → failure
+            return reference.truth(data, window, ow, oh)
+    except Exception as e:
+        raise _StillFailed(f"{reason}; Pillow fallback: {type(e).__name__}: {e}") from None
+
+
 def _python_batch(buffers, windows, out, threads, max_pixels, margin):
     import io
 
@@ -71,8 +104,13 @@ def _python_batch(buffers, windows, out, threads, max_pixels, margin):
     def one(i):
         data = buffers[i]
         try:
+            why = refusal(data, max_pixels)
+            if why:
+                out[i] = 0
+                return i, why
             with Image.open(io.BytesIO(bytes(data))) as im:
                 if im.width * im.height > max_pixels:
+                    out[i] = 0
                     return i, f"header declares {im.width}x{im.height}, more than max_pixels {max_pixels}"
             out[i] = reference.decode_crop_resize_one(data, windows[i], ow, oh, margin=margin)
             return i, None
@@ -81,7 +119,10 @@ def _python_batch(buffers, windows, out, threads, max_pixels, margin):
             return i, f"{type(e).__name__}: {e}"
 
     order = np.argsort([-len(b) for b in buffers], kind="stable")  # largest first
-    with ThreadPoolExecutor(threads) as ex:
+    # libjpeg's corrupt-data warnings (PyTurboJPEG warns) are failures, as in the native path;
+    # the filter is process-wide, so it is set here, around the pool, and only for turbojpeg
+    with warnings.catch_warnings(), ThreadPoolExecutor(threads) as ex:
+        warnings.filterwarnings("error", module="turbojpeg")
         results = list(ex.map(one, order))
     return sorted((i, r) for i, r in results if r is not None)
 
@@ -139,12 +180,10 @@ def decode_crop_resize(buffers, windows, size=(224, 224), threads: int | None = 
         still = []
         for i, reason in failures:
             try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("error")  # Pillow's truncation warnings → failure
-                    out[i] = reference.truth(buffers[i], win[i], ow, oh)
-            except Exception as e:
+                out[i] = _pillow_retry(buffers[i], win[i], ow, oh, max_pixels, reason)
+            except _StillFailed as e:
                 out[i] = 0
-                still.append((i, f"{reason}; Pillow fallback: {type(e).__name__}: {e}"))
+                still.append((i, str(e)))
         failures = still
     if errors is not None:
         errors.extend(failures)
@@ -213,11 +252,9 @@ def decode_crop_resize_normalize(buffers, windows, flips=None, size=(224, 224), 
         still = []
         for i, reason in failures:
             try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("error")  # Pillow's truncation warnings → failure
-                    img = reference.truth(buffers[i], win[i], ow, oh)[None]
-            except Exception as e:
-                still.append((i, f"{reason}; Pillow fallback: {type(e).__name__}: {e}"))
+                img = _pillow_retry(buffers[i], win[i], ow, oh, max_pixels, reason)[None]
+            except _StillFailed as e:
+                still.append((i, str(e)))
                 continue
             out[i] = normalize(np.ascontiguousarray(img), mean, std, layout, dtype, flips=flips[i:i + 1])[0]
         failures = still

@@ -30,13 +30,21 @@ def inside(root: str, name, what: str = "file name") -> str:
     return os.path.join(root, plain_name(name, what))
 
 
-def open_regular(path: str) -> int:
-    """A read-only fd of the regular file at path; never follows a final symlink, never blocks.
-    FileNotFoundError passes through; anything that is not a regular file is UnsafePath."""
+def open_regular(path: str, follow: bool = False) -> int:
+    """A read-only fd of the regular file at path; never blocks (a FIFO is refused, not
+    waited on). FileNotFoundError passes through; anything that is not a regular file is
+    UnsafePath.
+
+    Args:
+        path: the file.
+        follow: follow a final symbolic link (source files the user names or links to);
+            dataset files never are.
+    """
+    flags = _READ_FLAGS & ~getattr(os, "O_NOFOLLOW", 0) if follow else _READ_FLAGS
     try:
-        fd = os.open(path, _READ_FLAGS)
+        fd = os.open(path, flags)
     except OSError as e:
-        if e.errno == getattr(os, "ELOOP", -1) or (os.path.islink(path)):
+        if not follow and (e.errno == getattr(os, "ELOOP", -1) or os.path.islink(path)):
             raise UnsafePath(f"{path}: is a symbolic link; dataset files must be regular files") from None
         raise
     st = os.fstat(fd)
@@ -60,9 +68,10 @@ def map_readonly(path: str):
         os.close(fd)
 
 
-def read_bounded(path: str, limit: int, what: str = "file") -> bytes:
-    """The whole content of a small regular file, refusing one larger than `limit` bytes."""
-    fd = open_regular(path)
+def read_bounded(path: str, limit: int, what: str = "file", follow: bool = False) -> bytes:
+    """The whole content of a regular file, refusing one larger than `limit` bytes before
+    reading any of it (a sparse or huge file costs nothing); `follow` as in open_regular."""
+    fd = open_regular(path, follow)
     try:
         size = os.fstat(fd).st_size
         if size > limit:

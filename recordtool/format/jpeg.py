@@ -29,6 +29,16 @@ _SOF_UNSUPPORTED = {0xC3: "lossless", 0xC5: "hierarchical", 0xC6: "hierarchical 
                     0xCF: "hierarchical lossless (arithmetic)"}
 
 
+# Decode-cost limits, shared with native/fused.cpp (kMaxScans, kCoefRatio, kCoefFloor): a small
+# file must not make a decoder spend unbounded time (thousands of empty progressive scans) or
+# memory (a multi-scan file buffers every coefficient of the declared image: 128 bytes per
+# 8x8 block). A Huffman-coded file spends at least one bit per block in its DC scan, so a
+# complete one never needs more than 1024x its size in coefficients.
+MAX_SCANS = 100
+COEF_RATIO = 1024
+COEF_FLOOR = 4 << 20
+
+
 class NotJPEG(ValueError):
     """Bytes that are not a JPEG at all (wrong magic)."""
 
@@ -47,6 +57,8 @@ class JpegInfo:
     progressive: bool
     arithmetic: bool
     precision: int
+    scans: int = 1  # SOS markers (progressive / multi-scan files have several)
+    coef_bytes: int = 0  # whole-image coefficient buffer a multi-scan decode allocates (0: single scan)
 
     @property
     def decodable_as_is(self) -> bool:
@@ -143,6 +155,10 @@ def probe(data) -> JpegInfo:
             if data.rfind(b"\xff\xd9", scan_start) < 0:
                 raise BadJPEG(f"truncated: no EOI marker after the scan data starting at offset "
                               f"{scan_start} (file is {n} bytes)")
+            comps_in_scan = data[seg] if seg < n else 0
+            # FFDA cannot occur in entropy-coded data (0xFF is stuffed): this counts the scans
+            # (a table segment between scans could hold the pair: an over-count, never an under-count)
+            scans = 1 + data.count(b"\xff\xda", scan_start)
             break
         pos += seg_len
     marker, width, height, ncomp, factors, precision = sof
@@ -154,6 +170,28 @@ def probe(data) -> JpegInfo:
     else:
         cs = CS_YCCK if adobe_transform == 2 else CS_CMYK
     chroma = _chroma(factors) if ncomp != 4 else CHROMA_UNKNOWN
+    progressive = marker in _SOF_PROGRESSIVE or marker == 0xCA
+    coef = coefficient_bytes(width, height, factors) if (progressive or comps_in_scan < ncomp) else 0
     return JpegInfo(width=width, height=height, channels=ncomp, chroma=chroma, colorspace=cs,
-                    progressive=marker in _SOF_PROGRESSIVE or marker == 0xCA,
-                    arithmetic=marker in _SOF_ARITH, precision=precision)
+                    progressive=progressive, arithmetic=marker in _SOF_ARITH, precision=precision,
+                    scans=scans, coef_bytes=coef)
+
+
+def coefficient_bytes(width: int, height: int, factors: list) -> int:
+    """Bytes of libjpeg's whole-image coefficient buffer: 64 int16 per block, each component's
+    blocks padded to whole MCUs (reference of native/fused.cpp coef_bytes)."""
+    mh, mv = max(h for h, _ in factors), max(v for _, v in factors)
+    mcux, mcuy = -(-width // (8 * mh)), -(-height // (8 * mv))
+    return sum(mcux * h * mcuy * v for h, v in factors) * 128
+
+
+def decode_refusal(info: JpegInfo, size: int) -> str | None:
+    """Why the decoders refuse this JPEG before decoding it (too many scans, a coefficient
+    buffer out of proportion to the file's `size` bytes), or None. Same rule as the native
+    decoder's (native/fused.cpp run_one); pack and verify apply it too."""
+    if info.scans > MAX_SCANS:
+        return f"{info.scans} scans, more than the {MAX_SCANS} a decoder will read (hostile progressive file?)"
+    if info.coef_bytes > max(COEF_FLOOR, COEF_RATIO * size):
+        return (f"multi-scan JPEG declares {info.width}x{info.height}: its {info.coef_bytes}-byte coefficient "
+                f"buffer is more than {COEF_RATIO}x its {size} bytes (truncated or hostile file)")
+    return None

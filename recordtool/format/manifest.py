@@ -18,6 +18,9 @@ REPORT_FILE = "pack_report.json"
 FORMAT_NAME = "recordtool-ofrecord"
 FORMAT_VERSION = 1
 MAX_BYTES = 256 << 20  # a manifest larger than this is refused unread (~2M shard entries)
+# Labels must stay below this by default (`--max-classes`): the manifest stores a class name
+# per label, so one record labelled 10**7 would otherwise make a manifest of a hundred megabytes.
+MAX_CLASSES = 1_000_000
 _HEX8 = re.compile(r"^[0-9a-f]{8}$")
 
 
@@ -105,7 +108,8 @@ def _need(cond: bool, path: str, what: str) -> None:
 
 
 def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    """A JSON integer that fits the int64 arithmetic readers do with it."""
+    return isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63
 
 
 def validate(m, path: str = MANIFEST_FILE) -> dict:

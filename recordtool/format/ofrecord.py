@@ -19,6 +19,11 @@ LENGTH_SIZE = LENGTH.size
 # protobuf wire types
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 
+# A record (OFRecord or TFRecord) shorter than this holds no image of any format we take with
+# its key and label (a 1x1 PNG alone is 67 bytes): such records are counted per file while
+# listing, not listed one by one, so millions of tiny records cost neither minutes nor gigabytes.
+MIN_RECORD_BYTES = 64
+
 # Feature.kind field numbers (proto/ofrecord.proto)
 BYTES_LIST, FLOAT_LIST, DOUBLE_LIST, INT32_LIST, INT64_LIST = 1, 2, 3, 4, 5
 

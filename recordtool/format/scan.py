@@ -14,8 +14,8 @@ from ..errors import FormatError, OnError, on_error as _on_error, report
 from . import files
 from . import index as ix
 from . import manifest as mf
-from .jpeg import BadJPEG, NotJPEG, probe
-from .ofrecord import BYTES_LIST, INT32_LIST, INT64_LIST, decode_ofrecord, iter_records
+from .jpeg import BadJPEG, NotJPEG, decode_refusal, probe
+from .ofrecord import MIN_RECORD_BYTES, BYTES_LIST, INT32_LIST, INT64_LIST, decode_ofrecord, iter_records
 from .writer import KEY_FILENAME, KEY_HEIGHT, KEY_IMAGE, KEY_LABEL, KEY_WIDTH
 
 
@@ -26,8 +26,32 @@ def find_parts(root: str, prefix: str = "part-") -> list[str]:
     return sorted(names, key=lambda n: int(n[len(prefix):]))
 
 
-def record_fields(mm, rec, image_key: str, label_key: str):
-    """(image span (a, b), label, feats) of one framed record; FormatError names file+offset."""
+
+
+class Tiny:
+    """Counts a part's records too short to hold an image: millions of them cost one line in
+    the report (and in the manifest's `skipped`), not one each."""
+
+    def __init__(self, path: str):
+        self.path, self.records, self.first = path, 0, -1
+
+    def count(self, rec) -> bool:
+        """True (and counted) when rec is too short to hold an image."""
+        if rec.length >= MIN_RECORD_BYTES:
+            return False
+        if self.first < 0:
+            self.first = rec.offset
+        self.records += 1
+        return True
+
+    def reason(self) -> str:
+        return (f"{self.path}: offset {self.first}: {self.records} record(s) shorter than {MIN_RECORD_BYTES} "
+                "bytes, too short to hold an image, left out (the first is here)")
+
+
+def record_fields(mm, rec, image_key: str, label_key: str, max_classes: int | None = None):
+    """(image span (a, b), label, feats) of one framed record; FormatError names file+offset
+    (also for a label < 0 or ≥ max_classes)."""
     where = f"{rec.shard}: offset {rec.offset}"
     try:
         feats = decode_ofrecord(mm, rec.data_offset, rec.data_offset + rec.length)
@@ -39,6 +63,8 @@ def record_fields(mm, rec, image_key: str, label_key: str):
     label = _int_value(feats[label_key], label_key, where)
     if label < 0:
         raise FormatError(f"{where}: negative label {label}")
+    if max_classes is not None and label >= max_classes:
+        raise FormatError(f"{where}: label {label} is not below max_classes {max_classes} (--max-classes)")
     return (a, b), label, feats
 
 
@@ -65,7 +91,8 @@ def _int_value(feat, key, where):
 
 
 def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABEL,
-                on_error: OnError | str = "skip", progress: bool = True) -> dict:
+                on_error: OnError | str = "skip", progress: bool = True,
+                max_classes: int = mf.MAX_CLASSES) -> dict:
     """Scan root/part-* and write root/index.rtx + manifest.json. Returns the manifest.
 
     Args:
@@ -74,6 +101,7 @@ def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABE
         on_error: a record that cannot be indexed — "skip" (listed in the manifest's
             `skipped`), "warn", or "raise" (stop; nothing written).
         progress: show a tqdm bar.
+        max_classes: records with a label ≥ this are left out (a class name is stored per label).
     """
     policy = _on_error(on_error)
     names = find_parts(root)
@@ -83,16 +111,19 @@ def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABE
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=sum(os.path.getsize(os.path.join(root, n)) for n in names), unit="B",
+        bar = tqdm(total=sum(os.lstat(os.path.join(root, n)).st_size for n in names), unit="B",
                    unit_scale=True, desc="index")
     for s, name in enumerate(names):
         path = os.path.join(root, name)
         mm, size = files.map_readonly(path)
+        tiny = Tiny(path)
         try:
             count = 0
             for rec in iter_records(mm, path):
+                if tiny.count(rec):
+                    continue
                 try:
-                    (a, b), label, feats = record_fields(mm, rec, image_key, label_key)
+                    (a, b), label, feats = record_fields(mm, rec, image_key, label_key, max_classes)
                     try:
                         info = probe(mm[a:b])
                     except (NotJPEG, BadJPEG) as e:
@@ -101,6 +132,9 @@ def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABE
                     if not info.decodable_as_is:
                         raise FormatError(f"{path}: offset {rec.offset}: CMYK/YCCK JPEG; re-pack with "
                                           "`recordtool pack --from ofrecord` to convert it")
+                    why = decode_refusal(info, b - a)
+                    if why:  # the decoders would refuse it: not indexed (as pack does not pack it)
+                        raise FormatError(f"{path}: offset {rec.offset}: {why}")
                 except FormatError as e:
                     report(policy, str(e), FormatError)
                     skipped.append({"shard": name, "offset": rec.offset, "reason": str(e)})
@@ -110,6 +144,10 @@ def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABE
                     synsets.setdefault(label, syn)
                 builder.add(s, rec.offset, rec.length, a, b - a, label, info)
                 count += 1
+            if tiny.records:
+                report(policy, tiny.reason(), FormatError)
+                skipped.append({"shard": name, "offset": tiny.first, "reason": tiny.reason(),
+                                "records": tiny.records, "shorter_than": MIN_RECORD_BYTES})
             crc = crc32c.crc32c(mm) if size else 0
         finally:
             if isinstance(mm, mmap.mmap):
@@ -120,7 +158,10 @@ def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABE
     if bar is not None:
         bar.close()
     index = builder.finish()
-    nclasses = int(index.label.max()) + 1 if len(index) else 0
+    if not len(index):
+        raise FormatError(f"{root}: no record could be indexed ({len(skipped)} left out"
+                          + (f"; first: {skipped[0]['reason']})" if skipped else ")"))
+    nclasses = int(index.label.max()) + 1
     blob = ix.encode_index(index)
     manifest = mf.build(
         records=len(index), shards=shards,

@@ -1,17 +1,32 @@
-"""Write a dataset directory: part files, index, manifest — all or nothing.
+"""Write a dataset directory: part files, index, manifest — all or nothing — without ever
+touching what is not ours.
 
 Everything is written under OUT/.partial/ and moved into OUT only when complete, manifest
-last: a dataset is finished exactly when manifest.json exists. A killed pack leaves
-.partial/ behind, which the next run removes before starting again.
+last: a dataset is finished exactly when manifest.json exists. What is ours in OUT is decided
+by our own records, never by a file name:
+- `.partial/pack.json` (created right after `.partial/`, JSON with `"tool": "recordtool"`)
+  marks `.partial` as ours; its `publishing` list names files being moved into (or removed
+  from) OUT, so a pack killed half-way through a publish or a cleanup leaves nothing that the
+  next run cannot recognise. A `.partial` without the marker is foreign and never deleted.
+- a finished dataset is ours only if its manifest.json loads as a recordtool manifest, and
+  `--overwrite` then removes exactly the files it lists (shards, index, report) and itself.
+- `OUT/.recordtool.lock` (flock, non-blocking) is held for the whole pack: a second pack into
+  the same OUT fails at once. The lock file stays (removing it would race with a waiter).
+- OUT may not be SRC, inside SRC, or hold SRC.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
+import json
 import os
+import re
 import shutil
+import stat
 
 import crc32c
 
-from ..errors import OutputExists
+from ..errors import FormatError, OutputExists, RecordtoolError, UnsafePath
 from . import files
 from . import index as ix
 from . import manifest as mf
@@ -19,8 +34,13 @@ from .jpeg import JpegInfo
 from .ofrecord import LENGTH_SIZE, encode_ofrecord, frame
 
 PARTIAL_DIR = ".partial"
+MARKER_FILE = "pack.json"  # in .partial: {"tool": "recordtool", "publishing": [...], ...plan fields}
+LOCK_FILE = ".recordtool.lock"
 SHARD_PREFIX = "part-"
 SHARD_DIGITS = 5
+_MARKER_MAX = 64 << 20
+# names a pack writes into OUT: a foreign file by one of these names is never replaced
+_OUR_NAMES = re.compile(r"^(part-\d+|index\.rtx|manifest\.json|pack_report\.json)(\.tmp)?$")
 
 # OneFlow ImageNet converter's keys
 KEY_IMAGE = "encoded"
@@ -34,25 +54,166 @@ def shard_name(i: int) -> str:
     return f"{SHARD_PREFIX}{i:0{SHARD_DIGITS}d}"
 
 
-def claim_output(out: str, overwrite: bool) -> None:
-    """Make OUT ready for a new pack, refusing to clobber anything that is not ours."""
+def check_separate(out: str, sources=()) -> None:
+    """Refuse an OUT that is a source, lies inside one, or holds one (resolved paths): packing
+    into SRC would pack the output as a class, and `--overwrite` would remove the input.
+
+    Args:
+        out: the dataset directory to write.
+        sources: paths of what is read (a folder, OFRecord part folder, TFRecord files).
+    """
+    ro = os.path.realpath(out)
+    for src in sources:
+        rs = os.path.realpath(src)
+        if ro == rs:
+            raise OutputExists(f"{out}: is the source {src} itself; write to a new directory (then move it) "
+                               "instead of re-packing in place")
+        if os.path.isdir(rs) and ro.startswith(rs.rstrip(os.sep) + os.sep):
+            raise OutputExists(f"{out}: lies inside the source folder {src}; choose an OUT outside it")
+        if rs.startswith(ro.rstrip(os.sep) + os.sep):
+            raise OutputExists(f"{out}: holds the source {src}; choose an OUT that does not contain it")
+
+
+def lock_output(out: str) -> int:
+    """Take OUT's pack lock (flock on OUT/.recordtool.lock, never blocking); returns its fd,
+    held until closed. OutputExists when another pack holds it."""
+    path = os.path.join(out, LOCK_FILE)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafePath(f"{path}: is a symbolic link; remove it") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafePath(f"{path}: is not a regular file; remove it")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise OutputExists(f"{out}: another recordtool pack is writing here ({path} is locked)") from None
+        raise
+    return fd
+
+
+def read_marker(out: str) -> dict | None:
+    """OUT/.partial/pack.json if .partial is a directory of ours (the marker loads and says
+    `"tool": "recordtool"`), else None."""
+    partial = os.path.join(out, PARTIAL_DIR)
+    try:
+        if not stat.S_ISDIR(os.lstat(partial).st_mode):  # a link or a file there is not ours
+            return None
+        raw = files.read_bounded(os.path.join(partial, MARKER_FILE), _MARKER_MAX, "pack marker")
+        m = json.loads(raw)
+    except (OSError, ValueError, FormatError):
+        return None
+    if not isinstance(m, dict) or m.get("tool") != "recordtool":
+        return None
+    if not (isinstance(m.get("publishing", []), list) and all(isinstance(n, str) for n in m.get("publishing", []))):
+        return None
+    return m
+
+
+def write_marker(out: str, marker: dict) -> None:
+    """Replace OUT/.partial/pack.json (temp file + rename): other fields are kept by callers
+    that read, update and write it back."""
+    files.replace_tmp(os.path.join(out, PARTIAL_DIR, MARKER_FILE), mf.dump(marker))
+
+
+def _listed(manifest: dict) -> list:
+    """Files a finished dataset of ours consists of (besides its manifest)."""
+    names = [s["name"] for s in manifest["shards"]] + [manifest["index"]["file"]]
+    if "report" in manifest:
+        names.append(manifest["report"])
+    return names
+
+
+def _remove_file(out: str, name: str) -> None:
+    """Remove OUT/name if it is a file or a link (a link is removed, never followed)."""
+    path = os.path.join(out, files.plain_name(name))
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        raise OutputExists(f"{path}: is a directory where recordtool's file was; remove it yourself")
+    os.unlink(path)
+
+
+def claim_output(out: str, overwrite: bool, sources=()) -> int:
+    """Make OUT ready for a new pack, removing only what is provably ours; returns the fd of
+    the pack lock (see module doc), held until the caller closes it.
+
+    Args:
+        out: the dataset directory (created when missing).
+        overwrite: replace a finished dataset of ours in OUT.
+        sources: paths the pack reads (see check_separate).
+    """
+    check_separate(out, sources)
     os.makedirs(out, exist_ok=True)
-    names = set(os.listdir(out))
-    finished = mf.MANIFEST_FILE in names
-    ours = finished or PARTIAL_DIR in names
-    if names and not ours:
-        raise OutputExists(f"{out}: not empty and holds no recordtool dataset; "
-                           "choose an empty or new directory")
-    if finished and not overwrite:
-        raise OutputExists(f"{out}: already holds a finished dataset; pass --overwrite to replace it")
-    # remove what a finished or killed pack of ours left: manifest first, so a kill during the
-    # cleanup still leaves nothing that looks finished
-    for name in sorted(names, key=lambda nm: nm != mf.MANIFEST_FILE):
-        if name in (ix.INDEX_FILE, mf.REPORT_FILE, mf.MANIFEST_FILE) or \
-                (name.startswith(SHARD_PREFIX) and name[len(SHARD_PREFIX):].isdigit()):
-            os.remove(os.path.join(out, name))
-    shutil.rmtree(os.path.join(out, PARTIAL_DIR), ignore_errors=True)
-    os.makedirs(os.path.join(out, PARTIAL_DIR))
+    lock_path = os.path.join(out, LOCK_FILE)
+    new_lock = not os.path.lexists(lock_path)
+    lock = lock_output(out)
+    try:
+        _claim(out, overwrite)
+    except BaseException:
+        if new_lock:  # refused a directory that is not ours: leave no trace in it
+            os.unlink(lock_path)
+        os.close(lock)
+        raise
+    return lock
+
+
+def _claim(out: str, overwrite: bool) -> None:
+    names = set(os.listdir(out)) - {LOCK_FILE}
+    partial = os.path.join(out, PARTIAL_DIR)
+    marker = None
+    if PARTIAL_DIR in names:
+        marker = read_marker(out)
+        if marker is None:
+            st = os.lstat(partial)
+            if not (stat.S_ISDIR(st.st_mode) and not os.listdir(partial)):  # empty: killed before the marker
+                raise OutputExists(f"{partial}: not made by recordtool (no {MARKER_FILE} marker saying so); "
+                                   "remove it yourself or choose another OUT")
+            marker = {"tool": "recordtool"}
+    finished = None
+    if mf.MANIFEST_FILE in names:
+        try:
+            finished = mf.load(out)
+        except FormatError as e:
+            raise OutputExists(f"{out}: holds a manifest.json that is not a recordtool manifest ({e}); "
+                               "choose another OUT") from None
+        if not overwrite:
+            raise OutputExists(f"{out}: already holds a finished dataset; pass --overwrite to replace it")
+    if finished is None and marker is None and names:
+        raise OutputExists(f"{out}: not empty and holds no recordtool dataset; choose an empty or new directory")
+    ours = set(marker.get("publishing", [])) if marker else set()
+    if finished is not None:
+        ours |= set(_listed(finished)) | {mf.MANIFEST_FILE}
+    ours &= names
+    clash = sorted(n for n in names - ours if _OUR_NAMES.match(n))
+    if clash:
+        raise OutputExists(f"{out}: holds {', '.join(clash[:5])}, which recordtool did not write (no manifest or "
+                           "pack marker of ours lists them) and a pack would replace; move them away")
+    # .partial (ours) emptied but for the marker, which from now on lists what is removed: a
+    # kill during the cleanup leaves files the next run still knows to be ours
+    if marker is not None and os.path.isdir(partial) and not os.path.islink(partial):
+        for n in os.listdir(partial):
+            if n != MARKER_FILE:
+                p = os.path.join(partial, n)
+                if os.path.isdir(p) and not os.path.islink(p):
+                    shutil.rmtree(p)
+                else:
+                    os.unlink(p)
+    else:
+        os.mkdir(partial)
+    write_marker(out, {"tool": "recordtool", "publishing": sorted(ours)})
+    # manifest first: a kill during the cleanup never leaves something that looks finished
+    for name in sorted(ours, key=lambda nm: nm != mf.MANIFEST_FILE):
+        _remove_file(out, name)
+    write_marker(out, {"tool": "recordtool", "publishing": []})
 
 
 class ShardWriter:
@@ -99,9 +260,9 @@ class DatasetWriter:
     """Part files, then `commit()` publishes the dataset atomically. Shards are either opened
     in turn (`new_shard` + `add`) or all at once (`open_shards`) for writers running in parallel."""
 
-    def __init__(self, out: str, overwrite: bool = False):
+    def __init__(self, out: str, overwrite: bool = False, sources=()):
         self.out = out
-        claim_output(out, overwrite)
+        self._lock = claim_output(out, overwrite, sources)
         self.tmp = os.path.join(out, PARTIAL_DIR)
         self.writers: list[ShardWriter] = []
 
@@ -138,7 +299,16 @@ class DatasetWriter:
 
     def commit(self, fields: dict, report: dict | None = None) -> dict:
         """Write index + manifest (`fields`: manifest.build's arguments beyond the shards and
-        the index), then move everything into place, manifest last."""
+        the index), then move everything into place, manifest last. A failure before the
+        manifest is published aborts (nothing left that looks finished, .partial removed)."""
+        try:
+            return self._commit(fields, report)
+        except BaseException:
+            if not os.path.exists(os.path.join(self.out, mf.MANIFEST_FILE)):
+                self.abort()
+            raise
+
+    def _commit(self, fields: dict, report: dict | None) -> dict:
         shards = [w.close() for w in self.writers]
         builder = ix.IndexBuilder()
         for w in self.writers:
@@ -157,19 +327,45 @@ class DatasetWriter:
                             keys={"image": KEY_IMAGE, "label": KEY_LABEL, "height": KEY_HEIGHT, "width": KEY_WIDTH,
                                   "filename": KEY_FILENAME}, **fields)
         files.write_new(os.path.join(self.tmp, mf.MANIFEST_FILE), mf.dump(manifest))
+        clash = [n for n in names + [mf.MANIFEST_FILE] if os.path.lexists(os.path.join(self.out, n))]
+        if clash:  # appeared since claim_output (not ours: it removed ours)
+            raise OutputExists(f"{self.out}: {', '.join(clash[:5])} appeared while packing; not replaced")
+        # the marker lists what is about to move into OUT: a kill half-way leaves files there
+        # that the next run knows to be ours
+        marker = read_marker(self.out) or {"tool": "recordtool"}
+        marker["publishing"] = sorted(names + [mf.MANIFEST_FILE])
+        write_marker(self.out, marker)
         for name in names:
             fault_point("publish")
             os.replace(os.path.join(self.tmp, name), os.path.join(self.out, name))
         os.replace(os.path.join(self.tmp, mf.MANIFEST_FILE), os.path.join(self.out, mf.MANIFEST_FILE))
         fault_point("published")
         shutil.rmtree(self.tmp, ignore_errors=True)
+        self._unlock()
         return manifest
 
     def abort(self) -> None:
-        """Drop everything written so far: an aborted pack leaves no trace that looks finished."""
+        """Drop everything written so far: an aborted pack leaves no trace that looks finished.
+        Files already moved into OUT by a commit that failed half-way are ours (the marker
+        lists them) and go too."""
         for w in self.writers:
             w.close()
+        marker = read_marker(self.out)
+        if marker and not os.path.exists(os.path.join(self.out, mf.MANIFEST_FILE)):
+            for name in marker.get("publishing", []):
+                if os.path.exists(os.path.join(self.tmp, name)):
+                    continue  # still in .partial: not moved, nothing of ours in OUT by that name
+                try:
+                    _remove_file(self.out, name)
+                except (OSError, RecordtoolError):
+                    pass
         shutil.rmtree(self.tmp, ignore_errors=True)
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
 
 _faults: dict = {}

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+from ..format.manifest import MAX_CLASSES as DEFAULT_MAX_CLASSES  # noqa: F401  (sources' default)
+
 
 @runtime_checkable
 class Source(Protocol):
@@ -39,3 +41,11 @@ class Source(Protocol):
 
     def close(self) -> None:
         """Release mappings and scratch files."""
+
+
+def source_paths(source) -> list:
+    """The paths a source reads (its folder, or its files): OUT must stay apart from them."""
+    root = getattr(source, "root", None)
+    if root is not None:
+        return [root]
+    return list(getattr(source, "files", []))

@@ -14,9 +14,14 @@ import warnings
 from dataclasses import dataclass
 
 from ..errors import RecordtoolError
-from ..format.jpeg import (BadJPEG, CHROMA_410, CHROMA_411, CHROMA_UNKNOWN, CS_NAMES, JpegInfo, NotJPEG, probe)
+from ..format.jpeg import (BadJPEG, CHROMA_410, CHROMA_411, CHROMA_UNKNOWN, CS_NAMES, JpegInfo, NotJPEG,
+                           decode_refusal, probe)
 
 DEFAULT_MAX_PIXELS = 64 * 1024 * 1024  # same default as the decoders' bomb check
+# An image file larger than this is refused from its size, before it is read: a record's
+# image must stay far below the format's 4 GiB (uint32 lengths), and a sparse or huge file
+# must not cost its size in memory per reader thread.
+MAX_IMAGE_BYTES = 256 << 20
 CONVERT_QUALITY = 95
 
 
@@ -68,8 +73,12 @@ def _check_pixels(width: int, height: int, max_pixels: int) -> None:
 
 
 def prepare(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, transcode: Transcode = NO_TRANSCODE) -> Prepared:
+    """Bytes every decoder of ours takes, with their header info; Rejected with the reason
+    (empty, too large, not an image, a JPEG no decoder should start on, …)."""
     if len(data) == 0:
         raise Rejected("empty file (0 bytes)")
+    if len(data) > MAX_IMAGE_BYTES:
+        raise Rejected(f"{len(data)} bytes, more than the {MAX_IMAGE_BYTES} an image may have")
     try:
         info = probe(data)
     except NotJPEG:
@@ -77,6 +86,9 @@ def prepare(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, transcode: Transc
     except BadJPEG as e:
         raise Rejected(f"bad JPEG: {e}") from None
     _check_pixels(info.width, info.height, max_pixels)
+    why = decode_refusal(info, len(data))
+    if why:  # the decoders would refuse it: never put it in a dataset
+        raise Rejected(f"bad JPEG: {why}")
     if not info.decodable_as_is:
         return _convert(data, max_pixels, transcode, f"{CS_NAMES[info.colorspace].upper()} JPEG")
     if transcode.max_side and max(info.width, info.height) > transcode.max_side:

@@ -8,9 +8,10 @@ from ..errors import FormatError, OnError, on_error as _on_error, report
 from ..format import files
 from ..format import manifest as mf
 from ..format.ofrecord import iter_records
-from ..format.scan import find_parts, record_fields, synset_of
+from ..format.scan import Tiny, find_parts, record_fields, synset_of
 from ..format.writer import KEY_FILENAME
-from .image import Rejected
+from .base import DEFAULT_MAX_CLASSES
+from .image import MAX_IMAGE_BYTES, Rejected
 
 
 @dataclass(frozen=True)
@@ -31,12 +32,13 @@ class OFRecordSource:
         image_key, label_key: feature keys of the image bytes and the integer label.
         on_error: a record or part whose framing is broken: "raise", "warn" or "skip" (listed
             in the pack report either way).
+        max_classes: records with a label ≥ this are refused (a class name is stored per label).
     """
 
     kind = "ofrecord"
 
     def __init__(self, root: str, image_key: str = "encoded", label_key: str = "class/label",
-                 on_error: OnError | str = "skip"):
+                 on_error: OnError | str = "skip", max_classes: int = DEFAULT_MAX_CLASSES):
         policy = _on_error(on_error)
         self.root = root
         self.names = find_parts(root)
@@ -47,10 +49,13 @@ class OFRecordSource:
             path = os.path.join(root, name)
             mm, _ = files.map_readonly(path)
             self._maps.append(mm)
+            tiny = Tiny(path)
             try:
                 for rec in iter_records(mm, path):
+                    if tiny.count(rec):
+                        continue
                     try:
-                        span, label, feats = record_fields(mm, rec, image_key, label_key)
+                        span, label, feats = record_fields(mm, rec, image_key, label_key, max_classes)
                     except FormatError as e:
                         report(policy, str(e), FormatError)
                         self.skipped.append((f"{path}: offset {rec.offset}", str(e)))
@@ -64,6 +69,9 @@ class OFRecordSource:
             except FormatError as e:  # framing broken: the rest of this part is unreadable
                 report(policy, str(e), FormatError)
                 self.skipped.append((path, str(e)))
+            if tiny.records:
+                report(policy, tiny.reason(), FormatError)
+                self.skipped.append((f"{path}: offset {tiny.first}", tiny.reason()))
         self._classes = None
         if os.path.exists(os.path.join(root, mf.MANIFEST_FILE)):  # ours: keep its class names
             try:
@@ -79,6 +87,8 @@ class OFRecordSource:
         a, b = item.image
         if b <= a:
             raise Rejected("empty image bytes")
+        if b - a > MAX_IMAGE_BYTES:
+            raise Rejected(f"{b - a} bytes of image, more than the {MAX_IMAGE_BYTES} an image may have")
         fn = bytes(mm[item.filename[0]:item.filename[1]]) if item.filename else b""
         return bytes(mm[a:b]), item.label, fn
 

@@ -16,7 +16,13 @@ from dataclasses import dataclass, field
 import crc32c
 
 from ..errors import FormatError, OnError, on_error as _on_error, report
-from .image import Rejected
+from ..format import files as _files
+from ..format.ofrecord import MIN_RECORD_BYTES
+from .image import MAX_IMAGE_BYTES, Rejected
+from .base import DEFAULT_MAX_CLASSES
+
+DEFAULT_MAX_INFLATE = 20.0  # a compressed file may inflate to this many times its size …
+INFLATE_FLOOR = 256 << 20  # … or to this many bytes, whichever is larger (JPEG records barely compress)
 
 _HDR = struct.Struct("<QI")
 _U32 = struct.Struct("<I")
@@ -46,7 +52,7 @@ def frame_record(data: bytes) -> bytes:
     return length + _U32.pack(masked_crc(length)) + data + _U32.pack(masked_crc(data))
 
 
-@dataclass
+@dataclass(slots=True)
 class Span:
     file: int  # index into the source's file list
     offset: int  # of the record header, in the (inflated) file
@@ -64,27 +70,38 @@ def scan_buffer(buf, name: str, file_no: int, policy: OnError, out: ScanResult) 
 
     A bad data CRC skips that record only (its length was verified, framing holds); a bad
     length CRC or a truncated record ends this file, since nothing after it can be trusted.
+    Records too short to hold an image are counted, not listed one by one (one problem per
+    file), so millions of tiny records cost neither memory nor a report line each.
     """
     pos, n = 0, len(buf)
+    tiny, first_tiny = 0, -1
     while pos < n:
         if n - pos < _HDR.size:
             _problem(out, policy, name, pos, f"truncated: {n - pos} trailing bytes, too few for a record header")
-            return
+            break
         length, lcrc = _HDR.unpack_from(buf, pos)
         if masked_crc(buf[pos:pos + 8]) != lcrc:
             _problem(out, policy, name, pos, "length CRC mismatch (corrupt record header); rest of file skipped")
-            return
+            break
         end = pos + 12 + length + 4
         if end > n:
             _problem(out, policy, name, pos, f"truncated: record of {length} bytes needs {end - pos} bytes, "
                                              f"file has {n - pos} left")
-            return
-        (dcrc,) = _U32.unpack_from(buf, pos + 12 + length)
-        if masked_crc(buf[pos + 12:pos + 12 + length]) != dcrc:
-            _problem(out, policy, name, pos, "data CRC mismatch; record skipped")
+            break
+        if length < MIN_RECORD_BYTES:
+            tiny += 1
+            if first_tiny < 0:
+                first_tiny = pos
         else:
-            out.spans.append(Span(file_no, pos, length))
+            (dcrc,) = _U32.unpack_from(buf, pos + 12 + length)
+            if masked_crc(buf[pos + 12:pos + 12 + length]) != dcrc:
+                _problem(out, policy, name, pos, "data CRC mismatch; record skipped")
+            else:
+                out.spans.append(Span(file_no, pos, length))
         pos = end
+    if tiny:
+        _problem(out, policy, name, first_tiny, f"{tiny} record(s) shorter than {MIN_RECORD_BYTES} bytes, too short "
+                                                "to hold an image, skipped (the first is here)")
 
 
 def _problem(out, policy, name, offset, reason):
@@ -111,40 +128,64 @@ def _looks_uncompressed(head: bytes) -> bool:
     return len(head) >= 12 and masked_crc(head[:8]) == _U32.unpack_from(head, 8)[0]
 
 
-def inflate(path: str, tmpdir: str, compression: str, tag: int = 0) -> tuple[str, str | None]:
+def _looks_zlib(head: bytes) -> bool:
+    """RFC 1950 header: deflate method, window ≤ 32K, header check bits."""
+    return len(head) >= 2 and head[0] & 0x0F == 8 and head[0] >> 4 <= 7 and (head[0] << 8 | head[1]) % 31 == 0
+
+
+def inflate(path: str, tmpdir: str, compression: str, tag: int = 0,
+            max_inflate: float = DEFAULT_MAX_INFLATE) -> tuple[str, str | None]:
     """Return a path holding the uncompressed records (the file itself when not compressed),
-    and a problem string when the compressed stream was damaged (what came before is kept)."""
-    with open(path, "rb") as f:
+    and a problem string when the compressed stream was damaged or inflated past
+    max(max_inflate × its size, INFLATE_FLOOR) bytes (what came before is kept).
+    FormatError when `compression="auto"` finds neither records nor a GZIP/ZLIB stream."""
+    fd = _files.open_regular(path, follow=True)  # a FIFO or device is refused, not waited on
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         head = f.read(12)
     if compression == "auto":
         if _looks_uncompressed(head) or not head:
             return path, None
-        compression = "gzip" if head[:2] == b"\x1f\x8b" else "zlib"
+        if head[:2] == b"\x1f\x8b":
+            compression = "gzip"
+        elif _looks_zlib(head):
+            compression = "zlib"
+        else:
+            raise TFRecordError(f"{path}: offset 0: not a TFRecord file (the first record's length CRC does not "
+                                "match) and not GZIP or ZLIB compressed")
     if compression == "none":
         return path, None
     wbits = 31 if compression == "gzip" else 15
+    limit = max(int(max_inflate * size), INFLATE_FLOOR)
     os.makedirs(tmpdir, exist_ok=True)
     out_path = os.path.join(tmpdir, f"{tag:05d}-{os.path.basename(path)}.raw")
     d = zlib.decompressobj(wbits)
     problem = None
-    consumed = 0
-    with open(path, "rb") as f, open(out_path, "wb") as o:
-        while True:
+    consumed = written = 0
+    fd = _files.open_regular(path, follow=True)
+    with os.fdopen(fd, "rb") as f, open(_files.create_exclusive(out_path), "wb", closefd=True) as o:
+        while problem is None and not d.eof:
             chunk = f.read(1 << 20)
             if not chunk:
+                problem = f"{compression} stream truncated at compressed offset {consumed}"
                 break
-            try:
-                o.write(d.decompress(chunk))
-            except zlib.error as e:
-                problem = f"{compression} stream corrupt near compressed offset {consumed} ({e})"
-                break
+            data = chunk
+            while data and problem is None:
+                try:  # at most 4 MiB out per step: a bomb never sits in memory whole
+                    piece = d.decompress(data, 4 << 20)
+                except zlib.error as e:
+                    problem = f"{compression} stream corrupt near compressed offset {consumed} ({e})"
+                    break
+                written += len(piece)
+                if written > limit:
+                    problem = (f"{compression} stream inflates past {limit} bytes ({max_inflate:g}x its {size}; "
+                               "--max-inflate): decompression bomb? stopped there")
+                    break
+                o.write(piece)
+                data = d.unconsumed_tail
+                if d.eof:
+                    break
             consumed += len(chunk)
-            if d.eof:
-                break
-        if problem is None and not d.eof:
-            problem = f"{compression} stream truncated at compressed offset {consumed}"
-        if problem is None:
-            o.write(d.flush())
     return out_path, problem
 
 
@@ -159,33 +200,47 @@ class TFRecordSource:
         compression: "auto", "none", "gzip" or "zlib".
         on_error: a damaged record or stream: "raise", "warn" or "skip" (listed in the pack
             report either way).
+        max_inflate: a GZIP/ZLIB file may inflate to this many times its size (at least
+            256 MiB); past that the rest of the file is skipped and reported.
+        max_classes: records with a label ≥ this are refused (a class name is stored per label).
     """
 
     kind = "tfrecord"
 
     def __init__(self, patterns, keys: dict, tmpdir: str | None = None, compression: str = "auto",
-                 on_error: OnError | str = "skip"):
+                 on_error: OnError | str = "skip", max_inflate: float = DEFAULT_MAX_INFLATE,
+                 max_classes: int = DEFAULT_MAX_CLASSES):
         import tempfile
 
         policy = _on_error(on_error)
 
         self.files = expand(patterns)
-        self._tmp = tempfile.mkdtemp(prefix="recordtool-tfrecord-", dir=tmpdir)
-        tmpdir = self._tmp
         self.keys = keys
         self.compression = compression
+        self.max_classes = max_classes
         self.skipped, self.warnings = [], []
         self._paths, self._maps = [], []
+        self._tmp = tempfile.mkdtemp(prefix="recordtool-tfrecord-", dir=tmpdir)
+        try:
+            self._list(policy, compression, max_inflate)
+        except BaseException:  # no scratch file survives a failure
+            self.close()
+            raise
+
+    def _list(self, policy, compression, max_inflate):
         result = ScanResult()
         for k, path in enumerate(self.files):
-            raw, problem = inflate(path, tmpdir, compression, k)
+            raw, problem = inflate(path, self._tmp, compression, k, max_inflate)
             if problem:
                 report(policy, f"{path}: {problem}", TFRecordError)
                 result.problems.append((path, 0, problem + "; records before it kept"))
             self._paths.append(raw)
-            with open(raw, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+            fd = _files.open_regular(raw, follow=True)
+            try:
+                size = os.fstat(fd).st_size
+                mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else b""
+            finally:
+                os.close(fd)
             self._maps.append(mm)
             name = path if raw == path else f"{path} (inflated)"
             scan_buffer(mm, name, k, policy, result)
@@ -200,6 +255,8 @@ class TFRecordSource:
         """(image bytes, label, filename bytes) or raise Rejected."""
         from ..format import example_pb2
 
+        if item.length > MAX_IMAGE_BYTES + (1 << 20):  # refused unread: no copy of a huge record
+            raise Rejected(f"record of {item.length} bytes, more than an image of at most {MAX_IMAGE_BYTES} needs")
         data = self._maps[item.file][item.offset + 12:item.offset + 12 + item.length]
         ex = example_pb2.Example()
         try:
@@ -216,6 +273,8 @@ class TFRecordSource:
         label = int(feats[k["label"]].int64_list.value[0]) + int(k.get("label_offset", 0))
         if label < 0:
             raise Rejected(f"label {label} after offset {k.get('label_offset', 0)} is negative")
+        if label >= self.max_classes:
+            raise Rejected(f"label {label} is not below max_classes {self.max_classes} (--max-classes)")
         fn = b""
         if k.get("filename") and k["filename"] in feats and feats[k["filename"]].bytes_list.value:
             fn = feats[k["filename"]].bytes_list.value[0]
@@ -246,4 +305,5 @@ class TFRecordSource:
             if isinstance(mm, mmap.mmap):
                 mm.close()
         self._maps = []
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        if getattr(self, "_tmp", None):
+            shutil.rmtree(self._tmp, ignore_errors=True)

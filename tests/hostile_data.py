@@ -1,0 +1,135 @@
+"""Crafted hostile inputs, shared by tests/test_hostile.py and scripts/fuzz_hostile.py."""
+from __future__ import annotations
+
+import io
+import struct
+
+import numpy as np
+from PIL import Image
+
+
+def _jpeg(w, h, progressive=False, subsampling=2, quality=90, seed=0, mode="RGB") -> bytes:
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    im = Image.fromarray(a, "RGB")
+    if mode != "RGB":
+        im = im.convert(mode)
+    buf = io.BytesIO()
+    im.save(buf, "JPEG", quality=quality, progressive=progressive, subsampling=subsampling)
+    return buf.getvalue()
+
+
+def segments(data: bytes):
+    """(marker, start, end) of each header segment up to and including the first SOS header;
+    end of the SOS entry is where its entropy data starts."""
+    pos, out = 2, []
+    while pos < len(data):
+        marker = data[pos + 1]
+        seg_len = struct.unpack(">H", data[pos + 2:pos + 4])[0]
+        out.append((marker, pos, pos + 2 + seg_len))
+        if marker == 0xDA:
+            break
+        pos += 2 + seg_len
+    return out
+
+
+def set_size(data: bytes, w: int, h: int) -> bytes:
+    """The same bytes with the frame header declaring w x h."""
+    b = bytearray(data)
+    for marker, a, _ in segments(data):
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            b[a + 5:a + 9] = struct.pack(">HH", h, w)
+    return bytes(b)
+
+
+def bomb_progressive(w=8192, h=8192) -> bytes:
+    """A tiny progressive JPEG whose frame declares w x h: its first scan's data ends at once
+    (EOI), so a decoder buffers w x h coefficients for a few hundred bytes of file."""
+    src = _jpeg(16, 16, progressive=True, subsampling=0)
+    segs = segments(src)
+    first_scan_data = segs[-1][2]
+    return set_size(src[:first_scan_data] + b"\x00\x00\xff\xd9", w, h)
+
+
+def many_scans(scans=2000, w=512, h=512) -> bytes:
+    """A progressive JPEG of a few KB with thousands of empty scans: each costs a pass over
+    every block of the declared image."""
+    src = _jpeg(16, 16, progressive=True, subsampling=0)
+    segs = segments(src)
+    head = src[:segs[-1][2]]
+    # the last one-component (AC) scan with the Huffman table segment written just before it,
+    # then its header repeated with no data in between
+    sos, pos = [], segs[-1][1]
+    while True:
+        k = src.find(b"\xff\xda", pos)
+        if k < 0:
+            break
+        n = struct.unpack(">H", src[k + 2:k + 4])[0]
+        if src[k + 4] == 1:
+            d = src.rfind(b"\xff\xc4", pos, k)
+            sos.append((src[d:k] if d >= 0 else b"", src[k:k + 2 + n]))
+        pos = k + 2
+    dht, ac = sos[-1]
+    body = b"\x00" * 8 + dht + ac * scans
+    return set_size(head + body + b"\xff\xd9", w, h)
+
+
+def corrupt_entropy(seed=0) -> bytes:
+    """A baseline JPEG with garbage in its entropy-coded data (libjpeg warns and goes on)."""
+    src = _jpeg(64, 64, seed=seed)
+    start = segments(src)[-1][2]
+    b = bytearray(src)
+    rng = np.random.default_rng(seed)
+    for p in rng.integers(start + 4, len(b) - 4, 40):
+        b[p] = int(rng.integers(0, 255))  # never 0xFF: no marker made up
+    return bytes(b)
+
+
+def big_baseline(w=6000, h=6000) -> bytes:
+    """A real (flat, so small) baseline JPEG of w x h: decoding its full window at scale 1
+    needs w*h*3 bytes of region buffer."""
+    im = Image.new("RGB", (w, h), (90, 120, 200))
+    buf = io.BytesIO()
+    im.save(buf, "JPEG", quality=50)
+    return buf.getvalue()
+
+
+def example(image: bytes, label: int, key_image="image", key_label="label") -> bytes:
+    """A serialized tf.train.Example with an image and an int64 label (tfds keys by default)."""
+    from recordtool.format import example_pb2
+
+    ex = example_pb2.Example()
+    ex.features.feature[key_image].bytes_list.value.append(image)
+    ex.features.feature[key_label].int64_list.value.append(label)
+    return ex.SerializeToString()
+
+
+def tfrecord(records) -> bytes:
+    from recordtool.sources.tfrecord import frame_record
+
+    return b"".join(frame_record(r) for r in records)
+
+
+def ofrecord_part(images_labels) -> bytes:
+    """An OFRecord part file of (image bytes, label) records, as pack writes them."""
+    from recordtool.format.ofrecord import encode_ofrecord, frame
+
+    out = []
+    for image, label in images_labels:
+        out.extend(bytes(p) for p in frame(encode_ofrecord({"encoded": image, "class/label": label})))
+    return b"".join(out)
+
+
+def gzip_bomb(path: str, inflated: int, head: bytes = b"") -> None:
+    """A GZIP file inflating to `head` + zeros up to `inflated` bytes, written in pieces."""
+    import zlib
+
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    with open(path, "wb") as f:
+        f.write(c.compress(head))
+        block = bytes(1 << 22)
+        left = inflated - len(head)
+        while left > 0:
+            f.write(c.compress(block[:min(left, len(block))]))
+            left -= len(block)
+        f.write(c.flush())
