@@ -482,3 +482,32 @@ def test_planner_gives_the_cpu_the_windows_cheapest_for_it():
     assert p.cpu.tolist() == [1, 5] and p.engine.tolist() == [0, 2, 3, 4, 6, 7]
     p = pl.plan(np.full(8, ENGINE, np.int8), np.ones(8, bool))  # without costs: the batch's last ones
     assert p.cpu.tolist() == [6, 7]
+
+
+def test_hostile_multiscan_files_never_reach_the_hybrid_decoder():
+    """A progressive file with thousands of scans, or one declaring 8192² in 156 bytes, is
+    refused by the decoders' rule before nvJPEG's hybrid decoder sees it (no GPU needed to check
+    the routing; on a GPU the CPU path then names it)."""
+    from hostile_data import bomb_progressive, many_scans
+
+    from recordtool.decode.gpu.decoder import _refused
+
+    assert _refused(many_scans()) and _refused(bomb_progressive())
+    assert not _refused(_jpegs(5)[0][4])  # an ordinary progressive file goes to the hybrid decoder
+
+
+@gpu
+def test_hostile_multiscan_files_in_a_gpu_batch_are_named():
+    from hostile_data import bomb_progressive, many_scans
+
+    from recordtool.decode.gpu import GPUDecoder
+
+    bufs, sizes = _jpegs(6)
+    bufs[1], bufs[3] = many_scans(), bomb_progressive()
+    sizes[1], sizes[3] = (512, 512), (8192, 8192)
+    win = random_windows(sizes[:, 0], sizes[:, 1], np.arange(6), 0, 0)
+    routes = _hw(bufs)
+    dec = GPUDecoder(max_batch=8, dtype="uint8", layout="NHWC", split="gpu")
+    dec(bufs, win, np.zeros(6, bool), routes)
+    assert sorted(i for i, _ in dec.last.errors) == [1, 3], dec.last.errors
+    dec.close()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...format.jpeg import CHROMA_444
+from ...format.jpeg import CHROMA_444, BadJPEG, NotJPEG, decode_refusal, probe
 from .. import cpu
 from ..ops import IMAGENET_MEAN, IMAGENET_STD
 from . import kernel as K
@@ -204,8 +204,10 @@ class GPUDecoder:
         windows = np.asarray(windows, np.float64).reshape(n, 4)
         flips = np.asarray(flips, bool).reshape(n)
         routes = np.asarray(routes).reshape(n)
-        if routes.dtype == bool:
-            routes = np.where(routes, ENGINE, CPU)
+        routes = np.where(routes, ENGINE, CPU) if routes.dtype == bool else routes.copy()
+        for i in np.nonzero(routes == HYBRID)[0]:  # multi-scan files: the decoders' refusal rule first
+            if _refused(buffers[i]):
+                routes[i] = CPU  # the CPU path refuses it with the reason, naming the record
         cost = None if heights is None else cpu_cost(windows, heights)
         plan = self.planner.plan(routes, ends_with_eoi(buffers), cost)
         self.buf.ensure(buffers, windows)
@@ -312,6 +314,16 @@ class GPUDecoder:
             if d is not None:
                 d.close()
                 setattr(self, name, None)
+
+
+def _refused(data) -> bool:
+    """True when the native decoder would refuse this JPEG before decoding (too many scans, a
+    coefficient buffer out of proportion to the file: format.jpeg.decode_refusal) or it does not
+    parse: nvJPEG's hybrid decoder would otherwise spend memory and time on it."""
+    try:
+        return decode_refusal(probe(data), len(data)) is not None
+    except (NotJPEG, BadJPEG):
+        return True
 
 
 def to_torch(array, stream=None):
