@@ -49,8 +49,10 @@ def main():
               show_default=True, help="What SRC is: an ImageNet-style folder, TFRecord files (globs allowed), "
               "or a folder of OFRecord part files to re-shard.")
 @click.option("--shards", type=int, default=None, help="Number of part files (default: by --shard-size).")
-@click.option("--shard-size", default=None, help="Target part file size, e.g. 128MB (default 128MB).")
-@click.option("--workers", type=int, default=None, help="Reader threads (default 2×cores). Output is the same for any value.")
+@click.option("--shard-size", default=None, help="Target part file size, e.g. 128MB (default 128MB); with --engine ray "
+              "it sets the shard count (estimated from a sample, printed).")
+@click.option("--workers", type=int, default=None, help="Reader threads (default 2×cores); with --engine ray, the CPUs "
+              "of the local Ray instance it starts. Output is the same for any value.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the pack-time shuffle across shards.")
 @click.option("--on-error", "on_error", type=click.Choice(["skip", "warn", "raise"]), default=None,
               help="A file or record that cannot be packed: skip it (default; listed in pack_report.json), "
@@ -82,15 +84,25 @@ def main():
 @click.option("--max-inflate", type=click.FloatRange(1), default=None,
               help="A GZIP/ZLIB TFRecord may inflate to this many times its size, at least 256 MiB (default 20); "
               "the rest is skipped and reported.")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: threads of this process. ray: one Ray task per shard on a Ray cluster "
+              "(pip install 'recordtool[ray]'; OUT on storage every node sees); same bytes as local.")
+@click.option("--ray-address", default=None,
+              help="With --engine ray: auto (the cluster running here), ray://HOST:PORT, HOST:PORT, or local "
+              "(a new instance; default unless RAY_ADDRESS is set).")
+@click.option("--no-resume", is_flag=True,
+              help="Start over instead of reusing the shards an unfinished earlier run of the same pack finished.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, overwrite, max_pixels, preset, keys,
          image_key, label_key, label_offset, filename_key, compression, max_side, quality, hw_friendly, max_classes,
-         max_inflate, quiet):
+         max_inflate, engine, ray_address, no_resume, quiet):
     """Pack SRC into OUT: OFRecord part files, index.rtx, manifest.json.
 
     Folders (SRC/<class>/<image>) get torchvision ImageFolder labels (sorted class folders →
     0..K-1). JPEG bytes are copied unchanged; CMYK JPEGs, PNGs and other images are converted
     to RGB JPEG; unreadable files or records are skipped and listed in OUT/pack_report.json.
+    With --shards (and always with --engine ray) each part file is filled by its own task; a
+    re-run after a crash reuses the part files the killed run finished.
     """
     from .errors import RecordtoolError
     from .format.manifest import MAX_CLASSES
@@ -137,7 +149,7 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
         summary = run_pack(source, out, shards=shards, shard_size=_size(shard_size) if shard_size else None,
                            workers=workers, seed=seed, on_error=policy, overwrite=overwrite,
                            max_pixels=max_pixels or DEFAULT_MAX_PIXELS, transcode=transcode,
-                           progress=not quiet)
+                           progress=not quiet, engine=engine, ray_address=ray_address, resume=not no_resume)
     except (RecordtoolError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     finally:
@@ -149,6 +161,9 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
         click.echo(f"skipped {f}: {why}", err=True)
     if len(summary.skipped) > 10:
         click.echo(f"… {len(summary.skipped) - 10} more skipped", err=True)
+    if summary.reused:
+        more = f", … {len(summary.reused) - 10} more" if len(summary.reused) > 10 else ""
+        click.echo(f"reused {', '.join(summary.reused[:10])}{more} (finished by an earlier run)", err=True)
     click.echo(summary.line())
 
 

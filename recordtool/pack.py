@@ -2,28 +2,47 @@
 OFRecord shards + index + manifest.
 
 Records are shuffled across shards at pack time with `seed` (sources are class-sorted; a
-sequential read must not be). Items are read and fixed in a thread pool but written in the
-shuffled order, so the output never depends on the worker count.
+sequential read must not be). Two ways to cut them into part files:
+
+- planned (`shards=N`, and always with `engine="ray"`): the driver makes a `Plan` (items per
+  shard); each part file is filled by `fill_shard` — a local thread or a Ray task — and
+  recorded as finished in `OUT/.partial/part-NNNNN.done.json`; the driver merges the index and
+  publishes. A re-run after a crash reuses the shards finished under the same plan.
+- by size (default with the local engine): items are read and fixed in a thread pool and
+  written in order, a new part file when the current one reaches `shard_size`.
+
+Either way the output never depends on the worker count or the engine.
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import threading
 import time
+import uuid
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-
-import numpy as np
+from typing import Literal
 
 from . import __version__
 from .decode.cpu import cores
-from .errors import OnError, PackError, on_error as _on_error, report as _report
-from .format.writer import DatasetWriter, fault_point
+from .errors import FormatError, OnError, PackError, on_error as _on_error, report as _report
+from .format import index as ix
+from .format import manifest as mf
+from .format.writer import PARTIAL_DIR, DatasetWriter, FinishedShard, ShardWriter, fault_point
+from .fs import get_fs
+from .plan import PLAN_VERSION, Options, Plan, ShardTask, make_plan, shuffle
 from .sources.base import Source, source_paths
 from .sources.image import DEFAULT_MAX_PIXELS, NO_TRANSCODE, Rejected, Transcode, prepare
 
 DEFAULT_SHARD_SIZE = 128 * 1024 * 1024
+Engine = Literal["local", "ray"]
+ENGINES = ("local", "ray")
+SAMPLE = 256  # items loaded to estimate the shard count of `engine="ray"` without `shards`
+DONE_SUFFIX = ".done.json"
+DONE_MAX_BYTES = 256 << 20
 
 
 @dataclass
@@ -36,6 +55,9 @@ class Summary:
     converted: list = field(default_factory=list)
     skipped: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
+    engine: str = "local"
+    reused: list = field(default_factory=list)  # part files finished by an earlier run, kept
+    retried: int = 0  # shard tasks Ray ran again after their worker died
 
     def line(self) -> str:
         mb = self.bytes / 1e6
@@ -43,6 +65,10 @@ class Summary:
         s = (f"packed {self.records} records into {self.shards} shards ({mb:.1f} MB) in "
              f"{self.seconds:.2f} s ({rate:.0f} rec/s); converted {len(self.converted)}, "
              f"skipped {len(self.skipped)}")
+        if self.reused:
+            s += f"; reused {len(self.reused)} shards finished by an earlier run"
+        if self.retried:
+            s += f"; {self.retried} shard tasks retried"
         if self.converted or self.skipped or self.warnings:
             s += f" (see {os.path.join(self.out, 'pack_report.json')})"
         return s
@@ -82,19 +108,194 @@ def _load(source, item, max_pixels, transcode):
         return item, e, None, None
 
 
+# ------------------------------------------------------------------ one shard, any engine
+
+@dataclass
+class ShardDone:
+    """What a finished shard task hands back, and what `part-NNNNN.done.json` keeps.
+
+    Attributes:
+        number: part file number.
+        hash: the `ShardTask.hash` it was made under.
+        info: its manifest entry {name, records, bytes, crc32c}.
+        rows: its index rows (`IndexBuilder.rows()`).
+        skipped, converted: [where, reason] of its items.
+        notes: what the source learned loading them (`Source.notes`).
+    """
+
+    number: int
+    hash: str
+    info: dict
+    rows: dict
+    skipped: list
+    converted: list
+    notes: dict
+
+    def to_json(self) -> dict:
+        return {"plan_version": PLAN_VERSION, "number": self.number, "hash": self.hash, "shard": self.info,
+                "rows": self.rows, "skipped": self.skipped, "converted": self.converted, "notes": self.notes}
+
+    @classmethod
+    def from_json(cls, d, where: str) -> "ShardDone":
+        if not isinstance(d, dict) or d.get("plan_version") != PLAN_VERSION:
+            raise FormatError(f"{where}: not a finished-shard record of this recordtool")
+        for key, typ in (("number", int), ("hash", str), ("shard", dict), ("rows", dict), ("skipped", list),
+                         ("converted", list), ("notes", dict)):
+            if not isinstance(d.get(key), typ):
+                raise FormatError(f"{where}: {key!r} must be a {typ.__name__}")
+        ix.IndexBuilder.from_rows(d["rows"], where)  # checked here, so a bad record is never half-used
+        return cls(d["number"], d["hash"], d["shard"], d["rows"], d["skipped"], d["converted"], d["notes"])
+
+
+class _Stopped(Exception):
+    """Another shard task failed under on_error="raise": this one stops early."""
+
+
+def fill_shard(task: ShardTask, source: Source, options: Options, partial: str, fs=None,
+               progress=None, stop: threading.Event | None = None) -> ShardDone:
+    """Read, fix and write one part file into `partial` (OUT/.partial), then record it as
+    finished: the part file is written under a temporary name, flushed, renamed, and only then
+    is `part-NNNNN.done.json` written (atomically) — nothing half-written is ever reused.
+
+    Args:
+        task: the shard's number, name, items and plan hash.
+        source: where the items load from.
+        options: max_pixels, transcode, on_error (RAISE: the first bad item raises PackError
+            naming it; otherwise bad items are listed in the result).
+        partial: the folder to write into, in `fs`'s syntax.
+        fs: the `FileSystem` of `partial` (default: local disk).
+        progress: called with 1 after each item.
+        stop: when set, the task stops early (raises `_Stopped`).
+    """
+    if fs is None:
+        fs, partial = get_fs(partial)
+    final = fs.join(partial, task.name)
+    tmp = fs.join(partial, f"{task.name}.{uuid.uuid4().hex}.tmp")
+    skipped, converted = [], []
+    fault = "record@" + task.name
+    writer = ShardWriter(tmp, task.number, fs, name=task.name)
+    try:
+        for item in task.items:
+            if stop is not None and stop.is_set():
+                raise _Stopped(task.name)
+            item, res, label, filename = _load(source, item, options.max_pixels, options.transcode)
+            if isinstance(res, Rejected):
+                where = source.where(item)
+                if options.on_error is OnError.RAISE:
+                    raise PackError(f"{where}: {res}")
+                skipped.append([where, str(res)])
+            else:
+                if res.converted:
+                    converted.append([source.where(item), f"re-encoded: {res.converted}"])
+                writer.add(res.data, res.info, label, filename)
+                fault_point("record")
+                fault_point(fault)
+            if progress is not None:
+                progress(1)
+        info = writer.close(durable=True)
+    except BaseException:
+        writer.close()
+        try:
+            fs.remove(tmp)
+        except OSError:
+            pass
+        raise
+    labels = set(writer.index.labels())
+    notes = source.notes() if hasattr(source, "notes") else {}
+    done = ShardDone(task.number, task.hash, info, writer.index.rows(), skipped, converted,
+                     {k: v for k, v in notes.items() if int(k) in labels})
+    fs.replace(tmp, final)
+    record = fs.join(partial, task.name + DONE_SUFFIX)
+    tmp_record = f"{record}.{uuid.uuid4().hex}.tmp"
+    fs.write_bytes(tmp_record, mf.dump(done.to_json()))
+    fs.replace(tmp_record, record)
+    return done
+
+
+def finished(task: ShardTask, partial: str, fs) -> ShardDone | None:
+    """The record of `task`'s shard when an earlier run finished it under the same plan hash and
+    its part file is there at the recorded size; None otherwise (the shard is redone)."""
+    record = fs.join(partial, task.name + DONE_SUFFIX)
+    try:
+        if not fs.exists(record):
+            return None
+        done = ShardDone.from_json(json.loads(fs.read_bytes(record, DONE_MAX_BYTES)), record)
+        if done.hash != task.hash or done.number != task.number or done.info.get("name") != task.name:
+            return None
+        if fs.size(fs.join(partial, task.name)) != done.info.get("bytes"):
+            return None
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return done
+
+
+def run_local(tasks: list, source: Source, options: Options, partial: str, workers: int, bar=None) -> list:
+    """Fill `tasks`' shards on a thread pool; the first failure stops the others early."""
+    fs, partial = get_fs(partial)
+    stop = threading.Event()
+    progress = bar.update if bar is not None else None
+
+    def fill(task):
+        if stop.is_set():
+            raise _Stopped(task.name)
+        try:
+            return fill_shard(task, source, options, partial, fs, progress, stop)
+        except BaseException:
+            stop.set()
+            raise
+
+    ex = ThreadPoolExecutor(max_workers=max(1, min(workers, len(tasks))), thread_name_prefix="recordtool-shard")
+    try:
+        futures = [ex.submit(fill, t) for t in tasks]
+        wait(futures)
+    except BaseException:  # Ctrl-C: the shard threads stop at their next item
+        stop.set()
+        raise
+    finally:
+        ex.shutdown(wait=True)
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:  # the failure itself, not the shards it stopped
+        raise next((e for e in errors if not isinstance(e, _Stopped)), errors[0])
+    return [f.result() for f in futures]
+
+
+def estimate_shards(source: Source, shuffled: list, shard_size: int, options: Options, workers: int) -> int:
+    """A shard count for `shard_size` when none is given (engine="ray"): the mean output size of
+    the first SAMPLE items in pack order (loaded and fixed as pack will), times the item count.
+    Deterministic: the same input, seed and options give the same count."""
+    sample = shuffled[:SAMPLE]
+    if not sample:
+        return 1
+    total = 0
+    for _, res, _, _ in ordered_map(lambda it: _load(source, it, options.max_pixels, options.transcode), sample,
+                                    workers):
+        if not isinstance(res, Rejected):
+            total += len(res.data) + 64  # + OFRecord framing and features
+    est = total / len(sample) * len(shuffled)
+    return max(1, min(len(shuffled), round(est / shard_size)))
+
+
+# ------------------------------------------------------------------ the command
+
 def pack(src: str | os.PathLike | Source, out: str, *, shards: int | None = None, shard_size: int | None = None,
          workers: int | None = None, seed: int = 0, on_error: OnError | str = "skip", overwrite: bool = False,
          max_pixels: int = DEFAULT_MAX_PIXELS, transcode: Transcode = NO_TRANSCODE,
-         progress: bool = True) -> Summary:
+         progress: bool = True, engine: Engine = "local", ray_address: str | None = None,
+         resume: bool = True) -> Summary:
     """Pack a source into OUT: OFRecord part files, index.rtx, manifest.json (all or nothing).
 
     Args:
         src: an ImageNet-style folder path, or a `Source` (TFRecordSource, OFRecordSource).
         out: the dataset directory to write (created; must be empty, ours, or --overwrite).
         shards: number of part files; each is filled by its own task (same bytes for any
-            `workers`). Exclusive with `shard_size`.
+            `workers` and either engine). Exclusive with `shard_size`.
         shard_size: target part-file size in bytes (default 128 MiB) when `shards` is not given.
-        workers: reader threads (default 2 × cores); the output does not depend on it.
+            The local engine fills part files in turn up to it; the Ray engine derives a shard
+            count from it (`estimate_shards`), reported in the summary — `shards=` that count
+            gives the same bytes locally.
+        workers: the local engine's reader threads (default 2 × cores); with `engine="ray"`,
+            the CPUs of the local Ray instance pack starts (default: all). The output does not
+            depend on it.
         seed: seed of the pack-time shuffle across shards.
         on_error: a file or record that cannot be packed — "skip" (default: listed in
             pack_report.json), "warn" (listed and a warning), "raise" (stop, nothing published;
@@ -103,17 +304,32 @@ def pack(src: str | os.PathLike | Source, out: str, *, shards: int | None = None
         max_pixels: images declaring more pixels are refused (decompression bombs).
         transcode: optional re-encoding (`Transcode`: max_side, quality, hw_friendly).
         progress: show a tqdm bar.
+        engine: "local" (threads of this process) or "ray" (one Ray task per shard, on the
+            cluster of `ray_address`; needs `pip install 'recordtool[ray]'` and OUT on storage
+            every node sees).
+        ray_address: the cluster to use: None (RAY_ADDRESS if set, else a new local instance),
+            "auto" (the cluster running on this machine), "ray://HOST:PORT", "HOST:PORT" or "local".
+        resume: reuse the shards an unfinished earlier run of the same plan finished (planned
+            packs only); False starts over.
     """
     t0 = time.perf_counter()
     policy = _on_error(on_error)
     strict = policy is OnError.RAISE
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     if shards is not None and shard_size is not None:
         raise ValueError("give --shards or --shard-size, not both")
     if shards is not None and shards < 1:
         raise ValueError("--shards must be ≥ 1")
     if shards is None and shard_size is None:
         shard_size = DEFAULT_SHARD_SIZE
+    ray_cpus = workers
     workers = workers or min(32, cores() * 2)
+    ray_engine = None
+    if engine == "ray":
+        from . import pack_ray as ray_engine
+
+        ray_engine.require()
     if isinstance(src, (str, os.PathLike)):
         from .sources.imagefolder import ImageFolderSource
 
@@ -125,87 +341,21 @@ def pack(src: str | os.PathLike | Source, out: str, *, shards: int | None = None
             _report(policy, f"{where}: {why}", PackError)
         if strict and source.warnings:
             raise PackError(f"on_error=raise: {source.warnings[0]}")
-    except BaseException:
-        source.close()
-        raise
-    items = source.items
-    order = np.random.default_rng(seed).permutation(len(items))
-    shuffled = [items[i] for i in order]
-    n = len(shuffled)
-    try:
-        writer = DatasetWriter(out, overwrite=overwrite, sources=source_paths(source))
-    except BaseException:
-        source.close()
-        raise
-    converted, skipped = [], list(source.skipped)
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=n, unit="rec", desc="pack", mininterval=0.5)
-    lock = threading.Lock()
-
-    def record(item, res, label, filename, shard):
-        """Write one loaded item (or note why it was skipped); safe from several shard threads."""
-        if isinstance(res, Rejected):
-            _report(policy, f"{source.where(item)}: {res}", PackError, stacklevel=4)
-            with lock:
-                skipped.append((source.where(item), str(res)))
-        else:
-            if res.converted:
-                with lock:
-                    converted.append((source.where(item), f"re-encoded: {res.converted}"))
-            shard.add(res.data, res.info, label, filename)
-            fault_point("record")
-        if bar is not None:
-            bar.update(1)
-
-    try:
-        if shards:
-            # --shards N: candidate k goes to shard k*N//n (shard sizes do not depend on skips
-            # elsewhere), and the shards are independent files: each is filled by its own task,
-            # in order, so the output is the same for any number of workers.
-            bounds = [k * n // shards for k in range(shards + 1)]
-            writers = writer.open_shards(shards)
-
-            failed = threading.Event()
-
-            def fill(k):
-                try:
-                    for item in shuffled[bounds[k]:bounds[k + 1]]:
-                        if failed.is_set():  # another shard hit on_error="raise" or an error: stop early
-                            return
-                        record(*_load(source, item, max_pixels, transcode), writers[k])
-                except BaseException:
-                    failed.set()
-                    raise
-
-            with ThreadPoolExecutor(max_workers=min(workers, shards), thread_name_prefix="recordtool-shard") as ex:
-                for f in [ex.submit(fill, k) for k in range(shards)]:
-                    f.result()
-        else:
-            for item, res, label, filename in ordered_map(lambda it: _load(source, it, max_pixels, transcode),
-                                                          shuffled, workers):
-                if writer.shard < 0 or writer.shard_bytes() >= shard_size:
-                    writer.new_shard()
-                record(item, res, label, filename, writer.writers[-1])
-        if writer.records() == 0:
-            raise PackError(f"no record to write: {n} items found, all skipped"
-                            + (f" (first: {skipped[0][0]}: {skipped[0][1]})" if skipped else ""))
-    except BaseException:
-        writer.abort()
-        source.close()
-        raise
+        shuffled = shuffle(source.items, seed)
+        if shards is None and engine == "local":
+            return _pack_by_size(source, shuffled, out, shard_size, workers, seed, policy, overwrite, max_pixels,
+                                 transcode, progress, t0)
+        options = Options(max_pixels, transcode, policy)
+        if shards is None:
+            shards = estimate_shards(source, shuffled, shard_size, options, workers)
+        plan = make_plan(source, shuffled, shards, seed, options)
+        return _pack_planned(source, plan, out, overwrite, resume, progress, workers, ray_engine, ray_address,
+                             ray_cpus, t0)
     finally:
-        if bar is not None:
-            bar.close()
-    classes, class_text = source.classes(writer.max_label())
-    report = {
-        "source": source.describe(),
-        "converted": [{"file": f, "reason": r} for f, r in sorted(converted)],
-        "skipped": [{"file": f, "reason": r} for f, r in sorted(skipped)],
-        "warnings": source.warnings,
-    }
+        source.close()
+
+
+def _manifest_fields(source, classes, class_text, seed, shards, shard_size, policy, max_pixels, transcode) -> dict:
     fields = {
         "classes": classes,
         "source": source.describe(),
@@ -216,7 +366,128 @@ def pack(src: str | os.PathLike | Source, out: str, *, shards: int | None = None
     }
     if class_text:
         fields["class_text"] = class_text
-    m = writer.commit(fields, report)
-    source.close()
+    return fields
+
+
+def _report_doc(source, converted, skipped) -> dict:
+    return {"source": source.describe(),
+            "converted": [{"file": f, "reason": r} for f, r in sorted(converted)],
+            "skipped": [{"file": f, "reason": r} for f, r in sorted(skipped)],
+            "warnings": source.warnings}
+
+
+def _no_record(n, skipped):
+    return PackError(f"no record to write: {n} items found, all skipped"
+                     + (f" (first: {skipped[0][0]}: {skipped[0][1]})" if skipped else ""))
+
+
+def _partial_of(out: str) -> str:
+    """OUT/.partial as a path every worker can use: absolute for a local OUT."""
+    if "://" in out:
+        return out.rstrip("/") + "/" + PARTIAL_DIR
+    return os.path.join(os.path.abspath(out), PARTIAL_DIR)
+
+
+def _pack_planned(source, plan: Plan, out, overwrite, resume, progress, workers, ray_engine, ray_address,
+                  ray_cpus, t0) -> Summary:
+    """Plan → shard tasks (local threads or Ray) → merge → publish; finished shards of an
+    unfinished run of the same plan are reused."""
+    options = plan.options
+    writer = DatasetWriter(out, overwrite=overwrite, sources=source_paths(source), plan=plan.marker(), resume=resume)
+    try:
+        partial_url = _partial_of(out)
+        fs, partial = get_fs(partial_url)
+        results = {}
+        if writer.kept:
+            for task in plan.tasks:
+                done = finished(task, partial, fs)
+                if done is not None:
+                    results[task.number] = done
+        reused = [plan.tasks[k].name for k in sorted(results)]
+        todo = [t for t in plan.tasks if t.number not in results]
+        done_list, retried = [], 0
+        with (ray_engine.connected(ray_address, ray_cpus) if todo and ray_engine else contextlib.nullcontext()):
+            bar = None
+            if progress:
+                from tqdm import tqdm
+
+                bar = tqdm(total=sum(len(t.items) for t in todo), unit="rec", mininterval=0.5,
+                           desc=f"pack ({len(reused)} shards reused)" if reused else "pack")
+            try:
+                if todo and ray_engine is not None:
+                    done_list, retried = ray_engine.run(todo, source, options, partial_url, bar)
+                elif todo:
+                    done_list = run_local(todo, source, options, partial_url, workers, bar)
+            finally:
+                if bar is not None:
+                    bar.close()
+        for d in done_list:
+            results[d.number] = d
+        ordered = [results[t.number] for t in plan.tasks]
+        converted, skipped = [], list(source.skipped)
+        for d in ordered:
+            for where, why in d.skipped:
+                _report(options.on_error, f"{where}: {why}", PackError)
+            skipped += [tuple(x) for x in d.skipped]
+            converted += [tuple(x) for x in d.converted]
+            if hasattr(source, "merge_notes"):
+                source.merge_notes(d.notes)
+        shards = [FinishedShard(d.info, ix.IndexBuilder.from_rows(d.rows, d.info.get("name", "shard")))
+                  for d in ordered]
+        records = sum(s.info["records"] for s in shards)
+        if records == 0:
+            raise _no_record(sum(len(t.items) for t in plan.tasks), skipped)
+        max_label = max((max(s.index.labels(), default=-1) for s in shards), default=-1)
+        classes, class_text = source.classes(max_label)
+        t = options.transcode
+        fields = _manifest_fields(source, classes, class_text, plan.seed, len(plan.tasks), None, options.on_error,
+                                  options.max_pixels, t)
+    except BaseException:
+        writer.release()  # .partial stays: its finished shards are for the next run of the plan
+        raise
+    m = writer.commit(fields, _report_doc(source, converted, skipped), shards=shards)
+    return Summary(out, m["records"], len(m["shards"]), sum(s["bytes"] for s in m["shards"]),
+                   time.perf_counter() - t0, sorted(converted), sorted(skipped), source.warnings,
+                   engine="ray" if ray_engine is not None else "local", reused=reused, retried=retried)
+
+
+def _pack_by_size(source, shuffled, out, shard_size, workers, seed, policy, overwrite, max_pixels, transcode,
+                  progress, t0) -> Summary:
+    """The local engine without `shards`: items read and fixed in a thread pool, written in
+    order, a new part file whenever the current one reaches `shard_size`."""
+    n = len(shuffled)
+    writer = DatasetWriter(out, overwrite=overwrite, sources=source_paths(source))
+    converted, skipped = [], list(source.skipped)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=n, unit="rec", desc="pack", mininterval=0.5)
+    try:
+        for item, res, label, filename in ordered_map(lambda it: _load(source, it, max_pixels, transcode),
+                                                      shuffled, workers):
+            if isinstance(res, Rejected):
+                _report(policy, f"{source.where(item)}: {res}", PackError)
+                skipped.append((source.where(item), str(res)))
+            else:
+                if writer.shard < 0 or writer.shard_bytes() >= shard_size:
+                    writer.new_shard()
+                if res.converted:
+                    converted.append((source.where(item), f"re-encoded: {res.converted}"))
+                writer.add(res.data, res.info, label, filename)
+                fault_point("record")
+            if bar is not None:
+                bar.update(1)
+        if writer.records() == 0:
+            raise _no_record(n, skipped)
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    classes, class_text = source.classes(writer.max_label())
+    fields = _manifest_fields(source, classes, class_text, seed, None, shard_size, policy, max_pixels, transcode)
+    m = writer.commit(fields, _report_doc(source, converted, skipped))
     return Summary(out, m["records"], len(m["shards"]), sum(s["bytes"] for s in m["shards"]),
                    time.perf_counter() - t0, sorted(converted), sorted(skipped), source.warnings)

@@ -14,5 +14,6 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-# build/install log kept out of the way; shown only when it fails
-.venv/bin/python -m pip install -q -e ".[test]" > .venv/install.log 2>&1 || { cat .venv/install.log; exit 1; }
+# build/install log kept out of the way; shown only when it fails. The tests run pack's Ray
+# engine on a local Ray cluster, so [ray] comes too (the core install stays without it).
+.venv/bin/python -m pip install -q -e ".[test,ray]" > .venv/install.log 2>&1 || { cat .venv/install.log; exit 1; }

@@ -5,7 +5,9 @@
 #          .dali/dali-part-N and .dali/dali-extra (../shared/tools/dali_carry.sh .dali). Parts are
 #          kept in /tmp/dali-parts while the machine stays warm; with all three there, DALI is
 #          assembled and imported by every benchmark (the peer of issue 12).
-#   steps: STEPS="tests fidelity gpu gpu384 loader loader384 dist memory train decode format tune presets"
+#   steps: STEPS="tests fidelity gpu gpu384 loader loader384 dist memory train decode format tune presets raypack"
+#   raypack: pack --engine ray against --engine local on CORES_PER_GPU cores; needs .rayc too
+#          (RAY=1 scripts/prepare_device_carry.sh), e.g. carry [".whl", ".carry", ".rayc"]
 #   a step is skipped when fewer than its estimated seconds are left of DEADLINE (default 570 s)
 #   GPUS: for "dist" — ranks of the several-GPU run (default: all GPUs; one rank per GPU, pinned
 #   to its share of the cores), after the one-GPU reference (one rank pinned to CORES_PER_GPU cores)
@@ -130,6 +132,15 @@ if has format && fits format 40; then
   one_gpu python3 scripts/bench_format.py /tmp/bench /tmp/bench-packed --json "$OUT/bench_format.json" \
     > "$OUT/bench_format.log" 2>&1
 fi
+if has raypack && fits raypack 240; then
+  # Ray in its own folder, on the path of this step only (its dependencies must not shadow the others')
+  if [ ! -d /tmp/site-ray/ray ]; then
+    python3 -c "import tarfile; tarfile.open('.rayc/ray-cp312.tar.xz').extractall('/tmp/site-ray', filter='data')"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-ray .rayc/*.whl
+  fi
+  PYTHONPATH=/tmp/site-ray:$PYTHONPATH timeout 400 python3 scripts/bench_ray_pack.py /tmp/bench --cores "$CPG" \
+    --replicate "${REPLICATE:-8}" --max-side 256 --json "$OUT/bench_ray_pack.json" > "$OUT/bench_ray_pack.log" 2>&1
+fi
 [ -f .carry/extra.sh ] && bash .carry/extra.sh > "$OUT/extra.log" 2>&1
 echo "=================== results"
 grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$OUT/pytest.log" 2>/dev/null | tail -15
@@ -140,6 +151,7 @@ for f in "$OUT"/dist_*.log; do [ -f "$f" ] && { echo "--- $f"; grep -E "epoch|ra
 tail -16 "$OUT/loader_memory.log" 2>/dev/null; grep "train_imagenet\|Error" "$OUT/train.log" 2>/dev/null
 cat "$OUT"/bench_decode.log "$OUT"/bench_format.log "$OUT/tune.log" 2>/dev/null | tail -40
 cat "$OUT/presets.log" 2>/dev/null
+tail -8 "$OUT/bench_ray_pack.log" 2>/dev/null
 cat "$OUT/skipped.log" 2>/dev/null; echo "total $SECONDS s"
 [ -f "$OUT/extra.log" ] && tail -20 "$OUT/extra.log"
 # only a few files come back from the machine: one archive of every log and JSON

@@ -3,7 +3,11 @@
 #   .whl/   wheels for Python 3.12 it lacks: crc32c, protobuf, pyturbojpeg (built here)
 #   (DALI and nvImageCodec, the peers, travel separately: ../shared/tools/dali_carry.sh .dali)
 #   .carry/ Debian's libturbojpeg.so.0 (PyTurboJPEG's library), ../shared/photos, the commit id
-# Both folders are git-ignored (.git/info/exclude) and travel with `carry: [".whl", ".carry"]`.
+#   .rayc/  (RAY=1 only, for STEPS=raypack) Ray for Python 3.12: its wheel unpacked without the
+#           Java jars and packed as ray-cp312.tar.xz (~33 MB; the wheel itself is 79 MB, over the
+#           64 MiB a call carries), plus the wheels Ray depends on (~4 MB)
+# The folders are git-ignored (.git/info/exclude) and travel with `carry: [".whl", ".carry"]`
+# (add ".rayc" for STEPS=raypack; carry only ".rayc" and ".carry" if all three exceed 64 MiB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx '/.whl/' .git/info/exclude || echo '/.whl/' >> .git/info/exclude
@@ -16,4 +20,23 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
 cp -L /usr/lib/x86_64-linux-gnu/libturbojpeg.so.0 .carry/
 if [ -d ../shared/photos ]; then cp ../shared/photos/*.jpg .carry/photos/; fi
 git rev-parse --short HEAD > .carry/commit
-du -sh .whl .carry
+if [ "${RAY:-0}" = 1 ]; then
+  grep -qx '/.rayc/' .git/info/exclude || echo '/.rayc/' >> .git/info/exclude
+  mkdir -p .rayc
+  if [ ! -f .rayc/ray-cp312.tar.xz ]; then
+    tmp=$(mktemp -d)
+    python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" \
+      -d "$tmp" ray==2.60.0
+    python3 - "$tmp"/ray-2.60.0-*.whl "$tmp/tree" <<'EOF'
+import os, sys, zipfile  # unzip keeping the executable bits (raylet, gcs_server)
+wheel = zipfile.ZipFile(sys.argv[1])
+for info in wheel.infolist():
+    path = wheel.extract(info, sys.argv[2])
+    if (info.external_attr >> 16) & 0o777:
+        os.chmod(path, (info.external_attr >> 16) & 0o777)
+EOF
+    tar -C "$tmp/tree" --exclude=ray/jars -cf - . | xz -T0 -6 > .rayc/ray-cp312.tar.xz
+    rm "$tmp"/ray-2.60.0-*.whl && mv "$tmp"/*.whl .rayc/ && rm -rf "$tmp"
+  fi
+fi
+du -sh .whl .carry .rayc 2>/dev/null

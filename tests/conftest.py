@@ -8,6 +8,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+# Ray tests (pack --engine ray): every Ray process on the loopback address, no usage report
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
 
 def photo_like(w: int, h: int, seed: int = 0) -> Image.Image:
     """Smooth colour field + noise: compresses and decodes like a photo, small and fast."""
@@ -63,3 +67,9 @@ def folder(tmp_path):
                              progressive=(k % 6 == 5)))
             k += 1
     return root
+
+
+def tree(root) -> dict:
+    """name → bytes of every file directly in a dataset directory (what byte-identity compares)."""
+    return {n: open(os.path.join(root, n), "rb").read() for n in sorted(os.listdir(root))
+            if os.path.isfile(os.path.join(root, n))}

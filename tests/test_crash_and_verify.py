@@ -208,3 +208,63 @@ def test_index_reports_bad_records(tmp_path, folder):
         f.write(b"\x01\x02")
     with pytest.raises(FormatError, match="part-00001: offset .*trailing bytes"):
         index_parts(str(root), progress=False)
+
+
+def test_killed_planned_pack_resumes_only_unfinished_shards(folder, tmp_path, reference):
+    """--shards: each finished part file is recorded; a re-run reuses those (same file, not
+    rewritten) and redoes the rest, with the same bytes as an uninterrupted pack."""
+    out = tmp_path / "out"
+    env = dict(os.environ, RECORDTOOL_FAULT="record@part-00001:2")
+    p = subprocess.run(PACK + ["--workers", "1", str(folder), str(out)], env=env)  # shards one after another
+    assert p.returncode == -signal.SIGKILL
+    partial = out / ".partial"
+    assert sorted(n for n in os.listdir(partial) if n.endswith(".done.json")) == ["part-00000.done.json"]
+    assert json.loads((partial / "pack.json").read_text())["tool"] == "recordtool"
+    inode = os.stat(partial / "part-00000").st_ino
+    p = subprocess.run(PACK + [str(folder), str(out)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "reused part-00000" in p.stderr and "reused 1 shards" in p.stdout
+    assert _tree(out) == reference
+    assert os.stat(out / "part-00000").st_ino == inode  # moved into place, never rewritten
+
+
+def test_resume_needs_the_same_plan(folder, tmp_path):
+    out = tmp_path / "out"
+    env = dict(os.environ, RECORDTOOL_FAULT="record@part-00001:1")
+    assert subprocess.run(PACK + ["--workers", "1", str(folder), str(out)], env=env).returncode == -signal.SIGKILL
+    # another seed is another plan: nothing is reused, and the result is that seed's pack
+    s = pack(str(folder), str(out), shards=3, seed=6, progress=False)
+    assert s.reused == []
+    ref = pack(str(folder), str(tmp_path / "ref"), shards=3, seed=6, progress=False)
+    assert _tree(out) == _tree(tmp_path / "ref") and ref.records == s.records
+
+
+def test_damaged_finished_shard_is_redone(folder, tmp_path, reference):
+    out = tmp_path / "out"
+    env = dict(os.environ, RECORDTOOL_FAULT="record@part-00002:1")
+    assert subprocess.run(PACK + ["--workers", "1", str(folder), str(out)], env=env).returncode == -signal.SIGKILL
+    part = out / ".partial" / "part-00001"
+    part.write_bytes(part.read_bytes()[:-10])  # truncated after it was recorded as finished
+    (out / ".partial" / "part-00000.done.json").write_text("{not json")
+    p = subprocess.run(PACK + [str(folder), str(out)], capture_output=True, text=True)
+    assert p.returncode == 0 and "reused" not in p.stdout
+    assert _tree(out) == reference
+
+
+def test_foreign_partial_is_never_deleted(folder, tmp_path):
+    out = tmp_path / "out"
+    write(str(out / ".partial" / "theirs.bin"), b"x")
+    with pytest.raises(FileExistsError, match="not made by recordtool"):
+        pack(str(folder), str(out), shards=2, progress=False)
+    assert (out / ".partial" / "theirs.bin").read_bytes() == b"x"
+
+
+def test_no_resume_starts_over(folder, tmp_path, reference):
+    out = tmp_path / "out"
+    env = dict(os.environ, RECORDTOOL_FAULT="record@part-00002:1")
+    assert subprocess.run(PACK + ["--workers", "1", str(folder), str(out)], env=env).returncode == -signal.SIGKILL
+    before = os.stat(out / ".partial" / "part-00000").st_mtime_ns
+    time.sleep(0.05)
+    p = subprocess.run(PACK + ["--no-resume", str(folder), str(out)], capture_output=True, text=True)
+    assert p.returncode == 0 and "reused" not in p.stdout + p.stderr
+    assert _tree(out) == reference and os.stat(out / "part-00000").st_mtime_ns > before  # written again

@@ -208,3 +208,26 @@ def test_reader_views_are_zero_copy(folder, tmp_path):
     ds.prefetch(range(len(ds)))
     del data
     ds.close()
+
+
+def test_plan_hash_covers_items_options_and_seed(folder):
+    from dataclasses import replace
+
+    from recordtool.errors import OnError
+    from recordtool.plan import Options, make_plan, shuffle
+    from recordtool.sources.image import DEFAULT_MAX_PIXELS, NO_TRANSCODE, Transcode
+    from recordtool.sources.imagefolder import ImageFolderSource
+
+    src = ImageFolderSource(str(folder))
+    opts = Options(DEFAULT_MAX_PIXELS, NO_TRANSCODE, OnError.SKIP)
+    items = shuffle(src.items, 0)
+    base = make_plan(src, items, 3, 0, opts)
+    assert [len(t.items) for t in base.tasks] == [7, 7, 7] and [t.name for t in base.tasks][-1] == "part-00002"
+    assert make_plan(src, list(items), 3, 0, opts).hash == base.hash  # pure function of its inputs
+    assert make_plan(src, items, 3, 0, replace(opts, on_error=OnError.RAISE)).hash == base.hash  # bytes alike
+    for other in (make_plan(src, items, 3, 0, replace(opts, transcode=Transcode(max_side=100))),
+                  make_plan(src, items, 3, 1, opts), make_plan(src, items, 4, 0, opts)):
+        assert not {t.hash for t in other.tasks} & {t.hash for t in base.tasks}
+    moved = items[:-1] + [replace(items[-1], label=9)]  # one item of the last shard changed
+    changed = [a.hash != b.hash for a, b in zip(base.tasks, make_plan(src, moved, 3, 0, opts).tasks)]
+    assert changed == [False, False, True]

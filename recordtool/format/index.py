@@ -83,6 +83,25 @@ class IndexBuilder:
     def labels(self) -> list:
         return self._rows["label"]
 
+    def rows(self) -> dict:
+        """The rows as plain lists (JSON-able): a shard task's result, a finished shard's record."""
+        return {k: list(v) for k, v in self._rows.items()}
+
+    @classmethod
+    def from_rows(cls, rows, where: str = "index rows") -> "IndexBuilder":
+        """The builder `rows()` came from; FormatError when `rows` is not such a table of integers."""
+        b = cls()
+        if not isinstance(rows, dict) or set(rows) != set(b._rows):
+            raise FormatError(f"{where}: columns {sorted(rows) if isinstance(rows, dict) else rows!r} "
+                              f"are not {sorted(b._rows)}")
+        n = len(rows["offset"]) if isinstance(rows["offset"], list) else -1
+        for k, v in rows.items():
+            if not (isinstance(v, list) and len(v) == n and all(isinstance(x, int) and not isinstance(x, bool)
+                                                                  for x in v)):
+                raise FormatError(f"{where}: column {k} is not a list of {n} integers")
+            b._rows[k] = list(v)
+        return b
+
     def extend(self, other: "IndexBuilder") -> None:
         for k, v in other._rows.items():
             self._rows[k].extend(v)

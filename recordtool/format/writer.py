@@ -13,16 +13,22 @@ by our own records, never by a file name:
 - `OUT/.recordtool.lock` (flock, non-blocking) is held for the whole pack: a second pack into
   the same OUT fails at once. The lock file stays (removing it would race with a waiter).
 - OUT may not be SRC, inside SRC, or hold SRC.
+
+A killed planned pack (`--shards`, `--engine ray`) also leaves its finished shards in
+.partial (`part-NNNNN` + `part-NNNNN.done.json`) and its plan hash in the marker: the next run
+of the same plan keeps them (`claim_output(marker=, resume=)`), any other run removes them.
 """
 from __future__ import annotations
 
 import errno
 import fcntl
+import io
 import json
 import os
 import re
 import shutil
 import stat
+from dataclasses import dataclass
 
 import crc32c
 
@@ -32,6 +38,7 @@ from . import index as ix
 from . import manifest as mf
 from .jpeg import JpegInfo
 from .ofrecord import LENGTH_SIZE, encode_ofrecord, frame
+from ..fs import LocalFS, get_fs
 
 PARTIAL_DIR = ".partial"
 MARKER_FILE = "pack.json"  # in .partial: {"tool": "recordtool", "publishing": [...], ...plan fields}
@@ -41,6 +48,8 @@ SHARD_DIGITS = 5
 _MARKER_MAX = 64 << 20
 # names a pack writes into OUT: a foreign file by one of these names is never replaced
 _OUR_NAMES = re.compile(r"^(part-\d+|index\.rtx|manifest\.json|pack_report\.json)(\.tmp)?$")
+# in .partial: what a shard task finished (kept for a re-run of the same plan)
+_FINISHED = re.compile(r"^part-\d+(\.done\.json)?$")
 
 # OneFlow ImageNet converter's keys
 KEY_IMAGE = "encoded"
@@ -142,14 +151,17 @@ def _remove_file(out: str, name: str) -> None:
     os.unlink(path)
 
 
-def claim_output(out: str, overwrite: bool, sources=()) -> int:
-    """Make OUT ready for a new pack, removing only what is provably ours; returns the fd of
-    the pack lock (see module doc), held until the caller closes it.
+def claim_output(out: str, overwrite: bool, sources=(), plan: dict | None = None, resume: bool = True) -> tuple:
+    """Make OUT ready for a new pack, removing only what is provably ours; returns (the fd of
+    the pack lock (see module doc), held until the caller closes it; whether the finished
+    shards of an unfinished run of the same plan were kept).
 
     Args:
         out: the dataset directory (created when missing).
         overwrite: replace a finished dataset of ours in OUT.
         sources: paths the pack reads (see check_separate).
+        plan: plan fields kept in the marker (`plan`: the plan hash) by a pack that can resume.
+        resume: keep the finished shards when the marker there holds the same plan hash.
     """
     check_separate(out, sources)
     os.makedirs(out, exist_ok=True)
@@ -157,16 +169,16 @@ def claim_output(out: str, overwrite: bool, sources=()) -> int:
     new_lock = not os.path.lexists(lock_path)
     lock = lock_output(out)
     try:
-        _claim(out, overwrite)
+        kept = _claim(out, overwrite, plan, resume)
     except BaseException:
         if new_lock:  # refused a directory that is not ours: leave no trace in it
             os.unlink(lock_path)
         os.close(lock)
         raise
-    return lock
+    return lock, kept
 
 
-def _claim(out: str, overwrite: bool) -> None:
+def _claim(out: str, overwrite: bool, plan: dict | None, resume: bool) -> bool:
     names = set(os.listdir(out)) - {LOCK_FILE}
     partial = os.path.join(out, PARTIAL_DIR)
     marker = None
@@ -197,11 +209,13 @@ def _claim(out: str, overwrite: bool) -> None:
     if clash:
         raise OutputExists(f"{out}: holds {', '.join(clash[:5])}, which recordtool did not write (no manifest or "
                            "pack marker of ours lists them) and a pack would replace; move them away")
-    # .partial (ours) emptied but for the marker, which from now on lists what is removed: a
-    # kill during the cleanup leaves files the next run still knows to be ours
+    keep = bool(resume and plan and plan.get("plan") and marker is not None and marker.get("plan") == plan["plan"])
+    # .partial (ours) emptied but for the marker (and the finished shards of the same plan),
+    # the marker from now on listing what is removed: a kill during the cleanup leaves files the
+    # next run still knows to be ours
     if marker is not None and os.path.isdir(partial) and not os.path.islink(partial):
         for n in os.listdir(partial):
-            if n != MARKER_FILE:
+            if n != MARKER_FILE and not (keep and _FINISHED.match(n)):
                 p = os.path.join(partial, n)
                 if os.path.isdir(p) and not os.path.islink(p):
                     shutil.rmtree(p)
@@ -209,60 +223,96 @@ def _claim(out: str, overwrite: bool) -> None:
                     os.unlink(p)
     else:
         os.mkdir(partial)
-    write_marker(out, {"tool": "recordtool", "publishing": sorted(ours)})
+    write_marker(out, {**(plan or {}), "tool": "recordtool", "publishing": sorted(ours)})
     # manifest first: a kill during the cleanup never leaves something that looks finished
     for name in sorted(ours, key=lambda nm: nm != mf.MANIFEST_FILE):
         _remove_file(out, name)
-    write_marker(out, {"tool": "recordtool", "publishing": []})
+    write_marker(out, {**(plan or {}), "tool": "recordtool", "publishing": []})
+    return keep
 
 
 class ShardWriter:
     """One part file: records appended in order, its CRC32C and index rows kept as it goes.
-    Shards are independent files, so several can be written by different threads at once."""
+    Shards are independent files, so several can be written by different threads or
+    processes at once. All I/O goes through a `FileSystem` (local disk or object storage).
 
-    def __init__(self, path: str, number: int):
+    Args:
+        path: where to write (a new file: nothing may be there yet).
+        number: the part file number (the index's shard column).
+        fs: the file system `path` is on (default: local disk).
+        name: the part file's final name (default: the base name of `path`).
+    """
+
+    def __init__(self, path: str, number: int, fs=None, name: str | None = None):
         self.number = number
-        self.name = os.path.basename(path)
+        self.name = name or os.path.basename(path)
         self.index = ix.IndexBuilder()
         self.pos = 0
         self.crc = 0
         self.records = 0
-        self._fd = files.create_exclusive(path)
+        self._f = (fs or LocalFS()).open_write(path)
 
     def add(self, jpeg: bytes, info: JpegInfo, label: int, filename: bytes) -> None:
         enc = encode_ofrecord({KEY_IMAGE: jpeg, KEY_LABEL: int(label), KEY_HEIGHT: info.height,
                                KEY_WIDTH: info.width, KEY_FILENAME: filename}, locate=KEY_IMAGE)
-        pieces = frame(enc)
         offset = self.pos
-        total = LENGTH_SIZE + enc.size
-        # One writev per record: measured faster than gathering records into big blocks,
-        # which costs an extra copy of every byte.
-        written = os.writev(self._fd, pieces)
-        if written < total:  # short write: finish the rest
-            rest = memoryview(b"".join(bytes(p) for p in pieces))[written:]
-            while len(rest):
-                rest = rest[os.write(self._fd, rest):]
-        for p in pieces:
+        # pieces go to the (buffered) file as they are: small headers are gathered by its
+        # buffer, the image bytes pass through without an extra copy
+        for p in frame(enc):
+            self._f.write(p)
             self.crc = crc32c.crc32c(p, self.crc)
-        self.pos += total
+        self.pos += LENGTH_SIZE + enc.size
         self.index.add(self.number, offset, enc.size, offset + LENGTH_SIZE + enc.payload_offset, len(jpeg), label,
                        info)
         self.records += 1
 
-    def close(self) -> dict:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+    def close(self, durable: bool = False) -> dict:
+        """Close the file (`durable`: flushed to the device first, as far as the file system
+        can say) and return its manifest entry {name, records, bytes, crc32c}."""
+        if self._f is not None:
+            f, self._f = self._f, None
+            try:
+                if durable:
+                    f.flush()
+                    try:
+                        os.fsync(f.fileno())
+                    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+                        pass  # object stores: the upload completes at close
+            finally:
+                f.close()
         return {"name": self.name, "records": self.records, "bytes": self.pos, "crc32c": f"{self.crc:08x}"}
+
+    def finish(self, durable: bool = False) -> "FinishedShard":
+        return FinishedShard(self.close(durable), self.index)
+
+
+@dataclass
+class FinishedShard:
+    """A complete part file: its manifest entry and its index rows."""
+
+    info: dict  # {name, records, bytes, crc32c}
+    index: ix.IndexBuilder
 
 
 class DatasetWriter:
     """Part files, then `commit()` publishes the dataset atomically. Shards are either opened
-    in turn (`new_shard` + `add`) or all at once (`open_shards`) for writers running in parallel."""
+    in turn (`new_shard` + `add`), or written elsewhere (pack's shard tasks) into `tmp` and
+    handed to `commit` as `FinishedShard`s.
 
-    def __init__(self, out: str, overwrite: bool = False, sources=()):
+    Args:
+        out: the dataset directory (claimed: see `claim_output`).
+        overwrite: replace a finished dataset in `out`.
+        sources: paths the pack reads (OUT must stay apart from them).
+        plan: the plan fields of a resumable pack, kept in `.partial/pack.json`.
+        resume: keep the finished shards of an unfinished earlier run of the same plan
+            (`kept` says whether there were any to keep).
+    """
+
+    def __init__(self, out: str, overwrite: bool = False, sources=(), plan: dict | None = None,
+                 resume: bool = True):
         self.out = out
-        self._lock = claim_output(out, overwrite, sources)
+        self.fs, _ = get_fs(out)
+        self._lock, self.kept = claim_output(out, overwrite, sources, plan, resume)
         self.tmp = os.path.join(out, PARTIAL_DIR)
         self.writers: list[ShardWriter] = []
 
@@ -283,50 +333,54 @@ class DatasetWriter:
         if self.writers:
             self.writers[-1].close()
         k = len(self.writers)
-        self.writers.append(ShardWriter(os.path.join(self.tmp, shard_name(k)), k))
+        self.writers.append(ShardWriter(os.path.join(self.tmp, shard_name(k)), k, self.fs))
         return self.writers[-1]
-
-    def open_shards(self, n: int) -> list:
-        for _ in range(n):
-            k = len(self.writers)
-            self.writers.append(ShardWriter(os.path.join(self.tmp, shard_name(k)), k))
-        return self.writers
 
     def add(self, jpeg: bytes, info: JpegInfo, label: int, filename: bytes) -> None:
         if not self.writers:
             self.new_shard()
         self.writers[-1].add(jpeg, info, label, filename)
 
-    def commit(self, fields: dict, report: dict | None = None) -> dict:
+    def commit(self, fields: dict, report: dict | None = None, shards: list | None = None) -> dict:
         """Write index + manifest (`fields`: manifest.build's arguments beyond the shards and
         the index), then move everything into place, manifest last. A failure before the
-        manifest is published aborts (nothing left that looks finished, .partial removed)."""
+        manifest is published aborts (nothing left that looks finished, .partial removed).
+
+        Args:
+            fields: the manifest's classes, source, pack options, tool, ...
+            report: pack_report.json's content, if any.
+            shards: `FinishedShard`s in part-file order, already in `tmp` (default: this
+                writer's own shards).
+        """
         try:
-            return self._commit(fields, report)
+            return self._commit(fields, report, shards)
         except BaseException:
             if not os.path.exists(os.path.join(self.out, mf.MANIFEST_FILE)):
                 self.abort()
             raise
 
-    def _commit(self, fields: dict, report: dict | None) -> dict:
-        shards = [w.close() for w in self.writers]
+    def _commit(self, fields: dict, report: dict | None, shards: list | None) -> dict:
+        fs = self.fs
+        if shards is None:
+            shards = [w.finish() for w in self.writers]
         builder = ix.IndexBuilder()
-        for w in self.writers:
-            builder.extend(w.index)
+        for s in shards:
+            builder.extend(s.index)
         index = builder.finish()
         blob = ix.encode_index(index)
-        files.write_new(os.path.join(self.tmp, ix.INDEX_FILE), blob)
-        names = [s["name"] for s in shards] + [ix.INDEX_FILE]
+        fs.write_bytes(os.path.join(self.tmp, ix.INDEX_FILE), blob)
+        infos = [s.info for s in shards]
+        names = [s["name"] for s in infos] + [ix.INDEX_FILE]
         fields = dict(fields)
         if report is not None:
-            files.write_new(os.path.join(self.tmp, mf.REPORT_FILE), mf.dump(report))
+            fs.write_bytes(os.path.join(self.tmp, mf.REPORT_FILE), mf.dump(report))
             names.append(mf.REPORT_FILE)
             fields["report"] = mf.REPORT_FILE
-        manifest = mf.build(records=len(index), shards=shards,
+        manifest = mf.build(records=len(index), shards=infos,
                             index={"file": ix.INDEX_FILE, "bytes": len(blob), "crc32c": f"{crc32c.crc32c(blob):08x}"},
                             keys={"image": KEY_IMAGE, "label": KEY_LABEL, "height": KEY_HEIGHT, "width": KEY_WIDTH,
                                   "filename": KEY_FILENAME}, **fields)
-        files.write_new(os.path.join(self.tmp, mf.MANIFEST_FILE), mf.dump(manifest))
+        fs.write_bytes(os.path.join(self.tmp, mf.MANIFEST_FILE), mf.dump(manifest))
         clash = [n for n in names + [mf.MANIFEST_FILE] if os.path.lexists(os.path.join(self.out, n))]
         if clash:  # appeared since claim_output (not ours: it removed ours)
             raise OutputExists(f"{self.out}: {', '.join(clash[:5])} appeared while packing; not replaced")
@@ -337,8 +391,8 @@ class DatasetWriter:
         write_marker(self.out, marker)
         for name in names:
             fault_point("publish")
-            os.replace(os.path.join(self.tmp, name), os.path.join(self.out, name))
-        os.replace(os.path.join(self.tmp, mf.MANIFEST_FILE), os.path.join(self.out, mf.MANIFEST_FILE))
+            fs.replace(os.path.join(self.tmp, name), os.path.join(self.out, name))
+        fs.replace(os.path.join(self.tmp, mf.MANIFEST_FILE), os.path.join(self.out, mf.MANIFEST_FILE))
         fault_point("published")
         shutil.rmtree(self.tmp, ignore_errors=True)
         self._unlock()
@@ -362,6 +416,11 @@ class DatasetWriter:
         shutil.rmtree(self.tmp, ignore_errors=True)
         self._unlock()
 
+    def release(self) -> None:
+        """Stop holding OUT's lock after a failure, leaving .partial as it is: its finished
+        shards are for the next run of the same plan to reuse."""
+        self._unlock()
+
     def _unlock(self) -> None:
         if self._lock is not None:
             os.close(self._lock)
@@ -376,15 +435,23 @@ def fault_point(name: str) -> None:
     """Crash-test hook: RECORDTOOL_FAULT=name:N kills the process (SIGKILL) at the N-th hit of name.
 
     Lets the tests stop a pack at exact moments (mid-shard, between renames) to prove a
-    killed pack never looks finished and a re-run is byte-identical.
+    killed pack never looks finished and a re-run is byte-identical. `name:N:FLAG` fires
+    only in the one process that creates the file FLAG first (a worker killed once, then
+    retried by Ray).
     """
     if not _FAULT:
         return
-    want, _, count = _FAULT.partition(":")
+    want, _, rest = _FAULT.partition(":")
     if want != name:
         return
+    count, _, flag = rest.partition(":")
     _faults[name] = _faults.get(name, 0) + 1
     if _faults[name] >= int(count or 1):
+        if flag:
+            try:
+                os.close(files.create_exclusive(flag))
+            except FileExistsError:
+                return
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)

@@ -2,8 +2,10 @@
 
 A source lists its items up front (cheap: names and offsets, no image bytes), so pack can
 shuffle them with the seed and assign them to shards before reading anything; then `load`
-reads one item. ImageFolderSource, TFRecordSource and OFRecordSource implement it; pack and
-the tests depend on this protocol only.
+reads one item. Items are dataclasses (their repr names the item: pack's plan hash uses it),
+and a source pickles (mappings dropped, re-opened on first use) so Ray workers can load items.
+ImageFolderSource, TFRecordSource and OFRecordSource implement it; pack and the tests depend on
+this protocol only.
 """
 from __future__ import annotations
 
@@ -39,8 +41,17 @@ class Source(Protocol):
     def describe(self) -> dict:
         """The manifest's `source` entry."""
 
+    def notes(self) -> dict:
+        """What `load` learned that `classes` needs (TFRecord: class names met in records), as
+        JSON-able {str(label): value}. Shard tasks may load in other processes (Ray): pack
+        collects each task's notes and gives them back to the driver's source."""
+
+    def merge_notes(self, notes: dict) -> None:
+        """Take in another copy's `notes`; the result must not depend on the order of merges."""
+
     def close(self) -> None:
-        """Release mappings and scratch files."""
+        """Release mappings and scratch files. A copy unpickled in a worker releases its own
+        mappings only."""
 
 
 def source_paths(source) -> list:

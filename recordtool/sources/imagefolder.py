@@ -64,8 +64,9 @@ class ImageFolderSource:
         self.class_names = classes
         # every class folder is its own: a link from one class into another is not walked
         seen |= {_dir_id(os.path.join(root, c)) for c in classes}
+        base = os.path.abspath(root)  # items hold absolute paths: loadable from any working directory
         for label, cls in enumerate(classes):
-            found = self._walk(os.path.join(root, cls), label, seen, excluded)
+            found = self._walk(os.path.join(base, cls), label, seen, excluded)
             if not found:
                 self.warnings.append(f"class {cls!r} (label {label}) has no images; its label is kept so "
                                      "labels match torchvision's ImageFolder")
@@ -128,6 +129,12 @@ class ImageFolderSource:
 
     def describe(self) -> dict:
         return {"kind": self.kind, "path": self.root, "files": len(self.items)}
+
+    def notes(self) -> dict:
+        return {}
+
+    def merge_notes(self, notes: dict) -> None:
+        pass
 
     def close(self):
         pass

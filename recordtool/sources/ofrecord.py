@@ -41,6 +41,7 @@ class OFRecordSource:
                  on_error: OnError | str = "skip", max_classes: int = DEFAULT_MAX_CLASSES):
         policy = _on_error(on_error)
         self.root = root
+        self._abs_root = os.path.abspath(root)  # copies in Ray workers re-map from here
         self.names = find_parts(root)
         self.keys = {"image": image_key, "label": label_key}
         self.items, self.skipped, self.warnings = [], [], []
@@ -79,11 +80,23 @@ class OFRecordSource:
             except FormatError as e:
                 self.warnings.append(f"class names of {root} not used: {e}")
 
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_maps"] = None
+        return state
+
+    def _map(self, k: int):
+        if self._maps is None:  # an unpickled copy maps the part files on first use
+            self._maps = [None] * len(self.names)
+        if self._maps[k] is None:
+            self._maps[k] = files.map_readonly(os.path.join(self._abs_root, self.names[k]))[0]
+        return self._maps[k]
+
     def where(self, item: Rec) -> str:
         return f"{os.path.join(self.root, self.names[item.shard])}: offset {item.offset}"
 
     def load(self, item: Rec):
-        mm = self._maps[item.shard]
+        mm = self._map(item.shard)
         a, b = item.image
         if b <= a:
             raise Rejected("empty image bytes")
@@ -101,9 +114,16 @@ class OFRecordSource:
         return {"kind": self.kind, "path": self.root, "parts": len(self.names), "records": len(self.items),
                 "keys": self.keys}
 
+    def notes(self) -> dict:
+        return {}
+
+    def merge_notes(self, notes: dict) -> None:
+        pass
+
     def close(self):
         import mmap
 
-        for mm in self._maps:
+        for mm in self._maps or []:
             if isinstance(mm, mmap.mmap):
                 mm.close()
+        self._maps = None

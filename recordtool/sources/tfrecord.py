@@ -10,6 +10,7 @@ import glob
 import mmap
 import os
 import struct
+import threading
 import zlib
 from dataclasses import dataclass, field
 
@@ -215,6 +216,8 @@ class TFRecordSource:
         policy = _on_error(on_error)
 
         self.files = expand(patterns)
+        self._owner = True  # a copy unpickled elsewhere (a Ray worker) never removes the scratch folder
+        self._lock = threading.Lock()
         self.keys = keys
         self.compression = compression
         self.max_classes = max_classes
@@ -234,7 +237,7 @@ class TFRecordSource:
             if problem:
                 report(policy, f"{path}: {problem}", TFRecordError)
                 result.problems.append((path, 0, problem + "; records before it kept"))
-            self._paths.append(raw)
+            self._paths.append(os.path.abspath(raw))
             fd = _files.open_regular(raw, follow=True)
             try:
                 size = os.fstat(fd).st_size
@@ -246,7 +249,36 @@ class TFRecordSource:
             scan_buffer(mm, name, k, policy, result)
         self.items = result.spans
         self.skipped = [(f"{f}: offset {off}", why) for f, off, why in result.problems]
-        self._names: dict = {}  # label → (synset, text)
+        self._names: dict = {}  # label → ((file, offset) of the first record naming it, synset, text)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.update(_maps=None, _lock=None, _owner=False)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _map(self, k: int):
+        if self._maps is None:  # an unpickled copy maps its files on first use
+            with self._lock:
+                if self._maps is None:
+                    maps = []
+                    for path in self._paths:
+                        try:
+                            fd = _files.open_regular(path, follow=True)
+                        except FileNotFoundError:
+                            raise FileNotFoundError(
+                                f"{path}: not found on this node; compressed TFRecords are inflated into "
+                                f"{self._tmp}, which must be on storage every Ray node sees") from None
+                        try:
+                            size = os.fstat(fd).st_size
+                            maps.append(mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else b"")
+                        finally:
+                            os.close(fd)
+                    self._maps = maps
+        return self._maps[k]
 
     def where(self, item: Span) -> str:
         return f"{self.files[item.file]}: offset {item.offset}"
@@ -257,7 +289,7 @@ class TFRecordSource:
 
         if item.length > MAX_IMAGE_BYTES + (1 << 20):  # refused unread: no copy of a huge record
             raise Rejected(f"record of {item.length} bytes, more than an image of at most {MAX_IMAGE_BYTES} needs")
-        data = self._maps[item.file][item.offset + 12:item.offset + 12 + item.length]
+        data = self._map(item.file)[item.offset + 12:item.offset + 12 + item.length]
         ex = example_pb2.Example()
         try:
             ex.ParseFromString(data)
@@ -278,18 +310,35 @@ class TFRecordSource:
         fn = b""
         if k.get("filename") and k["filename"] in feats and feats[k["filename"]].bytes_list.value:
             fn = feats[k["filename"]].bytes_list.value[0]
-        if label not in self._names:
+        at = [item.file, item.offset]
+        known = self._names.get(label)
+        if known is None or at < known[0]:  # the first record in file order names the class
             names = []
             for key in ("synset", "text"):
                 if k.get(key) and k[key] in feats and feats[k[key]].bytes_list.value:
                     names.append(feats[k[key]].bytes_list.value[0].decode("utf-8", "replace"))
                 else:
                     names.append(None)
-            self._names[label] = tuple(names)
+            self.merge_notes({label: [at, *names]})
         return image, label, fn
 
+    def notes(self) -> dict:
+        """{str(label): [[file, offset], synset, text]}: class names met so far."""
+        with self._lock:
+            return {str(k): list(v) for k, v in self._names.items()}
+
+    def merge_notes(self, notes: dict) -> None:
+        """Keep, per label, the names of the record first in file order: the same names
+        whatever the order items were loaded in, by whichever threads or workers."""
+        with self._lock:
+            for label, (at, synset, text) in notes.items():
+                label, at = int(label), list(at)
+                known = self._names.get(label)
+                if known is None or at < known[0]:
+                    self._names[label] = (at, synset, text)
+
     def classes(self, max_label: int) -> tuple[list, list | None]:
-        names = [self._names.get(i, (None, None)) for i in range(max_label + 1)]
+        names = [self._names.get(i, (None, None, None))[1:] for i in range(max_label + 1)]
         classes = [s or t or str(i) for i, (s, t) in enumerate(names)]
         texts = [t for _, t in names] if any(t for _, t in names) else None
         return classes, texts
@@ -301,9 +350,9 @@ class TFRecordSource:
     def close(self):
         import shutil
 
-        for mm in self._maps:
+        for mm in self._maps or []:
             if isinstance(mm, mmap.mmap):
                 mm.close()
-        self._maps = []
-        if getattr(self, "_tmp", None):
+        self._maps = None if not self._owner else []
+        if self._owner and getattr(self, "_tmp", None):
             shutil.rmtree(self._tmp, ignore_errors=True)
