@@ -16,7 +16,7 @@ by our own records, never by a file name:
 
 A killed planned pack (`--shards`, `--engine ray`) also leaves its finished shards in
 .partial (`part-NNNNN` + `part-NNNNN.done.json`) and its plan hash in the marker: the next run
-of the same plan keeps them (`claim_output(marker=, resume=)`), any other run removes them.
+of the same plan keeps them (`claim_output(plan=, resume=)`), any other run removes them.
 """
 from __future__ import annotations
 
