@@ -51,8 +51,9 @@ def main():
 @click.option("--shards", type=int, default=None, help="Number of part files (default: by --shard-size).")
 @click.option("--shard-size", default=None, help="Target part file size, e.g. 128MB (default 128MB); with --engine ray "
               "it sets the shard count (estimated from a sample, printed).")
-@click.option("--workers", type=int, default=None, help="Reader threads (default 2×cores); with --engine ray, the CPUs "
-              "of the local Ray instance it starts. Output is the same for any value.")
+@click.option("--workers", type=int, default=None, help="Reader threads (default 2×cores); with --engine process, "
+              "processes (default: cores); with --engine ray, the CPUs of the local Ray instance it starts. Output is "
+              "the same for any value.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the pack-time shuffle across shards.")
 @click.option("--on-error", "on_error", type=click.Choice(["skip", "warn", "raise"]), default=None,
               help="A file or record that cannot be packed: skip it (default; listed in pack_report.json), "
@@ -84,9 +85,11 @@ def main():
 @click.option("--max-inflate", type=click.FloatRange(1), default=None,
               help="A GZIP/ZLIB TFRecord may inflate to this many times its size, at least 256 MiB (default 20); "
               "the rest is skipped and reported.")
-@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
-              help="local: threads of this process. ray: one Ray task per shard on a Ray cluster "
-              "(pip install 'recordtool[ray]'; OUT on storage every node sees); same bytes as local.")
+@click.option("--engine", type=click.Choice(["local", "process", "ray"]), default=None,
+              help="local: threads of this process (default without transcoding). process: one process per core, "
+              "a shard each (default when transcoding: its Python share keeps threads from scaling). ray: one Ray "
+              "task per shard on a Ray cluster (pip install 'recordtool[ray]'; OUT on storage every node sees). "
+              "Same bytes whichever.")
 @click.option("--ray-address", default=None,
               help="With --engine ray: auto (the cluster running here), ray://HOST:PORT, HOST:PORT, or local "
               "(a new instance; default unless RAY_ADDRESS is set).")
@@ -149,7 +152,9 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
         summary = run_pack(source, out, shards=shards, shard_size=_size(shard_size) if shard_size else None,
                            workers=workers, seed=seed, on_error=policy, overwrite=overwrite,
                            max_pixels=max_pixels or DEFAULT_MAX_PIXELS, transcode=transcode,
-                           progress=not quiet, engine=engine, ray_address=ray_address, resume=not no_resume)
+                           progress=not quiet, engine=engine or ("process" if transcode.max_side or transcode.hw_friendly
+                                                                 else "local"),
+                           ray_address=ray_address, resume=not no_resume)
     except (RecordtoolError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     finally:

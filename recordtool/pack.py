@@ -16,6 +16,7 @@ Either way the output never depends on the worker count or the engine.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import threading
@@ -38,8 +39,8 @@ from .sources.base import Source, source_paths
 from .sources.image import DEFAULT_MAX_PIXELS, NO_TRANSCODE, Rejected, Transcode, prepare
 
 DEFAULT_SHARD_SIZE = 128 * 1024 * 1024
-Engine = Literal["local", "ray"]
-ENGINES = ("local", "ray")
+Engine = Literal["local", "process", "ray"]
+ENGINES = ("local", "process", "ray")
 SAMPLE = 256  # items loaded to estimate the shard count of `engine="ray"` without `shards`
 DONE_SUFFIX = ".done.json"
 DONE_MAX_BYTES = 256 << 20
@@ -259,6 +260,82 @@ def run_local(tasks: list, source: Source, options: Options, partial: str, worke
     return [f.result() for f in futures]
 
 
+def light_source(source):
+    """The source without its item list (each task carries its own items): what is shipped once
+    to worker processes or Ray workers."""
+    light = copy.copy(source)
+    light.items = []
+    light.skipped = []
+    return light
+
+
+_worker: dict = {}  # in a worker process of run_processes: its source, progress queue, stop event
+
+
+def _process_init(source, progress, stop):
+    _worker.update(source=source, progress=progress, stop=stop)
+
+
+def _process_fill(task: ShardTask, options: Options, partial: str) -> ShardDone:
+    q, pending = _worker["progress"], [0]
+
+    def tick(n):  # progress to the driver in steps, not per record
+        pending[0] += n
+        if pending[0] >= 16:
+            q.put(pending[0])
+            pending[0] = 0
+
+    class _Stop:  # the driver's multiprocessing.Event, as fill_shard's `stop`
+        @staticmethod
+        def is_set():
+            return _worker["stop"].is_set()
+
+    try:
+        return fill_shard(task, _worker["source"], options, partial, progress=tick, stop=_Stop)
+    finally:
+        if pending[0]:
+            q.put(pending[0])
+
+
+def run_processes(tasks: list, source: Source, options: Options, partial: str, workers: int, bar=None) -> list:
+    """Fill `tasks`' shards in `workers` processes. Transcoding holds the GIL for part of every
+    record (header probes, the encoder's wrapper, numpy, the record's framing: ~12 % on the dev
+    machine), so threads stop scaling well before 16 cores; processes do not share a GIL. Workers
+    are spawned (not forked: the driver has threads); the source goes to each once, without its
+    item list; the first failure stops the others at their next item."""
+    import multiprocessing as mp
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor
+
+    ctx = mp.get_context("spawn")
+    progress, stop = ctx.SimpleQueue(), ctx.Event()
+    n = max(1, min(workers, len(tasks)))
+
+    def drain():
+        while not progress.empty():
+            k = progress.get()
+            if bar is not None:
+                bar.update(k)
+
+    with ProcessPoolExecutor(n, mp_context=ctx, initializer=_process_init,
+                             initargs=(light_source(source), progress, stop)) as ex:
+        futures = [ex.submit(_process_fill, t, options, partial) for t in tasks]
+        try:
+            pending = set(futures)
+            while pending:
+                _, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
+                drain()
+                if any(f.done() and f.exception() is not None for f in futures):
+                    stop.set()
+        except BaseException:  # Ctrl-C: the workers stop at their next item
+            stop.set()
+            raise
+        drain()
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:
+        raise next((e for e in errors if not isinstance(e, _Stopped)), errors[0])
+    return [f.result() for f in futures]
+
+
 def estimate_shards(source: Source, shuffled: list, shard_size: int, options: Options, workers: int) -> int:
     """A shard count for `shard_size` when none is given (engine="ray"): the mean output size of
     the first SAMPLE items in pack order (loaded and fixed as pack will), times the item count.
@@ -293,9 +370,9 @@ def pack(src: str | os.PathLike | Source, out: str, *, shards: int | None = None
             The local engine fills part files in turn up to it; the Ray engine derives a shard
             count from it (`estimate_shards`), reported in the summary — `shards=` that count
             gives the same bytes locally.
-        workers: the local engine's reader threads (default 2 × cores); with `engine="ray"`,
-            the CPUs of the local Ray instance pack starts (default: all). The output does not
-            depend on it.
+        workers: the local engine's reader threads (default 2 × cores); the process engine's
+            processes (default: cores); with `engine="ray"`, the CPUs of the local Ray instance
+            pack starts (default: all). The output does not depend on it.
         seed: seed of the pack-time shuffle across shards.
         on_error: a file or record that cannot be packed — "skip" (default: listed in
             pack_report.json), "warn" (listed and a warning), "raise" (stop, nothing published;
@@ -304,9 +381,11 @@ def pack(src: str | os.PathLike | Source, out: str, *, shards: int | None = None
         max_pixels: images declaring more pixels are refused (decompression bombs).
         transcode: optional re-encoding (`Transcode`: max_side, quality, hw_friendly).
         progress: show a tqdm bar.
-        engine: "local" (threads of this process) or "ray" (one Ray task per shard, on the
-            cluster of `ray_address`; needs `pip install 'recordtool[ray]'` and OUT on storage
-            every node sees).
+        engine: "local" (threads of this process), "process" (one process per core, a shard at a
+            time each: for transcoding, whose Python share keeps threads from scaling) or "ray"
+            (one Ray task per shard, on the cluster of `ray_address`; needs
+            `pip install 'recordtool[ray]'` and OUT on storage every node sees). The process and
+            Ray engines always plan shards (from `shard_size` when `shards` is not given).
         ray_address: the cluster to use: None (RAY_ADDRESS if set, else a new local instance),
             "auto" (the cluster running on this machine), "ray://HOST:PORT", "HOST:PORT" or "local".
         resume: reuse the shards an unfinished earlier run of the same plan finished (planned
@@ -324,7 +403,7 @@ def pack(src: str | os.PathLike | Source, out: str, *, shards: int | None = None
     if shards is None and shard_size is None:
         shard_size = DEFAULT_SHARD_SIZE
     ray_cpus = workers
-    workers = workers or min(32, cores() * 2)
+    workers = workers or (cores() if engine == "process" else min(32, cores() * 2))
     ray_engine = None
     if engine == "ray":
         from . import pack_ray as ray_engine
@@ -350,7 +429,7 @@ def pack(src: str | os.PathLike | Source, out: str, *, shards: int | None = None
             shards = estimate_shards(source, shuffled, shard_size, options, workers)
         plan = make_plan(source, shuffled, shards, seed, options)
         return _pack_planned(source, plan, out, overwrite, resume, progress, workers, ray_engine, ray_address,
-                             ray_cpus, t0)
+                             ray_cpus, t0, processes=engine == "process")
     finally:
         source.close()
 
@@ -389,7 +468,7 @@ def _partial_of(out: str) -> str:
 
 
 def _pack_planned(source, plan: Plan, out, overwrite, resume, progress, workers, ray_engine, ray_address,
-                  ray_cpus, t0) -> Summary:
+                  ray_cpus, t0, processes: bool = False) -> Summary:
     """Plan → shard tasks (local threads or Ray) → merge → publish; finished shards of an
     unfinished run of the same plan are reused."""
     options = plan.options
@@ -417,7 +496,8 @@ def _pack_planned(source, plan: Plan, out, overwrite, resume, progress, workers,
                 if todo and ray_engine is not None:
                     done_list, retried = ray_engine.run(todo, source, options, partial_url, bar)
                 elif todo:
-                    done_list = run_local(todo, source, options, partial_url, workers, bar)
+                    run = run_processes if processes else run_local
+                    done_list = run(todo, source, options, partial_url, workers, bar)
             finally:
                 if bar is not None:
                     bar.close()
@@ -448,7 +528,8 @@ def _pack_planned(source, plan: Plan, out, overwrite, resume, progress, workers,
     m = writer.commit(fields, _report_doc(source, converted, skipped), shards=shards)
     return Summary(out, m["records"], len(m["shards"]), sum(s["bytes"] for s in m["shards"]),
                    time.perf_counter() - t0, sorted(converted), sorted(skipped), source.warnings,
-                   engine="ray" if ray_engine is not None else "local", reused=reused, retried=retried)
+                   engine="ray" if ray_engine is not None else "process" if processes else "local", reused=reused,
+                   retried=retried)
 
 
 def _pack_by_size(source, shuffled, out, shard_size, workers, seed, policy, overwrite, max_pixels, transcode,

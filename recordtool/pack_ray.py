@@ -13,7 +13,6 @@ Ray is an optional dependency: `pip install 'recordtool[ray]'`.
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import os
 import time
@@ -30,15 +29,6 @@ def require():
         import ray  # noqa: F401
     except ImportError:
         raise PackError("--engine ray needs Ray: pip install 'recordtool[ray]' (or pip install ray)") from None
-
-
-def _light(source):
-    """The source without its item list (each task gets only its own items): what is shipped
-    to the workers once, through the object store."""
-    light = copy.copy(source)
-    light.items = []
-    light.skipped = []
-    return light
 
 
 @contextlib.contextmanager
@@ -130,7 +120,9 @@ def run(tasks: list, source, options, partial: str, bar=None) -> tuple:
 
     remote = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)(_fill)
     progress = _progress_actor()
-    src = ray.put(_light(source))
+    from .pack import light_source
+
+    src = ray.put(light_source(source))
     window = max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
     queue = list(reversed(tasks))
     pending, results = {}, []

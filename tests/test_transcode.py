@@ -60,3 +60,47 @@ def test_transcoding_workers_do_not_queue_on_one_native_pool(big_folder, tmp_pat
     r = subprocess.run([sys.executable, "-c", code, str(big_folder), str(tmp_path / "o")], capture_output=True,
                        text=True, check=True)
     assert r.stdout.strip() == "0", r.stdout + r.stderr
+
+
+def test_process_engine_same_bytes_as_threads_when_transcoding(tmp_path):
+    """engine="process" (the CLI's default when transcoding: processes do not share the GIL) fills
+    the same planned shards as the thread engine: the same bytes for any worker count."""
+    from conftest import jpeg_bytes, tree, write
+
+    from recordtool.pack import pack
+    from recordtool.sources.image import Transcode
+
+    src = tmp_path / "src"
+    for i in range(18):
+        write(str(src / f"c{i % 3}" / f"{i}.jpg"), jpeg_bytes(160 + 8 * i, 120, seed=i))
+    t = Transcode(max_side=96, quality=90)
+    a = pack(str(src), str(tmp_path / "threads"), shards=3, workers=2, transcode=t, progress=False)
+    b = pack(str(src), str(tmp_path / "procs"), shards=3, workers=2, transcode=t, progress=False, engine="process")
+    c = pack(str(src), str(tmp_path / "one"), shards=3, workers=1, transcode=t, progress=False, engine="process")
+    assert b.engine == "process" and a.records == b.records == c.records == 18 and len(b.converted) == 18
+    assert tree(tmp_path / "threads") == tree(tmp_path / "procs") == tree(tmp_path / "one")
+
+
+def test_process_engine_raise_names_the_file_and_cli_defaults_to_processes(tmp_path):
+    import pytest
+
+    from conftest import jpeg_bytes, write
+
+    from recordtool.errors import PackError
+    from recordtool.pack import pack
+    from recordtool.sources.image import Transcode
+
+    src = tmp_path / "src"
+    for i in range(8):
+        write(str(src / f"c{i % 2}" / f"{i}.jpg"), jpeg_bytes(120, 90, seed=i))
+    write(str(src / "c0" / "broken.jpg"), jpeg_bytes(120, 90)[:200])
+    with pytest.raises(PackError, match="broken.jpg"):
+        pack(str(src), str(tmp_path / "a"), shards=2, workers=2, transcode=Transcode(max_side=64), progress=False,
+             engine="process", on_error="raise")
+    from click.testing import CliRunner
+
+    from recordtool.cli import main
+
+    r = CliRunner().invoke(main, ["pack", str(src), str(tmp_path / "b"), "--max-side", "64", "-q"])
+    assert r.exit_code == 0, r.output
+    assert "process" in r.output and "skipped 1" in r.output
