@@ -64,7 +64,7 @@ class Summary:
         mb = self.bytes / 1e6
         rate = self.records / self.seconds if self.seconds else 0.0
         s = (f"packed {self.records} records into {self.shards} shards ({mb:.1f} MB) in "
-             f"{self.seconds:.2f} s ({rate:.0f} rec/s); converted {len(self.converted)}, "
+             f"{self.seconds:.2f} s ({rate:.0f} rec/s, {self.engine} engine); converted {len(self.converted)}, "
              f"skipped {len(self.skipped)}")
         if self.reused:
             s += f"; reused {len(self.reused)} shards finished by an earlier run"

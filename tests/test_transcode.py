@@ -103,4 +103,4 @@ def test_process_engine_raise_names_the_file_and_cli_defaults_to_processes(tmp_p
 
     r = CliRunner().invoke(main, ["pack", str(src), str(tmp_path / "b"), "--max-side", "64", "-q"])
     assert r.exit_code == 0, r.output
-    assert "process" in r.output and "skipped 1" in r.output
+    assert "process engine" in r.output and "skipped 1" in r.output
