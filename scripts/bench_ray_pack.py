@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""`recordtool pack --engine ray` against `--engine local` on the same folder and the same cores.
+"""`recordtool pack --engine ray` against `--engine local` (threads) and `--engine process` on the
+same folder and the same cores.
 
 Both engines run as the command users run (`python -m recordtool.cli pack SRC OUT --shards S`),
 in turn, pinned to the same `--cores` CPUs (the local engine with its default 2 × cores
@@ -121,7 +122,8 @@ def main():
     try:
         configs = [("copy", [])] + ([(f"max-side {a.max_side}", ["--max-side", str(a.max_side)])] if a.max_side else [])
         for label, extra in configs:
-            for engine, eargs in (("local", []), ("ray", ["--engine", "ray", "--ray-address", address])):
+            for engine, eargs in (("local", ["--engine", "local"]), ("process", ["--engine", "process"]),
+                                  ("ray", ["--engine", "ray", "--ray-address", address])):
                 args = ["--shards", str(shards)] + extra + eargs
                 best = None
                 for _ in range(a.repeat):
@@ -139,7 +141,7 @@ def main():
         ray.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n{len(cpus)} cores, {shards} shards, {rows[0]['records']} images, {nbytes / 1e6:.0f} MB")
-    print(f"{'transcode':14} {'engine':6} {'wall s':>8} {'rec/s':>8} {'fixed s':>8} {'steady rec/s':>13} {'ray vs local':>13}")
+    print(f"{'transcode':14} {'engine':6} {'wall s':>8} {'rec/s':>8} {'fixed s':>8} {'steady rec/s':>13} {'vs local':>13}")
     for r in rows:
         peer = next(x for x in rows if x["transcode"] == r["transcode"] and x["engine"] == "local")
         vs = (peer["steady_rec_per_s"] / r["steady_rec_per_s"] - 1) * 100

@@ -139,7 +139,7 @@ if has raypack && fits raypack 240; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-ray .rayc/*.whl
   fi
   PYTHONPATH=/tmp/site-ray:$PYTHONPATH timeout 400 python3 scripts/bench_ray_pack.py /tmp/bench --cores "$CPG" \
-    --replicate "${REPLICATE:-8}" --max-side 256 --json "$OUT/bench_ray_pack.json" > "$OUT/bench_ray_pack.log" 2>&1
+    --replicate "${REPLICATE:-8}" --repeat "${RAY_REPEAT:-2}" --max-side 256 --json "$OUT/bench_ray_pack.json" > "$OUT/bench_ray_pack.log" 2>&1
 fi
 [ -f .carry/extra.sh ] && bash .carry/extra.sh > "$OUT/extra.log" 2>&1
 echo "=================== results"
