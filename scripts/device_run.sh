@@ -5,7 +5,7 @@
 #          .dali/dali-part-N and .dali/dali-extra (../shared/tools/dali_carry.sh .dali). Parts are
 #          kept in /tmp/dali-parts while the machine stays warm; with all three there, DALI is
 #          assembled and imported by every benchmark (the peer of issue 12).
-#   steps: STEPS="tests fidelity gpu gpu384 loader loader384 dist memory train decode format tune presets raypack"
+#   steps: STEPS="tests data384 fidelity gpu gpu384 loader loader384 dist memory train decode format tune presets raypack"
 #   raypack: pack --engine ray against --engine local on CORES_PER_GPU cores; needs .rayc too
 #          (RAY=1 scripts/prepare_device_carry.sh), e.g. carry [".whl", ".carry", ".rayc"]
 #   a step is skipped when fewer than its estimated seconds are left of DEADLINE (default 570 s)
@@ -53,7 +53,7 @@ if [ ! -f /tmp/bench-packed/manifest.json ]; then  # a warm machine keeps the da
   python3 scripts/make_imagenet_like.py /tmp/bench --images "$IMAGES" --classes 100 --photos .carry/photos 2>&1 | tail -1
   python3 -m recordtool.cli pack /tmp/bench /tmp/bench-packed --shards 16 -q
 fi
-if { has gpu384 || has loader384; } && [ ! -f /tmp/bench-384/manifest.json ]; then
+if { has gpu384 || has loader384 || has data384; } && [ ! -f /tmp/bench-384/manifest.json ]; then
   python3 -m recordtool.cli pack /tmp/bench /tmp/bench-384 --shards 16 --max-side 384 --quality 90 -q
 fi
 echo "data ready ($SECONDS s)"
@@ -115,8 +115,10 @@ if has dist && fits dist 90; then
     --json "$OUT/dist_$G.json" > "$OUT/dist_$G.log" 2>&1
 fi
 if has memory && fits memory 60; then
-  one_gpu timeout 150 python3 scripts/bench_loader_memory.py /tmp/bench-packed --device cuda --epochs 10 \
-    > "$OUT/loader_memory.log" 2>&1
+  for d in ${MEM_DEVICES:-cuda}; do
+    one_gpu timeout 150 python3 scripts/bench_loader_memory.py /tmp/bench-packed --device $d --epochs ${MEM_EPOCHS:-10} \
+      > "$OUT/loader_memory_$d.log" 2>&1
+  done
 fi
 if has train && fits train 150; then
   for cfg in "torchvision --data /tmp/bench" "recordtool --data /tmp/bench-packed --device cuda" \
@@ -148,7 +150,7 @@ sed -n '/^variant/,$p' "$OUT/fidelity.log" 2>/dev/null | head -60
 for f in "$OUT"/bench_gpu*.log; do [ -f "$f" ] && { echo "--- $f"; grep -A25 "summary" "$f" || tail -30 "$f"; }; done
 cat "$OUT"/bench_cli_*.log 2>/dev/null
 for f in "$OUT"/dist_*.log; do [ -f "$f" ] && { echo "--- $f"; grep -E "epoch|rank|total|coverage|resume|Error" "$f" | tail -24; }; done
-tail -16 "$OUT/loader_memory.log" 2>/dev/null; grep "train_imagenet\|Error" "$OUT/train.log" 2>/dev/null
+for f in "$OUT"/loader_memory_*.log; do [ -f "$f" ] && { echo "--- $f"; tail -16 "$f"; }; done; grep "train_imagenet\|Error" "$OUT/train.log" 2>/dev/null
 cat "$OUT"/bench_decode.log "$OUT"/bench_format.log "$OUT/tune.log" 2>/dev/null | tail -40
 cat "$OUT/presets.log" 2>/dev/null
 tail -8 "$OUT/bench_ray_pack.log" 2>/dev/null
