@@ -75,11 +75,12 @@ class Summary:
         return s
 
 
-def ordered_map(fn, items, workers: int, chunk: int = 16, ahead: int = 4):
+def ordered_map(fn, items, workers: int, chunk: int = 16, ahead: int = 4, submit=None):
     """fn over items in a thread pool, results in input order.
 
     Work goes out in chunks (a future per item costs more than reading a small file) and at
-    most workers × ahead chunks are in flight, so memory stays bounded.
+    most workers × ahead chunks are in flight, so memory stays bounded. `submit(chunk)` → a
+    future of the chunk's results replaces the thread pool (the process engine's pool).
     """
     items = list(items)
     chunks = (items[i:i + chunk] for i in range(0, len(items), chunk))
@@ -87,16 +88,21 @@ def ordered_map(fn, items, workers: int, chunk: int = 16, ahead: int = 4):
     def run(batch):
         return [fn(x) for x in batch]
 
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="recordtool-pack") as ex:
+    with contextlib.ExitStack() as stack:
+        if submit is None:
+            ex = stack.enter_context(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="recordtool-pack"))
+
+            def submit(batch):
+                return ex.submit(run, batch)
         pending = deque()
         for batch in chunks:
-            pending.append(ex.submit(run, batch))
+            pending.append(submit(batch))
             if len(pending) >= workers * ahead:
                 break
         while pending:
             done = pending.popleft().result()
             for batch in chunks:
-                pending.append(ex.submit(run, batch))
+                pending.append(submit(batch))
                 break
             yield from done
 
@@ -297,6 +303,22 @@ def _process_fill(task: ShardTask, options: Options, partial: str) -> ShardDone:
             q.put(pending[0])
 
 
+def _load_chunk(chunk, max_pixels, transcode):
+    """A worker process's part of a by-size pack: load and fix these items with its source."""
+    source = _worker["source"]
+    return [_load(source, it, max_pixels, transcode) for it in chunk], source.notes()
+
+
+def _spawn_pool(source, workers: int):
+    """Worker processes, spawned (the driver has threads), each with the source (no item list)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = mp.get_context("spawn")
+    return ProcessPoolExecutor(workers, mp_context=ctx, initializer=_process_init,
+                               initargs=(light_source(source), None, None))
+
+
 def run_processes(tasks: list, source: Source, options: Options, partial: str, workers: int, bar=None) -> list:
     """Fill `tasks`' shards in `workers` processes. Transcoding holds the GIL for part of every
     record (header probes, the encoder's wrapper, numpy, the record's framing: ~12 % on the dev
@@ -385,7 +407,7 @@ def pack(src: str | os.PathLike | Source, out: str, *, shards: int | None = None
             time each: for transcoding, whose Python share keeps threads from scaling) or "ray"
             (one Ray task per shard, on the cluster of `ray_address`; needs
             `pip install 'recordtool[ray]'` and OUT on storage every node sees). The process and
-            Ray engines always plan shards (from `shard_size` when `shards` is not given).
+            The Ray engine always plans shards (from `shard_size` when `shards` is not given).
         ray_address: the cluster to use: None (RAY_ADDRESS if set, else a new local instance),
             "auto" (the cluster running on this machine), "ray://HOST:PORT", "HOST:PORT" or "local".
         resume: reuse the shards an unfinished earlier run of the same plan finished (planned
@@ -421,9 +443,9 @@ def pack(src: str | os.PathLike | Source, out: str, *, shards: int | None = None
         if strict and source.warnings:
             raise PackError(f"on_error=raise: {source.warnings[0]}")
         shuffled = shuffle(source.items, seed)
-        if shards is None and engine == "local":
+        if shards is None and engine in ("local", "process"):
             return _pack_by_size(source, shuffled, out, shard_size, workers, seed, policy, overwrite, max_pixels,
-                                 transcode, progress, t0)
+                                 transcode, progress, t0, processes=engine == "process")
         options = Options(max_pixels, transcode, policy)
         if shards is None:
             shards = estimate_shards(source, shuffled, shard_size, options, workers)
@@ -533,9 +555,10 @@ def _pack_planned(source, plan: Plan, out, overwrite, resume, progress, workers,
 
 
 def _pack_by_size(source, shuffled, out, shard_size, workers, seed, policy, overwrite, max_pixels, transcode,
-                  progress, t0) -> Summary:
-    """The local engine without `shards`: items read and fixed in a thread pool, written in
-    order, a new part file whenever the current one reaches `shard_size`."""
+                  progress, t0, processes: bool = False) -> Summary:
+    """Without `shards`: items read and fixed in a thread pool (or, engine="process", worker
+    processes), written in order by this process, a new part file whenever the current one
+    reaches `shard_size` — the same bytes for any worker count and either engine."""
     n = len(shuffled)
     writer = DatasetWriter(out, overwrite=overwrite, sources=source_paths(source))
     converted, skipped = [], list(source.skipped)
@@ -544,9 +567,30 @@ def _pack_by_size(source, shuffled, out, shard_size, workers, seed, policy, over
         from tqdm import tqdm
 
         bar = tqdm(total=n, unit="rec", desc="pack", mininterval=0.5)
+    stack = contextlib.ExitStack()
+    submit = None
+    if processes:
+        from concurrent.futures import Future
+
+        pool = stack.enter_context(_spawn_pool(source, workers))
+
+        def to_pool(chunk):  # a chunk's results; the worker's notes (TFRecord class names) merged here
+            out_f = Future()
+
+            def merge(f):
+                try:
+                    results, notes = f.result()
+                    source.merge_notes(notes)
+                    out_f.set_result(results)
+                except BaseException as e:
+                    out_f.set_exception(e)
+            pool.submit(_load_chunk, chunk, max_pixels, transcode).add_done_callback(merge)
+            return out_f
+
+        submit = to_pool
     try:
         for item, res, label, filename in ordered_map(lambda it: _load(source, it, max_pixels, transcode),
-                                                      shuffled, workers):
+                                                      shuffled, workers, submit=submit):
             if isinstance(res, Rejected):
                 _report(policy, f"{source.where(item)}: {res}", PackError)
                 skipped.append((source.where(item), str(res)))
@@ -565,10 +609,12 @@ def _pack_by_size(source, shuffled, out, shard_size, workers, seed, policy, over
         writer.abort()
         raise
     finally:
+        stack.close()
         if bar is not None:
             bar.close()
     classes, class_text = source.classes(writer.max_label())
     fields = _manifest_fields(source, classes, class_text, seed, None, shard_size, policy, max_pixels, transcode)
     m = writer.commit(fields, _report_doc(source, converted, skipped))
     return Summary(out, m["records"], len(m["shards"]), sum(s["bytes"] for s in m["shards"]),
-                   time.perf_counter() - t0, sorted(converted), sorted(skipped), source.warnings)
+                   time.perf_counter() - t0, sorted(converted), sorted(skipped), source.warnings,
+                   engine="process" if processes else "local")

@@ -5,7 +5,7 @@
 #          .dali/dali-part-N and .dali/dali-extra (../shared/tools/dali_carry.sh .dali). Parts are
 #          kept in /tmp/dali-parts while the machine stays warm; with all three there, DALI is
 #          assembled and imported by every benchmark (the peer of issue 12).
-#   steps: STEPS="tests data384 fidelity gpu gpu384 loader loader384 dist memory train decode format tune presets raypack"
+#   steps: STEPS="tests data384 transcode fidelity gpu gpu384 loader loader384 dist memory train decode format tune presets raypack"
 #   raypack: pack --engine ray against --engine local on CORES_PER_GPU cores; needs .rayc too
 #          (RAY=1 scripts/prepare_device_carry.sh), e.g. carry [".whl", ".carry", ".rayc"]
 #   a step is skipped when fewer than its estimated seconds are left of DEADLINE (default 570 s)
@@ -104,6 +104,21 @@ if has presets && fits presets 200; then
       --json "$OUT/bench_cli_preset_$p.json" -q > "$OUT/bench_cli_preset_$p.log" 2>&1
   done
 fi
+if has transcode && fits transcode 60; then
+  # transcoding pack on one worker and on every core of a GPU (default engine: process), same 4096 files
+  rm -rf /tmp/bench-sub /tmp/bench-t; python3 - <<'PY'
+import os
+src, dst, n = "/tmp/bench", "/tmp/bench-sub", 0
+for cls in sorted(os.listdir(src)):
+    os.makedirs(f"{dst}/{cls}")
+    for name in sorted(os.listdir(f"{src}/{cls}"))[:41]:
+        os.link(f"{src}/{cls}/{name}", f"{dst}/{cls}/{name}")
+PY
+  for w in 1 "$CPG"; do
+    echo "pack --max-side 384 --quality 90 --workers $w: $(one_gpu python3 -m recordtool.cli pack /tmp/bench-sub /tmp/bench-t \
+      --max-side 384 --quality 90 --workers "$w" -q | tail -1)" >> "$OUT/transcode.log"; rm -rf /tmp/bench-t
+  done
+fi
 if has dist && fits dist 90; then
   G=${GPUS:-$NGPU}
   # the one-GPU reference: one rank, GPU 0, CPG cores; then G ranks, one GPU and CPG cores each
@@ -152,7 +167,7 @@ cat "$OUT"/bench_cli_*.log 2>/dev/null
 for f in "$OUT"/dist_*.log; do [ -f "$f" ] && { echo "--- $f"; grep -E "epoch|rank|total|coverage|resume|Error" "$f" | tail -24; }; done
 for f in "$OUT"/loader_memory_*.log; do [ -f "$f" ] && { echo "--- $f"; tail -16 "$f"; }; done; grep "train_imagenet\|Error" "$OUT/train.log" 2>/dev/null
 cat "$OUT"/bench_decode.log "$OUT"/bench_format.log "$OUT/tune.log" 2>/dev/null | tail -40
-cat "$OUT/presets.log" 2>/dev/null
+cat "$OUT/presets.log" "$OUT/transcode.log" 2>/dev/null
 tail -8 "$OUT/bench_ray_pack.log" 2>/dev/null
 cat "$OUT/skipped.log" 2>/dev/null; echo "total $SECONDS s"
 [ -f "$OUT/extra.log" ] && tail -20 "$OUT/extra.log"

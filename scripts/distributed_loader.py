@@ -108,7 +108,7 @@ def main():
             counts = np.bincount(union, minlength=n)
             exact = bool((counts == 1).all())
             pad = world * len(loader.sampler) - n  # DistributedSampler-style padding when n % world
-            ok &= exact or (pad > 0 and (counts >= 1).all() and counts.sum() == n + pad)
+            ok = ok and bool(exact or (pad > 0 and (counts >= 1).all() and counts.sum() == n + pad))
             epochs.append({"epoch": epoch, "ranks": [{"images": cnt, "seconds": s, "img_s": cnt / s, "cores_busy": b}
                                                      for cnt, s, b in rates],
                            "total_img_s": sum(r[0] for r in rates) / max(r[1] for r in rates), "exact_cover": exact})
@@ -145,8 +145,8 @@ def main():
         same = got == ref
         flags = [None] * world
         dist.all_gather_object(flags, (same, len(ref), k))
-        resume_ok = all(f[0] for f in flags)
-        ok &= resume_ok
+        resume_ok = bool(all(f[0] for f in flags))
+        ok = ok and resume_ok
         if rank == 0:
             print(f"resume check (epoch {e}, split {kw['split']}): each rank stopped after "
                   f"{[f[2] for f in flags]} of {[f[1] for f in flags]} batches and resumed from state_dict; "

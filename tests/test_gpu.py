@@ -468,22 +468,6 @@ def test_gpu_vs_cpu_bound_on_sharp_chroma_edges(subsampling):
     dec.close()
 
 
-def test_planner_gives_the_cpu_the_windows_cheapest_for_it():
-    """The CPU stops decoding at the window's bottom row; the engines decode whole images. So the
-    share moved to the CPU is the images whose windows end highest in the image."""
-    from recordtool.decode.gpu import SplitPlanner, cpu_cost
-
-    heights = np.full(8, 400)
-    windows = np.array([[y, 0, 100, 100] for y in (300, 0, 200, 50, 290, 10, 150, 100)], float)
-    cost = cpu_cost(windows, heights)
-    assert np.allclose(cost, (windows[:, 0] + 100) / 400)
-    pl = SplitPlanner(0.25)
-    p = pl.plan(np.full(8, ENGINE, np.int8), np.ones(8, bool), cost)
-    assert p.cpu.tolist() == [1, 5] and p.engine.tolist() == [0, 2, 3, 4, 6, 7]
-    p = pl.plan(np.full(8, ENGINE, np.int8), np.ones(8, bool))  # without costs: the batch's last ones
-    assert p.cpu.tolist() == [6, 7]
-
-
 def test_hostile_multiscan_files_never_reach_the_hybrid_decoder():
     """A progressive file with thousands of scans, or one declaring 8192² in 156 bytes, is
     refused by the decoders' rule before nvJPEG's hybrid decoder sees it (no GPU needed to check

@@ -196,3 +196,19 @@ def test_transcode_options_through_pack(tmp_path):
     ds = recordtool.open(tmp_path / "o")
     assert max(ds.index.width) == 300 and not ds.index.progressive.any()
     assert ds.manifest["pack"]["max_side"] == 300 and ds.manifest["pack"]["quality"] == 85
+
+
+def test_process_engine_learns_class_names_from_its_workers(tmp_path):
+    """The process engine loads records in worker processes; the class names they meet (tf-slim
+    synsets) come back to the driver: the same manifest and bytes as the thread engine."""
+    from conftest import tree
+
+    from recordtool.sources.image import Transcode
+
+    t = Transcode(max_side=64)
+    a = pack(TFRecordSource([fx("slim-*-of-00002")], SLIM), str(tmp_path / "threads"), progress=False, transcode=t)
+    b = pack(TFRecordSource([fx("slim-*-of-00002")], SLIM), str(tmp_path / "procs"), progress=False, transcode=t,
+             engine="process", workers=2)
+    assert b.engine == "process" and a.records == b.records
+    assert tree(tmp_path / "threads") == tree(tmp_path / "procs")
+    assert not all(c.isdigit() for c in recordtool.open(str(tmp_path / "procs")).classes)

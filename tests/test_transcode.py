@@ -104,3 +104,22 @@ def test_process_engine_raise_names_the_file_and_cli_defaults_to_processes(tmp_p
     r = CliRunner().invoke(main, ["pack", str(src), str(tmp_path / "b"), "--max-side", "64", "-q"])
     assert r.exit_code == 0, r.output
     assert "process engine" in r.output and "skipped 1" in r.output
+
+
+def test_process_engine_by_size_same_bytes_as_threads(tmp_path):
+    """Without --shards the process engine loads and fixes items in worker processes while this
+    process writes them in order: the same bytes as the thread engine, for any worker count."""
+    from conftest import jpeg_bytes, tree, write
+
+    from recordtool.pack import pack
+    from recordtool.sources.image import Transcode
+
+    src = tmp_path / "src"
+    for i in range(40):
+        write(str(src / f"c{i % 4}" / f"{i}.jpg"), jpeg_bytes(150 + 4 * i, 110, seed=i))
+    t = Transcode(max_side=80, quality=90)
+    a = pack(str(src), str(tmp_path / "threads"), shard_size=20_000, workers=3, transcode=t, progress=False)
+    b = pack(str(src), str(tmp_path / "procs"), shard_size=20_000, workers=2, transcode=t, progress=False,
+             engine="process")
+    assert b.engine == "process" and a.shards == b.shards > 1 and b.records == 40
+    assert tree(tmp_path / "threads") == tree(tmp_path / "procs")

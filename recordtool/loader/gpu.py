@@ -37,11 +37,10 @@ class GPUBatcher:
         self.mean, self.std, self.dtype, self.layout = mean, std, dtype, layout
         self.user_op, self.split, self.hybrid = user_op, split, hybrid
         self.max_batch = max_batch
-        # native threads of each decoder's CPU share. Each producer's pool may use every core:
-        # a pool is busy only while its producer's CPU share decodes, and the split planner then
-        # measures what the cores really deliver (with a fixed share of the cores per producer,
-        # cores sat idle while the NVJPG engines were the bottleneck: 10 of 16 busy on the H200)
-        self.cpu_threads = threads
+        # native threads of each decoder's CPU share: the cores left by the producers, shared out.
+        # Measured on the H200 (BENCHMARKS.md): every core per producer's pool (64 threads on 16
+        # cores) ran 15-25 % slower than this, 8 per pool ~13 % slower.
+        self.cpu_threads = max(1, (threads - producers) // producers)
         ix = recipe.ds.index
         self.routes = route(ix.chroma, ix.progressive, ix.colorspace)
         s = recipe.size
@@ -81,7 +80,7 @@ class GPUBatcher:
         b = self.recipe.inputs(ids, epoch)
         t1 = time.perf_counter()
         dec = self.decoder(slot)
-        images = dec(b.buffers, b.windows, b.flips, self.routes[ids], self.recipe.ds.index.height[ids])
+        images = dec(b.buffers, b.windows, b.flips, self.routes[ids])
         t2 = t3 = time.perf_counter()
         if self.user_op is not None:
             with cupy.cuda.Device(self.device), dec.stream:

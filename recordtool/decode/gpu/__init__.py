@@ -8,9 +8,8 @@
 from .buffers import OutputRing, device_memory_used
 from .decoder import BatchReport, GPUDecoder, to_torch
 from .kernel import SAMPLE_DTYPE, kernel
-from .plan import (CPU, ENGINE, HYBRID, Plan, Route, Split, SplitPlanner, cpu_cost, ends_with_eoi, hardware_decodable,
-                   route)
+from .plan import CPU, ENGINE, HYBRID, Plan, Route, Split, SplitPlanner, ends_with_eoi, hardware_decodable, route
 
 __all__ = ["GPUDecoder", "BatchReport", "OutputRing", "to_torch", "device_memory_used", "kernel", "SAMPLE_DTYPE",
            "route", "hardware_decodable", "ends_with_eoi", "Route", "ENGINE", "HYBRID", "CPU", "Split",
-           "SplitPlanner", "Plan", "cpu_cost"]
+           "SplitPlanner", "Plan"]

@@ -18,7 +18,7 @@ from .. import cpu
 from ..ops import IMAGENET_MEAN, IMAGENET_STD
 from . import kernel as K
 from .buffers import DecodeBuffers, OutputRing
-from .plan import CPU, ENGINE, HYBRID, Split, SplitPlanner, cpu_cost, ends_with_eoi
+from .plan import CPU, ENGINE, HYBRID, Split, SplitPlanner, ends_with_eoi
 
 
 @dataclass
@@ -185,7 +185,7 @@ class GPUDecoder:
         del view
 
     # ------------------------------------------------------------------ one batch
-    def __call__(self, buffers, windows, flips, routes, heights=None):
+    def __call__(self, buffers, windows, flips, routes):
         """Decode one batch. Returns a CuPy array (N, 3, h, w) or (N, h, w, 3), complete when
         the call returns (from the ring when there is one).
 
@@ -194,8 +194,6 @@ class GPUDecoder:
             windows: (N, 4) (y, x, h, w) crop windows in source pixels.
             flips: bool (N,) horizontal mirror per image.
             routes: route codes (N,) from the index (plan.route), or bool (N,) = engine-decodable.
-            heights: image heights (N,) from the index; with them the CPU's share of the batch is
-                the images whose windows are cheapest for it (plan.cpu_cost).
         """
         t0 = time.perf_counter()
         n = len(buffers)
@@ -208,8 +206,7 @@ class GPUDecoder:
         for i in np.nonzero(routes == HYBRID)[0]:  # multi-scan files: the decoders' refusal rule first
             if _refused(buffers[i]):
                 routes[i] = CPU  # the CPU path refuses it with the reason, naming the record
-        cost = None if heights is None else cpu_cost(windows, heights)
-        plan = self.planner.plan(routes, ends_with_eoi(buffers), cost)
+        plan = self.planner.plan(routes, ends_with_eoi(buffers))
         self.buf.ensure(buffers, windows)
         places = self.buf.place(windows, np.concatenate([plan.engine, plan.hybrid]).astype(np.int64))
         t_plan = time.perf_counter()

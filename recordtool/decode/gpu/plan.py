@@ -56,16 +56,6 @@ def ends_with_eoi(buffers) -> np.ndarray:
     return np.fromiter((len(b) >= 2 and b[-2] == 0xFF and b[-1] == 0xD9 for b in buffers), bool, len(buffers))
 
 
-def cpu_cost(windows, heights) -> np.ndarray:
-    """Relative cost of decoding each window on the CPU path, per image byte: libjpeg entropy-
-    decodes every row down to the window's bottom edge and stops there (rows below are never
-    decoded), while the NVJPG engines decode the whole image whatever the window. So a window in
-    the upper part of its image costs the CPU a fraction of the image; the split planner gives
-    the CPU those images first. windows: (n, 4) y, x, h, w; heights: (n,) image heights."""
-    w = np.asarray(windows, np.float64).reshape(-1, 4)
-    return (w[:, 0] + w[:, 2]) / np.maximum(np.asarray(heights, np.float64), 1.0)
-
-
 def check_split(split) -> Split:
     if split in ("auto", "gpu", "cpu"):
         return split
@@ -130,10 +120,8 @@ class SplitPlanner:
         if self.split == "cpu":
             self.engines = self.hybrid = False
 
-    def plan(self, routes, eoi, cpu_cost=None) -> Plan:
-        """routes: Route codes (n,); eoi: ends_with_eoi (n,); cpu_cost: optional (n,) relative
-        cost of each image on the CPU path against the engines (see `cpu_cost`) — the share moved
-        from the engines to the CPU is then the images cheapest for the CPU."""
+    def plan(self, routes, eoi) -> Plan:
+        """routes: Route codes (n,); eoi: ends_with_eoi (n,)."""
         routes = np.asarray(routes)
         n = len(routes)
         routes = np.where(np.asarray(eoi, bool), routes, CPU)
@@ -150,11 +138,7 @@ class SplitPlanner:
         on_gpu[hyb] = True
         forced = np.nonzero(~on_gpu)[0]
         extra = max(0, min(len(eligible), int(round(self.cpu_fraction * n)) - len(forced)))
-        if extra and cpu_cost is not None:  # the engines' cost does not depend on the window; the CPU's does
-            order = np.argsort(np.asarray(cpu_cost)[eligible], kind="stable")
-            moved, kept = np.sort(eligible[order[:extra]]), np.sort(eligible[order[extra:]])
-        else:
-            moved, kept = eligible[len(eligible) - extra:], eligible[: len(eligible) - extra]
+        moved, kept = eligible[len(eligible) - extra:], eligible[: len(eligible) - extra]
         return Plan(engine=kept, hybrid=hyb, cpu=np.concatenate([forced, moved]).astype(np.int64),
                     forced=len(forced))
 
