@@ -1,0 +1,303 @@
+"""Datasets on object storage: a real S3 server (moto) on 127.0.0.1 behind a fault-injecting
+proxy (tests/s3server.py); the client is s3fs, unpatched."""
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import os
+
+import numpy as np
+import pytest
+
+from conftest import jpeg_bytes, write
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto")
+
+import recordtool  # noqa: E402
+from recordtool import cache as rcache  # noqa: E402
+from recordtool.errors import CacheFull, FormatError, RemoteError  # noqa: E402
+from recordtool.fs import Retry  # noqa: E402
+from recordtool.reader import BlockSampler, Sampler  # noqa: E402
+from s3server import S3, Fault  # noqa: E402
+
+FAST = Retry(attempts=3, backoff=0.01, max_backoff=0.05)
+_buckets = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def s3():
+    import s3fs
+
+    server = S3()
+    with pytest.MonkeyPatch.context() as mp_:
+        mp_.setattr(s3fs.S3FileSystem, "retries", 1)  # s3fs's own retry knob: recordtool's retries are tested
+        yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    """48 small images in 8 shards."""
+    tmp = tmp_path_factory.mktemp("remote")
+    for c in range(3):
+        for i in range(16):
+            write(str(tmp / "src" / f"c{c}" / f"{i}.jpg"), jpeg_bytes(48 + 4 * (i % 5), 40, seed=100 * c + i))
+    from recordtool.pack import pack
+
+    pack(str(tmp / "src"), str(tmp / "out"), shards=8, progress=False)
+    return str(tmp / "out")
+
+
+@pytest.fixture
+def remote(s3, packed):
+    """(url, s3fs filesystem) of a fresh bucket holding the packed dataset."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3.options)
+    bucket = f"rt-{next(_buckets)}"
+    fs.mkdir(bucket)
+    for name in sorted(os.listdir(packed)):
+        fs.put_file(os.path.join(packed, name), f"{bucket}/data/train/{name}")
+    s3.proxy.clear()
+    yield f"s3://{bucket}/data/train", fs
+    s3.proxy.clear()
+
+
+def open_remote(s3, url, tmp_path, **kw):
+    kw.setdefault("retry", FAST)
+    return recordtool.open(url, cache_dir=str(tmp_path / "cache"), storage_options=s3.options, **kw)
+
+
+def shard_files(ds) -> list:
+    return sorted(os.listdir(ds.cache.shards_dir))
+
+
+def test_remote_dataset_reads_like_local(s3, remote, packed, tmp_path):
+    url, _ = remote
+    local = recordtool.open(packed)
+    ds = open_remote(s3, url, tmp_path)
+    assert isinstance(ds, recordtool.Dataset) and ds.root == url
+    assert ds.manifest == local.manifest and len(ds) == len(local) == 48
+    for k in ix_columns(local):
+        assert np.array_equal(ds.index.columns[k], local.index.columns[k])
+    for i in range(len(ds)):
+        a, la = local[i]
+        b, lb = ds[i]
+        assert isinstance(b, memoryview) and bytes(a) == bytes(b) and la == lb
+        assert bytes(ds.record(i)) == bytes(local.record(i))
+        del a, b
+    # each shard downloaded once, checked, named by its CRC32C; nothing half-done left
+    assert shard_files(ds) == sorted(f"{s['name']}.{s['crc32c']}" for s in local.shards)
+    for s in local.shards:
+        assert s3.proxy.count("GET", f"/data/train/{s['name']}") == 1
+    assert isinstance(ds.sampler(), BlockSampler) and type(local.sampler()) is Sampler
+    ds.close()
+    # a second open finds the index and shards in the cache: only the manifest is fetched again
+    s3.proxy.clear()
+    again = open_remote(s3, url, tmp_path)
+    assert bytes(again[5][0]) == bytes(local[5][0])
+    gets = [p for m, p, _ in s3.proxy.requests if m == "GET"]
+    assert gets == [f"/{url[5:]}/manifest.json"]
+    again.close()
+
+
+def ix_columns(ds):
+    return list(ds.index.columns)
+
+
+@pytest.mark.parametrize("n_shards,block,ws", [(8, 2, 1), (8, 3, 3), (5, 4, 2), (1, 1, 1)])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_block_sampler_covers_every_sample_block_by_block(n_shards, block, ws, drop_last):
+    rng = np.random.default_rng(0)
+    shard_of = np.sort(rng.integers(0, n_shards, 97))
+    samplers = [BlockSampler(shard_of, n_shards, block, seed=5, rank=r, world_size=ws, drop_last=drop_last)
+                for r in range(ws)]
+    parts = [s.indices(3) for s in samplers]
+    assert len({len(p) for p in parts}) == 1 and len(parts[0]) == len(samplers[0])
+    got = np.concatenate(parts)
+    if drop_last:
+        assert len(got) == 97 // ws * ws and len(set(got.tolist())) == len(got)
+    else:
+        assert set(got.tolist()) == set(range(97)) and len(got) == -(-97 // ws) * ws
+    # the global order reads the blocks in turn: each block's shards form one stretch
+    order = samplers[0].global_order(3)[:97 // ws * ws if drop_last else 97]
+    blocks = samplers[0].blocks(3)
+    block_of = {int(s): k for k, b in enumerate(blocks) for s in b}
+    seq = [block_of[int(s)] for s in shard_of[order]]
+    assert seq == sorted(seq)
+    assert sorted(int(s) for b in blocks for s in b) == list(range(n_shards))
+    assert all(len(b) == block for b in blocks[:-1])
+    # pure function of (seed, epoch, rank, world_size)
+    again = BlockSampler(shard_of, n_shards, block, seed=5, rank=0, world_size=ws, drop_last=drop_last)
+    assert np.array_equal(again.indices(3), parts[0])
+
+
+def test_block_sampler_shuffles_by_seed_and_epoch():
+    shard_of = np.repeat(np.arange(10), 50)
+    s = BlockSampler(shard_of, 10, 2, seed=1)
+    e0, e1 = s.indices(0), s.indices(1)
+    assert sorted(e0.tolist()) == list(range(500)) and not np.array_equal(e0, e1)
+    assert not np.array_equal(e0, BlockSampler(shard_of, 10, 2, seed=2).indices(0))
+    assert np.array_equal(BlockSampler(shard_of, 10, 2, shuffle=False).indices(4), np.arange(500))
+    # within a block the two shards' samples are mixed, not read shard after shard
+    first = shard_of[e0[:100]]
+    assert len(set(first.tolist())) == 2 and (np.diff(first) != 0).sum() > 10
+    with pytest.raises(ValueError):
+        BlockSampler(shard_of, 10, 0)
+
+
+def test_epoch_fetches_each_shard_once_and_cache_stays_bounded(s3, remote, packed, tmp_path):
+    url, _ = remote
+    local = recordtool.open(packed)
+    sizes = sorted((s["bytes"] for s in local.shards), reverse=True)
+    limit = sum(sizes[:4])  # two blocks of two shards
+    ds = open_remote(s3, url, tmp_path, cache_limit=limit)
+    sampler = ds.sampler(seed=3, block_shards=2)
+    peak = 0
+    for epoch in range(2):
+        s3.proxy.clear()
+        for i in sampler.indices(epoch):
+            data, label = ds[int(i)]
+            assert bytes(data) == bytes(local[int(i)][0])
+            del data
+            peak = max(peak, ds.cache.used())
+        for s in local.shards:  # once per epoch (or not at all: still cached from the last epoch)
+            assert s3.proxy.count("GET", f"/data/train/{s['name']}") in ((1,) if epoch == 0 else (0, 1)), s["name"]
+    assert 0 < peak <= limit and ds.cache.used() <= limit
+    assert len(shard_files(ds)) < len(local.shards)  # evicted along the way
+    with pytest.raises(CacheFull, match="two blocks"):
+        ds.sampler(block_shards=4)
+    ds.close()
+
+
+def test_pinned_shard_is_never_evicted(s3, remote, packed, tmp_path):
+    url, _ = remote
+    local = recordtool.open(packed)
+    limit = sum(sorted((s["bytes"] for s in local.shards), reverse=True)[:3])
+    ds = open_remote(s3, url, tmp_path, cache_limit=limit)
+    first = int(np.nonzero(local.index.shard == 0)[0][0])
+    held, _ = ds[first]  # a view of shard 0 stays alive while every other shard passes through
+    expect = bytes(held)
+    for i in range(len(ds)):
+        if local.index.shard[i] != 0:
+            _ = bytes(ds[i][0])
+        assert ds.cache.used() <= limit
+    assert bytes(held) == expect and f"part-00000.{local.shards[0]['crc32c']}" in shard_files(ds)
+    del held
+    # without the view, shard 0 can go: the next shards evict it
+    for i in range(len(ds)):
+        if local.index.shard[i] != 0:
+            _ = bytes(ds[i][0])
+    assert ds.cache.used() <= limit
+    ds.close()
+
+
+def test_5xx_is_retried_then_named(s3, remote, packed, tmp_path):
+    url, _ = remote
+    local = recordtool.open(packed)
+    ds = open_remote(s3, url, tmp_path)
+    s3.proxy.add(Fault("part-00001", "503", times=2))
+    i = int(np.nonzero(local.index.shard == 1)[0][0])
+    assert bytes(ds[i][0]) == bytes(local[i][0])
+    assert s3.proxy.count("GET", "part-00001") == 3
+    s3.proxy.add(Fault("part-00002", "503", times=100))
+    j = int(np.nonzero(local.index.shard == 2)[0][0])
+    with pytest.raises(RemoteError, match=rf"{url}/part-00002: failed 3 times.*injected"):
+        ds[j]
+    assert not [f for f in shard_files(ds) if f.startswith("part-00002")]
+    ds.close()
+
+
+def test_timeouts_are_retried_then_named(s3, remote, packed, tmp_path):
+    url, _ = remote
+    local = recordtool.open(packed)
+    options = dict(s3.options, config_kwargs=dict(s3.options["config_kwargs"], read_timeout=0.3))
+    ds = recordtool.open(url, cache_dir=str(tmp_path / "cache"), storage_options=options, retry=FAST)
+    s3.proxy.add(Fault("part-00003", "stall", times=1, seconds=0.6))
+    i = int(np.nonzero(local.index.shard == 3)[0][0])
+    assert bytes(ds[i][0]) == bytes(local[i][0])
+    s3.proxy.add(Fault("part-00004", "stall", times=100, seconds=0.6))
+    j = int(np.nonzero(local.index.shard == 4)[0][0])
+    with pytest.raises(RemoteError, match=rf"{url}/part-00004: failed 3 times.*[Tt]imeout"):
+        ds[j]
+    ds.close()
+
+
+@pytest.mark.parametrize("kind", ["truncate", "flip"])
+def test_damaged_download_is_caught_and_fetched_again(s3, remote, packed, tmp_path, kind):
+    url, _ = remote
+    local = recordtool.open(packed)
+    ds = open_remote(s3, url, tmp_path)
+    info = local.shards[5]
+    s3.proxy.add(Fault("part-00005", kind, times=1, keep=info["bytes"] // 2, offset=info["bytes"] // 3))
+    i = int(np.nonzero(local.index.shard == 5)[0][0])
+    assert bytes(ds[i][0]) == bytes(local[i][0])
+    assert s3.proxy.count("GET", "part-00005") == 2
+    # persistent damage: named after the retries, nothing half-downloaded kept
+    s3.proxy.add(Fault("part-00006", kind, times=100, keep=10, offset=100))
+    j = int(np.nonzero(local.index.shard == 6)[0][0])
+    with pytest.raises(RemoteError, match=rf"{url}/part-00006: failed 3 times"):
+        ds[j]
+    assert not [f for f in shard_files(ds) if f.startswith("part-00006")]
+    ds.close()
+
+
+def test_shard_missing_remotely_is_named(s3, remote, packed, tmp_path):
+    url, fs = remote
+    fs.rm_file(f"{url[5:]}/part-00007")
+    ds = open_remote(s3, url, tmp_path)
+    i = int(np.nonzero(ds.index.shard == 7)[0][0])
+    with pytest.raises(FormatError, match=rf"{url}/part-00007: missing on object storage"):
+        ds[i]
+    assert bytes(ds[0][0])  # the other shards still read
+    ds.close()
+    with pytest.raises(FormatError, match="no manifest"):
+        open_remote(s3, url + "-nothing", tmp_path)
+
+
+def test_stale_part_file_is_cleared_and_never_used(s3, remote, packed, tmp_path):
+    url, _ = remote
+    local = recordtool.open(packed)
+    ds = open_remote(s3, url, tmp_path)
+    info = local.shards[0]
+    stale = os.path.join(ds.cache.shards_dir, f"part-00000.{info['crc32c']}.part")
+    write(stale, b"\0" * info["bytes"])  # what a killed download leaves: right size, wrong bytes
+    i = int(np.nonzero(local.index.shard == 0)[0][0])
+    assert bytes(ds[i][0]) == bytes(local[i][0])
+    assert not os.path.exists(stale)
+    ds.close()
+
+
+def _reader(url, cache_dir, options, barrier, out):
+    ds = recordtool.open(url, cache_dir=cache_dir, storage_options=options, retry=FAST)
+    barrier.wait()
+    out.put(sorted((i, bytes(ds[i][0])) for i in range(len(ds)))[::7])
+    ds.close()
+
+
+def test_processes_share_the_cache_one_download_per_shard(s3, remote, packed, tmp_path):
+    url, _ = remote
+    local = recordtool.open(packed)
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(2), ctx.Queue()
+    s3.proxy.add(*[Fault(s["name"], "stall", seconds=0.3) for s in local.shards[:3]])  # widen the race
+    procs = [ctx.Process(target=_reader, args=(url, str(tmp_path / "cache"), s3.options, barrier, out))
+             for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    expect = [(i, bytes(local[i][0])) for i in range(len(local))][::7]
+    assert all(r == expect for r in results)
+    for s in local.shards:
+        assert s3.proxy.count("GET", f"/data/train/{s['name']}") == 1, s["name"]
+
+
+def test_cache_key_and_default_dir(monkeypatch, tmp_path):
+    assert rcache.key("s3://b/x/train") != rcache.key("s3://c/x/train")
+    assert rcache.key("s3://b/x/train/").endswith("-train") and "/" not in rcache.key("s3://b/../..")
+    monkeypatch.setenv("RECORDTOOL_CACHE_DIR", str(tmp_path))
+    assert rcache.default_dir() == str(tmp_path)
