@@ -28,6 +28,32 @@ def _policy(on_error, strict: bool) -> str:
     return "raise" if strict else (on_error or "skip")
 
 
+class DatasetPath(click.Path):
+    """A dataset directory that must exist, or an object-store URL (s3://bucket/prefix, gs://…)."""
+
+    def convert(self, value, param, ctx):
+        from .fs import is_url
+
+        return value if is_url(value) else super().convert(value, param, ctx)
+
+
+_DATASET = DatasetPath(exists=True, file_okay=False)
+
+
+def _cache_options(f):
+    """--cache-dir / --cache-limit for commands that read object storage."""
+    f = click.option("--cache-limit", default=None,
+                     help="Bytes of shards the local cache may hold for a remote dataset, e.g. 20GB "
+                     "(default: the whole dataset, at most 80% of the free disk).")(f)
+    return click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+                        help="Local shard cache for a remote dataset (default $RECORDTOOL_CACHE_DIR, "
+                        "else ~/.cache/recordtool).")(f)
+
+
+def _remote(cache_dir, cache_limit) -> dict:
+    return {"cache_dir": cache_dir, "cache_limit": _size(cache_limit) if cache_limit else None}
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="recordtool")
 def main():
@@ -211,30 +237,34 @@ def index_cmd(root, image_key, label_key, on_error, strict, max_classes, quiet):
 
 
 @main.command()
-@click.argument("root", type=click.Path(exists=True, file_okay=False))
+@click.argument("root", type=_DATASET)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def inspect(root, as_json):
-    """Counts, classes, sizes, chroma/progressive mix and shards of a dataset."""
+@_cache_options
+def inspect(root, as_json, cache_dir, cache_limit):
+    """Counts, classes, sizes, chroma/progressive mix and shards of a dataset (a directory, or a
+    URL such as s3://bucket/prefix: only its manifest and index are fetched)."""
     from .errors import RecordtoolError
     from .inspect import render, summarize
 
     try:
-        s = summarize(root)
+        s = summarize(root, **_remote(cache_dir, cache_limit))
     except (RecordtoolError, OSError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(json.dumps(s, indent=1) if as_json else render(s))
 
 
 @main.command()
-@click.argument("root", type=click.Path(exists=True, file_okay=False))
+@click.argument("root", type=_DATASET)
 @click.option("--decode", is_flag=True, help="Also decode every image and check its size.")
 @click.option("--threads", type=int, default=None, help="Decode threads (default: cores).")
+@_cache_options
 @click.option("--quiet", "-q", is_flag=True)
-def verify(root, decode, threads, quiet):
-    """Re-read every record; exit 0 only if shards, index and manifest are intact."""
+def verify(root, decode, threads, cache_dir, cache_limit, quiet):
+    """Re-read every record; exit 0 only if shards, index and manifest are intact. ROOT may be a
+    URL (s3://bucket/prefix): its shards are downloaded through the local cache in turn."""
     from .verify import verify as run_verify
 
-    res = run_verify(root, decode=decode, threads=threads, progress=not quiet)
+    res = run_verify(root, decode=decode, threads=threads, progress=not quiet, **_remote(cache_dir, cache_limit))
     if not res.ok:
         click.echo(f"FAILED: {res.errors[0]}", err=True)
         for e in res.errors[1:]:

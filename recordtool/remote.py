@@ -13,6 +13,7 @@ past blocks are unmapped when nothing uses them any more, so the cache can evict
 """
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import queue
@@ -116,17 +117,46 @@ class RemoteDataset(Dataset):
         self._advance(shard)
         self.cache.fetch(info["name"], info["bytes"], info["crc32c"], release=self._release_all)
 
-    def _map(self, shard: int):
-        """Pin and map a cached shard (under self._lock); None if it was evicted meanwhile."""
+    def _pin(self, shard: int):
+        """(fd, mapping) of a cached shard, pinned until the fd is closed; None if it was
+        evicted since it was fetched."""
         info = self.shards[shard]
         fd = self.cache.pin(info["name"], info["bytes"], info["crc32c"])
         if fd is None:
             return None
         try:
-            mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if info["bytes"] else b""
+            return fd, (mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if info["bytes"] else b"")
         except BaseException:
             os.close(fd)
             raise
+
+    @contextlib.contextmanager
+    def shard_file(self, shard: int):
+        """The checked cached copy of one shard as a read-only mapping, pinned while the block
+        runs and let go after (recordtool verify reads every shard this way, in turn)."""
+        for _ in range(5):
+            info = self.shards[shard]
+            self.cache.fetch(info["name"], info["bytes"], info["crc32c"], release=self._release_all)
+            pinned = self._pin(shard)
+            if pinned is not None:
+                break
+        else:
+            raise CacheFull(f"{self.cache.url(self.shards[shard]['name'])}: evicted again each time before it "
+                            f"could be mapped; raise cache_limit")
+        fd, mm = pinned
+        try:
+            yield mm
+        finally:
+            if isinstance(mm, mmap.mmap):
+                mm.close()
+            os.close(fd)
+
+    def _map(self, shard: int):
+        """Pin and map a cached shard (under self._lock); None if it was evicted meanwhile."""
+        pinned = self._pin(shard)
+        if pinned is None:
+            return None
+        fd, mm = pinned
         self._fds[shard], self._maps[shard] = fd, mm
         self._views[shard] = memoryview(mm)
         self._mapped[shard] = None

@@ -301,3 +301,48 @@ def test_cache_key_and_default_dir(monkeypatch, tmp_path):
     assert rcache.key("s3://b/x/train/").endswith("-train") and "/" not in rcache.key("s3://b/../..")
     monkeypatch.setenv("RECORDTOOL_CACHE_DIR", str(tmp_path))
     assert rcache.default_dir() == str(tmp_path)
+
+
+@pytest.fixture
+def s3_config(s3, monkeypatch):
+    """The server reached through fsspec's configuration, as a user's CLI would (FSSPEC_S3_* variables)."""
+    import fsspec.config
+
+    monkeypatch.setitem(fsspec.config.conf, "s3", dict(s3.options))
+
+
+def test_cli_inspect_and_verify_remote(s3, s3_config, remote, packed, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from recordtool.cli import main
+
+    url, fs = remote
+    cache = str(tmp_path / "cache")
+    r = CliRunner().invoke(main, ["inspect", url, "--json", "--cache-dir", cache])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.output)
+    assert s["path"] == url and s["records"] == 48 and len(s["shards"]) == 8
+    assert s3.proxy.count("GET", "part-") == 0  # the manifest and the index only
+    r = CliRunner().invoke(main, ["verify", url, "--decode", "-q", "--cache-dir", cache, "--cache-limit", "10KB"])
+    assert r.exit_code == 0, r.output
+    assert "OK: 48 records verified, 48 decoded" in r.output
+    assert sum(os.path.getsize(os.path.join(d, f)) for d, _, fs_ in os.walk(os.path.join(cache)) if
+               d.endswith("shards") for f in fs_) <= 10 * 1024
+    r = CliRunner().invoke(main, ["verify", url.replace("train", "nothing"), "-q", "--cache-dir", cache])
+    assert r.exit_code == 1 and "no manifest" in r.output
+
+
+def test_verify_remote_names_a_damaged_shard(s3, remote, packed, tmp_path):
+    from recordtool.verify import verify
+
+    url, fs = remote
+    key = f"{url[5:]}/part-00003"
+    data = bytearray(fs.cat_file(key))
+    data[len(data) // 2] ^= 1  # altered on the store itself: every download is caught by CRC32C
+    fs.pipe_file(key, bytes(data))
+    res = verify(url, cache_dir=str(tmp_path / "cache"), storage_options=s3.options, retry=FAST)
+    assert not res.ok and len(res.errors) == 1
+    assert res.errors[0].startswith(f"{url}/part-00003: failed 3 times") and "CRC32C" in res.errors[0]
+    assert res.records == 48 - recordtool.open(packed).shards[3]["records"]
