@@ -31,19 +31,12 @@ import re
 import threading
 import time
 
-import crc32c
-
 from . import fs as _fs
-from .errors import CacheFull, FormatError, RecordtoolError
+from .errors import CacheFull, FormatError
 from .format import files
 
-CHUNK = 8 << 20  # bytes per read of a download
 ROOM_WAIT = 120.0  # seconds a download waits for pinned shards to be let go before CacheFull
 _FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-
-
-class Cancelled(RecordtoolError):
-    """The cache was closed while a download was running."""
 
 
 def default_dir() -> str:
@@ -271,7 +264,7 @@ class ShardCache:
                         raise
                     return fd
             if self.closed.is_set():
-                raise Cancelled(f"{self.url(name)}: cache closed")
+                raise _fs.Cancelled(f"{self.url(name)}: cache closed")
             if release is not None and not released:
                 release()  # the caller unmaps what it does not use, then we try again at once
                 released = True
@@ -288,7 +281,7 @@ class ShardCache:
         src = self.fs.join(self.root, name)
         try:
             try:
-                self.retry.call(lambda: self._copy(fd, src, size, crc), url)
+                self.retry.call(lambda: _fs.copy_into(self.fs, src, fd, size, crc, stop=self.closed.is_set), url)
             except FileNotFoundError:
                 raise FormatError(f"{url}: missing on object storage (the dataset's manifest lists it)") from None
             os.close(fd)
@@ -301,31 +294,6 @@ class ShardCache:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(part)
             raise
-
-    def _copy(self, fd: int, src: str, size: int, crc: str) -> None:
-        """One attempt: stream `src` into fd from offset 0, checking size and CRC32C."""
-        got, c = 0, 0
-        with self.fs.open_read(src) as f:
-            while True:
-                if self.closed.is_set():
-                    raise Cancelled(f"{src}: cache closed")
-                chunk = f.read(CHUNK)
-                if not chunk:
-                    break
-                if got + len(chunk) > size:
-                    raise _fs.Damaged(f"more than the manifest's {size} bytes arrived")
-                view = memoryview(chunk)
-                pos = got
-                while len(view):
-                    n = os.pwrite(fd, view, pos)
-                    view, pos = view[n:], pos + n
-                c = crc32c.crc32c(chunk, c)
-                got += len(chunk)
-        if got != size:
-            raise _fs.Damaged(f"{got} bytes arrived, the manifest says {size} (truncated)")
-        if f"{c:08x}" != crc:
-            raise _fs.Damaged(f"CRC32C {c:08x} of the bytes that arrived differs from the manifest's {crc} "
-                              f"(altered in transit or on the store)")
 
     # ------------------------------------------------------------------ meta files
     def meta(self, name: str, size: int, crc: str) -> str:

@@ -70,6 +70,52 @@ class Damaged(Exception):
     """A transfer that arrived incomplete or altered (size or checksum); retried like a 5xx."""
 
 
+CHUNK = 8 << 20  # bytes per read of a download
+
+
+def copy_into(fs: "FileSystem", path: str, fd: int, size: int, crc: str | None = None, stop=None) -> None:
+    """One attempt at downloading `path` into the open file `fd` from offset 0: Damaged unless
+    exactly `size` bytes arrive (and their CRC32C is `crc`, 8 hex digits, when given), so a cut
+    or altered transfer is retried by `Retry.call` like any other failure.
+
+    Args:
+        fs, path: where the object is.
+        fd: a local file opened for writing (its content is overwritten from offset 0).
+        size: the bytes expected.
+        crc: their CRC32C, or None to check the size only.
+        stop: a callable; when it returns True the copy ends with Cancelled.
+    """
+    import crc32c
+
+    got, c = 0, 0
+    with fs.open_read(path) as f:
+        while True:
+            if stop is not None and stop():
+                raise Cancelled(f"{fs.url(path)}: download cancelled")
+            chunk = f.read(CHUNK)
+            if not chunk:
+                break
+            if got + len(chunk) > size:
+                raise Damaged(f"more than the {size} bytes expected arrived")
+            view = memoryview(chunk)
+            pos = got
+            while len(view):
+                n = os.pwrite(fd, view, pos)
+                view, pos = view[n:], pos + n
+            if crc is not None:
+                c = crc32c.crc32c(chunk, c)
+            got += len(chunk)
+    if got != size:
+        raise Damaged(f"{got} bytes arrived, {size} expected (truncated)")
+    if crc is not None and f"{c:08x}" != crc:
+        raise Damaged(f"CRC32C {c:08x} of the bytes that arrived differs from the manifest's {crc} "
+                      f"(altered in transit or on the store)")
+
+
+class Cancelled(RecordtoolError):
+    """A download stopped because its reader was closed."""
+
+
 # not retried: the object is not there, access is refused, or recordtool itself refused it
 PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, RecordtoolError)
 

@@ -346,3 +346,37 @@ def test_verify_remote_names_a_damaged_shard(s3, remote, packed, tmp_path):
     assert not res.ok and len(res.errors) == 1
     assert res.errors[0].startswith(f"{url}/part-00003: failed 3 times") and "CRC32C" in res.errors[0]
     assert res.records == 48 - recordtool.open(packed).shards[3]["records"]
+
+
+def test_pack_tfrecords_from_s3(s3, s3_config, remote, tmp_path):
+    """`pack --from tfrecord 's3://…/slim-*'`: the same dataset as from the local files; damage
+    named with the URL; the downloads live in the scratch folder only while pack runs."""
+    from click.testing import CliRunner
+
+    from recordtool.cli import main
+
+    _, fs = remote
+    fix = os.path.join(os.path.dirname(__file__), "fixtures", "tfrecord")
+    bucket = f"tf-{next(_buckets)}"
+    fs.mkdir(bucket)
+    for name in ("slim-00000-of-00002", "slim-00001-of-00002", "slim.gz", "truncated"):
+        fs.put_file(os.path.join(fix, name), f"{bucket}/tf/{name}")
+    s3.proxy.add(Fault("slim-00001-of-00002", "503", times=1))  # retried
+    args = ["pack", "--from", "tfrecord", "--preset", "tf-slim", "--shards", "2", "-q"]
+    r = CliRunner().invoke(main, args + [f"s3://{bucket}/tf/slim-0000*", str(tmp_path / "remote")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, args + [os.path.join(fix, "slim-0000*"), str(tmp_path / "local")])
+    assert r.exit_code == 0, r.output
+    a, b = recordtool.open(str(tmp_path / "remote")), recordtool.open(str(tmp_path / "local"))
+    assert len(a) == len(b) == 12
+    assert [(bytes(a[i][0]), a[i][1]) for i in range(12)] == [(bytes(b[i][0]), b[i][1]) for i in range(12)]
+    assert a.manifest["source"]["files"] == [f"s3://{bucket}/tf/slim-00000-of-00002",
+                                             f"s3://{bucket}/tf/slim-00001-of-00002"]
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("recordtool-tfrecord-")]
+    # compressed and damaged remote files: inflated after the download, damage named by URL
+    r = CliRunner().invoke(main, args + [f"s3://{bucket}/tf/slim.gz", f"s3://{bucket}/tf/truncated",
+                                         str(tmp_path / "mixed")])
+    assert r.exit_code == 0, r.output
+    assert f"s3://{bucket}/tf/truncated: offset" in r.output and "packed 17 records" in r.output
+    r = CliRunner().invoke(main, args + [f"s3://{bucket}/tf/nothing-*", str(tmp_path / "none")])
+    assert r.exit_code != 0 and "no file matches" in r.output
