@@ -211,14 +211,18 @@ class ShardCache:
     def has(self, name: str, crc: str) -> bool:
         return os.path.isfile(self.path(name, crc))
 
-    def fetch(self, name: str, size: int, crc: str, wait: bool = True, protect=(), release=None) -> bool:
+    def fetch(self, name: str, size: int, crc: str, wait: bool = True, protect=None, release=None,
+              strict: bool = False, patience: float | None = None) -> bool:
         """Make sure the shard is in the cache, downloading it if needed.
 
         Args:
             name, size, crc: the shard's manifest entry.
             wait: wait for another thread or process downloading it (False: return False).
-            protect: cache file names (`file_name`) not to evict for room.
+            protect: a callable giving cache file names (`file_name`) to keep: evicted for room
+                only when nothing else can go and `strict` is False.
             release: called when room is short, to let go of pins the caller can spare.
+            strict: never evict protected files (a download ahead waits instead).
+            patience: seconds to wait for room before CacheFull (default ROOM_WAIT).
         Returns:
             True when the shard is complete in the cache.
         """
@@ -236,45 +240,44 @@ class ShardCache:
             if os.path.isfile(final):  # another process finished it while we waited
                 return True
             part = final + ".part"
-            fd = self._reserve(part, size, protect, release, name)
+            fd = self._reserve(part, size, protect, release, strict, ROOM_WAIT if patience is None else patience, name)
             self._download(fd, part, final, name, size, crc)
             return True
         finally:
             os.close(lock)
 
-    def _reserve(self, part: str, size: int, protect, release, name: str) -> int:
+    def _reserve(self, part: str, size: int, protect, release, strict: bool, patience: float, name: str) -> int:
         """Room for `size` more bytes, then the .part file created and preallocated (under the
-        cache's lock, so the budget holds between processes)."""
-        deadline = time.monotonic() + ROOM_WAIT
-        released = False
+        cache's lock, so the budget holds between processes). Tries: sparing protected files;
+        again after `release()`; then (not strict) letting protected files go; then waits."""
+        deadline = time.monotonic() + patience
         while True:
-            with self._locked():
-                if self._make_room(size, protect):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(part)  # ours: we hold its download lock
-                    fd = files.create_exclusive(part)
-                    try:
-                        _preallocate(fd, size)
-                    except OSError as e:
-                        os.close(fd)
-                        os.unlink(part)
-                        if e.errno == errno.ENOSPC:
-                            raise CacheFull(f"{self.dir}: no space left on the disk for {self.url(name)} "
-                                            f"({size} bytes); lower cache_limit or free space") from None
-                        raise
-                    return fd
+            for attempt in range(2):
+                keep = protect() if protect is not None else ()
+                with self._locked():
+                    if self._make_room(size, keep) or (attempt and not strict and self._make_room(size, ())):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(part)  # ours: we hold its download lock
+                        fd = files.create_exclusive(part)
+                        try:
+                            _preallocate(fd, size)
+                        except OSError as e:
+                            os.close(fd)
+                            os.unlink(part)
+                            if e.errno == errno.ENOSPC:
+                                raise CacheFull(f"{self.dir}: no space left on the disk for {self.url(name)} "
+                                                f"({size} bytes); lower cache_limit or free space") from None
+                            raise
+                        return fd
+                if attempt == 0 and release is not None:
+                    release()  # the caller unmaps what it does not use, then we try again at once
             if self.closed.is_set():
                 raise _fs.Cancelled(f"{self.url(name)}: cache closed")
-            if release is not None and not released:
-                release()  # the caller unmaps what it does not use, then we try again at once
-                released = True
-                continue
             if time.monotonic() > deadline:
                 raise CacheFull(f"{self.url(name)}: no room for {size} bytes in cache_limit={self.limit} "
-                                f"after {ROOM_WAIT:.0f} s: {self.pinned()} bytes of shards are in use "
+                                f"after {patience:.0f} s: {self.pinned()} bytes of shards are in use "
                                 f"(mapped by readers); raise cache_limit or lower block_shards")
-            time.sleep(0.05)
-            released = False
+            time.sleep(0.2 if strict else 0.05)
 
     def _download(self, fd: int, part: str, final: str, name: str, size: int, crc: str) -> None:
         url = self.url(name)

@@ -127,6 +127,9 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
          max_inflate, engine, ray_address, no_resume, quiet):
     """Pack SRC into OUT: OFRecord part files, index.rtx, manifest.json.
 
+    OUT may be a URL (s3://bucket/prefix, any fsspec URL): the dataset is packed in a local
+    staging folder, then uploaded, manifest last. TFRecord SRC may be URLs and globs too.
+
     Folders (SRC/<class>/<image>) get torchvision ImageFolder labels (sorted class folders →
     0..K-1). JPEG bytes are copied unchanged; CMYK JPEGs, PNGs and other images are converted
     to RGB JPEG; unreadable files or records are skipped and listed in OUT/pack_report.json.
@@ -171,8 +174,12 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
                 if v is not None:
                     feature_keys[k] = v
             feature_keys["preset"] = keys
-            parent = os.path.dirname(os.path.abspath(out))
-            os.makedirs(parent, exist_ok=True)  # GZIP/ZLIB files are inflated beside OUT
+            from .fs import is_url
+
+            parent = None  # remote OUT: scratch in $TMPDIR
+            if not is_url(out):
+                parent = os.path.dirname(os.path.abspath(out))
+                os.makedirs(parent, exist_ok=True)  # GZIP/ZLIB files are inflated beside OUT
             source = TFRecordSource(src, feature_keys, tmpdir=parent, compression=compression, on_error=policy,
                                     max_inflate=max_inflate or DEFAULT_MAX_INFLATE, max_classes=max_classes)
         summary = run_pack(source, out, shards=shards, shard_size=_size(shard_size) if shard_size else None,

@@ -293,7 +293,7 @@ class BlockSampler(Sampler):
         shard_of = np.asarray(shard_of, np.int64)
         self._by_shard = np.argsort(shard_of, kind="stable")  # record ids grouped by shard, in order
         self._starts = np.concatenate([[0], np.cumsum(np.bincount(shard_of, minlength=self.shards))])
-        self.on_plan = None  # callback(epoch, blocks): a RemoteDataset fetches ahead along the blocks
+        self.on_plan = None  # callback(epoch, blocks, indices): a RemoteDataset fetches ahead along the blocks
 
     def blocks(self, epoch: int, rng: np.random.Generator | None = None) -> list:
         """This epoch's blocks: arrays of shard numbers, in the order they are read."""
@@ -309,9 +309,13 @@ class BlockSampler(Sampler):
         for block in blocks:
             ids = np.concatenate([self._by_shard[self._starts[s]:self._starts[s + 1]] for s in block])
             parts.append(rng.permutation(ids) if self.shuffle else ids)
-        if self.on_plan is not None:
-            self.on_plan(epoch, blocks)
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def indices(self, epoch: int) -> np.ndarray:
+        mine = super().indices(epoch)
+        if self.on_plan is not None:
+            self.on_plan(epoch, self.blocks(epoch), mine)
+        return mine
 
     def _pad(self, order: np.ndarray, count: int) -> np.ndarray:
         return np.resize(order[::-1], count)  # from the end: the last block is still on disk

@@ -21,6 +21,8 @@ import shutil
 import threading
 from collections import OrderedDict
 
+import numpy as np
+
 from . import cache as _cache
 from . import fs as _fs
 from .errors import CacheFull, FormatError, UnsafePath
@@ -30,6 +32,7 @@ from .reader import DEFAULT_BLOCK_SHARDS, BlockSampler, Dataset
 
 FETCH_THREADS = 2  # background downloads at once per dataset
 IDLE_EXIT = 5.0  # seconds a download thread waits for work before it ends
+AHEAD_WAIT = 60.0  # seconds a download ahead waits for room (shards done with) before it is dropped
 
 
 class RemoteDataset(Dataset):
@@ -70,10 +73,13 @@ class RemoteDataset(Dataset):
         self._names = [_cache.ShardCache.file_name(s["name"], s["crc32c"]) for s in self.shards]
         self._mapped = OrderedDict()  # shard → None, least recently mapped first
         self._fits = total <= self.cache_limit  # everything fits: never unmap to make room
-        # the epoch's plan (BlockSampler.on_plan): block of each shard, blocks in order
+        # the epoch's plan (BlockSampler.on_plan): blocks in order, and per shard how many of
+        # this rank's samples it holds and how many were served: a shard is done when all were
         self._plan_lock = threading.Lock()
         self._blocks: list = []
         self._block_of: dict = {}
+        self._expected = [0] * n
+        self._served = [0] * n
         self._frontier = -1  # the furthest block touched in this plan
         self._queued: set = set()
         self._queue: queue.Queue = queue.Queue()
@@ -93,6 +99,7 @@ class RemoteDataset(Dataset):
         # slices are taken under the lock: a view that exists pins its mapping (mm.close()
         # refuses while it lives), so _release never unmaps bytes in use
         with self._lock:
+            self._served[shard] += 1
             v = self._views[shard]
             if v is not None:
                 return v[offset:offset + length]
@@ -115,7 +122,8 @@ class RemoteDataset(Dataset):
     def _fetch(self, shard: int) -> None:
         info = self.shards[shard]
         self._advance(shard)
-        self.cache.fetch(info["name"], info["bytes"], info["crc32c"], release=self._release_all)
+        self.cache.fetch(info["name"], info["bytes"], info["crc32c"], protect=self._needed_names,
+                         release=self._release_done)
 
     def _pin(self, shard: int):
         """(fd, mapping) of a cached shard, pinned until the fd is closed; None if it was
@@ -161,7 +169,7 @@ class RemoteDataset(Dataset):
         self._views[shard] = memoryview(mm)
         self._mapped[shard] = None
         if not self._fits:
-            self._unmap_idle(keep=self._window() | {shard})
+            self._unmap_idle(keep=self._needed() | {shard})
         return self._views[shard]
 
     def _unmap_idle(self, keep=()) -> None:
@@ -186,10 +194,11 @@ class RemoteDataset(Dataset):
         with self._lock:
             self._unmap_idle()
 
-    def _release_past(self) -> None:
-        """Room for a download ahead: let go of idle mappings outside the current window."""
+    def _release_done(self) -> None:
+        """Room for a download: let go of idle mappings of shards this epoch is done with."""
+        keep = self._needed()
         with self._lock:
-            self._unmap_idle(keep=self._window())
+            self._unmap_idle(keep=keep)
 
     # ------------------------------------------------------------------ reading ahead
     def sampler(self, seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool = False,
@@ -210,20 +219,25 @@ class RemoteDataset(Dataset):
             s.on_plan = self._set_plan
         return s
 
-    def _set_plan(self, epoch: int, blocks: list) -> None:
+    def _set_plan(self, epoch: int, blocks: list, indices) -> None:
+        expected = np.bincount(self.index.shard[np.asarray(indices, np.int64)], minlength=len(self.shards))
         with self._plan_lock:
             self._blocks = [[int(s) for s in b] for b in blocks]
             self._block_of = {s: k for k, b in enumerate(self._blocks) for s in b}
+            self._expected = expected.tolist()
+            self._served = [0] * len(self.shards)
             self._frontier = -1
             self._queued = set()
 
-    def _window(self) -> set:
-        """Shards of the current block and the next: kept mapped and not evicted for room."""
+    def _needed(self) -> set:
+        """Shards this epoch still needs, up to the block after the furthest one touched: kept
+        mapped, and evicted for room only when nothing else can go (and never for a download
+        ahead)."""
         with self._plan_lock:
-            k = self._frontier
-            if k < 0:
-                return set()
-            return {s for b in self._blocks[k:k + 2] for s in b}
+            return {s for b in self._blocks[:self._frontier + 2] for s in b if self._served[s] < self._expected[s]}
+
+    def _needed_names(self) -> set:
+        return {self._names[s] for s in self._needed()}
 
     def _advance(self, shard: int) -> None:
         """A shard is wanted: if its block is new, queue the downloads of this block and the next."""
@@ -268,8 +282,8 @@ class RemoteDataset(Dataset):
                 return
             info = self.shards[shard]
             try:
-                self.cache.fetch(info["name"], info["bytes"], info["crc32c"], wait=False,
-                                 protect={self._names[s] for s in self._window()}, release=self._release_past)
+                self.cache.fetch(info["name"], info["bytes"], info["crc32c"], wait=False, protect=self._needed_names,
+                                 release=self._release_done, strict=True, patience=AHEAD_WAIT)
             except Exception:  # noqa: BLE001 — the reader fetches it again and raises with context
                 pass
 

@@ -380,3 +380,89 @@ def test_pack_tfrecords_from_s3(s3, s3_config, remote, tmp_path):
     assert f"s3://{bucket}/tf/truncated: offset" in r.output and "packed 17 records" in r.output
     r = CliRunner().invoke(main, args + [f"s3://{bucket}/tf/nothing-*", str(tmp_path / "none")])
     assert r.exit_code != 0 and "no file matches" in r.output
+
+
+def test_pack_to_s3_all_or_nothing(s3, s3_config, remote, packed, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from recordtool.cli import main
+    from recordtool.format import upload
+
+    monkeypatch.setattr(upload, "Retry", lambda: FAST)  # the default backoff, shortened
+
+    _, fs = remote
+    src = tmp_path / "src"
+    for c in range(2):
+        for i in range(6):
+            write(str(src / f"k{c}" / f"{i}.jpg"), jpeg_bytes(40, 32, seed=10 * c + i))
+    bucket = f"out-{next(_buckets)}"
+    fs.mkdir(bucket)
+    url = f"s3://{bucket}/sets/small"
+    run = CliRunner().invoke
+    r = run(main, ["pack", str(src), url, "--shards", "4", "-q"])
+    assert r.exit_code == 0, r.output
+    assert f"packed 12 records into 4 shards" in r.output
+    puts = [p.rsplit("/", 1)[-1] for m, p, _ in s3.proxy.requests if m == "PUT" and "/sets/small/" in p]
+    assert puts[-1] == "manifest.json" and puts[0] == "pack.json"  # marker first, manifest last
+    assert not fs.exists(f"{bucket}/sets/small/.partial/pack.json")
+    assert run(main, ["pack", str(src), str(tmp_path / "local"), "--shards", "4", "-q"]).exit_code == 0
+    ds = recordtool.open(url, cache_dir=str(tmp_path / "cache"), retry=FAST)
+    for name in [s["name"] for s in ds.shards] + ["index.rtx"]:
+        assert fs.cat_file(f"{bucket}/sets/small/{name}") == open(tmp_path / "local" / name, "rb").read()
+    assert run(main, ["verify", url, "-q", "--cache-dir", str(tmp_path / "cache")]).exit_code == 0
+    ds.close()
+    # a finished dataset is kept unless --overwrite
+    r = run(main, ["pack", str(src), url, "--shards", "2", "-q"])
+    assert r.exit_code != 0 and "--overwrite" in r.output
+    # a publish that fails half-way: no manifest, so nothing looks finished; the re-run cleans up
+    s3.proxy.add(Fault("/sets/small/part-00001", "503", times=1000, method="PUT"))
+    r = run(main, ["pack", str(src), url, "--shards", "2", "--overwrite", "-q"])
+    assert r.exit_code != 0 and "part-00001: failed 3 times" in r.output
+    assert not fs.exists(f"{bucket}/sets/small/manifest.json")
+    with pytest.raises(FormatError, match="no manifest"):
+        recordtool.open(url, cache_dir=str(tmp_path / "cache"), retry=FAST)
+    s3.proxy.clear()
+    r = run(main, ["pack", str(src), url, "--shards", "2", "-q"])  # ours (the marker says so): no --overwrite needed
+    assert r.exit_code == 0, r.output
+    fs.invalidate_cache()
+    assert sorted(fs.ls(f"{bucket}/sets/small", detail=False)) == \
+        [f"{bucket}/sets/small/{n}" for n in ["index.rtx", "manifest.json", "pack_report.json", "part-00000",
+                                              "part-00001"]]
+    ds = recordtool.open(url, cache_dir=str(tmp_path / "cache2"), retry=FAST)
+    assert len(ds) == 12 and len(ds.shards) == 2
+    ds.close()
+    # a prefix holding something else is refused
+    fs.pipe_file(f"{bucket}/other/notes.txt", b"mine")
+    r = run(main, ["pack", str(src), f"s3://{bucket}/other", "-q"])
+    assert r.exit_code != 0 and "not empty and holds no recordtool dataset" in r.output
+    assert fs.cat_file(f"{bucket}/other/notes.txt") == b"mine"
+
+
+def test_loader_over_s3_gives_the_local_batches(s3, s3_config, remote, packed, tmp_path):
+    """Loader("s3://…") with cache options: the same batches as the local dataset read in the
+    same block order; every sample once per epoch; the cache within its limit."""
+    from recordtool.loader import Loader
+
+    url, _ = remote
+    local = recordtool.open(packed)
+    limit = sum(sorted((s["bytes"] for s in local.shards), reverse=True)[:4])  # two blocks of 2
+    kw = dict(batch_size=8, size=32, seed=2, as_torch=False, with_ids=True, rank=0, world_size=1)
+    with pytest.raises(CacheFull, match="lower block_shards"):
+        Loader(url, cache_dir=str(tmp_path / "cache"), cache_limit=limit, **kw)  # default: 4 shards a block
+    ld = Loader(url, cache_dir=str(tmp_path / "cache"), cache_limit=limit, block_shards=2, **kw)
+    assert isinstance(ld.sampler, BlockSampler) and ld.ds.cache_limit == limit
+    ref = Loader(local, block_shards=2, **kw)
+    for epoch in range(2):
+        s3.proxy.clear()
+        ld.set_epoch(epoch)
+        ref.set_epoch(epoch)
+        got = [(np.asarray(x).copy(), np.asarray(y).copy(), ids) for x, y, ids in ld]
+        want = [(np.asarray(x).copy(), np.asarray(y).copy(), ids) for x, y, ids in ref]
+        assert len(got) == len(want) == 6
+        for (a, la, ia), (b, lb, ib) in zip(got, want):
+            assert np.array_equal(ia, ib) and np.array_equal(la, lb) and np.array_equal(a, b)
+        assert sorted(np.concatenate([g[2] for g in got]).tolist()) == list(range(48))
+        assert ld.ds.cache.used() <= limit
+        for s in local.shards:  # each shard fetched once per epoch (or still cached from the last)
+            assert s3.proxy.count("GET", f"/data/train/{s['name']}") in ((1,) if epoch == 0 else (0, 1))
+    ld.close()
