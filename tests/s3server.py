@@ -35,7 +35,7 @@ class FaultProxy:
     def __init__(self, upstream: tuple):
         self.upstream = upstream
         self.faults: list[Fault] = []
-        self.requests: list = []  # (method, path, status) of every request seen
+        self.requests: list = []  # (method, path) of every request, as it arrives
         self.lock = threading.Lock()
         proxy = self
 
@@ -61,6 +61,7 @@ class FaultProxy:
 
             def _handle(self):
                 body = self._body()
+                proxy._log(self.command, self.path)
                 fault = proxy._take(self.command, self.path)
                 if fault is not None and fault.kind == "503":
                     msg = b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>ServiceUnavailable</Code>" \
@@ -70,7 +71,6 @@ class FaultProxy:
                     self.send_header("Content-Length", str(len(msg)))
                     self.end_headers()
                     self.wfile.write(msg)
-                    proxy._log(self.command, self.path, 503)
                     return
                 if fault is not None and fault.kind == "stall":
                     time.sleep(fault.seconds)
@@ -82,7 +82,6 @@ class FaultProxy:
                 resp = conn.getresponse()
                 data = resp.read()
                 conn.close()
-                proxy._log(self.command, self.path, resp.status)
                 try:
                     self.send_response(resp.status)
                     for k, v in resp.getheaders():
@@ -129,7 +128,7 @@ class FaultProxy:
     def count(self, method: str, key: str) -> int:
         """Requests seen with this method whose path contains key."""
         with self.lock:
-            return sum(1 for m, p, _ in self.requests if m == method and key in p.split("?")[0])
+            return sum(1 for m, p in self.requests if m == method and key in p.split("?")[0])
 
     def _take(self, method: str, path: str):
         with self.lock:
@@ -139,9 +138,9 @@ class FaultProxy:
                     return f
         return None
 
-    def _log(self, method, path, status):
+    def _log(self, method, path):
         with self.lock:
-            self.requests.append((method, path, status))
+            self.requests.append((method, path))
 
     def stop(self) -> None:
         self.server.shutdown()
