@@ -208,9 +208,6 @@ class ShardCache:
                 return None
             return fd
 
-    def has(self, name: str, crc: str) -> bool:
-        return os.path.isfile(self.path(name, crc))
-
     def fetch(self, name: str, size: int, crc: str, wait: bool = True, protect=None, release=None,
               strict: bool = False, patience: float | None = None) -> bool:
         """Make sure the shard is in the cache, downloading it if needed.

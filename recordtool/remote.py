@@ -8,8 +8,10 @@ machine, checked against the manifest's CRC32C) the first time one of its record
 or earlier: the block sampler tells the dataset its epoch's block order, and a background
 thread fetches the rest of the current block and the next block while the current one is read.
 
-A shard stays mapped, and pinned in the cache, while memoryviews of it are alive; shards of
-past blocks are unmapped when nothing uses them any more, so the cache can evict them.
+A shard stays mapped, and pinned in the cache, while memoryviews of it are alive. The dataset
+counts the samples it serves per shard against the epoch's plan: a shard the epoch is done
+with is unmapped once nothing uses it, and evicted first when room is needed; a shard the
+epoch still needs is evicted only when nothing else can go (never to fetch ahead).
 """
 from __future__ import annotations
 
@@ -19,13 +21,12 @@ import os
 import queue
 import shutil
 import threading
-from collections import OrderedDict
 
 import numpy as np
 
 from . import cache as _cache
 from . import fs as _fs
-from .errors import CacheFull, FormatError, UnsafePath
+from .errors import CacheFull, FormatError
 from .format import index as ix
 from .format import manifest as mf
 from .reader import DEFAULT_BLOCK_SHARDS, BlockSampler, Dataset
@@ -65,13 +66,17 @@ class RemoteDataset(Dataset):
             cache_limit = min(total, int(0.8 * shutil.disk_usage(directory).free) + _cached_bytes(directory))
         self.cache_limit = int(cache_limit)
         self.cache = _cache.ShardCache(self.fs, self._path, directory, self.cache_limit, self.retry)
-        info = manifest["index"]
-        index_path = self.cache.meta(info["file"], info["bytes"], info["crc32c"])
-        self._setup(manifest, ix.read_index(index_path), self.cache.url(info["file"]))
+        try:
+            info = manifest["index"]
+            index_path = self.cache.meta(info["file"], info["bytes"], info["crc32c"])
+            self._setup(manifest, ix.read_index(index_path), self.cache.url(info["file"]))
+        except BaseException:
+            self.cache.close()
+            raise
         n = len(self.shards)
         self._fds: list = [None] * n
         self._names = [_cache.ShardCache.file_name(s["name"], s["crc32c"]) for s in self.shards]
-        self._mapped = OrderedDict()  # shard → None, least recently mapped first
+        self._mapped: dict = {}  # mapped shards (→ None), oldest first
         self._fits = total <= self.cache_limit  # everything fits: never unmap to make room
         # the epoch's plan (BlockSampler.on_plan): blocks in order, and per shard how many of
         # this rank's samples it holds and how many were served: a shard is done when all were
@@ -318,5 +323,5 @@ def _cached_bytes(directory: str) -> int:
     try:
         with os.scandir(os.path.join(directory, "shards")) as it:
             return sum(e.stat(follow_symlinks=False).st_size for e in it if e.is_file(follow_symlinks=False))
-    except (FileNotFoundError, UnsafePath):
+    except FileNotFoundError:
         return 0

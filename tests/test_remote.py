@@ -440,3 +440,19 @@ def test_loader_over_s3_gives_the_local_batches(s3, s3_config, remote, packed, t
         for s in local.shards:  # each shard fetched once per epoch (or still cached from the last)
             assert s3.proxy.count("GET", f"/data/train/{s['name']}") in ((1,) if epoch == 0 else (0, 1))
     ld.close()
+
+
+def test_any_fsspec_url_and_file_urls(packed, tmp_path):
+    """memory:// goes through the same cache as s3://; file:// is a local path (no cache)."""
+    import fsspec
+
+    mem = fsspec.filesystem("memory")
+    mem.put(packed, "/rt-mem/train", recursive=True)
+    local = recordtool.open(packed)
+    ds = recordtool.open("memory://rt-mem/train", cache_dir=str(tmp_path / "cache"), retry=FAST)
+    assert type(ds).__name__ == "RemoteDataset"
+    assert [bytes(ds[i][0]) for i in range(0, 48, 5)] == [bytes(local[i][0]) for i in range(0, 48, 5)]
+    ds.close()
+    mem.rm("/rt-mem", recursive=True)
+    f = recordtool.open("file://" + packed)
+    assert type(f) is recordtool.Dataset and f.root == packed and bytes(f[3][0]) == bytes(local[3][0])
