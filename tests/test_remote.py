@@ -176,8 +176,9 @@ def test_pinned_shard_is_never_evicted(s3, remote, packed, tmp_path):
     local = recordtool.open(packed)
     limit = sum(sorted((s["bytes"] for s in local.shards), reverse=True)[:3])
     ds = open_remote(s3, url, tmp_path, cache_limit=limit)
+    other = open_remote(s3, url, tmp_path, cache_limit=limit)  # another reader of the same cache folder
     first = int(np.nonzero(local.index.shard == 0)[0][0])
-    held, _ = ds[first]  # a view of shard 0 stays alive while every other shard passes through
+    held, _ = other[first]  # its view of shard 0 stays alive while every other shard passes through ds
     expect = bytes(held)
     for i in range(len(ds)):
         if local.index.shard[i] != 0:
@@ -185,6 +186,7 @@ def test_pinned_shard_is_never_evicted(s3, remote, packed, tmp_path):
         assert ds.cache.used() <= limit
     assert bytes(held) == expect and f"part-00000.{local.shards[0]['crc32c']}" in shard_files(ds)
     del held
+    other.close()
     # without the view, shard 0 can go: the next shards evict it
     for i in range(len(ds)):
         if local.index.shard[i] != 0:
@@ -243,10 +245,11 @@ def test_stale_part_file_is_cleared_and_never_used(s3, remote, packed, tmp_path)
     ds.close()
 
 
-def _reader(url, cache_dir, options, barrier, out):
+def _reader(url, cache_dir, options, rank, barrier, out):
     ds = recordtool.open(url, cache_dir=cache_dir, storage_options=options, retry=FAST)
+    ids = ds.sampler(seed=4, rank=rank, world_size=2, block_shards=2).indices(0)  # fetches ahead too
     barrier.wait()
-    out.put(sorted((i, bytes(ds[i][0])) for i in range(len(ds)))[::7])
+    out.put((rank, [(int(i), bytes(ds[int(i)][0])) for i in ids]))
     ds.close()
 
 
@@ -256,17 +259,18 @@ def test_processes_share_the_cache_one_download_per_shard(s3, remote, packed, tm
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(2), ctx.Queue()
     s3.proxy.add(*[Fault(s["name"], "stall", seconds=0.3) for s in local.shards[:3]])  # widen the race
-    procs = [ctx.Process(target=_reader, args=(url, str(tmp_path / "cache"), s3.options, barrier, out))
-             for _ in range(2)]
+    procs = [ctx.Process(target=_reader, args=(url, str(tmp_path / "cache"), s3.options, rank, barrier, out))
+             for rank in range(2)]
     for p in procs:
         p.start()
-    results = [out.get(timeout=120) for _ in procs]
+    results = dict(out.get(timeout=120) for _ in procs)
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
-    expect = [(i, bytes(local[i][0])) for i in range(len(local))][::7]
-    assert all(r == expect for r in results)
-    for s in local.shards:
+    got = results[0] + results[1]  # two ranks: every sample once, the bytes of the local dataset
+    assert sorted(i for i, _ in got) == list(range(len(local)))
+    assert all(data == bytes(local[i][0]) for i, data in got)
+    for s in local.shards:  # readers and downloads ahead of both processes: one download each
         assert s3.proxy.count("GET", f"/data/train/{s['name']}") == 1, s["name"]
 
 
