@@ -156,7 +156,12 @@ def main():
             print(f"cached remote / local: best {100 * c['best'] / loc_s['best']:.0f} %, "
                   f"median {100 * c['median'] / loc_s['median']:.0f} % "
                   f"(local best {loc_s['best']:.0f}, median {loc_s['median']:.0f} img/s)")
-            out["ratio_cached"] = {"best": c["best"] / loc_s["best"], "median": c["median"] / loc_s["median"]}
+            by = {(r["epoch"], r["run"]): r["img_s"] for r in rows}
+            paired = sorted(by[e, "remote_cached"] / by[e, "local"] for e in range(1, args.epochs))
+            out["ratio_cached"] = {"best": c["best"] / loc_s["best"], "median": c["median"] / loc_s["median"],
+                                   "paired_median": paired[len(paired) // 2]}
+            print(f"cached remote / local, same epoch (back to back): median {100 * paired[len(paired) // 2]:.0f} %, "
+                  f"range {100 * paired[0]:.0f}–{100 * paired[-1]:.0f} %")
             cpu = {k: sorted(r["cpu_s_per_1k"] for r in rows if r["run"] == k and r["epoch"] > 0)
                    for k in ("local", "remote_cached")}
             print(f"CPU per 1000 images (median): local {cpu['local'][len(cpu['local']) // 2]:.2f} s, cached remote "
