@@ -40,18 +40,16 @@ class DatasetPath(click.Path):
 _DATASET = DatasetPath(exists=True, file_okay=False)
 
 
-def _cache_options(f):
-    """--cache-dir / --cache-limit for commands that read object storage."""
-    f = click.option("--cache-limit", default=None,
-                     help="Bytes of shards the local cache may hold for a remote dataset, e.g. 20GB "
-                     "(default: the whole dataset, at most 80% of the free disk).")(f)
+def _cache_dir(f):
     return click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
-                        help="Local shard cache for a remote dataset (default $RECORDTOOL_CACHE_DIR, "
+                        help="Local cache of a remote dataset's files (default $RECORDTOOL_CACHE_DIR, "
                         "else ~/.cache/recordtool).")(f)
 
 
-def _remote(cache_dir, cache_limit) -> dict:
-    return {"cache_dir": cache_dir, "cache_limit": _size(cache_limit) if cache_limit else None}
+def _cache_limit(f):
+    return click.option("--cache-limit", default=None,
+                        help="Bytes of shards the local cache may hold for a remote dataset, e.g. 20GB "
+                        "(default: the whole dataset, at most 80% of the free disk).")(f)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -188,7 +186,7 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
                            progress=not quiet, engine=engine or ("process" if transcode.max_side or transcode.hw_friendly
                                                                  else "local"),
                            ray_address=ray_address, resume=not no_resume)
-    except (RecordtoolError, OSError, ValueError) as e:
+    except (RecordtoolError, OSError, ValueError, ImportError) as e:
         raise click.ClickException(str(e)) from None
     finally:
         if source is not None:  # scratch files (inflated TFRecords) and mappings go, whatever happened
@@ -246,16 +244,16 @@ def index_cmd(root, image_key, label_key, on_error, strict, max_classes, quiet):
 @main.command()
 @click.argument("root", type=_DATASET)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@_cache_options
-def inspect(root, as_json, cache_dir, cache_limit):
+@_cache_dir
+def inspect(root, as_json, cache_dir):
     """Counts, classes, sizes, chroma/progressive mix and shards of a dataset (a directory, or a
     URL such as s3://bucket/prefix: only its manifest and index are fetched)."""
     from .errors import RecordtoolError
     from .inspect import render, summarize
 
     try:
-        s = summarize(root, **_remote(cache_dir, cache_limit))
-    except (RecordtoolError, OSError) as e:
+        s = summarize(root, cache_dir=cache_dir)
+    except (RecordtoolError, OSError, ImportError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(json.dumps(s, indent=1) if as_json else render(s))
 
@@ -264,14 +262,19 @@ def inspect(root, as_json, cache_dir, cache_limit):
 @click.argument("root", type=_DATASET)
 @click.option("--decode", is_flag=True, help="Also decode every image and check its size.")
 @click.option("--threads", type=int, default=None, help="Decode threads (default: cores).")
-@_cache_options
+@_cache_dir
+@_cache_limit
 @click.option("--quiet", "-q", is_flag=True)
 def verify(root, decode, threads, cache_dir, cache_limit, quiet):
     """Re-read every record; exit 0 only if shards, index and manifest are intact. ROOT may be a
     URL (s3://bucket/prefix): its shards are downloaded through the local cache in turn."""
     from .verify import verify as run_verify
 
-    res = run_verify(root, decode=decode, threads=threads, progress=not quiet, **_remote(cache_dir, cache_limit))
+    try:
+        res = run_verify(root, decode=decode, threads=threads, progress=not quiet, cache_dir=cache_dir,
+                         cache_limit=_size(cache_limit) if cache_limit else None)
+    except ImportError as e:  # fsspec / s3fs missing for a URL
+        raise click.ClickException(str(e)) from None
     if not res.ok:
         click.echo(f"FAILED: {res.errors[0]}", err=True)
         for e in res.errors[1:]:

@@ -78,7 +78,8 @@ def main():
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--limit-blocks", type=int, default=2, help="bounded run: cache_limit in blocks of the largest shards")
+    ap.add_argument("--limit-blocks", type=int, default=2,
+                    help="bounded run: cache_limit in blocks of the largest shards")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 

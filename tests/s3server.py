@@ -157,10 +157,11 @@ class S3:
         self.moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self.moto.start()
         self.proxy = FaultProxy(self.moto.get_host_and_port())
-        # small timeouts and no retries inside s3fs/botocore: the tests exercise recordtool's own
+        # no retries inside botocore (the tests exercise recordtool's own); timeouts short enough
+        # for a stall test, long enough for a loaded 2-core CI machine
         self.options = {"endpoint_url": self.proxy.url, "key": "testing", "secret": "testing",
-                        "config_kwargs": {"retries": {"total_max_attempts": 1}, "read_timeout": 1.0,
-                                          "connect_timeout": 1.0}}
+                        "config_kwargs": {"retries": {"total_max_attempts": 1}, "read_timeout": 5.0,
+                                          "connect_timeout": 5.0}}
 
     def stop(self) -> None:
         self.proxy.stop()
