@@ -249,7 +249,8 @@ class FsspecFS:
         return self.fs.isdir(path)
 
     def listdir(self, path: str) -> list:
-        return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(path, detail=False))
+        # refresh: a listing cached by this client may predate another process's writes
+        return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(path, detail=False, refresh=True))
 
     def makedirs(self, path: str) -> None:
         self.fs.makedirs(path, exist_ok=True)

@@ -363,6 +363,8 @@ def test_pack_tfrecords_from_s3(s3, s3_config, remote, tmp_path):
     assert f"s3://{bucket}/tf/truncated: offset" in r.output and "packed 17 records" in r.output
     r = CliRunner().invoke(main, args + [f"s3://{bucket}/tf/nothing-*", str(tmp_path / "none")])
     assert r.exit_code != 0 and "no file matches" in r.output
+    r = CliRunner().invoke(main, args + [f"s3://{bucket}/tf/nothing", str(tmp_path / "none")])
+    assert r.exit_code != 0 and f"s3://{bucket}/tf/nothing: no such file" in r.output
 
 
 def test_pack_to_s3_all_or_nothing(s3, s3_config, remote, packed, tmp_path, monkeypatch):
