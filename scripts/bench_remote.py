@@ -50,6 +50,13 @@ def start_moto():
     raise RuntimeError("moto_server did not start")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def shard_bytes(cache_dir: str) -> int:
     total = 0
     for d, _, names in os.walk(cache_dir):
@@ -121,21 +128,24 @@ def main():
         w.start()
         rows = []
 
-        def record(e, name, res):
-            rate, cpu = res
-            rows.append({"epoch": e, "run": name, "img_s": rate, "cpu_s_per_1k": cpu})
-            print(f"epoch {e}: {name:<15} {rate:7.0f} img/s  {cpu:5.2f} CPU-s per 1000 images", flush=True)
+        def record(e, name, ld):
+            server = cpu_seconds(proc.pid)
+            rate, cpu = epoch(ld, e)
+            server = 1000 * (cpu_seconds(proc.pid) - server) / len(local)
+            rows.append({"epoch": e, "run": name, "img_s": rate, "cpu_s_per_1k": cpu, "server_cpu_s_per_1k": server})
+            print(f"epoch {e}: {name:<15} {rate:7.0f} img/s  {cpu:5.2f} CPU-s per 1000 images "
+                  f"(+ {server:4.2f} in the S3 server)", flush=True)
 
         # epoch 0: the local pages come into the page cache, the remote shards into the cache
-        record(0, "local", epoch(loc, 0))
-        record(0, "remote_first", epoch(full, 0))
-        record(0, "remote_bounded", epoch(bounded, 0))
+        record(0, "local", loc)
+        record(0, "remote_first", full)
+        record(0, "remote_bounded", bounded)
         # later epochs alternate local and cached-remote first, so load from elsewhere hits both
         for e in range(1, args.epochs):
             pair = [("local", loc), ("remote_cached", full)]
             for name, ld in (pair if e % 2 else pair[::-1]):
-                record(e, name, epoch(ld, e))
-            record(e, "remote_bounded", epoch(bounded, e))
+                record(e, name, ld)
+            record(e, "remote_bounded", bounded)
         stop.set()
         w.join()
         def stats(name):
