@@ -28,6 +28,7 @@ import fcntl
 import hashlib
 import os
 import re
+import shutil
 import threading
 import time
 
@@ -305,6 +306,9 @@ class ShardCache:
             lock = self._file_lock("meta-" + fname, wait=True)
             try:
                 if not os.path.isfile(final):
+                    free = shutil.disk_usage(self.meta_dir).free
+                    if size > free:  # the manifest says how big: refuse before filling the disk
+                        raise CacheFull(f"{self.url(name)}: {size} bytes, the disk of {self.dir} has {free} free")
                     part = final + ".part"
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(part)

@@ -467,3 +467,23 @@ def test_any_fsspec_url_and_file_urls(packed, tmp_path):
     mem.rm("/rt-mem", recursive=True)
     f = recordtool.open("file://" + packed)
     assert type(f) is recordtool.Dataset and f.root == packed and bytes(f[3][0]) == bytes(local[3][0])
+
+
+def test_downloads_refused_when_the_disk_has_no_room(s3, s3_config, remote, tmp_path, monkeypatch):
+    """The index and TFRecord sources are sized before they are fetched: a disk without room for
+    them is an error naming the file, not a filled disk."""
+    import shutil as _shutil
+    from collections import namedtuple
+
+    from recordtool.errors import PackError
+    from recordtool.sources.tfrecord import PRESETS, TFRecordSource
+
+    url, fs = remote
+    fs.put_file(os.path.join(os.path.dirname(__file__), "fixtures", "tfrecord", "slim.gz"), f"{url[5:]}-tf/slim.gz")
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(_shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 100, 100))
+    with pytest.raises(CacheFull, match=rf"{url}/index.rtx: \d+ bytes, the disk of .* has 100 free"):
+        recordtool.open(url, cache_dir=str(tmp_path / "cache"), cache_limit=10**6, retry=FAST)
+    with pytest.raises(PackError, match=rf"{url}-tf/slim.gz: \d+ bytes to download into .*100 bytes free"):
+        TFRecordSource([f"{url}-tf/slim.gz"], dict(PRESETS["tf-slim"]), tmpdir=str(tmp_path))
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("recordtool-tfrecord-")]
