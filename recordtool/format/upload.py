@@ -81,7 +81,14 @@ def claim(fs, out: str, overwrite: bool, retry: Retry) -> set:
 def publish(local: str, fs, out: str, ours: set, retry: Retry) -> None:
     """Copy the finished dataset in `local` to OUT on the store: marker, old manifest removed,
     files no longer listed removed, shards, index and report uploaded (each retried, its size
-    checked), the manifest last, the marker removed."""
+    checked), the manifest last, the marker removed.
+
+    Args:
+        local: the finished local dataset directory.
+        fs, out: the store and OUT's path in it.
+        ours: names of ours already in OUT (`claim`), replaced or removed.
+        retry: how store calls are retried.
+    """
     url = fs.url(out)
     manifest = mf.load(local)
     new = _listed(manifest)
