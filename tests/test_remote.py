@@ -301,7 +301,7 @@ def test_pack_tfrecords_from_s3(s3, s3_config, remote, tmp_path):
     for name in ("slim-00000-of-00002", "slim-00001-of-00002", "slim.gz", "truncated"):
         fs.put_file(os.path.join(fix, name), f"{bucket}/tf/{name}")
     s3.proxy.add(Fault("slim-00001-of-00002", "503", times=1))  # retried
-    args = ["pack", "--from", "tfrecord", "--preset", "tf-slim", "--shards", "2", "-q"]
+    args = ["pack", "--from", "tfrecord", "--keys", "tf-slim", "--shards", "2", "-q"]
     r = CliRunner().invoke(main, args + [f"s3://{bucket}/tf/slim-0000*", str(tmp_path / "remote")])
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(main, args + [os.path.join(fix, "slim-0000*"), str(tmp_path / "local")])
