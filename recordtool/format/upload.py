@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import tempfile
 
@@ -23,16 +22,9 @@ from ..errors import FormatError, OutputExists
 from ..fs import Retry, get_fs
 from . import files
 from . import manifest as mf
+from .writer import _OUR_NAMES, MARKER_FILE, PARTIAL_DIR, _listed
 
-PARTIAL_DIR = ".partial"
-MARKER = ".partial/pack.json"
-_OURS = re.compile(r"^(part-\d+|index\.rtx|manifest\.json|pack_report\.json)$")
-
-
-def _listed(manifest: dict) -> list:
-    """The files of a finished dataset besides its manifest."""
-    return [s["name"] for s in manifest["shards"]] + [manifest["index"]["file"]] + \
-        ([manifest["report"]] if "report" in manifest else [])
+MARKER = f"{PARTIAL_DIR}/{MARKER_FILE}"  # the same marker as in a local OUT (writer.py)
 
 
 def claim(fs, out: str, overwrite: bool, retry: Retry) -> set:
@@ -71,7 +63,7 @@ def claim(fs, out: str, overwrite: bool, retry: Retry) -> set:
         ours |= set(_listed(finished)) | {mf.MANIFEST_FILE}
     elif names and not ours and names != {PARTIAL_DIR}:
         raise OutputExists(f"{url}: not empty and holds no recordtool dataset; choose an empty or new prefix")
-    clash = sorted(n for n in names - ours - {PARTIAL_DIR} if _OURS.match(n))
+    clash = sorted(n for n in names - ours - {PARTIAL_DIR} if _OUR_NAMES.match(n))
     if clash:
         raise OutputExists(f"{url}: holds {', '.join(clash[:5])}, which recordtool did not write (no manifest or "
                            "pack marker of ours lists them) and a pack would replace; move them away")
