@@ -1,7 +1,7 @@
 """recordtool: OFRecord shards + a size-sorted index for fast image-classification input."""
 __version__ = "0.1.0"
 
-from .reader import Dataset, Sampler, open_dataset as open  # noqa: E402,F401  (recordtool.open)
+from .reader import BlockSampler, Dataset, Sampler, open_dataset as open  # noqa: E402,F401  (recordtool.open)
 
 
 def __getattr__(name):
@@ -13,4 +13,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'recordtool' has no attribute {name!r}")
 
 
-__all__ = ["Dataset", "Sampler", "Loader", "open", "__version__"]
+__all__ = ["Dataset", "Sampler", "BlockSampler", "Loader", "open", "__version__"]

@@ -28,6 +28,30 @@ def _policy(on_error, strict: bool) -> str:
     return "raise" if strict else (on_error or "skip")
 
 
+class DatasetPath(click.Path):
+    """A dataset directory that must exist, or an object-store URL (s3://bucket/prefix, gs://…)."""
+
+    def convert(self, value, param, ctx):
+        from .fs import is_url
+
+        return value if is_url(value) else super().convert(value, param, ctx)
+
+
+_DATASET = DatasetPath(exists=True, file_okay=False)
+
+
+def _cache_dir(f):
+    return click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+                        help="Local cache of a remote dataset's files (default $RECORDTOOL_CACHE_DIR, "
+                        "else ~/.cache/recordtool).")(f)
+
+
+def _cache_limit(f):
+    return click.option("--cache-limit", default=None,
+                        help="Bytes of shards the local cache may hold for a remote dataset, e.g. 20GB "
+                        "(default: the whole dataset, at most 80% of the free disk).")(f)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="recordtool")
 def main():
@@ -101,6 +125,9 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
          max_inflate, engine, ray_address, no_resume, quiet):
     """Pack SRC into OUT: OFRecord part files, index.rtx, manifest.json.
 
+    OUT may be a URL (s3://bucket/prefix, any fsspec URL): the dataset is packed in a local
+    staging folder, then uploaded, manifest last. TFRecord SRC may be URLs and globs too.
+
     Folders (SRC/<class>/<image>) get torchvision ImageFolder labels (sorted class folders →
     0..K-1). JPEG bytes are copied unchanged; CMYK JPEGs, PNGs and other images are converted
     to RGB JPEG; unreadable files or records are skipped and listed in OUT/pack_report.json.
@@ -145,8 +172,12 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
                 if v is not None:
                     feature_keys[k] = v
             feature_keys["preset"] = keys
-            parent = os.path.dirname(os.path.abspath(out))
-            os.makedirs(parent, exist_ok=True)  # GZIP/ZLIB files are inflated beside OUT
+            from .fs import is_url
+
+            parent = None  # remote OUT: scratch in $TMPDIR
+            if not is_url(out):
+                parent = os.path.dirname(os.path.abspath(out))
+                os.makedirs(parent, exist_ok=True)  # GZIP/ZLIB files are inflated beside OUT
             source = TFRecordSource(src, feature_keys, tmpdir=parent, compression=compression, on_error=policy,
                                     max_inflate=max_inflate or DEFAULT_MAX_INFLATE, max_classes=max_classes)
         summary = run_pack(source, out, shards=shards, shard_size=_size(shard_size) if shard_size else None,
@@ -155,7 +186,7 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
                            progress=not quiet, engine=engine or ("process" if transcode.max_side or transcode.hw_friendly
                                                                  else "local"),
                            ray_address=ray_address, resume=not no_resume)
-    except (RecordtoolError, OSError, ValueError) as e:
+    except (RecordtoolError, OSError, ValueError, ImportError) as e:
         raise click.ClickException(str(e)) from None
     finally:
         if source is not None:  # scratch files (inflated TFRecords) and mappings go, whatever happened
@@ -211,30 +242,39 @@ def index_cmd(root, image_key, label_key, on_error, strict, max_classes, quiet):
 
 
 @main.command()
-@click.argument("root", type=click.Path(exists=True, file_okay=False))
+@click.argument("root", type=_DATASET)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def inspect(root, as_json):
-    """Counts, classes, sizes, chroma/progressive mix and shards of a dataset."""
+@_cache_dir
+def inspect(root, as_json, cache_dir):
+    """Counts, classes, sizes, chroma/progressive mix and shards of a dataset (a directory, or a
+    URL such as s3://bucket/prefix: only its manifest and index are fetched)."""
     from .errors import RecordtoolError
     from .inspect import render, summarize
 
     try:
-        s = summarize(root)
-    except (RecordtoolError, OSError) as e:
+        s = summarize(root, cache_dir=cache_dir)
+    except (RecordtoolError, OSError, ImportError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(json.dumps(s, indent=1) if as_json else render(s))
 
 
 @main.command()
-@click.argument("root", type=click.Path(exists=True, file_okay=False))
+@click.argument("root", type=_DATASET)
 @click.option("--decode", is_flag=True, help="Also decode every image and check its size.")
 @click.option("--threads", type=int, default=None, help="Decode threads (default: cores).")
+@_cache_dir
+@_cache_limit
 @click.option("--quiet", "-q", is_flag=True)
-def verify(root, decode, threads, quiet):
-    """Re-read every record; exit 0 only if shards, index and manifest are intact."""
+def verify(root, decode, threads, cache_dir, cache_limit, quiet):
+    """Re-read every record; exit 0 only if shards, index and manifest are intact. ROOT may be a
+    URL (s3://bucket/prefix): its shards are downloaded through the local cache in turn."""
     from .verify import verify as run_verify
 
-    res = run_verify(root, decode=decode, threads=threads, progress=not quiet)
+    try:
+        res = run_verify(root, decode=decode, threads=threads, progress=not quiet, cache_dir=cache_dir,
+                         cache_limit=_size(cache_limit) if cache_limit else None)
+    except ImportError as e:  # fsspec / s3fs missing for a URL
+        raise click.ClickException(str(e)) from None
     if not res.ok:
         click.echo(f"FAILED: {res.errors[0]}", err=True)
         for e in res.errors[1:]:

@@ -46,6 +46,16 @@ class RecordError(RecordtoolError, RuntimeError):
     """A record's image could not be decoded; the message names the shard file and byte offset."""
 
 
+class RemoteError(RecordtoolError, OSError):
+    """Object storage kept failing (5xx answers, timeouts, broken or damaged transfers) after
+    the retries; the message names the object, the attempts and the last error."""
+
+
+class CacheFull(RecordtoolError, OSError):
+    """The local shard cache cannot make room within its `cache_limit` (too small for the
+    shards that must be on disk at once, or every shard in it is in use)."""
+
+
 class OnError(str, Enum):
     """What a stage does with one bad item (a file, a record, an image) — the same three words
     for `pack(on_error=)` / `--on-error`, `Loader(on_error=)`, `decode_crop_resize(on_error=)`

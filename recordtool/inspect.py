@@ -17,14 +17,28 @@ def _pct(a: np.ndarray) -> dict:
             "p99": int(q[3]), "max": int(q[4])}
 
 
-def summarize(root: str) -> dict:
-    ds = Dataset(root)
+def summarize(root: str, **remote) -> dict:
+    """What the dataset at `root` (a directory or an object-store URL) holds, as a dict.
+
+    Args:
+        root: the dataset directory or URL.
+        remote: cache_dir, cache_limit, storage_options, retry for a URL (only the manifest and
+            the index are fetched).
+    """
+    ds = Dataset(root, **remote)
+    try:
+        return _summary(ds)
+    finally:
+        ds.close()
+
+
+def _summary(ds: Dataset) -> dict:
     c = ds.index.columns
     n = len(ds)
     long_side = np.maximum(c["width"], c["height"])
     per_class = np.bincount(c["label"], minlength=len(ds.classes)) if n else np.zeros(len(ds.classes), int)
     return {
-        "path": root,
+        "path": ds.root,
         "records": n,
         "classes": len(ds.classes),
         "per_class": {"min": int(per_class.min()) if len(per_class) else 0,

@@ -24,7 +24,7 @@ import time
 import uuid
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from . import __version__
@@ -33,7 +33,7 @@ from .errors import FormatError, OnError, PackError, on_error as _on_error, repo
 from .format import index as ix
 from .format import manifest as mf
 from .format.writer import PARTIAL_DIR, DatasetWriter, FinishedShard, ShardWriter, fault_point
-from .fs import get_fs
+from .fs import get_fs, is_url
 from .plan import PLAN_VERSION, Options, Plan, ShardTask, make_plan, shuffle
 from .sources.base import Source, source_paths
 from .sources.image import DEFAULT_MAX_PIXELS, NO_TRANSCODE, Rejected, Transcode, prepare
@@ -385,7 +385,10 @@ def pack(src: str | os.PathLike | Source, out: str, *, shards: int | None = None
 
     Args:
         src: an ImageNet-style folder path, or a `Source` (TFRecordSource, OFRecordSource).
-        out: the dataset directory to write (created; must be empty, ours, or --overwrite).
+        out: the dataset directory to write (created; must be empty, ours, or --overwrite), or
+            an object-store URL (s3://bucket/prefix: packed in a staging folder in $TMPDIR,
+            then uploaded, manifest last; see recordtool.format.upload — a staged pack does
+            not resume, and Ray tasks on other nodes cannot reach the stage).
         shards: number of part files; each is filled by its own task (same bytes for any
             `workers` and either engine). Exclusive with `shard_size`.
         shard_size: target part-file size in bytes (default 128 MiB) when `shards` is not given.
@@ -413,6 +416,14 @@ def pack(src: str | os.PathLike | Source, out: str, *, shards: int | None = None
         resume: reuse the shards an unfinished earlier run of the same plan finished (planned
             packs only); False starts over.
     """
+    if is_url(os.fspath(out)):  # object storage: pack locally, then publish, manifest last
+        from .format.upload import staged
+
+        with staged(os.fspath(out), overwrite) as stage:
+            s = pack(src, stage, shards=shards, shard_size=shard_size, workers=workers, seed=seed, on_error=on_error,
+                     max_pixels=max_pixels, transcode=transcode, progress=progress, engine=engine,
+                     ray_address=ray_address, resume=False)
+        return replace(s, out=os.fspath(out))
     t0 = time.perf_counter()
     policy = _on_error(on_error)
     strict = policy is OnError.RAISE

@@ -1,7 +1,9 @@
 """Random access to a packed dataset: index in memory, shards mmapped, JPEG bytes zero-copy.
 
 `ds[i]` slices the JPEG bytes straight out of the shard mapping at the index's offsets —
-no protobuf parse, no copy. `Sampler` gives the per-epoch global shuffle split by rank.
+no protobuf parse, no copy. `Sampler` gives the per-epoch global shuffle split by rank;
+`BlockSampler` the block shuffle used for datasets on object storage (recordtool.remote),
+which are read through a local shard cache.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import threading
 
 import numpy as np
 
+from . import fs
 from .errors import FormatError
 from .format import files
 from .format import index as ix
@@ -22,11 +25,33 @@ class Dataset:
     on first use. Every index row is bounds-checked against the manifest's shard sizes when the
     dataset opens, so `ds[i]` can only return bytes of the record the index names."""
 
-    def __init__(self, root: str):
-        self.root = os.fspath(root)
-        self.manifest = mf.load(self.root)
-        index_path = files.inside(self.root, self.manifest["index"]["file"], "index file")
-        self.index = ix.read_index(index_path)
+    def __new__(cls, root, *args, **kwargs):
+        # Dataset("s3://…") is a RemoteDataset: the Loader and every caller keep one spelling
+        if cls is Dataset and fs.is_url(os.fspath(root)):
+            from .remote import RemoteDataset
+
+            return super().__new__(RemoteDataset)
+        return super().__new__(cls)
+
+    def __init__(self, root: str, cache_dir: str | None = None, cache_limit: int | None = None,
+                 storage_options: dict | None = None, retry: fs.Retry | None = None):
+        """Open a finished dataset.
+
+        Args:
+            root: the dataset directory, a file:// URL, or an object-store URL (s3://bucket/prefix,
+                gs://…, any fsspec URL: see recordtool.remote).
+            cache_dir, cache_limit, storage_options, retry: for object-store URLs only (see
+                recordtool.remote.RemoteDataset); a local dataset is mapped in place.
+        """
+        _, self.root = fs.get_fs(root)
+        manifest = mf.load(self.root)
+        index_path = files.inside(self.root, manifest["index"]["file"], "index file")
+        self._setup(manifest, ix.read_index(index_path), index_path)
+
+    def _setup(self, manifest: dict, index, index_path: str) -> None:
+        """Checks shared by local and remote datasets: record count, every index row in bounds."""
+        self.manifest = manifest
+        self.index = index
         self.classes = list(self.manifest["classes"])
         self.shards = self.manifest["shards"]
         if len(self.index) != self.manifest["records"]:
@@ -70,6 +95,9 @@ class Dataset:
         self._views[shard] = memoryview(mm)
         return self._views[shard]
 
+    def _slice(self, shard: int, offset: int, length: int) -> memoryview:
+        return self._view(shard)[offset:offset + length]
+
     def __getitem__(self, i: int):
         """(JPEG bytes as a zero-copy memoryview into the shard mapping, label)."""
         n = len(self.index)
@@ -77,14 +105,12 @@ class Dataset:
             raise IndexError(f"record {i} out of range for {n} records")
         i = int(i) % n
         c = self.index.columns
-        off = int(c["jpeg_offset"][i])
-        return self._view(int(c["shard"][i]))[off:off + int(c["jpeg_length"][i])], int(c["label"][i])
+        return self._slice(int(c["shard"][i]), int(c["jpeg_offset"][i]), int(c["jpeg_length"][i])), int(c["label"][i])
 
     def record(self, i: int) -> memoryview:
         """The serialized OFRecord message of record i (without its length prefix)."""
         c = self.index.columns
-        off = int(c["offset"][i]) + 8
-        return self._view(int(c["shard"][i]))[off:off + int(c["length"][i])]
+        return self._slice(int(c["shard"][i]), int(c["offset"][i]) + 8, int(c["length"][i]))
 
     def prefetch(self, indices) -> None:
         """Ask the kernel to read these records' bytes ahead (madvise WILLNEED)."""
@@ -103,7 +129,21 @@ class Dataset:
             mm.madvise(mmap.MADV_WILLNEED, start, end - start)
 
     def sampler(self, seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool = False,
-                shuffle: bool = True) -> "Sampler":
+                shuffle: bool = True, block_shards: int | None = None) -> "Sampler":
+        """This rank's per-epoch order (`indices(epoch)`, `len()`).
+
+        Args:
+            seed: shuffle seed; the order is a pure function of (seed, epoch, rank, world_size).
+            rank, world_size: this process's share (every sample once per epoch across ranks).
+            drop_last: cut to a multiple of world_size instead of padding.
+            shuffle: False keeps record order.
+            block_shards: None (default) — a global permutation for local datasets, a block
+                shuffle of DEFAULT_BLOCK_SHARDS shards for remote ones; 0 — a global permutation;
+                k ≥ 1 — `BlockSampler` with k shards per block.
+        """
+        if block_shards:
+            return BlockSampler(self.index.shard, len(self.shards), block_shards, seed=seed, rank=rank,
+                                world_size=world_size, drop_last=drop_last, shuffle=shuffle)
         return Sampler(len(self), seed=seed, rank=rank, world_size=world_size,
                        drop_last=drop_last, shuffle=shuffle)
 
@@ -130,8 +170,11 @@ class Dataset:
                f"{len(self.shards)} shards>"
 
 
-def open_dataset(path: str) -> Dataset:
-    return Dataset(path)
+def open_dataset(path: str, **options) -> Dataset:
+    """`recordtool.open(path, **options)`: a local dataset directory, or an object-store URL
+    read through a local shard cache (options: cache_dir, cache_limit, storage_options, retry;
+    see recordtool.remote.RemoteDataset)."""
+    return Dataset(path, **options)
 
 
 def check_rows(index, shards: list, where: str, classes: int | None = None) -> None:
@@ -194,17 +237,85 @@ class Sampler:
     def __len__(self) -> int:
         return self.per_rank
 
+    def _rng(self, epoch: int) -> np.random.Generator:
+        return np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, epoch])))
+
+    def _order(self, epoch: int) -> np.ndarray:
+        """This epoch's order of all n samples, before padding or cutting for the ranks."""
+        return self._rng(epoch).permutation(self.n) if self.shuffle else np.arange(self.n)
+
+    def _pad(self, order: np.ndarray, count: int) -> np.ndarray:
+        return np.resize(order, count)  # wrap around to the start
+
     def global_order(self, epoch: int) -> np.ndarray:
-        if self.shuffle:
-            rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, epoch])))
-            order = rng.permutation(self.n)
-        else:
-            order = np.arange(self.n)
+        order = self._order(epoch)
         total = self.per_rank * self.world_size
         if total > self.n:
-            order = np.concatenate([order, np.resize(order, total - self.n)])
+            order = np.concatenate([order, self._pad(order, total - self.n)])
         return order[:total]
 
     def indices(self, epoch: int) -> np.ndarray:
         """This rank's sample indices for `epoch`."""
         return self.global_order(epoch)[self.rank::self.world_size]
+
+
+DEFAULT_BLOCK_SHARDS = 4
+
+
+class BlockSampler(Sampler):
+    """Block shuffle for data read shard by shard (object storage through a bounded cache).
+
+    Each epoch: the shards are permuted, cut into blocks of `block_shards` consecutive shards
+    of that permutation, the blocks taken in turn, and the samples within each block permuted
+    — one generator seeded with (seed, epoch) draws both. So the epoch reads each shard while
+    its block is current: once per epoch, with at most two blocks on disk at a time (the
+    current one and the next, fetched ahead). Ranks split the order like `Sampler` (rank r
+    takes positions r, r + world_size, …), so every sample is seen once per epoch across ranks
+    and all ranks of a machine want the same shards at the same time (one download each,
+    shared through the cache). Padding repeats samples from the end of the order (the last
+    block, still on disk), not the start. Pack already shuffles records across shards, so a
+    block is a random mix of the whole dataset.
+
+    Args:
+        shard_of: the shard number of every record (the index's `shard` column).
+        shards: number of shards in the dataset.
+        block_shards: shards per block (≥ 1).
+        seed, rank, world_size, drop_last, shuffle: as for `Sampler`.
+    """
+
+    def __init__(self, shard_of: np.ndarray, shards: int, block_shards: int = DEFAULT_BLOCK_SHARDS,
+                 seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool = False, shuffle: bool = True):
+        super().__init__(len(shard_of), seed=seed, rank=rank, world_size=world_size, drop_last=drop_last,
+                         shuffle=shuffle)
+        if block_shards < 1:
+            raise ValueError(f"block_shards must be ≥ 1, not {block_shards}")
+        self.shards, self.block_shards = int(shards), int(block_shards)
+        shard_of = np.asarray(shard_of, np.int64)
+        self._by_shard = np.argsort(shard_of, kind="stable")  # record ids grouped by shard, in order
+        self._starts = np.concatenate([[0], np.cumsum(np.bincount(shard_of, minlength=self.shards))])
+        self.on_plan = None  # callback(epoch, blocks, indices): a RemoteDataset fetches ahead along the blocks
+
+    def blocks(self, epoch: int, rng: np.random.Generator | None = None) -> list:
+        """This epoch's blocks: arrays of shard numbers, in the order they are read."""
+        if rng is None:
+            rng = self._rng(epoch)
+        perm = rng.permutation(self.shards) if self.shuffle else np.arange(self.shards)
+        return [perm[b:b + self.block_shards] for b in range(0, self.shards, self.block_shards)]
+
+    def _order(self, epoch: int) -> np.ndarray:
+        rng = self._rng(epoch)
+        blocks = self.blocks(epoch, rng)
+        parts = []
+        for block in blocks:
+            ids = np.concatenate([self._by_shard[self._starts[s]:self._starts[s + 1]] for s in block])
+            parts.append(rng.permutation(ids) if self.shuffle else ids)
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def indices(self, epoch: int) -> np.ndarray:
+        mine = super().indices(epoch)
+        if self.on_plan is not None:
+            self.on_plan(epoch, self.blocks(epoch), mine)
+        return mine
+
+    def _pad(self, order: np.ndarray, count: int) -> np.ndarray:
+        return np.resize(order[::-1], count)  # from the end: the last block is still on disk

@@ -19,12 +19,13 @@ import crc32c
 import numpy as np
 
 from .decode.cpu import cores
-from .errors import FormatError
+from .errors import FormatError, RecordtoolError
 from .format import files
 from .format import index as ix
 from .format import manifest as mf
 from .format.jpeg import BadJPEG, NotJPEG, decode_refusal, probe
 from .format.ofrecord import decode_ofrecord, iter_records
+from .fs import is_url
 
 
 @dataclass
@@ -39,16 +40,34 @@ class VerifyResult:
 
 
 def verify(root: str, decode: bool = False, threads: int | None = None, max_errors: int = 20,
-           progress: bool = False) -> VerifyResult:
+           progress: bool = False, **remote) -> VerifyResult:
     """Re-read the dataset at root; `.ok` only if shards, index and manifest all agree.
 
     Args:
-        root: the dataset directory.
+        root: the dataset directory, or an object-store URL (its index is downloaded once, its
+            shards one after the other through the local shard cache: see recordtool.remote).
         decode: also decode every image fully and compare its size with the index.
         threads: decode threads (default: cores).
         max_errors: stop after this many problems.
         progress: show a tqdm bar.
+        remote: cache_dir, cache_limit, storage_options, retry for an object-store URL.
     """
+    if not is_url(root):
+        return _verify(root, None, decode, threads, max_errors, progress)
+    from .reader import Dataset
+
+    try:
+        ds = Dataset(root, **remote)  # manifest checked, index downloaded and CRC-checked
+    except (FormatError, OSError) as e:
+        return VerifyResult(errors=[str(e)])
+    try:
+        return _verify(ds.root, ds, decode, threads, max_errors, progress)
+    finally:
+        ds.close()
+
+
+def _verify(root: str, ds, decode: bool, threads, max_errors: int, progress: bool) -> VerifyResult:
+    """verify() of a local dataset directory (ds None) or of an open remote dataset."""
     from .reader import check_rows
 
     res = VerifyResult()
@@ -58,10 +77,15 @@ def verify(root: str, decode: bool = False, threads: int | None = None, max_erro
         return len(res.errors) >= max_errors
 
     try:
-        manifest = mf.load(root)
-        idx_info = manifest["index"]
-        idx_path = files.inside(root, idx_info["file"], "index file")
-        index = ix.read_index(idx_path)
+        if ds is None:
+            manifest = mf.load(root)
+            idx_info = manifest["index"]
+            idx_path = files.inside(root, idx_info["file"], "index file")
+            index = ix.read_index(idx_path)
+        else:
+            manifest, index = ds.manifest, ds.index
+            idx_info = manifest["index"]
+            idx_path = ds.cache.url(idx_info["file"])
         blob = index.buffer  # checksum the same mapping the columns come from: one read
         if len(blob) != idx_info["bytes"] or f"{crc32c.crc32c(blob):08x}" != idx_info["crc32c"]:
             raise FormatError(f"{idx_path}: size/CRC32C differ from the manifest (index damaged)")
@@ -101,8 +125,8 @@ def verify(root: str, decode: bool = False, threads: int | None = None, max_erro
     for s, info in enumerate(manifest["shards"]):
         path = os.path.join(root, info["name"])  # a plain name: mf.load checked it
         try:
-            mm, size = files.map_readonly(path)
-        except FormatError as e:
+            mm, size, release = _open_shard(path, s, ds)
+        except RecordtoolError as e:  # damaged or unsafe file; remote: retries exhausted, no room
             if bad(str(e)):
                 return res
             continue
@@ -159,8 +183,7 @@ def verify(root: str, decode: bool = False, threads: int | None = None, max_erro
                 if bad(str(e)):
                     return res
         finally:
-            if isinstance(mm, mmap.mmap):
-                mm.close()
+            release()
         if bar is not None:
             bar.update(info["bytes"])
     if bar is not None:
@@ -172,8 +195,19 @@ def verify(root: str, decode: bool = False, threads: int | None = None, max_erro
         elif np.any(np.diff(c["jpeg_length"][so].astype(np.int64)) > 0):
             bad(f"{idx_path}: size_order is not sorted by encoded size, largest first")
     if decode and res.ok:
-        _decode_all(root, threads, res, bad)
+        _decode_all(ds or root, threads, res, bad)
     return res
+
+
+def _open_shard(path: str, shard: int, ds):
+    """(mapping, size, release) of a shard: the file itself, or for a remote dataset its
+    checked copy in the cache, pinned until release()."""
+    if ds is None:
+        mm, size = files.map_readonly(path)
+        return mm, size, (mm.close if isinstance(mm, mmap.mmap) else lambda: None)
+    pinned = ds.shard_file(shard)
+    mm = pinned.__enter__()
+    return mm, len(mm), lambda: pinned.__exit__(None, None, None)
 
 
 _HEADER_COLUMNS = ("width", "height", "chroma", "colorspace", "channels", "progressive")
@@ -197,9 +231,11 @@ def _check_header(data, c, r: int, where: str) -> None:
 
 
 def _decode_all(root, threads, res, bad):
+    """Decode every image (root: a dataset directory, or an open Dataset)."""
     from .reader import Dataset
 
-    ds = Dataset(root)
+    ds = root if isinstance(root, Dataset) else Dataset(root)
+    root = ds.root
     c = ds.index.columns
     dec = _decoder()
 

@@ -1,8 +1,8 @@
-"""Sampler: per-epoch permutation, exact cover across ranks; index file round trip."""
+"""Sampler and BlockSampler: per-epoch orders, exact cover across ranks; index file round trip."""
 import numpy as np
 import pytest
 
-from recordtool import Sampler
+from recordtool import BlockSampler, Sampler
 from recordtool.format import index as ix
 from recordtool.format.ofrecord import FormatError
 
@@ -60,3 +60,44 @@ def test_index_round_trip_and_damage(tmp_path):
 def test_size_order_is_largest_first_and_stable():
     lens = np.array([5, 9, 5, 1, 9], dtype="<u4")
     assert ix.size_order(lens).tolist() == [1, 4, 0, 2, 3]
+
+
+@pytest.mark.parametrize("n_shards,block,ws", [(8, 2, 1), (8, 3, 3), (5, 4, 2), (1, 1, 1)])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_block_sampler_covers_every_sample_block_by_block(n_shards, block, ws, drop_last):
+    rng = np.random.default_rng(0)
+    shard_of = np.sort(rng.integers(0, n_shards, 97))
+    samplers = [BlockSampler(shard_of, n_shards, block, seed=5, rank=r, world_size=ws, drop_last=drop_last)
+                for r in range(ws)]
+    parts = [s.indices(3) for s in samplers]
+    assert len({len(p) for p in parts}) == 1 and len(parts[0]) == len(samplers[0])
+    got = np.concatenate(parts)
+    if drop_last:
+        assert len(got) == 97 // ws * ws and len(set(got.tolist())) == len(got)
+    else:
+        assert set(got.tolist()) == set(range(97)) and len(got) == -(-97 // ws) * ws
+    # the global order reads the blocks in turn: each block's shards form one stretch
+    order = samplers[0].global_order(3)[:97 // ws * ws if drop_last else 97]
+    blocks = samplers[0].blocks(3)
+    block_of = {int(s): k for k, b in enumerate(blocks) for s in b}
+    seq = [block_of[int(s)] for s in shard_of[order]]
+    assert seq == sorted(seq)
+    assert sorted(int(s) for b in blocks for s in b) == list(range(n_shards))
+    assert all(len(b) == block for b in blocks[:-1])
+    # pure function of (seed, epoch, rank, world_size)
+    again = BlockSampler(shard_of, n_shards, block, seed=5, rank=0, world_size=ws, drop_last=drop_last)
+    assert np.array_equal(again.indices(3), parts[0])
+
+
+def test_block_sampler_shuffles_by_seed_and_epoch():
+    shard_of = np.repeat(np.arange(10), 50)
+    s = BlockSampler(shard_of, 10, 2, seed=1)
+    e0, e1 = s.indices(0), s.indices(1)
+    assert sorted(e0.tolist()) == list(range(500)) and not np.array_equal(e0, e1)
+    assert not np.array_equal(e0, BlockSampler(shard_of, 10, 2, seed=2).indices(0))
+    assert np.array_equal(BlockSampler(shard_of, 10, 2, shuffle=False).indices(4), np.arange(500))
+    # within a block the two shards' samples are mixed, not read shard after shard
+    first = shard_of[e0[:100]]
+    assert len(set(first.tolist())) == 2 and (np.diff(first) != 0).sum() > 10
+    with pytest.raises(ValueError):
+        BlockSampler(shard_of, 10, 0)

@@ -83,6 +83,11 @@ def load(root: str) -> dict:
             from None
     except IsADirectoryError:
         raise UnsafePath(f"{path}: is a directory, not a manifest") from None
+    return parse(raw, path)
+
+
+def parse(raw: bytes, path: str = MANIFEST_FILE) -> dict:
+    """The validated manifest in `raw` (read from `path`, named in errors: a file or a URL)."""
     try:
         m = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:

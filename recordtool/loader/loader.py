@@ -59,7 +59,7 @@ class Loader:
     """Iterate `(images, labels)` batches of a packed dataset, one epoch per iteration.
 
     Args:
-        path: dataset directory (or an open `Dataset`).
+        path: dataset directory, dataset URL (s3://bucket/prefix, any fsspec URL), or an open `Dataset`.
         batch_size: images per batch (≥ 1).
         device: "cpu" (native CPU decoder) or "cuda" (NVJPG engines + hybrid decoder + CPU share,
             on the caller's current CUDA device).
@@ -86,6 +86,8 @@ class Loader:
         on_error: a record no decoder can decode — "raise" (RecordError naming shard and offset),
             "warn" (a warning; the sample is zeros, its label kept; listed in `bad_records`) or
             "skip" (the same without the warning).
+        cache_dir, cache_limit: for a dataset URL (s3://…): its local shard cache (recordtool.remote).
+        block_shards: `Dataset.sampler`'s — None: block shuffle for URLs, global permutation for local data.
     """
 
     def __init__(self, path, batch_size: int, device: Device = "cpu", train: bool = True, size: int = 224,
@@ -93,7 +95,8 @@ class Loader:
                  layout: Literal["NCHW", "NHWC"] = "NCHW", seed: int = 0, rank: int | None = None,
                  world_size: int | None = None, drop_last: bool = True, prefetch: int = 2, threads: int | None = None,
                  user_op=None, as_torch: bool | None = None, producers: int | None = None, with_ids: bool = False,
-                 split="auto", hybrid: bool = True, on_error: OnError | str = "raise"):
+                 split="auto", hybrid: bool = True, on_error: OnError | str = "raise", cache_dir: str | None = None,
+                 cache_limit: int | None = None, block_shards: int | None = None):
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
         if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
@@ -109,7 +112,7 @@ class Loader:
 
             split = check_split(split)
         self.on_error = _on_error(on_error)
-        self.ds = path if isinstance(path, Dataset) else Dataset(path)
+        self.ds = path if isinstance(path, Dataset) else Dataset(path, cache_dir=cache_dir, cache_limit=cache_limit)
         self.batch_size = int(batch_size)
         self.device, self.train, self.size = device, bool(train), int(size)
         self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
@@ -122,7 +125,8 @@ class Loader:
         # the CPU two, so one's Python work and user op overlap the other's decode on the pool.
         self.producers = max(1, int(producers or (4 if device == "cuda" else 2)))
         self.rank, self.world_size = _dist_defaults(rank, world_size)
-        self.sampler = self.ds.sampler(seed=seed, rank=self.rank, world_size=self.world_size, drop_last=drop_last)
+        self.sampler = self.ds.sampler(seed=seed, rank=self.rank, world_size=self.world_size, drop_last=drop_last,
+                                       block_shards=block_shards)
         if as_torch is None:
             try:
                 import torch  # noqa: F401

@@ -2,13 +2,15 @@
 
 A record is uint64 length, uint32 masked CRC32C of the length, data, uint32 masked CRC32C
 of the data. Both CRCs are checked (C-accelerated crc32c). GZIP/ZLIB files are inflated into
-a scratch file first, so every file is then read by offset the same way.
+a scratch file first, and files on object storage (s3://…) downloaded there, so every file is
+then read by offset the same way.
 """
 from __future__ import annotations
 
 import glob
 import mmap
 import os
+import shutil
 import struct
 import threading
 import zlib
@@ -16,8 +18,9 @@ from dataclasses import dataclass, field
 
 import crc32c
 
-from ..errors import FormatError, OnError, on_error as _on_error, report
+from ..errors import FormatError, OnError, PackError, on_error as _on_error, report
 from ..format import files as _files
+from ..fs import Retry, copy_into, get_fs, is_url
 from ..format.ofrecord import MIN_RECORD_BYTES
 from .image import MAX_IMAGE_BYTES, Rejected
 from .base import DEFAULT_MAX_CLASSES
@@ -110,19 +113,63 @@ def _problem(out, policy, name, offset, reason):
     out.problems.append((name, offset, reason))
 
 
-def expand(patterns) -> list[str]:
-    """Globs and plain paths → sorted, de-duplicated file list."""
+def expand(patterns, storage_options: dict | None = None) -> list[str]:
+    """Globs and plain paths, local or object-store URLs (s3://bucket/train-*) → sorted,
+    de-duplicated file list (URLs stay URLs).
+
+    Args:
+        patterns: paths, URLs and globs of either.
+        storage_options: fsspec options for the URLs.
+    """
     files = []
     for p in patterns:
-        hits = sorted(glob.glob(p)) if any(ch in p for ch in "*?[") else [p]
+        wild = any(ch in p for ch in "*?[")
+        if is_url(p):  # one listing per glob; a plain URL is checked by its download
+            fs, path = get_fs(p, **(storage_options or {}))
+            hits = [fs.url(h) for h in fs.glob(path)] if wild else [p]
+        else:
+            hits = sorted(glob.glob(p)) if wild else [p]
+            for h in hits:
+                if not os.path.isfile(h):
+                    raise FileNotFoundError(f"{h}: not a file")
         if not hits:
             raise FileNotFoundError(f"{p}: no file matches")
-        for h in hits:
-            if not os.path.isfile(h):
-                raise FileNotFoundError(f"{h}: not a file")
-            if h not in files:
-                files.append(h)
+        files.extend(h for h in hits if h not in files)
     return files
+
+
+def download(url: str, tmpdir: str, tag: int, storage_options: dict | None = None, retry: Retry | None = None) -> str:
+    """A local copy of a remote TFRecord file in the source's scratch folder (removed by
+    close()). Refused before it starts when the disk there has no room for it; retried like
+    any remote read.
+
+    Args:
+        url: the file's URL.
+        tmpdir: the scratch folder.
+        tag: the file's number in the source (keeps copies of equal names apart).
+        storage_options: fsspec options for the URL.
+        retry: how the download is retried (recordtool.fs.Retry).
+    """
+    fs, path = get_fs(url, **(storage_options or {}))
+    retry = retry or Retry()
+    try:
+        size = retry.call(lambda: fs.size(path), url)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{url}: no such file") from None
+    free = shutil.disk_usage(tmpdir).free
+    if size > free:
+        raise PackError(f"{url}: {size} bytes to download into {tmpdir}, which has {free} bytes free; "
+                        f"pass a scratch folder with room (tmpdir)")
+    local = os.path.join(tmpdir, f"{tag:05d}-{os.path.basename(path)}.download")
+    fd = _files.create_exclusive(local)
+    try:
+        retry.call(lambda: copy_into(fs, path, fd, size), url)
+    except BaseException:
+        os.close(fd)
+        os.unlink(local)
+        raise
+    os.close(fd)
+    return local
 
 
 def _looks_uncompressed(head: bytes) -> bool:
@@ -196,26 +243,28 @@ class TFRecordSource:
     Args:
         patterns: file paths or globs.
         keys: feature keys — image, label, label_offset, filename, synset, text (see PRESETS).
-        tmpdir: where GZIP/ZLIB files are inflated (a fresh temporary folder inside it, removed
-            by close()).
+        tmpdir: where GZIP/ZLIB files are inflated and remote files downloaded (a fresh
+            temporary folder inside it, removed by close()).
         compression: "auto", "none", "gzip" or "zlib".
         on_error: a damaged record or stream: "raise", "warn" or "skip" (listed in the pack
             report either way).
         max_inflate: a GZIP/ZLIB file may inflate to this many times its size (at least
             256 MiB); past that the rest of the file is skipped and reported.
         max_classes: records with a label ≥ this are refused (a class name is stored per label).
+        storage_options: fsspec options for URL patterns (s3://bucket/train-*); each remote
+            file is downloaded into the scratch folder first, then read like a local one.
     """
 
     kind = "tfrecord"
 
     def __init__(self, patterns, keys: dict, tmpdir: str | None = None, compression: str = "auto",
                  on_error: OnError | str = "skip", max_inflate: float = DEFAULT_MAX_INFLATE,
-                 max_classes: int = DEFAULT_MAX_CLASSES):
+                 max_classes: int = DEFAULT_MAX_CLASSES, storage_options: dict | None = None):
         import tempfile
 
         policy = _on_error(on_error)
 
-        self.files = expand(patterns)
+        self.files = expand(patterns, storage_options)
         self._owner = True  # a copy unpickled elsewhere (a Ray worker) never removes the scratch folder
         self._lock = threading.Lock()
         self.keys = keys
@@ -225,15 +274,18 @@ class TFRecordSource:
         self._paths, self._maps = [], []
         self._tmp = tempfile.mkdtemp(prefix="recordtool-tfrecord-", dir=tmpdir)
         try:
-            self._list(policy, compression, max_inflate)
+            self._list(policy, compression, max_inflate, storage_options)
         except BaseException:  # no scratch file survives a failure
             self.close()
             raise
 
-    def _list(self, policy, compression, max_inflate):
+    def _list(self, policy, compression, max_inflate, storage_options):
         result = ScanResult()
         for k, path in enumerate(self.files):
-            raw, problem = inflate(path, self._tmp, compression, k, max_inflate)
+            local = download(path, self._tmp, k, storage_options) if is_url(path) else path
+            raw, problem = inflate(local, self._tmp, compression, k, max_inflate)
+            if raw != local and local != path:  # the inflated copy is what is read: drop the download
+                os.unlink(local)
             if problem:
                 report(policy, f"{path}: {problem}", TFRecordError)
                 result.problems.append((path, 0, problem + "; records before it kept"))
@@ -245,7 +297,7 @@ class TFRecordSource:
             finally:
                 os.close(fd)
             self._maps.append(mm)
-            name = path if raw == path else f"{path} (inflated)"
+            name = path if raw in (path, local) else f"{path} (inflated)"
             scan_buffer(mm, name, k, policy, result)
         self.items = result.spans
         self.skipped = [(f"{f}: offset {off}", why) for f, off, why in result.problems]
@@ -348,8 +400,6 @@ class TFRecordSource:
                 "compression": self.compression}
 
     def close(self):
-        import shutil
-
         for mm in self._maps or []:
             if isinstance(mm, mmap.mmap):
                 mm.close()

@@ -1,0 +1,137 @@
+"""Pack output on object storage (s3://bucket/prefix, any fsspec URL), all or nothing.
+
+Pack writes the dataset into a local staging folder first (the same writer as for a local
+OUT), then `publish` copies it to the store, manifest last — object stores have no rename,
+and a dataset is finished exactly when its manifest exists there. Before anything is written,
+`OUT/.partial/pack.json` records which names the pack will write or remove, so a pack killed
+half-way leaves parts that the next run recognises as its own (and removes); it is deleted
+after the manifest is written. A pack never writes into an OUT that holds other things, and
+replaces a finished dataset only with overwrite=True — first removing its manifest, so at no
+moment does OUT look finished with mixed files. (Two packs into one URL at once are not
+detected: object stores have no locks.)
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+
+from ..errors import FormatError, OutputExists
+from ..fs import Retry, get_fs
+from . import files
+from . import manifest as mf
+from .writer import _OUR_NAMES, MARKER_FILE, PARTIAL_DIR, _listed
+
+MARKER = f"{PARTIAL_DIR}/{MARKER_FILE}"  # the same marker as in a local OUT (writer.py)
+
+
+def claim(fs, out: str, overwrite: bool, retry: Retry) -> set:
+    """Check that the pack may write OUT; the names of ours already there (to be replaced).
+
+    Args:
+        fs, out: the store and OUT's path in it.
+        overwrite: a finished dataset of ours in OUT may be replaced.
+        retry: how store calls are retried.
+    """
+    url = fs.url(out)
+    try:
+        names = set(retry.call(lambda: fs.listdir(out), url))
+    except FileNotFoundError:
+        names = set()
+    ours = set()
+    if PARTIAL_DIR in names:
+        try:
+            marker = json.loads(retry.call(lambda: fs.read_bytes(fs.join(out, MARKER), 1 << 20), url))
+        except (FileNotFoundError, ValueError):
+            marker = None
+        if not (isinstance(marker, dict) and marker.get("tool") == "recordtool"
+                and isinstance(marker.get("publishing"), list)):
+            raise OutputExists(f"{url}/{PARTIAL_DIR}: not made by recordtool (no pack marker saying so); "
+                               "remove it yourself or choose another OUT")
+        ours |= {n for n in marker["publishing"] if isinstance(n, str)}
+    if mf.MANIFEST_FILE in names:
+        raw = retry.call(lambda: fs.read_bytes(fs.join(out, mf.MANIFEST_FILE), mf.MAX_BYTES), url)
+        try:
+            finished = mf.parse(raw, f"{url}/{mf.MANIFEST_FILE}")
+        except FormatError as e:
+            raise OutputExists(f"{url}: holds a manifest.json that is not a recordtool manifest ({e}); "
+                               "choose another OUT") from None
+        if not overwrite:
+            raise OutputExists(f"{url}: already holds a finished dataset; pass --overwrite to replace it")
+        ours |= set(_listed(finished)) | {mf.MANIFEST_FILE}
+    elif names and not ours and names != {PARTIAL_DIR}:
+        raise OutputExists(f"{url}: not empty and holds no recordtool dataset; choose an empty or new prefix")
+    clash = sorted(n for n in names - ours - {PARTIAL_DIR} if _OUR_NAMES.match(n))
+    if clash:
+        raise OutputExists(f"{url}: holds {', '.join(clash[:5])}, which recordtool did not write (no manifest or "
+                           "pack marker of ours lists them) and a pack would replace; move them away")
+    return ours & names
+
+
+def publish(local: str, fs, out: str, ours: set, retry: Retry) -> None:
+    """Copy the finished dataset in `local` to OUT on the store: marker, old manifest removed,
+    files no longer listed removed, shards, index and report uploaded (each retried, its size
+    checked), the manifest last, the marker removed.
+
+    Args:
+        local: the finished local dataset directory.
+        fs, out: the store and OUT's path in it.
+        ours: names of ours already in OUT (`claim`), replaced or removed.
+        retry: how store calls are retried.
+    """
+    url = fs.url(out)
+    manifest = mf.load(local)
+    new = _listed(manifest)
+    marker = {"tool": "recordtool", "publishing": sorted(ours | set(new) | {mf.MANIFEST_FILE})}
+    retry.call(lambda: fs.write_bytes(fs.join(out, MARKER), mf.dump(marker)), f"{url}/{MARKER}")
+    for name in sorted(ours, key=lambda n: n != mf.MANIFEST_FILE):  # nothing looks finished from here on
+        if name not in new:
+            with contextlib.suppress(FileNotFoundError):
+                retry.call(lambda: fs.remove(fs.join(out, name)), f"{url}/{name}")
+    for name in new:
+        _upload(os.path.join(local, name), fs, fs.join(out, name), retry)
+    _upload(os.path.join(local, mf.MANIFEST_FILE), fs, fs.join(out, mf.MANIFEST_FILE), retry)
+    with contextlib.suppress(FileNotFoundError):
+        retry.call(lambda: fs.remove(fs.join(out, MARKER)), f"{url}/{MARKER}")
+
+
+def _upload(src: str, fs, dst: str, retry: Retry) -> None:
+    size = os.path.getsize(src)
+
+    def once():
+        fd = files.open_regular(src)
+        with os.fdopen(fd, "rb") as f, fs.open_write(dst) as w:
+            shutil.copyfileobj(f, w, 8 << 20)
+        got = fs.size(dst)
+        if got != size:
+            raise OSError(f"{got} bytes stored, {size} sent")
+
+    retry.call(once, fs.url(dst))
+
+
+@contextlib.contextmanager
+def staged(out: str, overwrite: bool, storage_options: dict | None = None, retry: Retry | None = None):
+    """Pack into a local staging folder, then publish it to the URL `out` (see module doc).
+
+    Yields the local dataset directory to pack into (inside $TMPDIR; it needs room for the
+    whole dataset). OUT is checked before anything is packed, published only when the block
+    ends without an exception, and the staging folder is removed either way.
+
+    Args:
+        out: the dataset URL.
+        overwrite: replace a finished dataset of ours there.
+        storage_options: fsspec options for the URL.
+        retry: how store calls are retried (recordtool.fs.Retry).
+    """
+    retry = retry or Retry()
+    fs, path = get_fs(out, **(storage_options or {}))
+    path = path.rstrip("/")
+    ours = claim(fs, path, overwrite, retry)
+    stage = tempfile.mkdtemp(prefix="recordtool-stage-")
+    try:
+        yield os.path.join(stage, "dataset")
+        publish(os.path.join(stage, "dataset"), fs, path, ours, retry)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)

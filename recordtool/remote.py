@@ -1,0 +1,327 @@
+"""Datasets on object storage (s3://, gs://, any fsspec URL), read through a local shard cache.
+
+`recordtool.open("s3://bucket/train")` (or `Dataset(url)`, `Loader(url)`) fetches the manifest
+and the index once, checks them as for a local dataset, and then serves `ds[i]` exactly like a
+local dataset: zero-copy memoryviews of mmapped shard files — the cached copies. A shard is
+downloaded whole into the cache (recordtool.cache: bounded, LRU, shared by the processes of a
+machine, checked against the manifest's CRC32C) the first time one of its records is asked for,
+or earlier: the block sampler tells the dataset its epoch's block order, and a background
+thread fetches the rest of the current block and the next block while the current one is read.
+
+A shard stays mapped, and pinned in the cache, while memoryviews of it are alive. The dataset
+counts the samples it serves per shard against the epoch's plan: a shard the epoch is done
+with is unmapped once nothing uses it, and evicted first when room is needed; a shard the
+epoch still needs is evicted only when nothing else can go (never to fetch ahead).
+"""
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import queue
+import shutil
+import threading
+
+import numpy as np
+
+from . import cache as _cache
+from . import fs as _fs
+from .errors import CacheFull, FormatError
+from .format import index as ix
+from .format import manifest as mf
+from .reader import DEFAULT_BLOCK_SHARDS, BlockSampler, Dataset
+
+FETCH_THREADS = 2  # background downloads at once per dataset
+IDLE_EXIT = 5.0  # seconds a download thread waits for work before it ends
+AHEAD_WAIT = 60.0  # seconds a download ahead waits for room (shards done with) before it is dropped
+
+
+class RemoteDataset(Dataset):
+    """A finished dataset at an fsspec URL (`Dataset(url)` returns one).
+
+    Args:
+        root: the dataset's URL, e.g. s3://bucket/prefix (its manifest.json is root/manifest.json).
+        cache_dir: where shards are cached; each dataset gets its own folder inside
+            (default $RECORDTOOL_CACHE_DIR, else ~/.cache/recordtool).
+        cache_limit: bytes of shards the dataset's cache folder may hold (default: the whole
+            dataset, or 80 % of the free disk space when that is less). The block sampler needs
+            room for two blocks of the largest shards.
+        storage_options: fsspec options for the URL (s3fs: endpoint_url, key, secret,
+            client_kwargs, config_kwargs, …); fsspec's configuration and the usual AWS
+            variables apply too.
+        retry: how downloads are retried (recordtool.fs.Retry: 5 tries, backoff from 0.5 s).
+    """
+
+    def __init__(self, root: str, cache_dir: str | None = None, cache_limit: int | None = None,
+                 storage_options: dict | None = None, retry: _fs.Retry | None = None):
+        self.fs, self._path = _fs.get_fs(root, **(storage_options or {}))
+        self._path = self._path.rstrip("/")
+        self.root = self.fs.url(self._path)
+        self.retry = retry or _fs.Retry()
+        manifest = self._load_manifest()
+        total = sum(s["bytes"] for s in manifest["shards"])
+        directory = os.path.join(os.fspath(cache_dir or _cache.default_dir()), _cache.key(self.root))
+        os.makedirs(directory, exist_ok=True)
+        if cache_limit is None:
+            cache_limit = min(total, int(0.8 * shutil.disk_usage(directory).free) + _cached_bytes(directory))
+        self.cache_limit = int(cache_limit)
+        self.cache = _cache.ShardCache(self.fs, self._path, directory, self.cache_limit, self.retry)
+        try:
+            info = manifest["index"]
+            index_path = self.cache.meta(info["file"], info["bytes"], info["crc32c"])
+            self._setup(manifest, ix.read_index(index_path), self.cache.url(info["file"]))
+        except BaseException:
+            self.cache.close()
+            raise
+        n = len(self.shards)
+        self._fds: list = [None] * n
+        self._names = [_cache.ShardCache.file_name(s["name"], s["crc32c"]) for s in self.shards]
+        self._mapped: dict = {}  # mapped shards (→ None), oldest first
+        self._fits = total <= self.cache_limit  # everything fits: never unmap to make room
+        # the epoch's plan (BlockSampler.on_plan): blocks in order, and per shard how many of
+        # this rank's samples it holds and how many were served: a shard is done when all were
+        self._plan_lock = threading.Lock()
+        self._blocks: list = []
+        self._block_of: dict = {}
+        self._expected = [0] * n
+        self._served = [0] * n
+        self._frontier = -1  # the furthest block touched in this plan
+        self._queued: set = set()
+        self._queue: queue.Queue = queue.Queue()
+        self._workers: list = []
+
+    def _load_manifest(self) -> dict:
+        path = self.fs.join(self._path, mf.MANIFEST_FILE)
+        url = self.fs.url(path)
+        try:
+            raw = self.retry.call(lambda: self.fs.read_bytes(path, mf.MAX_BYTES), url)
+        except FileNotFoundError:
+            raise FormatError(f"{url}: no manifest, so {self.root} is not a finished recordtool dataset") from None
+        return mf.parse(raw, url)
+
+    # ------------------------------------------------------------------ records
+    def _slice(self, shard: int, offset: int, length: int) -> memoryview:
+        # slices are taken under the lock: a view that exists pins its mapping (mm.close()
+        # refuses while it lives), so _release never unmaps bytes in use
+        with self._lock:
+            self._served[shard] += 1
+            v = self._views[shard]
+            if v is not None:
+                return v[offset:offset + length]
+        for _ in range(5):
+            self._fetch(shard)  # outside the lock: may download, or wait for another process
+            with self._lock:
+                v = self._views[shard]
+                if v is None:
+                    v = self._map(shard)
+                if v is not None:
+                    return v[offset:offset + length]
+        raise CacheFull(f"{self.cache.url(self.shards[shard]['name'])}: evicted again each time before it could "
+                        f"be mapped; raise cache_limit")
+
+    def _view(self, shard: int) -> memoryview:
+        """The shard's whole mapping (a view of it keeps it pinned, like any slice)."""
+        info = self.shards[shard]
+        return self._slice(shard, 0, info["bytes"])
+
+    def _fetch(self, shard: int) -> None:
+        info = self.shards[shard]
+        self._advance(shard)
+        self.cache.fetch(info["name"], info["bytes"], info["crc32c"], protect=self._needed_names,
+                         release=self._release_done)
+
+    def _pin(self, shard: int):
+        """(fd, mapping) of a cached shard, pinned until the fd is closed; None if it was
+        evicted since it was fetched."""
+        info = self.shards[shard]
+        fd = self.cache.pin(info["name"], info["bytes"], info["crc32c"])
+        if fd is None:
+            return None
+        try:
+            return fd, (mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if info["bytes"] else b"")
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @contextlib.contextmanager
+    def shard_file(self, shard: int):
+        """The checked cached copy of one shard as a read-only mapping, pinned while the block
+        runs and let go after (recordtool verify reads every shard this way, in turn)."""
+        for _ in range(5):
+            info = self.shards[shard]
+            self.cache.fetch(info["name"], info["bytes"], info["crc32c"], release=self._release_all)
+            pinned = self._pin(shard)
+            if pinned is not None:
+                break
+        else:
+            raise CacheFull(f"{self.cache.url(self.shards[shard]['name'])}: evicted again each time before it "
+                            f"could be mapped; raise cache_limit")
+        fd, mm = pinned
+        try:
+            yield mm
+        finally:
+            if isinstance(mm, mmap.mmap):
+                mm.close()
+            os.close(fd)
+
+    def _map(self, shard: int):
+        """Pin and map a cached shard (under self._lock); None if it was evicted meanwhile."""
+        pinned = self._pin(shard)
+        if pinned is None:
+            return None
+        fd, mm = pinned
+        self._fds[shard], self._maps[shard] = fd, mm
+        self._views[shard] = memoryview(mm)
+        self._mapped[shard] = None
+        if not self._fits:
+            self._unmap_idle(keep=self._needed() | {shard})
+        return self._views[shard]
+
+    def _unmap_idle(self, keep=()) -> None:
+        """Unmap (and unpin) mapped shards outside `keep` that no memoryview uses (under self._lock)."""
+        for shard in list(self._mapped):
+            if shard in keep:
+                continue
+            mm = self._maps[shard]
+            self._views[shard].release()
+            if isinstance(mm, mmap.mmap):
+                try:
+                    mm.close()
+                except BufferError:  # slices of it are alive: still in use, keep it
+                    self._views[shard] = memoryview(mm)
+                    continue
+            os.close(self._fds[shard])
+            self._fds[shard] = self._maps[shard] = self._views[shard] = None
+            del self._mapped[shard]
+
+    def _release_all(self) -> None:
+        """The cache is short of room: let go of every mapping nothing uses."""
+        with self._lock:
+            self._unmap_idle()
+
+    def _release_done(self) -> None:
+        """Room for a download: let go of idle mappings of shards this epoch is done with."""
+        keep = self._needed()
+        with self._lock:
+            self._unmap_idle(keep=keep)
+
+    # ------------------------------------------------------------------ reading ahead
+    def sampler(self, seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool = False,
+                shuffle: bool = True, block_shards: int | None = None):
+        """As `Dataset.sampler`, but a block shuffle by default (DEFAULT_BLOCK_SHARDS shards a
+        block) whose blocks this dataset fetches ahead; block_shards=0 asks for the global
+        permutation (sensible when the cache holds the whole dataset)."""
+        if block_shards is None:
+            block_shards = min(DEFAULT_BLOCK_SHARDS, max(1, len(self.shards)))
+        s = super().sampler(seed=seed, rank=rank, world_size=world_size, drop_last=drop_last, shuffle=shuffle,
+                            block_shards=block_shards)
+        if isinstance(s, BlockSampler):
+            largest = sorted((x["bytes"] for x in self.shards), reverse=True)
+            need = sum(largest[:2 * block_shards])
+            if need > self.cache_limit:
+                raise CacheFull(f"{self.root}: cache_limit={self.cache_limit} is less than two blocks of "
+                                f"{block_shards} shards ({need} bytes): raise cache_limit or lower block_shards")
+            s.on_plan = self._set_plan
+        return s
+
+    def _set_plan(self, epoch: int, blocks: list, indices) -> None:
+        expected = np.bincount(self.index.shard[np.asarray(indices, np.int64)], minlength=len(self.shards))
+        with self._plan_lock:
+            self._blocks = [[int(s) for s in b] for b in blocks]
+            self._block_of = {s: k for k, b in enumerate(self._blocks) for s in b}
+            self._expected = expected.tolist()
+            self._served = [0] * len(self.shards)
+            self._frontier = -1
+            self._queued = set()
+
+    def _needed(self) -> set:
+        """Shards this epoch still needs, up to the block after the furthest one touched: kept
+        mapped, and evicted for room only when nothing else can go (and never for a download
+        ahead)."""
+        with self._plan_lock:
+            return {s for b in self._blocks[:self._frontier + 2] for s in b if self._served[s] < self._expected[s]}
+
+    def _needed_names(self) -> set:
+        return {self._names[s] for s in self._needed()}
+
+    def _advance(self, shard: int) -> None:
+        """A shard is wanted: if its block is new, queue the downloads of this block and the next."""
+        with self._plan_lock:
+            k = self._block_of.get(shard)
+            if k is None or k <= self._frontier:
+                return
+            self._frontier = k
+            todo = [s for b in self._blocks[k:k + 2] for s in b if s not in self._queued]
+            self._queued.update(todo)
+        for s in todo:
+            self._queue.put(s)
+        self._start_workers()
+
+    def prefetch(self, indices) -> None:
+        """Start downloading the shards of these records in the background."""
+        c = self.index.columns
+        for s in sorted({int(c["shard"][i]) for i in indices}):
+            self._queue.put(s)
+        self._start_workers()
+
+    def _start_workers(self) -> None:
+        with self._plan_lock:
+            while len(self._workers) < FETCH_THREADS and not self.cache.closed.is_set():
+                t = threading.Thread(target=self._worker, name="recordtool-fetch", daemon=True)
+                self._workers.append(t)
+                t.start()
+
+    def _worker(self) -> None:
+        """Download queued shards in order. A shard someone else is downloading is skipped (a
+        reader that needs it waits on its lock); a failure is left for the reader to meet."""
+        while not self.cache.closed.is_set():
+            try:
+                shard = self._queue.get(timeout=IDLE_EXIT)
+            except queue.Empty:
+                shard = None
+            if shard is None:  # idle (or closing): end, so an unused dataset can be collected
+                with self._plan_lock:
+                    if not self._queue.empty() and not self.cache.closed.is_set():
+                        continue
+                    self._workers.remove(threading.current_thread())
+                return
+            info = self.shards[shard]
+            try:
+                self.cache.fetch(info["name"], info["bytes"], info["crc32c"], wait=False, protect=self._needed_names,
+                                 release=self._release_done, strict=True, patience=AHEAD_WAIT)
+            except Exception:  # noqa: BLE001 — the reader fetches it again and raises with context
+                pass
+
+    def close(self) -> None:
+        """Stop the downloads, unmap the shards (BufferError if memoryviews are still alive)."""
+        self.cache.closed.set()
+        with self._plan_lock:
+            workers = list(self._workers)
+        for _ in workers:
+            self._queue.put(None)
+        for t in workers:
+            t.join(timeout=30)
+        try:
+            with self._lock:
+                for shard in list(self._mapped):
+                    mm = self._maps[shard]
+                    self._views[shard].release()
+                    if isinstance(mm, mmap.mmap):
+                        mm.close()
+                    os.close(self._fds[shard])
+                    self._fds[shard] = self._maps[shard] = self._views[shard] = None
+                    del self._mapped[shard]
+        finally:
+            self.cache.close()
+
+    def __repr__(self):
+        return f"<recordtool.Dataset {self.root!r}: {len(self)} records, {len(self.classes)} classes, " \
+               f"{len(self.shards)} shards, cache {self.cache.dir!r} ≤ {self.cache_limit} bytes>"
+
+
+def _cached_bytes(directory: str) -> int:
+    try:
+        with os.scandir(os.path.join(directory, "shards")) as it:
+            return sum(e.stat(follow_symlinks=False).st_size for e in it if e.is_file(follow_symlinks=False))
+    except FileNotFoundError:
+        return 0

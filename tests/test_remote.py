@@ -1,0 +1,445 @@
+"""Datasets on object storage: a real S3 server (moto) on 127.0.0.1 behind a fault-injecting
+proxy (tests/s3server.py); the client is s3fs, unpatched (its own retry count set to 1, so the
+retries under test are recordtool's)."""
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import os
+
+import numpy as np
+import pytest
+
+from conftest import jpeg_bytes, write
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto")
+
+import recordtool  # noqa: E402
+from recordtool import cache as rcache  # noqa: E402
+from recordtool.errors import CacheFull, FormatError, RemoteError  # noqa: E402
+from recordtool.fs import Retry  # noqa: E402
+from recordtool.reader import BlockSampler, Sampler  # noqa: E402
+from s3server import S3, Fault  # noqa: E402
+
+FAST = Retry(attempts=3, backoff=0.01, max_backoff=0.05)
+_buckets = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def s3():
+    import s3fs
+
+    server = S3()
+    with pytest.MonkeyPatch.context() as mp_:
+        mp_.setattr(s3fs.S3FileSystem, "retries", 1)  # s3fs's own retry knob: recordtool's retries are tested
+        yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    """48 small images in 8 shards."""
+    tmp = tmp_path_factory.mktemp("remote")
+    for c in range(3):
+        for i in range(16):
+            write(str(tmp / "src" / f"c{c}" / f"{i}.jpg"), jpeg_bytes(48 + 4 * (i % 5), 40, seed=100 * c + i))
+    from recordtool.pack import pack
+
+    pack(str(tmp / "src"), str(tmp / "out"), shards=8, progress=False)
+    return str(tmp / "out")
+
+
+@pytest.fixture
+def remote(s3, packed):
+    """(url, s3fs filesystem) of a fresh bucket holding the packed dataset."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3.options)
+    bucket = f"rt-{next(_buckets)}"
+    fs.mkdir(bucket)
+    for name in sorted(os.listdir(packed)):
+        fs.put_file(os.path.join(packed, name), f"{bucket}/data/train/{name}")
+    s3.proxy.clear()
+    yield f"s3://{bucket}/data/train", fs
+    s3.proxy.clear()
+
+
+def open_remote(s3, url, tmp_path, **kw):
+    kw.setdefault("retry", FAST)
+    return recordtool.open(url, cache_dir=str(tmp_path / "cache"), storage_options=s3.options, **kw)
+
+
+def shard_files(ds) -> list:
+    return sorted(os.listdir(ds.cache.shards_dir))
+
+
+def test_remote_dataset_reads_like_local(s3, remote, packed, tmp_path):
+    url, _ = remote
+    local = recordtool.open(packed)
+    ds = open_remote(s3, url, tmp_path)
+    assert isinstance(ds, recordtool.Dataset) and ds.root == url
+    assert ds.manifest == local.manifest and len(ds) == len(local) == 48
+    for k in local.index.columns:
+        assert np.array_equal(ds.index.columns[k], local.index.columns[k])
+    for i in range(len(ds)):
+        a, la = local[i]
+        b, lb = ds[i]
+        assert isinstance(b, memoryview) and bytes(a) == bytes(b) and la == lb
+        assert bytes(ds.record(i)) == bytes(local.record(i))
+        del a, b
+    # each shard downloaded once, checked, named by its CRC32C; nothing half-done left
+    assert shard_files(ds) == sorted(f"{s['name']}.{s['crc32c']}" for s in local.shards)
+    for s in local.shards:
+        assert s3.proxy.count("GET", f"/data/train/{s['name']}") == 1
+    assert isinstance(ds.sampler(), BlockSampler) and type(local.sampler()) is Sampler
+    ds.close()
+    # a second open finds the index and shards in the cache: only the manifest is fetched again
+    s3.proxy.clear()
+    again = open_remote(s3, url, tmp_path)
+    assert bytes(again[5][0]) == bytes(local[5][0])
+    gets = [p for m, p in s3.proxy.requests if m == "GET"]
+    assert gets == [f"/{url[5:]}/manifest.json"]
+    again.close()
+
+
+def test_epoch_fetches_each_shard_once_and_cache_stays_bounded(s3, remote, packed, tmp_path):
+    url, _ = remote
+    local = recordtool.open(packed)
+    sizes = sorted((s["bytes"] for s in local.shards), reverse=True)
+    limit = sum(sizes[:4])  # two blocks of two shards
+    ds = open_remote(s3, url, tmp_path, cache_limit=limit)
+    sampler = ds.sampler(seed=3, block_shards=2)
+    peak = 0
+    for epoch in range(2):
+        s3.proxy.clear()
+        for i in sampler.indices(epoch):
+            data, label = ds[int(i)]
+            assert bytes(data) == bytes(local[int(i)][0])
+            del data
+            peak = max(peak, ds.cache.used())
+        for s in local.shards:  # once per epoch (or not at all: still cached from the last epoch)
+            assert s3.proxy.count("GET", f"/data/train/{s['name']}") in ((1,) if epoch == 0 else (0, 1)), s["name"]
+    assert 0 < peak <= limit and ds.cache.used() <= limit
+    assert len(shard_files(ds)) < len(local.shards)  # evicted along the way
+    with pytest.raises(CacheFull, match="two blocks"):
+        ds.sampler(block_shards=4)
+    ds.close()
+
+
+def test_pinned_shard_is_never_evicted(s3, remote, packed, tmp_path):
+    url, _ = remote
+    local = recordtool.open(packed)
+    limit = sum(sorted((s["bytes"] for s in local.shards), reverse=True)[:3])
+    ds = open_remote(s3, url, tmp_path, cache_limit=limit)
+    other = open_remote(s3, url, tmp_path, cache_limit=limit)  # another reader of the same cache folder
+    first = int(np.nonzero(local.index.shard == 0)[0][0])
+    held, _ = other[first]  # its view of shard 0 stays alive while every other shard passes through ds
+    expect = bytes(held)
+    for i in range(len(ds)):
+        if local.index.shard[i] != 0:
+            _ = bytes(ds[i][0])
+        assert ds.cache.used() <= limit
+    assert bytes(held) == expect and f"part-00000.{local.shards[0]['crc32c']}" in shard_files(ds)
+    del held
+    other.close()
+    # without the view, shard 0 can go: the next shards evict it
+    for i in range(len(ds)):
+        if local.index.shard[i] != 0:
+            _ = bytes(ds[i][0])
+    assert ds.cache.used() <= limit
+    ds.close()
+
+
+@pytest.mark.parametrize("kind,last", [("503", "injected"), ("stall", "[Tt]imeout"), ("truncate", ""),
+                                       ("flip", "CRC32C")])
+def test_faults_are_retried_then_named(s3, remote, packed, tmp_path, kind, last):
+    """5xx answers and stalls past the read timeout are retried; a truncated or altered body is
+    caught (size, CRC32C) and fetched again; persistent faults raise RemoteError naming the
+    object after the retries, and nothing half-downloaded stays in the cache."""
+    url, _ = remote
+    local = recordtool.open(packed)
+    options = s3.options
+    times = 2
+    if kind == "stall":  # a stall of 2 s against a read timeout of 0.7 s
+        options = dict(options, config_kwargs=dict(options["config_kwargs"], read_timeout=0.7))
+        times = 1  # (a loaded machine may time out once more: one try to spare)
+    ds = recordtool.open(url, cache_dir=str(tmp_path / "cache"), storage_options=options, retry=FAST)
+    info = local.shards[5]
+    fault = dict(seconds=2.0, keep=info["bytes"] // 2, offset=info["bytes"] // 3)
+    s3.proxy.add(Fault("part-00005", kind, times=times, **fault))
+    i = int(np.nonzero(local.index.shard == 5)[0][0])
+    assert bytes(ds[i][0]) == bytes(local[i][0])
+    gets = s3.proxy.count("GET", "part-00005")  # the faulty answers, then the good one
+    assert gets == times + 1 or (kind == "stall" and gets == times + 2)
+    s3.proxy.add(Fault("part-00006", kind, times=100, **fault))
+    j = int(np.nonzero(local.index.shard == 6)[0][0])
+    with pytest.raises(RemoteError, match=rf"{url}/part-00006: failed 3 times.*{last}"):
+        ds[j]
+    assert not [f for f in shard_files(ds) if f.startswith("part-00006")]
+    ds.close()
+
+
+def test_shard_missing_remotely_is_named(s3, remote, packed, tmp_path):
+    url, fs = remote
+    fs.rm_file(f"{url[5:]}/part-00007")
+    ds = open_remote(s3, url, tmp_path)
+    i = int(np.nonzero(ds.index.shard == 7)[0][0])
+    with pytest.raises(FormatError, match=rf"{url}/part-00007: missing on object storage"):
+        ds[i]
+    assert bytes(ds[0][0])  # the other shards still read
+    ds.close()
+    with pytest.raises(FormatError, match="no manifest"):
+        open_remote(s3, url + "-nothing", tmp_path)
+
+
+def test_stale_part_file_is_cleared_and_never_used(s3, remote, packed, tmp_path):
+    url, _ = remote
+    local = recordtool.open(packed)
+    ds = open_remote(s3, url, tmp_path)
+    info = local.shards[0]
+    stale = os.path.join(ds.cache.shards_dir, f"part-00000.{info['crc32c']}.part")
+    write(stale, b"\0" * info["bytes"])  # what a killed download leaves: right size, wrong bytes
+    i = int(np.nonzero(local.index.shard == 0)[0][0])
+    assert bytes(ds[i][0]) == bytes(local[i][0])
+    assert not os.path.exists(stale)
+    ds.close()
+
+
+def _reader(url, cache_dir, options, rank, barrier, out):
+    ds = recordtool.open(url, cache_dir=cache_dir, storage_options=options, retry=FAST)
+    ids = ds.sampler(seed=4, rank=rank, world_size=2, block_shards=2).indices(0)  # fetches ahead too
+    barrier.wait()
+    out.put((rank, [(int(i), bytes(ds[int(i)][0])) for i in ids]))
+    ds.close()
+
+
+def test_processes_share_the_cache_one_download_per_shard(s3, remote, packed, tmp_path):
+    url, _ = remote
+    local = recordtool.open(packed)
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(2), ctx.Queue()
+    s3.proxy.add(*[Fault(s["name"], "stall", seconds=0.3) for s in local.shards[:3]])  # widen the race
+    procs = [ctx.Process(target=_reader, args=(url, str(tmp_path / "cache"), s3.options, rank, barrier, out))
+             for rank in range(2)]
+    for p in procs:
+        p.start()
+    results = dict(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    got = results[0] + results[1]  # two ranks: every sample once, the bytes of the local dataset
+    assert sorted(i for i, _ in got) == list(range(len(local)))
+    assert all(data == bytes(local[i][0]) for i, data in got)
+    for s in local.shards:  # readers and downloads ahead of both processes: one download each
+        assert s3.proxy.count("GET", f"/data/train/{s['name']}") == 1, s["name"]
+
+
+def test_cache_key_and_default_dir(monkeypatch, tmp_path):
+    assert rcache.key("s3://b/x/train") != rcache.key("s3://c/x/train")
+    assert rcache.key("s3://b/x/train/").endswith("-train") and "/" not in rcache.key("s3://b/../..")
+    monkeypatch.setenv("RECORDTOOL_CACHE_DIR", str(tmp_path))
+    assert rcache.default_dir() == str(tmp_path)
+
+
+@pytest.fixture
+def s3_config(s3, monkeypatch):
+    """The server reached through fsspec's configuration, as a user's CLI would (FSSPEC_S3_* variables)."""
+    import fsspec.config
+
+    monkeypatch.setitem(fsspec.config.conf, "s3", dict(s3.options))
+
+
+def test_cli_inspect_and_verify_remote(s3, s3_config, remote, packed, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from recordtool.cli import main
+
+    url, fs = remote
+    cache = str(tmp_path / "cache")
+    r = CliRunner().invoke(main, ["inspect", url, "--json", "--cache-dir", cache])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.output)
+    assert s["path"] == url and s["records"] == 48 and len(s["shards"]) == 8
+    assert s3.proxy.count("GET", "part-") == 0  # the manifest and the index only
+    r = CliRunner().invoke(main, ["verify", url, "--decode", "-q", "--cache-dir", cache, "--cache-limit", "10KB"])
+    assert r.exit_code == 0, r.output
+    assert "OK: 48 records verified, 48 decoded" in r.output
+    assert sum(os.path.getsize(os.path.join(d, f)) for d, _, fs_ in os.walk(os.path.join(cache)) if
+               d.endswith("shards") for f in fs_) <= 10 * 1024
+    r = CliRunner().invoke(main, ["verify", url.replace("train", "nothing"), "-q", "--cache-dir", cache])
+    assert r.exit_code == 1 and "no manifest" in r.output
+
+
+def test_verify_remote_names_a_damaged_shard(s3, remote, packed, tmp_path):
+    from recordtool.verify import verify
+
+    url, fs = remote
+    key = f"{url[5:]}/part-00003"
+    data = bytearray(fs.cat_file(key))
+    data[len(data) // 2] ^= 1  # altered on the store itself: every download is caught by CRC32C
+    fs.pipe_file(key, bytes(data))
+    res = verify(url, cache_dir=str(tmp_path / "cache"), storage_options=s3.options, retry=FAST)
+    assert not res.ok and len(res.errors) == 1
+    assert res.errors[0].startswith(f"{url}/part-00003: failed 3 times") and "CRC32C" in res.errors[0]
+    assert res.records == 48 - recordtool.open(packed).shards[3]["records"]
+
+
+def test_pack_tfrecords_from_s3(s3, s3_config, remote, tmp_path):
+    """`pack --from tfrecord 's3://…/slim-*'`: the same dataset as from the local files; damage
+    named with the URL; the downloads live in the scratch folder only while pack runs."""
+    from click.testing import CliRunner
+
+    from recordtool.cli import main
+
+    _, fs = remote
+    fix = os.path.join(os.path.dirname(__file__), "fixtures", "tfrecord")
+    bucket = f"tf-{next(_buckets)}"
+    fs.mkdir(bucket)
+    for name in ("slim-00000-of-00002", "slim-00001-of-00002", "slim.gz", "truncated"):
+        fs.put_file(os.path.join(fix, name), f"{bucket}/tf/{name}")
+    s3.proxy.add(Fault("slim-00001-of-00002", "503", times=1))  # retried
+    args = ["pack", "--from", "tfrecord", "--keys", "tf-slim", "--shards", "2", "-q"]
+    r = CliRunner().invoke(main, args + [f"s3://{bucket}/tf/slim-0000*", str(tmp_path / "remote")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, args + [os.path.join(fix, "slim-0000*"), str(tmp_path / "local")])
+    assert r.exit_code == 0, r.output
+    a, b = recordtool.open(str(tmp_path / "remote")), recordtool.open(str(tmp_path / "local"))
+    assert len(a) == len(b) == 12
+    assert [(bytes(a[i][0]), a[i][1]) for i in range(12)] == [(bytes(b[i][0]), b[i][1]) for i in range(12)]
+    assert a.manifest["source"]["files"] == [f"s3://{bucket}/tf/slim-00000-of-00002",
+                                             f"s3://{bucket}/tf/slim-00001-of-00002"]
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("recordtool-tfrecord-")]
+    # compressed and damaged remote files: inflated after the download, damage named by URL
+    r = CliRunner().invoke(main, args + [f"s3://{bucket}/tf/slim.gz", f"s3://{bucket}/tf/truncated",
+                                         str(tmp_path / "mixed")])
+    assert r.exit_code == 0, r.output
+    assert f"s3://{bucket}/tf/truncated: offset" in r.output and "packed 17 records" in r.output
+    r = CliRunner().invoke(main, args + [f"s3://{bucket}/tf/nothing-*", str(tmp_path / "none")])
+    assert r.exit_code != 0 and "no file matches" in r.output
+    r = CliRunner().invoke(main, args + [f"s3://{bucket}/tf/nothing", str(tmp_path / "none")])
+    assert r.exit_code != 0 and f"s3://{bucket}/tf/nothing: no such file" in r.output
+
+
+def test_pack_to_s3_all_or_nothing(s3, s3_config, remote, packed, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from recordtool.cli import main
+    from recordtool.format import upload
+
+    monkeypatch.setattr(upload, "Retry", lambda: FAST)  # the default backoff, shortened
+
+    _, fs = remote
+    src = tmp_path / "src"
+    for c in range(2):
+        for i in range(6):
+            write(str(src / f"k{c}" / f"{i}.jpg"), jpeg_bytes(40, 32, seed=10 * c + i))
+    bucket = f"out-{next(_buckets)}"
+    fs.mkdir(bucket)
+    url = f"s3://{bucket}/sets/small"
+    run = CliRunner().invoke
+    r = run(main, ["pack", str(src), url, "--shards", "4", "-q"])
+    assert r.exit_code == 0, r.output
+    assert f"packed 12 records into 4 shards" in r.output
+    puts = [p.rsplit("/", 1)[-1] for m, p in s3.proxy.requests if m == "PUT" and "/sets/small/" in p]
+    assert puts[-1] == "manifest.json" and puts[0] == "pack.json"  # marker first, manifest last
+    assert not fs.exists(f"{bucket}/sets/small/.partial/pack.json")
+    assert run(main, ["pack", str(src), str(tmp_path / "local"), "--shards", "4", "-q"]).exit_code == 0
+    ds = recordtool.open(url, cache_dir=str(tmp_path / "cache"), retry=FAST)
+    for name in [s["name"] for s in ds.shards] + ["index.rtx"]:
+        assert fs.cat_file(f"{bucket}/sets/small/{name}") == open(tmp_path / "local" / name, "rb").read()
+    assert run(main, ["verify", url, "-q", "--cache-dir", str(tmp_path / "cache")]).exit_code == 0
+    ds.close()
+    # a finished dataset is kept unless --overwrite
+    r = run(main, ["pack", str(src), url, "--shards", "2", "-q"])
+    assert r.exit_code != 0 and "--overwrite" in r.output
+    # a publish that fails half-way: no manifest, so nothing looks finished; the re-run cleans up
+    s3.proxy.add(Fault("/sets/small/part-00001", "503", times=1000, method="PUT"))
+    r = run(main, ["pack", str(src), url, "--shards", "2", "--overwrite", "-q"])
+    assert r.exit_code != 0 and "part-00001: failed 3 times" in r.output
+    assert not fs.exists(f"{bucket}/sets/small/manifest.json")
+    with pytest.raises(FormatError, match="no manifest"):
+        recordtool.open(url, cache_dir=str(tmp_path / "cache"), retry=FAST)
+    s3.proxy.clear()
+    r = run(main, ["pack", str(src), url, "--shards", "2", "-q"])  # ours (the marker says so): no --overwrite needed
+    assert r.exit_code == 0, r.output
+    fs.invalidate_cache()
+    assert sorted(fs.ls(f"{bucket}/sets/small", detail=False)) == \
+        [f"{bucket}/sets/small/{n}" for n in ["index.rtx", "manifest.json", "pack_report.json", "part-00000",
+                                              "part-00001"]]
+    ds = recordtool.open(url, cache_dir=str(tmp_path / "cache2"), retry=FAST)
+    assert len(ds) == 12 and len(ds.shards) == 2
+    ds.close()
+    # a prefix holding something else is refused
+    fs.pipe_file(f"{bucket}/other/notes.txt", b"mine")
+    r = run(main, ["pack", str(src), f"s3://{bucket}/other", "-q"])
+    assert r.exit_code != 0 and "not empty and holds no recordtool dataset" in r.output
+    assert fs.cat_file(f"{bucket}/other/notes.txt") == b"mine"
+
+
+def test_loader_over_s3_gives_the_local_batches(s3, s3_config, remote, packed, tmp_path):
+    """Loader("s3://…") with cache options: the same batches as the local dataset read in the
+    same block order; every sample once per epoch; the cache within its limit."""
+    from recordtool.loader import Loader
+
+    url, _ = remote
+    local = recordtool.open(packed)
+    limit = sum(sorted((s["bytes"] for s in local.shards), reverse=True)[:4])  # two blocks of 2
+    kw = dict(batch_size=8, size=32, seed=2, as_torch=False, with_ids=True, rank=0, world_size=1)
+    with pytest.raises(CacheFull, match="lower block_shards"):
+        Loader(url, cache_dir=str(tmp_path / "cache"), cache_limit=limit, **kw)  # default: 4 shards a block
+    ld = Loader(url, cache_dir=str(tmp_path / "cache"), cache_limit=limit, block_shards=2, **kw)
+    assert isinstance(ld.sampler, BlockSampler) and ld.ds.cache_limit == limit
+    ref = Loader(local, block_shards=2, **kw)
+    for epoch in range(2):
+        s3.proxy.clear()
+        ld.set_epoch(epoch)
+        ref.set_epoch(epoch)
+        got = [(np.asarray(x).copy(), np.asarray(y).copy(), ids) for x, y, ids in ld]
+        want = [(np.asarray(x).copy(), np.asarray(y).copy(), ids) for x, y, ids in ref]
+        assert len(got) == len(want) == 6
+        for (a, la, ia), (b, lb, ib) in zip(got, want):
+            assert np.array_equal(ia, ib) and np.array_equal(la, lb) and np.array_equal(a, b)
+        assert sorted(np.concatenate([g[2] for g in got]).tolist()) == list(range(48))
+        assert ld.ds.cache.used() <= limit
+        for s in local.shards:  # each shard fetched once per epoch (or still cached from the last)
+            assert s3.proxy.count("GET", f"/data/train/{s['name']}") in ((1,) if epoch == 0 else (0, 1))
+    ld.close()
+
+
+def test_any_fsspec_url_and_file_urls(packed, tmp_path):
+    """memory:// goes through the same cache as s3://; file:// is a local path (no cache)."""
+    import fsspec
+
+    mem = fsspec.filesystem("memory")
+    mem.put(packed, "/rt-mem/train", recursive=True)
+    local = recordtool.open(packed)
+    ds = recordtool.open("memory://rt-mem/train", cache_dir=str(tmp_path / "cache"), retry=FAST)
+    assert type(ds).__name__ == "RemoteDataset"
+    assert [bytes(ds[i][0]) for i in range(0, 48, 5)] == [bytes(local[i][0]) for i in range(0, 48, 5)]
+    ds.close()
+    mem.rm("/rt-mem", recursive=True)
+    f = recordtool.open("file://" + packed)
+    assert type(f) is recordtool.Dataset and f.root == packed and bytes(f[3][0]) == bytes(local[3][0])
+
+
+def test_downloads_refused_when_the_disk_has_no_room(s3, s3_config, remote, tmp_path, monkeypatch):
+    """The index and TFRecord sources are sized before they are fetched: a disk without room for
+    them is an error naming the file, not a filled disk."""
+    import shutil as _shutil
+    from collections import namedtuple
+
+    from recordtool.errors import PackError
+    from recordtool.sources.tfrecord import PRESETS, TFRecordSource
+
+    url, fs = remote
+    fs.put_file(os.path.join(os.path.dirname(__file__), "fixtures", "tfrecord", "slim.gz"), f"{url[5:]}-tf/slim.gz")
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(_shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 100, 100))
+    with pytest.raises(CacheFull, match=rf"{url}/index.rtx: \d+ bytes, the disk of .* has 100 free"):
+        recordtool.open(url, cache_dir=str(tmp_path / "cache"), cache_limit=10**6, retry=FAST)
+    with pytest.raises(PackError, match=rf"{url}-tf/slim.gz: \d+ bytes to download into .*100 bytes free"):
+        TFRecordSource([f"{url}-tf/slim.gz"], dict(PRESETS["tf-slim"]), tmpdir=str(tmp_path))
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("recordtool-tfrecord-")]
