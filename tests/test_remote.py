@@ -342,7 +342,7 @@ def test_pack_to_s3_all_or_nothing(s3, s3_config, remote, packed, tmp_path, monk
     run = CliRunner().invoke
     r = run(main, ["pack", str(src), url, "--shards", "4", "-q"])
     assert r.exit_code == 0, r.output
-    assert f"packed 12 records into 4 shards" in r.output
+    assert "packed 12 records into 4 shards" in r.output
     puts = [p.rsplit("/", 1)[-1] for m, p in s3.proxy.requests if m == "PUT" and "/sets/small/" in p]
     assert puts[-1] == "manifest.json" and puts[0] == "pack.json"  # marker first, manifest last
     assert not fs.exists(f"{bucket}/sets/small/.partial/pack.json")
