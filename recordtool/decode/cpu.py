@@ -177,23 +177,35 @@ def decode_crop_resize(buffers, windows, size=(224, 224), threads: int | None = 
     else:
         _fallback_warning()
         failures = _python_batch(buffers, win, out, threads, max_pixels, scale_margin)
-    if failures and fallback:
-        still = []
-        for i, reason in failures:
-            try:
-                out[i] = _pillow_retry(buffers[i], win[i], ow, oh, max_pixels, reason)
-            except _StillFailed as e:
-                out[i] = 0
-                still.append((i, str(e)))
-        failures = still
+    if failures and fallback:  # a failed slot is zeros already (native and Python paths)
+        failures = _retry(failures, buffers, win, ow, oh, max_pixels, out.__setitem__)
+    _settle(failures, errors, on_error)
+    return out
+
+
+def _retry(failures, buffers, win, ow, oh, max_pixels, write) -> list:
+    """fallback=True: Pillow's decode of each failed image, write(i, uint8 image) for those it
+    decodes; returns the failures left."""
+    still = []
+    for i, reason in failures:
+        try:
+            img = _pillow_retry(buffers[i], win[i], ow, oh, max_pixels, reason)
+        except _StillFailed as e:
+            still.append((i, str(e)))
+            continue
+        write(i, img)
+    return still
+
+
+def _settle(failures, errors, on_error) -> None:
+    """List the failures in `errors`, then apply the on_error policy to them."""
     if errors is not None:
         errors.extend(failures)
     if failures:
         if on_error is OnError.RAISE:
             raise DecodeError(failures)
         if on_error is OnError.WARN:
-            warnings.warn(f"recordtool: {DecodeError(failures)}", RuntimeWarning, stacklevel=2)
-    return out
+            warnings.warn(f"recordtool: {DecodeError(failures)}", RuntimeWarning, stacklevel=3)
 
 
 def decode_crop_resize_normalize(buffers, windows, flips=None, size=(224, 224), mean=None, std=None,
@@ -250,20 +262,9 @@ def decode_crop_resize_normalize(buffers, windows, flips=None, size=(224, 224), 
                                                         bias.tolist(), layout == "NCHW", int(threads or cores()),
                                                         int(max_pixels), float(scale_margin), int(pool))
     if failures and fallback:
-        still = []
-        for i, reason in failures:
-            try:
-                img = _pillow_retry(buffers[i], win[i], ow, oh, max_pixels, reason)[None]
-            except _StillFailed as e:
-                still.append((i, str(e)))
-                continue
-            out[i] = normalize(np.ascontiguousarray(img), mean, std, layout, dtype, flips=flips[i:i + 1])[0]
-        failures = still
-    if errors is not None:
-        errors.extend(failures)
-    if failures:
-        if on_error is OnError.RAISE:
-            raise DecodeError(failures)
-        if on_error is OnError.WARN:
-            warnings.warn(f"recordtool: {DecodeError(failures)}", RuntimeWarning, stacklevel=2)
+        def write(i, img):
+            out[i] = normalize(np.ascontiguousarray(img[None]), mean, std, layout, dtype, flips=flips[i:i + 1])[0]
+
+        failures = _retry(failures, buffers, win, ow, oh, max_pixels, write)
+    _settle(failures, errors, on_error)
     return out
