@@ -71,6 +71,7 @@ def bench_index_open(tmp, n=1_281_167, shards=1024):
     cols["label"][:] = rng.integers(0, 1000, n)
     cols["width"][:] = 500
     cols["height"][:] = 375
+    cols["chroma"][:], cols["colorspace"][:], cols["channels"][:] = 2, 3, 3  # baseline YCbCr 4:2:0
     cols["shard"][:] = np.arange(n) * shards // n
     # consistent rows (open() bounds-checks every row against the shard sizes)
     cols["length"][:] = cols["jpeg_length"] + 64
