@@ -121,12 +121,12 @@ def test_gpu_matches_cpu_40db(split):
     routes = _hw(bufs)
     assert (routes == HYBRID).sum() >= 6  # progressive and gray files are in the batch
     if split == "cpu":
-        assert dec.last["gpu"] == 0 and dec.last["hybrid"] == 0
+        assert dec.last.gpu == 0 and dec.last.hybrid == 0
     else:
         if dec.hw is not None and split == "gpu":
-            assert dec.last["gpu"] == int((routes == ENGINE).sum())
+            assert dec.last.gpu == int((routes == ENGINE).sum())
         if dec.hybrid is not None:  # every progressive / gray window went through the hybrid decoder
-            assert dec.last["hybrid"] == int((routes == HYBRID).sum()), dec.last
+            assert dec.last.hybrid == int((routes == HYBRID).sum()), dec.last
     dec.close()
 
 
@@ -138,7 +138,7 @@ def test_hybrid_off_sends_progressive_and_gray_to_cpu():
     win = random_windows(sizes[:, 0], sizes[:, 1], np.arange(12), 1, 0)
     dec = GPUDecoder(max_batch=16, dtype="uint8", layout="NHWC", split="gpu", hybrid=False)
     out = cupy.asnumpy(dec(bufs, win, np.zeros(12, bool), _hw(bufs)))
-    assert dec.last["hybrid"] == 0 and dec.last["cpu_forced"] == int((_hw(bufs) != ENGINE).sum())
+    assert dec.last.hybrid == 0 and dec.last.cpu_forced == int((_hw(bufs) != ENGINE).sum())
     ref = decode_crop_resize(bufs, win)
     assert min(psnr(out[k], ref[k]) for k in range(12)) >= 40
     dec.close()
@@ -207,15 +207,15 @@ def test_bad_jpeg_in_batch_is_reported():
     win = random_windows(sizes[:, 0], sizes[:, 1], ids, 0, 0)
     on_cpu = GPUDecoder(max_batch=8, dtype="uint8", split="cpu")
     on_cpu(bufs, win, np.zeros(8, bool), hw)
-    assert [i for i, _ in on_cpu.last["errors"]] == [2]  # the CPU path names it
+    assert [i for i, _ in on_cpu.last.errors] == [2]  # the CPU path names it
     # Neither the engines nor the hybrid decoder report a truncated stream (seen on the H200):
     # a file not ending in EOI is sent to libjpeg, which names it
     bufs[4] = bufs[4][: len(bufs[4]) // 3]
     assert hw[4] == HYBRID
     on_gpu = GPUDecoder(max_batch=8, dtype="uint8", layout="NHWC", split="gpu")
     out = cupy.asnumpy(on_gpu(bufs, win, np.zeros(8, bool), hw))
-    assert sorted(i for i, _ in on_gpu.last["errors"]) == [2, 4], on_gpu.last
-    assert on_gpu.last["cpu"] == 2 + int((hw == CPU).sum())
+    assert sorted(i for i, _ in on_gpu.last.errors) == [2, 4], on_gpu.last
+    assert on_gpu.last.cpu == 2 + int((hw == CPU).sum())
     ref = decode_crop_resize(bufs, win, on_error="skip")
     for k in set(range(8)) - {2, 4}:  # the rest of the batch is intact
         assert psnr(out[k], ref[k]) >= 40
@@ -301,8 +301,8 @@ def test_cuda_loader_memory_fixed_after_warmup(packed_mix):
         torch.cuda.synchronize()
         if epoch == 0:
             before = pool.total_bytes()
-    assert pool.total_bytes() == before and ld._ring.spills == 0
-    assert ld._ring.free == len(ld._ring._mem)  # every batch given back
+    assert pool.total_bytes() == before and ld.ring.spills == 0
+    assert ld.ring.free == ld.ring.slots  # every batch given back
 
 
 @gpu

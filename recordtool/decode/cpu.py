@@ -253,7 +253,8 @@ def decode_crop_resize_normalize(buffers, windows, flips=None, size=(224, 224), 
     win = np.ascontiguousarray(np.asarray(windows, dtype=np.float64).reshape(n, 4))
     if _native is None:  # the reference: decode, then normalize
         errs: list = []
-        img = decode_crop_resize(buffers, win, size, threads, None, "skip", fallback, max_pixels, errs, scale_margin)
+        img = decode_crop_resize(buffers, win, size, threads, on_error="skip", fallback=fallback, max_pixels=max_pixels,
+                                 errors=errs, scale_margin=scale_margin)
         out[...] = normalize(img, mean, std, layout, dtype, flips=flips)
         failures = errs
         fallback = False

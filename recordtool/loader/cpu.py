@@ -11,7 +11,7 @@ import numpy as np
 
 from ..decode import cpu
 from ..decode.ops import normalize
-from .recipe import Recipe
+from .recipe import Made, Recipe
 
 
 class HostRing:
@@ -92,7 +92,9 @@ class CPUBatcher:
         s = recipe.size
         shape = (max_batch, 3, s, s) if layout == "NCHW" else (max_batch, s, s, 3)
         self.ring = HostRing(shape, dtype, slots)
-        self._scratch: dict = {}  # producer slot → its uint8 batch (user ops only)
+        # producer slot → its uint8 batch for the user op (each producer writes only its own)
+        self._scratch = [np.empty((max_batch, recipe.size, recipe.size, 3), np.uint8) for _ in range(producers)] \
+            if user_op is not None else []
         # one native pool per producer slot: batches of different producers decode at the same
         # time, so one batch's tail (its last, largest images) overlaps the next one's start
         self._pools = [cpu.new_pool_id() for _ in range(producers)]
@@ -101,7 +103,7 @@ class CPUBatcher:
             cpu.reserve(ix.width, ix.height, threads, pool)  # its threads' decode buffers, now
 
     def __call__(self, ids, epoch: int, slot: int):
-        """(images, labels, bad, stages) of the batch of these ids; bad: [(position, reason)]."""
+        """The batch of these ids in this epoch, made by producer `slot`."""
         t0 = time.perf_counter()
         b = self.recipe.inputs(ids, epoch)
         t1 = time.perf_counter()
@@ -115,18 +117,15 @@ class CPUBatcher:
                                              on_error="skip", fallback=True, errors=errors, pool=pool)
             t2 = t3 = time.perf_counter()
         else:
-            raw = self._scratch.get(slot)
-            if raw is None or raw.shape[0] < len(ids):
-                raw = self._scratch[slot] = np.empty((self.ring.shape[0], s, s, 3), np.uint8)
-            raw = cpu.decode_crop_resize(b.buffers, b.windows, (s, s), self.threads, raw[:len(ids)],
+            raw = cpu.decode_crop_resize(b.buffers, b.windows, (s, s), self.threads, self._scratch[slot][:len(ids)],
                                          on_error="skip", fallback=True, errors=errors, pool=pool)
             raw[b.flips] = raw[b.flips, :, ::-1]  # the user sees the batch as training will
             t2 = time.perf_counter()
             raw = call_user_op(self.user_op, raw, b.keys)
             t3 = time.perf_counter()
             normalize(raw, self.mean, self.std, self.layout, self.dtype, threads=self.threads, out=out)
-        return out, b.labels, errors, {"inputs": t1 - t0, "decode": t2 - t1, "user_op": t3 - t2,
-                                       "normalize": time.perf_counter() - t3}
+        return Made(out, b.labels, errors, {"inputs": t1 - t0, "decode": t2 - t1, "user_op": t3 - t2,
+                                            "normalize": time.perf_counter() - t3})
 
     def close(self) -> None:
         self._scratch.clear()

@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from .cpu import call_user_op
-from .recipe import Recipe
+from .recipe import Made, Recipe
 
 
 class GPUBatcher:
@@ -73,7 +73,7 @@ class GPUBatcher:
         return dec
 
     def __call__(self, ids, epoch: int, slot: int):
-        """(images, labels, bad, stages, report) of the batch of these ids."""
+        """The batch of these ids in this epoch, made by producer `slot` on its decoder."""
         import cupy
 
         t0 = time.perf_counter()
@@ -87,22 +87,20 @@ class GPUBatcher:
                 images = call_user_op(self.user_op, images, b.keys)
                 t3 = time.perf_counter()
                 images = self._normalise(images, dec)
-        return images, b.labels, dec.last.errors, {"inputs": t1 - t0, "decode": t2 - t1, "user_op": t3 - t2,
-                                                   "normalize": time.perf_counter() - t3}, dec.last
+        stages = {"inputs": t1 - t0, "decode": t2 - t1, "user_op": t3 - t2, "normalize": time.perf_counter() - t3}
+        stages.update({"gpu." + k: v for k, v in dec.last.stages.items()})
+        return Made(images, b.labels, dec.last.errors, stages, dec.last)
 
     def _normalise(self, raw, dec):
         """uint8 NHWC (n, s, s, 3) → the output format, through the resize kernel at 1:1."""
-        from ..decode.gpu.kernel import SAMPLE_DTYPE, launch
+        from ..decode.gpu.kernel import launch
 
         cupy = dec.cupy
         n, s = raw.shape[0], self.recipe.size
         raw = cupy.ascontiguousarray(raw)
-        rows = np.zeros(n, SAMPLE_DTYPE)
-        rows["src"] = raw.data.ptr + np.arange(n, dtype=np.int64) * (s * s * 3)
-        rows["pitch"], rows["rw"], rows["rh"] = s * 3, s, s
-        rows["x1"], rows["y1"] = float(s), float(s)
+        dec.buf.place_whole(np.arange(n), (s, s), raw.data.ptr)
         samples = dec.buf.samples[:n]
-        samples[...] = rows
+        samples["mirror"] = 0
         dec.buf.samples_dev[: samples.nbytes].set(samples.view(np.uint8), stream=dec.stream)
         out = self.ring.acquire(n, dec.stream)
         launch(self._normalize, dec.buf.samples_dev, n, out, (s, s), self.mean, self.std, dec.stream)

@@ -189,8 +189,6 @@ class Loader:
         """The output ring (spills, free slots) — the GPU's OutputRing or the CPU's HostRing."""
         return self.batcher.ring
 
-    _ring = ring  # older name
-
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> "EpochIterator":
         self.close()
@@ -223,7 +221,6 @@ class EpochIterator:
         self.loader, self.epoch = loader, epoch
         self.batches = loader.batch_ids(epoch)[start:]
         loader._yielded = start
-        self._batcher = loader.batcher
         batches, batcher = self.batches, loader.batcher
 
         def make(j, slot):
@@ -246,18 +243,15 @@ class EpochIterator:
                 # a finished epoch moves on, as DataLoader users expect with set_epoch
                 ld.epoch, ld._yielded = self.epoch + 1, 0
             raise
-        j = self._prefetcher.done - 1
-        ids = self.batches[j]
-        images, labels, bad, stages = made[:4]
-        if len(made) > 4:  # the GPU decoder's BatchReport: its stage times count too
-            ld.last_split = made[4]
-            for k, v in made[4].stages.items():
-                ld.stage_seconds["gpu." + k] = ld.stage_seconds.get("gpu." + k, 0.0) + v
-        for k, v in stages.items():
+        ids = self.batches[self._prefetcher.done - 1]
+        if made.report is not None:
+            ld.last_split = made.report
+        for k, v in made.stages.items():
             ld.stage_seconds[k] = ld.stage_seconds.get(k, 0.0) + v
-        if bad:
-            self._bad(ids, bad)
+        if made.errors:
+            self._bad(ids, made.errors)
         ld._yielded += 1
+        images, labels = made.images, made.labels
         if ld.as_torch:
             images, labels = self._torch(images, labels)
         return (images, labels, ids) if ld.with_ids else (images, labels)

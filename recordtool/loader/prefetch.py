@@ -20,7 +20,6 @@ class _Failure:
         self.exc = exc
 
 
-_END = object()
 _LIVE: "weakref.WeakSet[Prefetcher]" = weakref.WeakSet()
 
 
@@ -46,7 +45,6 @@ def _produce(k: int, tasks: int, producers: int, make, out: queue.Queue, stop: t
                 return
             if not put(make(j, k)):
                 return
-        put(_END)
     except BaseException as e:  # surfaces in the consumer, with its traceback
         put(_Failure(e))
 
@@ -98,9 +96,6 @@ class Prefetcher:
         if isinstance(item, _Failure):
             self.close()
             raise item.exc
-        if item is _END:  # cannot happen before the last task; kept as a guard
-            self.close()
-            raise StopIteration
         self._next += 1
         return item
 

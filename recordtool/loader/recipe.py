@@ -55,3 +55,14 @@ class Recipe:
             win = center_windows(w, h, resize=round(self.size * 256 / 224), crop=self.size)
             flips = np.zeros(len(ids), bool)
         return BatchInputs(buffers, win, flips, ix.label[ids].astype(np.int64), BatchKeys(ids, epoch, self.seed))
+
+
+@dataclass
+class Made:
+    """One batch as a batcher hands it to the epoch iterator."""
+
+    images: object  # numpy / CuPy array in the Loader's layout and dtype
+    labels: np.ndarray
+    errors: list  # (position in the batch, reason) of images nothing could decode
+    stages: dict  # producer seconds per stage
+    report: object = None  # cuda: the GPU decoder's BatchReport

@@ -93,11 +93,12 @@ class DecodeBuffers:
         return dict(zip(idx.tolist(), zip(rx.tolist(), ry.tolist(), rw.tolist(), rh.tolist(), dst.tolist(),
                                           pitch.tolist())))
 
-    def place_cpu(self, idx, size) -> None:
-        """Sample rows of CPU-decoded images: whole output-sized images in `cpu_dev`, in order."""
+    def place_whole(self, idx, size, base: int) -> None:
+        """Sample rows of images that are already output-sized, packed back to back from `base`
+        in `idx` order (the CPU share in `cpu_dev`; a user op's uint8 batch)."""
         h, w = size
         s = self.samples
-        s["src"][idx] = self.cpu_dev.data.ptr + np.arange(len(idx), dtype=np.int64) * (h * w * 3)
+        s["src"][idx] = base + np.arange(len(idx), dtype=np.int64) * (h * w * 3)
         s["pitch"][idx], s["rw"][idx], s["rh"][idx] = w * 3, w, h
         s["x0"][idx], s["y0"][idx], s["x1"][idx], s["y1"][idx] = 0.0, 0.0, float(w), float(h)
 

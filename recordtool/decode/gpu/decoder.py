@@ -38,12 +38,6 @@ class BatchReport:
     seconds: float = 0.0
     stages: dict = field(default_factory=dict)  # seconds per stage of this call
 
-    def __getitem__(self, key):  # report["cpu"] still works
-        return getattr(self, key)
-
-    def get(self, key, default=None):
-        return getattr(self, key, default)
-
     def as_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "errors"}
 
@@ -237,7 +231,7 @@ class GPUDecoder:
                 cpu_idx = np.concatenate([cpu_idx, refused])
             if len(cpu_idx):
                 self.buf.cpu_dev[: len(cpu_idx)].set(self.buf.cpu_out[: len(cpu_idx)], stream=self.stream)
-                self.buf.place_cpu(cpu_idx, self.size)
+                self.buf.place_whole(cpu_idx, self.size, self.buf.cpu_dev.data.ptr)
             samples = self.buf.samples[:n]
             samples["mirror"] = flips
             self.buf.samples_dev[: samples.nbytes].set(samples.view(np.uint8), stream=self.stream)
