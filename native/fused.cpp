@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <malloc.h>
 #include <mutex>
@@ -206,6 +207,21 @@ static inline uint16_t to_half(float f) {
 }
 
 
+static Emit make_emit(bool half, bool nchw, const std::vector<float>& scale, const std::vector<float>& bias,
+                      const bool* flips, void* out) {
+    Emit e;
+    e.on = true;
+    e.half = half;
+    e.nchw = nchw;
+    for (int c = 0; c < 3; c++) {
+        e.scale[c] = scale[c];
+        e.bias[c] = bias[c];
+    }
+    e.flips = flips;
+    e.out = out;
+    return e;
+}
+
 static void emit_one(const Emit& e, const uint8_t* img, int H, int W, size_t n) {
     const bool flip = e.flips[n];
     const size_t plane = (size_t)H * W, base = n * plane * 3;
@@ -387,7 +403,9 @@ class Pool {
     }
 
     // Run job(worker_id) on `n` pool threads and wait. The caller only waits: per-thread buffers
-    // then live in the pool's own long-lived threads, whichever thread calls.
+    // then live in the pool's own long-lived threads, whichever thread calls. An exception a job
+    // throws on a pool thread (std::bad_alloc sizing a buffer) is rethrown here, in the caller:
+    // it never reaches std::terminate on the pool thread.
     void run(int n, const std::function<void(int)>& job) {
         std::lock_guard<std::mutex> serial(call_mu_);
         ensure(n);
@@ -396,12 +414,18 @@ class Pool {
             job_ = &job;
             active_ = n;
             pending_ = n;
+            error_ = nullptr;
             generation_++;
         }
         cv_.notify_all();
         std::unique_lock<std::mutex> lk(mu_);
         done_cv_.wait(lk, [&] { return pending_ == 0; });
         job_ = nullptr;
+        if (error_) {
+            std::exception_ptr e = error_;
+            error_ = nullptr;
+            std::rethrow_exception(e);
+        }
     }
 
     size_t size() const { return threads_.size(); }
@@ -430,9 +454,15 @@ class Pool {
                 if (id > active_) continue;  // not needed for this call
                 job = job_;
             }
-            (*job)(id);
+            std::exception_ptr err;
+            try {
+                (*job)(id);
+            } catch (...) {
+                err = std::current_exception();
+            }
             {
                 std::lock_guard<std::mutex> g(mu_);
+                if (err && !error_) error_ = err;
                 if (--pending_ == 0) done_cv_.notify_all();
             }
         }
@@ -445,6 +475,7 @@ class Pool {
     unsigned long generation_ = 0;
     int active_ = 0, pending_ = 0;
     bool stop_ = false;
+    std::exception_ptr error_;  // the first exception a job threw in this call
 };
 
 // Pools by id: callers that run batches at the same time (one per GPU producer thread) each
@@ -595,16 +626,7 @@ static py::list decode_crop_resize_normalize(py::sequence buffers, py::array_t<d
     check_params(p);
     std::vector<py::buffer_info> keep;
     std::vector<Task> tasks = make_tasks(buffers, windows, keep);
-    Emit e;
-    e.on = true;
-    e.half = half;
-    e.nchw = nchw;
-    for (int c = 0; c < 3; c++) {
-        e.scale[c] = scale[c];
-        e.bias[c] = bias[c];
-    }
-    e.flips = flips.data();
-    e.out = out.mutable_data();
+    const Emit e = make_emit(half, nchw, scale, bias, flips.data(), out.mutable_data());
     return run_batch(tasks, p, threads, pool_id, e);
 }
 
@@ -680,28 +702,15 @@ static void normalize_py(py::array_t<uint8_t, py::array::c_style> src, py::array
     if (!half && !dst.dtype().is(py::dtype::of<float>())) throw std::invalid_argument("dst must be float32 or float16");
     if (!(dst.flags() & py::array::c_style) || dst.size() != (py::ssize_t)n * H * W * 3)
         throw std::invalid_argument("dst must be C-contiguous with N*H*W*3 elements");
+    const Emit e = make_emit(half, nchw, scale, bias, flips.data(), dst.mutable_data());  // the fused pass
     const uint8_t* s = src.data();
-    const bool* f = flips.data();
-    void* d = dst.mutable_data();
     std::atomic<int> next{0};
     py::gil_scoped_release release;
     pool(pool_id).run(std::max(1, std::min(threads, n)), [&](int) {
         for (;;) {
             const int k = next.fetch_add(1);
             if (k >= n) break;
-            const uint8_t* img = s + (size_t)k * H * W * 3;
-            for (int y = 0; y < H; y++) {
-                const uint8_t* row = img + (size_t)y * W * 3;
-                for (int x = 0; x < W; x++) {
-                    const uint8_t* p = row + 3 * (f[k] ? (W - 1 - x) : x);
-                    for (int c = 0; c < 3; c++) {
-                        const float v = p[c] * scale[c] + bias[c];
-                        const size_t o = nchw ? (((size_t)k * 3 + c) * H + y) * W + x : (((size_t)k * H + y) * W + x) * 3 + c;
-                        if (half) static_cast<uint16_t*>(d)[o] = to_half(v);
-                        else static_cast<float*>(d)[o] = v;
-                    }
-                }
-            }
+            emit_one(e, s + (size_t)k * H * W * 3, H, W, (size_t)k);
         }
     });
 }

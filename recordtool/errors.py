@@ -72,15 +72,13 @@ class OnError(str, Enum):
     SKIP = "skip"
 
 
-def on_error(value, allowed=tuple(OnError)) -> OnError:
+def on_error(value) -> OnError:
     """`value` as an OnError, or ValueError naming the accepted words."""
     try:
-        v = OnError(value.value if isinstance(value, OnError) else value)
+        return OnError(value)
     except ValueError:
-        v = None
-    if v is None or v not in allowed:
-        raise ValueError(f"on_error must be one of {', '.join(repr(a.value) for a in allowed)}, not {value!r}")
-    return v
+        raise ValueError(f"on_error must be one of {', '.join(repr(a.value) for a in OnError)}, not {value!r}") \
+            from None
 
 
 def report(policy: OnError, message: str, exc=PackError, stacklevel: int = 3) -> None:

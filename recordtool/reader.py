@@ -196,7 +196,7 @@ def check_rows(index, shards: list, where: str, classes: int | None = None) -> N
         (bad_shard, lambda r: f"shard {int(shard[r])} but the manifest lists {len(shards)} shards"),
         ((rec_end > size) | (rec_end < off), lambda r: f"record at {int(off[r])}+{int(length[r])} runs past "
                                                        f"the shard's {int(size[r])} bytes"),
-        ((joff < off + np.uint64(8)) | (joff + jlen > rec_end),
+        ((joff < off + np.uint64(8)) | (joff > rec_end) | (jlen > rec_end - np.minimum(joff, rec_end)),
          lambda r: f"image bytes {int(joff[r])}+{int(jlen[r])} outside its record {int(off[r])}+{int(length[r])}"),
         ((c["width"] <= 0) | (c["height"] <= 0), lambda r: f"size {int(c['width'][r])}x{int(c['height'][r])}"),
         (c["label"] < 0, lambda r: f"negative label {int(c['label'][r])}"),

@@ -268,3 +268,51 @@ def test_no_resume_starts_over(folder, tmp_path, reference):
     p = subprocess.run(PACK + ["--no-resume", str(folder), str(out)], capture_output=True, text=True)
     assert p.returncode == 0 and "reused" not in p.stdout + p.stderr
     assert _tree(out) == reference and os.stat(out / "part-00000").st_mtime_ns > before  # written again
+
+
+def test_verify_names_a_record_whose_image_key_was_renamed(packed):
+    """One changed byte in a feature key: the record still parses, verify names it (was KeyError)."""
+    p = packed / "part-00000"
+    b = p.read_bytes()
+    k = b.index(b"encoded")
+    p.write_bytes(b[:k] + b"encodex" + b[k + 7:])
+    err = _first_error(packed)
+    assert "part-00000: offset" in err and "'encoded'" in err
+
+
+def test_manifest_skipped_entries_of_wrong_types_are_named(packed):
+    m = json.loads((packed / "manifest.json").read_text())
+    for entry in ({"shard": ["x"], "offset": 1}, {"shard": "part-00000", "offset": "1"}):
+        m["skipped"] = [entry]
+        (packed / "manifest.json").write_text(json.dumps(m))
+        with pytest.raises(FormatError, match=r"skipped\[0\]"):
+            recordtool.open(str(packed))
+        assert "skipped[0]" in _first_error(packed)
+
+
+def test_index_rows_wrapping_past_2_64_are_caught(packed):
+    """jpeg_offset + jpeg_length overflowing uint64 must not slip past the bounds check."""
+    import numpy as np
+
+    from recordtool.format import index as ix
+    from recordtool.reader import check_rows
+
+    ds = recordtool.open(str(packed))
+    cols = {k: np.array(v) for k, v in ds.index.columns.items()}
+    cols["jpeg_offset"][0], cols["jpeg_length"][0] = 2**64 - 2, 10
+    with pytest.raises(FormatError, match="row 0: image bytes"):
+        check_rows(ix.Index(cols), ds.shards, "index.rtx", len(ds.classes))
+
+
+def test_index_header_length_is_bounded(packed):
+    """A sparse index declaring a 400 MiB header is refused before anything is copied."""
+    from recordtool.format import index as ix
+
+    p = packed / "index.rtx"
+    b = bytearray(p.read_bytes())
+    b[8:12] = (400 << 20).to_bytes(4, "little")
+    with open(p, "wb") as f:
+        f.write(b)
+        f.truncate(500 << 20)  # sparse: the header would fit in the file
+    with pytest.raises(FormatError, match="more than the"):
+        ix.read_index(str(p))

@@ -245,3 +245,15 @@ def test_script_leaving_a_loader_exits_cleanly(packed, tmp_path, how):
                            timeout=120)
         assert p.returncode == 0 and "end of script" in p.stdout, (p.returncode, p.stderr[-2000:])
         assert "terminate called" not in p.stderr
+
+
+def test_closed_loaders_give_their_native_pools_back(packed):
+    """A pool's threads live for the process: a new Loader reuses the pools a closed one held
+    instead of starting more threads (tune builds dozens of Loaders)."""
+    ld = Loader(packed, batch_size=4, size=32, producers=2, as_torch=False)
+    pools = set(ld.batcher._pools)
+    assert len(pools) == 2 and 0 not in pools
+    ld.close()
+    ld.batcher.close()
+    again = Loader(packed, batch_size=4, size=32, producers=2, as_torch=False)
+    assert set(again.batcher._pools) == pools

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
@@ -35,14 +36,26 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-_pool_ids = itertools.count()
+_pool_lock = threading.Lock()
+_free_pools = list(range(1, 64))  # native pool ids not in use (0 is the default pool)
+_shared_pools = itertools.count()
 
 
 def new_pool_id() -> int:
-    """A native thread-pool id for a caller that decodes while others do (ids 1..63 in turn; 0
-    is the default pool): each pool serves one call at a time, so concurrent callers — the
-    producers of a Loader — get their own threads instead of queueing."""
-    return 1 + next(_pool_ids) % 63
+    """A native thread-pool id for a caller that decodes while others do: each pool serves one
+    call at a time, so concurrent callers (the producers of a Loader) get their own threads
+    instead of queueing. Give it back with release_pool_id: a pool's threads and buffers live
+    for the process, so ids are reused rather than new pools made (past 63 in use, pools are
+    shared in turn)."""
+    with _pool_lock:
+        return _free_pools.pop() if _free_pools else 1 + next(_shared_pools) % 63
+
+
+def release_pool_id(pool: int) -> None:
+    """The pool is free for the next new_pool_id (its threads stay, idle)."""
+    with _pool_lock:
+        if 1 <= pool <= 63 and pool not in _free_pools:
+            _free_pools.append(pool)
 
 
 def reserve(widths, heights, threads: int, pool: int = 0) -> None:
@@ -130,7 +143,7 @@ def _python_batch(buffers, windows, out, threads, max_pixels, margin):
 def decode_crop_resize(buffers, windows, size=(224, 224), threads: int | None = None, out=None,
                        on_error: OnError | str = "raise", fallback: bool = False,
                        max_pixels: int = DEFAULT_MAX_PIXELS, errors: list | None = None,
-                       scale_margin: float = reference.SCALE_MARGIN, pool: int = 0, policy: str | None = None) -> np.ndarray:
+                       scale_margin: float = reference.SCALE_MARGIN, pool: int = 0) -> np.ndarray:
     """Decode each JPEG's crop window and resize it to `size` (h, w): uint8 (N, h, w, 3) RGB.
 
     Args:
@@ -152,12 +165,7 @@ def decode_crop_resize(buffers, windows, size=(224, 224), threads: int | None = 
             -1: decode on the calling thread, no pool (`threads` unused) — for many threads each
             decoding a few images at once (pack's transcoding workers), which would otherwise
             queue on one pool (a pool serves one call at a time).
-        policy: deprecated spelling: "raise", "skip", or "fallback" (= on_error="skip", fallback=True).
     """
-    if policy is not None:
-        if policy not in ("raise", "skip", "fallback"):
-            raise ValueError(f"policy must be raise, skip or fallback, not {policy!r}")
-        on_error, fallback = ("skip", True) if policy == "fallback" else (policy, False)
     on_error = _on_error(on_error)
     n = len(buffers)
     oh, ow = int(size[0]), int(size[1])

@@ -19,6 +19,7 @@ from .manifest import FORMAT_NAME, FORMAT_VERSION
 INDEX_FILE = "index.rtx"
 MAGIC = b"RTINDEX\x01"
 ALIGN = 64
+MAX_HEADER = 1 << 20
 
 # name → numpy dtype (little-endian). Order here is the on-disk order.
 COLUMNS = {
@@ -162,6 +163,8 @@ def read_index(path: str) -> Index:
     if mm[:len(MAGIC)] != MAGIC:
         raise FormatError(f"{path}: offset 0: not a recordtool index (bad magic)")
     hdr_len = int.from_bytes(mm[8:12], "little")
+    if hdr_len > MAX_HEADER:  # real headers are under 1 KB: never copy gigabytes to parse them
+        raise FormatError(f"{path}: offset 8: header of {hdr_len} bytes, more than the {MAX_HEADER} an index has")
     if 12 + hdr_len > size:
         raise FormatError(f"{path}: offset 8: header of {hdr_len} bytes runs past the end ({size} bytes)")
     try:

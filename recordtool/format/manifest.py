@@ -81,8 +81,6 @@ def load(root: str) -> dict:
     except FileNotFoundError:
         raise FormatError(f"{path}: no manifest, so {root} is not a finished recordtool dataset{_hint(root)}") \
             from None
-    except IsADirectoryError:
-        raise UnsafePath(f"{path}: is a directory, not a manifest") from None
     return parse(raw, path)
 
 
@@ -174,6 +172,10 @@ def validate(m, path: str = MANIFEST_FILE) -> dict:
             raise UnsafePath(f"{path}: {e}") from None
     sk = m.get("skipped", [])
     _need(isinstance(sk, list) and all(isinstance(s, dict) for s in sk), path, "'skipped' must be a list of objects")
+    for k, s in enumerate(sk):  # verify matches records against these
+        _need(isinstance(s.get("shard", ""), str) and isinstance(s.get("reason", ""), str)
+              and all(_is_int(s[key]) for key in ("offset", "records", "shorter_than") if key in s), path,
+              f"skipped[{k}] must hold a shard name, integer offset/records/shorter_than and a reason")
     for key in ("source", "pack", "tool"):
         _need(m.get(key) is None or isinstance(m[key], dict), path, f"'{key}' must be an object")
     return m

@@ -128,7 +128,10 @@ class CPUBatcher:
                                             "normalize": time.perf_counter() - t3})
 
     def close(self) -> None:
-        self._scratch.clear()
+        for pool in self._pools:
+            cpu.release_pool_id(pool)
+        self._pools = []
+        self._scratch = []
 
 
 def call_user_op(op, batch, keys):

@@ -80,6 +80,7 @@ class GPUDecoder:
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)
         self.cpu_threads = cpu_threads or max(1, cpu.cores() - 1)
+        self._own_pool = pool is None
         self.pool = cpu.new_pool_id() if pool is None else pool
         self.planner = SplitPlanner(split)
         self.last = BatchReport()
@@ -300,6 +301,9 @@ class GPUDecoder:
     def close(self):
         """Stop the helper threads and release nvJPEG's handles (also on garbage collection)."""
         self._workers.shutdown(wait=True)
+        if self._own_pool:
+            cpu.release_pool_id(self.pool)
+            self._own_pool = False
         for name in ("hw", "hybrid"):
             d = getattr(self, name, None)
             if d is not None:
