@@ -409,8 +409,8 @@ def pack(src: str | os.PathLike | Source, out: str, *, shards: int | None = None
         engine: "local" (threads of this process), "process" (one process per core, a shard at a
             time each: for transcoding, whose Python share keeps threads from scaling) or "ray"
             (one Ray task per shard, on the cluster of `ray_address`; needs
-            `pip install 'recordtool[ray]'` and OUT on storage every node sees). The process and
-            The Ray engine always plans shards (from `shard_size` when `shards` is not given).
+            `pip install 'recordtool[ray]'` and OUT on storage every node sees). The Ray engine
+            always plans shards (from `shard_size` when `shards` is not given).
         ray_address: the cluster to use: None (RAY_ADDRESS if set, else a new local instance),
             "auto" (the cluster running on this machine), "ray://HOST:PORT", "HOST:PORT" or "local".
         resume: reuse the shards an unfinished earlier run of the same plan finished (planned
@@ -424,6 +424,7 @@ def pack(src: str | os.PathLike | Source, out: str, *, shards: int | None = None
                      max_pixels=max_pixels, transcode=transcode, progress=progress, engine=engine,
                      ray_address=ray_address, resume=False)
         return replace(s, out=os.fspath(out))
+    out = get_fs(out)[1]  # a local path (file:// URLs too)
     t0 = time.perf_counter()
     policy = _on_error(on_error)
     strict = policy is OnError.RAISE
@@ -454,6 +455,8 @@ def pack(src: str | os.PathLike | Source, out: str, *, shards: int | None = None
         if strict and source.warnings:
             raise PackError(f"on_error=raise: {source.warnings[0]}")
         shuffled = shuffle(source.items, seed)
+        if shards is not None and shards > max(1, len(shuffled)):
+            raise ValueError(f"--shards {shards} is more than the {len(shuffled)} items to pack")
         if shards is None and engine in ("local", "process"):
             return _pack_by_size(source, shuffled, out, shard_size, workers, seed, policy, overwrite, max_pixels,
                                  transcode, progress, t0, processes=engine == "process")
@@ -494,9 +497,7 @@ def _no_record(n, skipped):
 
 
 def _partial_of(out: str) -> str:
-    """OUT/.partial as a path every worker can use: absolute for a local OUT."""
-    if "://" in out:
-        return out.rstrip("/") + "/" + PARTIAL_DIR
+    """OUT/.partial as a path every worker can use (absolute: Ray workers run elsewhere)."""
     return os.path.join(os.path.abspath(out), PARTIAL_DIR)
 
 

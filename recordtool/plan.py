@@ -19,7 +19,7 @@ from .errors import OnError
 from .format.writer import shard_name
 from .sources.image import Transcode
 
-PLAN_VERSION = 1  # bump when the bytes a shard task writes for the same plan change
+PLAN_VERSION = 2  # bump when the bytes a shard task writes for the same plan change
 
 
 @dataclass(frozen=True)

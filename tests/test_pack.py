@@ -231,3 +231,44 @@ def test_plan_hash_covers_items_options_and_seed(folder):
     moved = items[:-1] + [replace(items[-1], label=9)]  # one item of the last shard changed
     changed = [a.hash != b.hash for a, b in zip(base.tasks, make_plan(src, moved, 3, 0, opts).tasks)]
     assert changed == [False, False, True]
+
+
+def test_a_file_edited_after_a_killed_pack_changes_its_shards_plan(folder):
+    """Resume reuses a finished shard only under the same plan hash; the hash covers each file's
+    size and modification time, so an edited image makes its shard be redone."""
+    import os
+
+    from recordtool.errors import OnError
+    from recordtool.plan import Options, make_plan, shuffle
+    from recordtool.sources.image import DEFAULT_MAX_PIXELS, NO_TRANSCODE
+    from recordtool.sources.imagefolder import ImageFolderSource
+
+    opts = Options(DEFAULT_MAX_PIXELS, NO_TRANSCODE, OnError.SKIP)
+    before = make_plan(src := ImageFolderSource(str(folder)), shuffle(src.items, 0), 3, 0, opts)
+    edited = shuffle(src.items, 0)[20].path  # an item of the last shard
+    with open(edited, "ab") as f:
+        f.write(b"\0")
+    os.utime(edited, ns=(1, 1))
+    after = make_plan(src2 := ImageFolderSource(str(folder)), shuffle(src2.items, 0), 3, 0, opts)
+    assert [a.hash != b.hash for a, b in zip(before.tasks, after.tasks)] == [False, False, True]
+
+
+def test_out_as_file_url_is_the_local_directory(folder, tmp_path):
+    s = pack(str(folder), f"file://{tmp_path}/out", shards=2, progress=False)
+    assert s.records == 21 and (tmp_path / "out" / "manifest.json").exists()
+    assert len(recordtool.open(str(tmp_path / "out"))) == 21
+
+
+def test_more_shards_than_items_is_refused(folder, tmp_path):
+    with pytest.raises(ValueError, match="more than the 21 items"):
+        pack(str(folder), str(tmp_path / "out"), shards=10**8, progress=False)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_object_store_sources_never_overlap_a_local_out():
+    from types import SimpleNamespace
+
+    from recordtool.sources.base import source_paths
+
+    assert source_paths(SimpleNamespace(files=["s3://bucket/train-0", "/data/train-1"])) == ["/data/train-1"]
+    assert source_paths(SimpleNamespace(root="gs://bucket/folder")) == []

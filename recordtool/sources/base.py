@@ -55,8 +55,10 @@ class Source(Protocol):
 
 
 def source_paths(source) -> list:
-    """The paths a source reads (its folder, or its files): OUT must stay apart from them."""
+    """The local paths a source reads (its folder, or its files): OUT must stay apart from them.
+    Object-store URLs are left out (they cannot overlap a local OUT)."""
+    from ..fs import is_url
+
     root = getattr(source, "root", None)
-    if root is not None:
-        return [root]
-    return list(getattr(source, "files", []))
+    paths = [root] if root is not None else list(getattr(source, "files", []))
+    return [p for p in paths if not is_url(p)]

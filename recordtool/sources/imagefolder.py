@@ -19,6 +19,8 @@ class Item:
     path: str  # absolute path as found (symlinks not resolved)
     relpath: str  # relative to the root: stored as the record's filename
     label: int
+    size: int = 0  # bytes and modification time when listed: part of a pack plan's hash, so a
+    mtime_ns: int = 0  # file edited after a killed pack makes its shard be redone on resume
 
 
 class ImageFolderSource:
@@ -103,10 +105,10 @@ class ImageFolderSource:
                     subdirs.append(e.path)
                 elif not e.name.lower().endswith(IMAGE_EXTENSIONS):
                     self.skipped.append((rel, f"not an image file extension ({os.path.splitext(e.name)[1] or 'none'})"))
-                elif not _is_regular(e.path):
+                elif (st := _regular_stat(e.path)) is None:
                     self.skipped.append((rel, "broken symbolic link or not a regular file"))
                 else:
-                    self.items.append(Item(e.path, rel, label))
+                    self.items.append(Item(e.path, rel, label, st.st_size, st.st_mtime_ns))
                     found += 1
             stack.extend(reversed(subdirs))  # sorted order: first sub-folder walked first
         return found
@@ -148,8 +150,10 @@ def _dir_id(path: str):
     return (st.st_dev, st.st_ino)
 
 
-def _is_regular(path: str) -> bool:
+def _regular_stat(path: str):
+    """os.stat of a regular file (links followed), else None."""
     try:
-        return stat.S_ISREG(os.stat(path).st_mode)
+        st = os.stat(path)
     except OSError:
-        return False
+        return None
+    return st if stat.S_ISREG(st.st_mode) else None
