@@ -13,7 +13,6 @@ detected: object stores have no locks.)
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import tempfile
@@ -22,7 +21,7 @@ from ..errors import FormatError, OutputExists
 from ..fs import Retry, get_fs
 from . import files
 from . import manifest as mf
-from .writer import _OUR_NAMES, MARKER_FILE, PARTIAL_DIR, _listed
+from .writer import MARKER_FILE, MARKER_MAX, PARTIAL_DIR, _listed, owned, parse_marker
 
 MARKER = f"{PARTIAL_DIR}/{MARKER_FILE}"  # the same marker as in a local OUT (writer.py)
 
@@ -40,17 +39,15 @@ def claim(fs, out: str, overwrite: bool, retry: Retry) -> set:
         names = set(retry.call(lambda: fs.listdir(out), url))
     except FileNotFoundError:
         names = set()
-    ours = set()
+    marker = finished = None
     if PARTIAL_DIR in names:
         try:
-            marker = json.loads(retry.call(lambda: fs.read_bytes(fs.join(out, MARKER), 1 << 20), url))
-        except (FileNotFoundError, ValueError):
+            marker = parse_marker(retry.call(lambda: fs.read_bytes(fs.join(out, MARKER), MARKER_MAX), url))
+        except FileNotFoundError:
             marker = None
-        if not (isinstance(marker, dict) and marker.get("tool") == "recordtool"
-                and isinstance(marker.get("publishing"), list)):
+        if marker is None:
             raise OutputExists(f"{url}/{PARTIAL_DIR}: not made by recordtool (no pack marker saying so); "
                                "remove it yourself or choose another OUT")
-        ours |= {n for n in marker["publishing"] if isinstance(n, str)}
     if mf.MANIFEST_FILE in names:
         raw = retry.call(lambda: fs.read_bytes(fs.join(out, mf.MANIFEST_FILE), mf.MAX_BYTES), url)
         try:
@@ -58,16 +55,7 @@ def claim(fs, out: str, overwrite: bool, retry: Retry) -> set:
         except FormatError as e:
             raise OutputExists(f"{url}: holds a manifest.json that is not a recordtool manifest ({e}); "
                                "choose another OUT") from None
-        if not overwrite:
-            raise OutputExists(f"{url}: already holds a finished dataset; pass --overwrite to replace it")
-        ours |= set(_listed(finished)) | {mf.MANIFEST_FILE}
-    elif names and not ours and names != {PARTIAL_DIR}:
-        raise OutputExists(f"{url}: not empty and holds no recordtool dataset; choose an empty or new prefix")
-    clash = sorted(n for n in names - ours - {PARTIAL_DIR} if _OUR_NAMES.match(n))
-    if clash:
-        raise OutputExists(f"{url}: holds {', '.join(clash[:5])}, which recordtool did not write (no manifest or "
-                           "pack marker of ours lists them) and a pack would replace; move them away")
-    return ours & names
+    return owned(url, names - {PARTIAL_DIR}, marker, finished, overwrite)
 
 
 def publish(local: str, fs, out: str, ours: set, retry: Retry) -> None:

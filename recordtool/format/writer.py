@@ -45,7 +45,7 @@ MARKER_FILE = "pack.json"  # in .partial: {"tool": "recordtool", "publishing": [
 LOCK_FILE = ".recordtool.lock"
 SHARD_PREFIX = "part-"
 SHARD_DIGITS = 5
-_MARKER_MAX = 64 << 20
+MARKER_MAX = 64 << 20
 # names a pack writes into OUT: a foreign file by one of these names is never replaced
 _OUR_NAMES = re.compile(r"^(part-\d+|index\.rtx|manifest\.json|pack_report\.json)(\.tmp)?$")
 # in .partial: what a shard task finished (kept for a re-run of the same plan)
@@ -114,15 +114,44 @@ def read_marker(out: str) -> dict | None:
     try:
         if not stat.S_ISDIR(os.lstat(partial).st_mode):  # a link or a file there is not ours
             return None
-        raw = files.read_bounded(os.path.join(partial, MARKER_FILE), _MARKER_MAX, "pack marker")
+        raw = files.read_bounded(os.path.join(partial, MARKER_FILE), MARKER_MAX, "pack marker")
+    except (OSError, FormatError):
+        return None
+    return parse_marker(raw)
+
+
+def parse_marker(raw: bytes) -> dict | None:
+    """A pack marker's content if it is ours (JSON object, `"tool": "recordtool"`, `publishing`
+    a list of names), else None — for a local OUT and one on object storage alike."""
+    try:
         m = json.loads(raw)
-    except (OSError, ValueError, FormatError):
+    except (ValueError, UnicodeDecodeError):
         return None
     if not isinstance(m, dict) or m.get("tool") != "recordtool":
         return None
     if not (isinstance(m.get("publishing", []), list) and all(isinstance(n, str) for n in m.get("publishing", []))):
         return None
     return m
+
+
+def owned(where: str, names: set, marker: dict | None, finished: dict | None, overwrite: bool) -> set:
+    """The names in OUT (`names`) that are provably ours: listed by our pack marker or by the
+    finished dataset's manifest. OutputExists when OUT holds a finished dataset and not
+    `overwrite`, holds things but nothing of ours, or holds files a pack would replace that
+    nothing of ours lists. Shared by a local OUT and one on object storage."""
+    if finished is not None and not overwrite:
+        raise OutputExists(f"{where}: already holds a finished dataset; pass --overwrite to replace it")
+    if finished is None and marker is None and names:
+        raise OutputExists(f"{where}: not empty and holds no recordtool dataset; choose an empty or new directory")
+    ours = set(marker.get("publishing", [])) if marker else set()
+    if finished is not None:
+        ours |= set(_listed(finished)) | {mf.MANIFEST_FILE}
+    ours &= names
+    clash = sorted(n for n in names - ours if _OUR_NAMES.match(n))
+    if clash:
+        raise OutputExists(f"{where}: holds {', '.join(clash[:5])}, which recordtool did not write (no manifest or "
+                           "pack marker of ours lists them) and a pack would replace; move them away")
+    return ours
 
 
 def write_marker(out: str, marker: dict) -> None:
@@ -197,18 +226,7 @@ def _claim(out: str, overwrite: bool, plan: dict | None, resume: bool) -> bool:
         except FormatError as e:
             raise OutputExists(f"{out}: holds a manifest.json that is not a recordtool manifest ({e}); "
                                "choose another OUT") from None
-        if not overwrite:
-            raise OutputExists(f"{out}: already holds a finished dataset; pass --overwrite to replace it")
-    if finished is None and marker is None and names:
-        raise OutputExists(f"{out}: not empty and holds no recordtool dataset; choose an empty or new directory")
-    ours = set(marker.get("publishing", [])) if marker else set()
-    if finished is not None:
-        ours |= set(_listed(finished)) | {mf.MANIFEST_FILE}
-    ours &= names
-    clash = sorted(n for n in names - ours if _OUR_NAMES.match(n))
-    if clash:
-        raise OutputExists(f"{out}: holds {', '.join(clash[:5])}, which recordtool did not write (no manifest or "
-                           "pack marker of ours lists them) and a pack would replace; move them away")
+    ours = owned(out, names, marker, finished, overwrite)
     keep = bool(resume and plan and plan.get("plan") and marker is not None and marker.get("plan") == plan["plan"])
     # .partial (ours) emptied but for the marker (and the finished shards of the same plan),
     # the marker from now on listing what is removed: a kill during the cleanup leaves files the
