@@ -1,7 +1,7 @@
 """The small file-system interface pack and the reader do their I/O through.
 
 Local paths get `LocalFS` (plain os calls, symlinks never followed for what we create or
-delete); URLs (`s3://`, `gs://`, `file://`, `memory://` …) get `FsspecFS`, a thin wrapper over
+delete), `file://` URLs included; other URLs (`s3://`, `gs://`, `memory://` …) get `FsspecFS`, a thin wrapper over
 fsspec (an optional dependency: `pip install recordtool[s3]`). Paths are strings in the
 file system's own syntax; `join` builds them. Writes go to a new object (`open_write`), and
 `replace` is atomic on local disks and copy-then-delete on object stores, which is why a
@@ -16,7 +16,6 @@ from __future__ import annotations
 import glob as _glob
 import os
 import posixpath
-import shutil
 import time
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
@@ -35,12 +34,9 @@ class FileSystem(Protocol):
     def write_bytes(self, path: str, data: bytes) -> None: ...
     def size(self, path: str) -> int: ...
     def exists(self, path: str) -> bool: ...
-    def isdir(self, path: str) -> bool: ...
     def listdir(self, path: str) -> list: ...
-    def makedirs(self, path: str) -> None: ...
     def replace(self, src: str, dst: str) -> None: ...
     def remove(self, path: str) -> None: ...
-    def rmtree(self, path: str) -> None: ...
     def glob(self, pattern: str) -> list: ...
     def url(self, path: str) -> str: ...
 
@@ -178,23 +174,14 @@ class LocalFS:
     def exists(self, path: str) -> bool:
         return os.path.lexists(path)
 
-    def isdir(self, path: str) -> bool:
-        return os.path.isdir(path) and not os.path.islink(path)
-
     def listdir(self, path: str) -> list:
         return sorted(os.listdir(path))
-
-    def makedirs(self, path: str) -> None:
-        os.makedirs(path, exist_ok=True)
 
     def replace(self, src: str, dst: str) -> None:
         os.replace(src, dst)
 
     def remove(self, path: str) -> None:
         os.unlink(path)
-
-    def rmtree(self, path: str) -> None:
-        shutil.rmtree(path)
 
     def glob(self, pattern: str) -> list:
         return sorted(_glob.glob(pattern))
@@ -247,24 +234,15 @@ class FsspecFS:
     def exists(self, path: str) -> bool:
         return self.fs.exists(path)
 
-    def isdir(self, path: str) -> bool:
-        return self.fs.isdir(path)
-
     def listdir(self, path: str) -> list:
         # refresh: a listing cached by this client may predate another process's writes
         return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(path, detail=False, refresh=True))
-
-    def makedirs(self, path: str) -> None:
-        self.fs.makedirs(path, exist_ok=True)
 
     def replace(self, src: str, dst: str) -> None:
         self.fs.mv(src, dst)
 
     def remove(self, path: str) -> None:
         self.fs.rm_file(path)
-
-    def rmtree(self, path: str) -> None:
-        self.fs.rm(path, recursive=True)
 
     def glob(self, pattern: str) -> list:
         return sorted(self.fs.glob(pattern))

@@ -31,7 +31,6 @@ from . import __version__
 from .decode.cpu import cores
 from .errors import FormatError, OnError, PackError, on_error as _on_error, report as _report
 from .format import index as ix
-from .format import manifest as mf
 from .format.writer import PARTIAL_DIR, DatasetWriter, FinishedShard, ShardWriter, fault_point
 from .fs import get_fs, is_url
 from .plan import PLAN_VERSION, Options, Plan, ShardTask, make_plan, shuffle
@@ -154,6 +153,26 @@ class ShardDone:
         return cls(d["number"], d["hash"], d["shard"], d["rows"], d["skipped"], d["converted"], d["notes"])
 
 
+def notes_of(source, labels) -> dict:
+    """What the source learned loading items (`Source.notes`: TFRecord class names), for these
+    labels only — what a task hands back to the driver."""
+    notes = source.notes() if hasattr(source, "notes") else {}
+    return {k: v for k, v in notes.items() if int(k) in labels}
+
+
+def merge_notes(source, notes: dict) -> None:
+    if notes and hasattr(source, "merge_notes"):
+        source.merge_notes(notes)
+
+
+def _results(futures) -> list:
+    """The futures' results, or the failure itself (not the shards it stopped early)."""
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:
+        raise next((e for e in errors if not isinstance(e, _Stopped)), errors[0])
+    return [f.result() for f in futures]
+
+
 class _Stopped(Exception):
     """Another shard task failed under on_error="raise": this one stops early."""
 
@@ -207,14 +226,12 @@ def fill_shard(task: ShardTask, source: Source, options: Options, partial: str, 
         except OSError:
             pass
         raise
-    labels = set(writer.index.labels())
-    notes = source.notes() if hasattr(source, "notes") else {}
     done = ShardDone(task.number, task.hash, info, writer.index.rows(), skipped, converted,
-                     {k: v for k, v in notes.items() if int(k) in labels})
+                     notes_of(source, set(writer.index.labels())))
     fs.replace(tmp, final)
     record = fs.join(partial, task.name + DONE_SUFFIX)
     tmp_record = f"{record}.{uuid.uuid4().hex}.tmp"
-    fs.write_bytes(tmp_record, mf.dump(done.to_json()))
+    fs.write_bytes(tmp_record, json.dumps(done.to_json(), separators=(",", ":")).encode())  # compact: never published
     fs.replace(tmp_record, record)
     return done
 
@@ -260,10 +277,7 @@ def run_local(tasks: list, source: Source, options: Options, partial: str, worke
         raise
     finally:
         ex.shutdown(wait=True)
-    errors = [f.exception() for f in futures if f.exception() is not None]
-    if errors:  # the failure itself, not the shards it stopped
-        raise next((e for e in errors if not isinstance(e, _Stopped)), errors[0])
-    return [f.result() for f in futures]
+    return _results(futures)
 
 
 def light_source(source):
@@ -291,13 +305,8 @@ def _process_fill(task: ShardTask, options: Options, partial: str) -> ShardDone:
             q.put(pending[0])
             pending[0] = 0
 
-    class _Stop:  # the driver's multiprocessing.Event, as fill_shard's `stop`
-        @staticmethod
-        def is_set():
-            return _worker["stop"].is_set()
-
     try:
-        return fill_shard(task, _worker["source"], options, partial, progress=tick, stop=_Stop)
+        return fill_shard(task, _worker["source"], options, partial, progress=tick, stop=_worker["stop"])
     finally:
         if pending[0]:
             q.put(pending[0])
@@ -306,17 +315,17 @@ def _process_fill(task: ShardTask, options: Options, partial: str) -> ShardDone:
 def _load_chunk(chunk, max_pixels, transcode):
     """A worker process's part of a by-size pack: load and fix these items with its source."""
     source = _worker["source"]
-    return [_load(source, it, max_pixels, transcode) for it in chunk], source.notes()
+    results = [_load(source, it, max_pixels, transcode) for it in chunk]
+    return results, notes_of(source, {label for _, res, label, _ in results if not isinstance(res, Rejected)})
 
 
-def _spawn_pool(source, workers: int):
-    """Worker processes, spawned (the driver has threads), each with the source (no item list)."""
-    import multiprocessing as mp
+def _spawn_pool(ctx, source, workers: int, progress=None, stop=None):
+    """Worker processes (`ctx`: spawned, not forked: the driver has threads), each with the
+    source once (no item list) and the driver's progress queue and stop event."""
     from concurrent.futures import ProcessPoolExecutor
 
-    ctx = mp.get_context("spawn")
     return ProcessPoolExecutor(workers, mp_context=ctx, initializer=_process_init,
-                               initargs=(light_source(source), None, None))
+                               initargs=(light_source(source), progress, stop))
 
 
 def run_processes(tasks: list, source: Source, options: Options, partial: str, workers: int, bar=None) -> list:
@@ -326,7 +335,7 @@ def run_processes(tasks: list, source: Source, options: Options, partial: str, w
     are spawned (not forked: the driver has threads); the source goes to each once, without its
     item list; the first failure stops the others at their next item."""
     import multiprocessing as mp
-    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor
+    from concurrent.futures import FIRST_EXCEPTION
 
     ctx = mp.get_context("spawn")
     progress, stop = ctx.SimpleQueue(), ctx.Event()
@@ -338,8 +347,7 @@ def run_processes(tasks: list, source: Source, options: Options, partial: str, w
             if bar is not None:
                 bar.update(k)
 
-    with ProcessPoolExecutor(n, mp_context=ctx, initializer=_process_init,
-                             initargs=(light_source(source), progress, stop)) as ex:
+    with _spawn_pool(ctx, source, n, progress, stop) as ex:
         futures = [ex.submit(_process_fill, t, options, partial) for t in tasks]
         try:
             pending = set(futures)
@@ -352,10 +360,7 @@ def run_processes(tasks: list, source: Source, options: Options, partial: str, w
             stop.set()
             raise
         drain()
-    errors = [f.exception() for f in futures if f.exception() is not None]
-    if errors:
-        raise next((e for e in errors if not isinstance(e, _Stopped)), errors[0])
-    return [f.result() for f in futures]
+    return _results(futures)
 
 
 def estimate_shards(source: Source, shuffled: list, shard_size: int, options: Options, workers: int) -> int:
@@ -544,8 +549,7 @@ def _pack_planned(source, plan: Plan, out, overwrite, resume, progress, workers,
                 _report(options.on_error, f"{where}: {why}", PackError)
             skipped += [tuple(x) for x in d.skipped]
             converted += [tuple(x) for x in d.converted]
-            if hasattr(source, "merge_notes"):
-                source.merge_notes(d.notes)
+            merge_notes(source, d.notes)
         shards = [FinishedShard(d.info, ix.IndexBuilder.from_rows(d.rows, d.info.get("name", "shard")))
                   for d in ordered]
         records = sum(s.info["records"] for s in shards)
@@ -579,12 +583,12 @@ def _pack_by_size(source, shuffled, out, shard_size, workers, seed, policy, over
         from tqdm import tqdm
 
         bar = tqdm(total=n, unit="rec", desc="pack", mininterval=0.5)
-    stack = contextlib.ExitStack()
-    submit = None
+    pool = submit = None
     if processes:
+        import multiprocessing as mp
         from concurrent.futures import Future
 
-        pool = stack.enter_context(_spawn_pool(source, workers))
+        pool = _spawn_pool(mp.get_context("spawn"), source, workers)
 
         def to_pool(chunk):  # a chunk's results; the worker's notes (TFRecord class names) merged here
             out_f = Future()
@@ -592,7 +596,7 @@ def _pack_by_size(source, shuffled, out, shard_size, workers, seed, policy, over
             def merge(f):
                 try:
                     results, notes = f.result()
-                    source.merge_notes(notes)
+                    merge_notes(source, notes)
                     out_f.set_result(results)
                 except BaseException as e:
                     out_f.set_exception(e)
@@ -618,10 +622,14 @@ def _pack_by_size(source, shuffled, out, shard_size, workers, seed, policy, over
         if writer.records() == 0:
             raise _no_record(n, skipped)
     except BaseException:
+        if pool is not None:  # the chunks queued behind the failure are not transcoded
+            pool.shutdown(wait=True, cancel_futures=True)
+            pool = None
         writer.abort()
         raise
     finally:
-        stack.close()
+        if pool is not None:
+            pool.shutdown(wait=True)
         if bar is not None:
             bar.close()
     classes, class_text = source.classes(writer.max_label())
