@@ -28,12 +28,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from recordtool import _native  # noqa: E402
 from recordtool.decode import decode_crop_resize, random_windows  # noqa: E402
 from recordtool.decode import reference as R  # noqa: E402
+from recordtool.fidelity import psnr as _psnr  # noqa: E402
 from recordtool.format.jpeg import probe  # noqa: E402
 
 
-def psnr(a, b):
-    mse = ((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2).mean()
-    return 99.0 if mse == 0 else float(10 * np.log10(255.0 ** 2 / mse))
+def psnr(a, b) -> float:
+    return float(_psnr(np.asarray(a, np.uint8), np.asarray(b, np.uint8)))
 
 
 def variants(path):

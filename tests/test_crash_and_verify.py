@@ -316,3 +316,16 @@ def test_index_header_length_is_bounded(packed):
         f.truncate(500 << 20)  # sparse: the header would fit in the file
     with pytest.raises(FormatError, match="more than the"):
         ix.read_index(str(p))
+
+
+def test_index_leaves_out_images_over_max_pixels(packed):
+    """`recordtool index` does not index what the decoders refuse: an image over max_pixels
+    would fail on every epoch."""
+    import shutil
+
+    for name in ("manifest.json", "index.rtx", "pack_report.json"):
+        if (packed / name).exists():
+            os.remove(packed / name)
+    shutil.rmtree(packed / ".partial", ignore_errors=True)
+    m = index_parts(str(packed), max_pixels=40 * 30, progress=False)
+    assert m["records"] < 21 and any("more than max_pixels" in s["reason"] for s in m["skipped"])

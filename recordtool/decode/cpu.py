@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..errors import DecodeError, OnError, on_error as _on_error
+from ..format.jpeg import DEFAULT_MAX_PIXELS  # noqa: F401  (callers import it from here too)
 from . import reference
 
 try:
@@ -18,7 +19,6 @@ except ImportError as e:  # extension not built: same API through PyTurboJPEG + 
     _native = None
     _IMPORT_ERROR = str(e)
 
-DEFAULT_MAX_PIXELS = 64 * 1024 * 1024
 MAX_SIDE = 16384  # output sides above this are refused (the batch would not fit in memory anyway)
 _warned = False
 
@@ -263,7 +263,7 @@ def decode_crop_resize_normalize(buffers, windows, flips=None, size=(224, 224), 
         errs: list = []
         img = decode_crop_resize(buffers, win, size, threads, on_error="skip", fallback=fallback, max_pixels=max_pixels,
                                  errors=errs, scale_margin=scale_margin)
-        out[...] = normalize(img, mean, std, layout, dtype, flips=flips)
+        normalize(img, mean, std, layout, dtype, flips=flips, out=out)
         failures = errs
         fallback = False
     else:

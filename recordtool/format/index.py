@@ -118,7 +118,7 @@ def size_order(jpeg_length: np.ndarray) -> np.ndarray:
     return np.argsort(-jpeg_length.astype(np.int64), kind="stable").astype(COLUMNS["size_order"])
 
 
-def encode_index(index: Index) -> bytes:
+def encode_index(index: Index) -> bytearray:
     """The bytes of index.rtx for these columns (FORMAT.md); callers write them through
     `files` (exclusive create or temp + rename) and checksum the same bytes."""
     n = len(index)
@@ -143,8 +143,8 @@ def encode_index(index: Index) -> bytes:
     head = MAGIC + len(blob).to_bytes(4, "little") + blob
     out[:len(head)] = head
     for entry, (_, _, arr) in zip(header["columns"], cols):
-        out[entry["offset"]:entry["offset"] + arr.nbytes] = arr.tobytes()
-    return bytes(out)
+        out[entry["offset"]:entry["offset"] + arr.nbytes] = memoryview(arr).cast("B")  # no intermediate copy
+    return out
 
 
 def _align(x: int) -> int:

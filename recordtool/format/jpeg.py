@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+DEFAULT_MAX_PIXELS = 64 * 1024 * 1024  # images declaring more are refused (decompression bombs)
+
 # nvjpegChromaSubsampling_t
 CHROMA_444, CHROMA_422, CHROMA_420, CHROMA_440, CHROMA_411, CHROMA_410, CHROMA_GRAY, CHROMA_410V = range(8)
 CHROMA_UNKNOWN = -1

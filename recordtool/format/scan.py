@@ -14,7 +14,7 @@ from ..errors import FormatError, OnError, on_error as _on_error, report
 from . import files
 from . import index as ix
 from . import manifest as mf
-from .jpeg import BadJPEG, NotJPEG, decode_refusal, probe
+from .jpeg import DEFAULT_MAX_PIXELS, BadJPEG, NotJPEG, decode_refusal, probe
 from .ofrecord import MIN_RECORD_BYTES, BYTES_LIST, INT32_LIST, INT64_LIST, decode_ofrecord, iter_records
 from .writer import KEY_FILENAME, KEY_HEIGHT, KEY_IMAGE, KEY_LABEL, KEY_WIDTH
 
@@ -92,7 +92,7 @@ def _int_value(feat, key, where):
 
 def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABEL,
                 on_error: OnError | str = "skip", progress: bool = True,
-                max_classes: int = mf.MAX_CLASSES) -> dict:
+                max_classes: int = mf.MAX_CLASSES, max_pixels: int = DEFAULT_MAX_PIXELS) -> dict:
     """Scan root/part-* and write root/index.rtx + manifest.json. Returns the manifest.
 
     Args:
@@ -102,6 +102,7 @@ def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABE
             `skipped`), "warn", or "raise" (stop; nothing written).
         progress: show a tqdm bar.
         max_classes: records with a label ≥ this are left out (a class name is stored per label).
+        max_pixels: images declaring more pixels are left out (the decoders refuse them).
     """
     policy = _on_error(on_error)
     names = find_parts(root)
@@ -133,6 +134,9 @@ def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABE
                         raise FormatError(f"{path}: offset {rec.offset}: CMYK/YCCK JPEG; re-pack with "
                                           "`recordtool pack --from ofrecord` to convert it")
                     why = decode_refusal(info, b - a)
+                    if not why and info.width * info.height > max_pixels:
+                        why = (f"declares {info.width}x{info.height}, more than max_pixels {max_pixels} "
+                               "(the decoders refuse it)")
                     if why:  # the decoders would refuse it: not indexed (as pack does not pack it)
                         raise FormatError(f"{path}: offset {rec.offset}: {why}")
                 except FormatError as e:

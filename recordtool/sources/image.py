@@ -14,10 +14,9 @@ import warnings
 from dataclasses import dataclass
 
 from ..errors import RecordtoolError
-from ..format.jpeg import (BadJPEG, CHROMA_410, CHROMA_411, CHROMA_UNKNOWN, CS_NAMES, JpegInfo, NotJPEG,
-                           decode_refusal, probe)
+from ..format.jpeg import (DEFAULT_MAX_PIXELS, BadJPEG, CHROMA_410, CHROMA_411, CHROMA_UNKNOWN, CS_NAMES,
+                           JpegInfo, NotJPEG, decode_refusal, probe)
 
-DEFAULT_MAX_PIXELS = 64 * 1024 * 1024  # same default as the decoders' bomb check
 # An image file larger than this is refused from its size, before it is read: a record's
 # image must stay far below the format's 4 GiB (uint32 lengths), and a sparse or huge file
 # must not cost its size in memory per reader thread.
