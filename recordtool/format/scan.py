@@ -49,6 +49,28 @@ class Tiny:
                 "bytes, too short to hold an image, left out (the first is here)")
 
 
+def part_records(mm, path: str, image_key: str, label_key: str, max_classes: int | None, policy, bad):
+    """Yield (record, image span (a, b), label, feats) of each usable record of one mapped part
+    file. A record whose fields do not parse goes to bad(offset, reason, None) after the policy
+    (raise / warn / skip) is applied; records too short to hold an image are counted and go to
+    bad(first offset, reason, Tiny) once at the end. Broken framing raises FormatError (nothing
+    after it can be framed): the caller decides. Shared by `index_parts` and OFRecordSource."""
+    tiny = Tiny(path)
+    for rec in iter_records(mm, path):
+        if tiny.count(rec):
+            continue
+        try:
+            span, label, feats = record_fields(mm, rec, image_key, label_key, max_classes)
+        except FormatError as e:
+            report(policy, str(e), FormatError)
+            bad(rec.offset, str(e), None)
+            continue
+        yield rec, span, label, feats
+    if tiny.records:
+        report(policy, tiny.reason(), FormatError)
+        bad(tiny.first, tiny.reason(), tiny)
+
+
 def record_fields(mm, rec, image_key: str, label_key: str, max_classes: int | None = None):
     """(image span (a, b), label, feats) of one framed record; FormatError names file+offset
     (also for a label < 0 or ≥ max_classes)."""
@@ -117,14 +139,16 @@ def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABE
     for s, name in enumerate(names):
         path = os.path.join(root, name)
         mm, size = files.map_readonly(path)
-        tiny = Tiny(path)
+        def bad(offset, reason, tiny):
+            entry = {"shard": name, "offset": offset, "reason": reason}
+            if tiny is not None:
+                entry.update(records=tiny.records, shorter_than=MIN_RECORD_BYTES)
+            skipped.append(entry)
+
         try:
             count = 0
-            for rec in iter_records(mm, path):
-                if tiny.count(rec):
-                    continue
+            for rec, (a, b), label, feats in part_records(mm, path, image_key, label_key, max_classes, policy, bad):
                 try:
-                    (a, b), label, feats = record_fields(mm, rec, image_key, label_key, max_classes)
                     try:
                         info = probe(mm[a:b])
                     except (NotJPEG, BadJPEG) as e:
@@ -141,17 +165,13 @@ def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABE
                         raise FormatError(f"{path}: offset {rec.offset}: {why}")
                 except FormatError as e:
                     report(policy, str(e), FormatError)
-                    skipped.append({"shard": name, "offset": rec.offset, "reason": str(e)})
+                    bad(rec.offset, str(e), None)
                     continue
                 syn = synset_of(mm, feats)
                 if syn is not None:
                     synsets.setdefault(label, syn)
                 builder.add(s, rec.offset, rec.length, a, b - a, label, info)
                 count += 1
-            if tiny.records:
-                report(policy, tiny.reason(), FormatError)
-                skipped.append({"shard": name, "offset": tiny.first, "reason": tiny.reason(),
-                                "records": tiny.records, "shorter_than": MIN_RECORD_BYTES})
             crc = crc32c.crc32c(mm) if size else 0
         finally:
             if isinstance(mm, mmap.mmap):

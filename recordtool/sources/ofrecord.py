@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from ..errors import FormatError, OnError, on_error as _on_error, report
 from ..format import files
 from ..format import manifest as mf
-from ..format.ofrecord import iter_records
-from ..format.scan import Tiny, find_parts, record_fields, synset_of
+from ..format.scan import find_parts, part_records, synset_of
 from ..format.writer import KEY_FILENAME
 from .base import DEFAULT_MAX_CLASSES
 from .image import MAX_IMAGE_BYTES, Rejected
@@ -50,17 +49,13 @@ class OFRecordSource:
             path = os.path.join(root, name)
             mm, _ = files.map_readonly(path)
             self._maps.append(mm)
-            tiny = Tiny(path)
+
+            def bad(offset, reason, tiny, path=path):
+                self.skipped.append((f"{path}: offset {offset}", reason))
+
             try:
-                for rec in iter_records(mm, path):
-                    if tiny.count(rec):
-                        continue
-                    try:
-                        span, label, feats = record_fields(mm, rec, image_key, label_key, max_classes)
-                    except FormatError as e:
-                        report(policy, str(e), FormatError)
-                        self.skipped.append((f"{path}: offset {rec.offset}", str(e)))
-                        continue
+                for rec, span, label, feats in part_records(mm, path, image_key, label_key, max_classes, policy,
+                                                            bad):
                     fn = feats.get(KEY_FILENAME)
                     fn_span = fn[1][0] if fn and fn[1] and isinstance(fn[1][0], tuple) else None
                     self.items.append(Rec(s, rec.offset, span, label, fn_span))
@@ -70,9 +65,6 @@ class OFRecordSource:
             except FormatError as e:  # framing broken: the rest of this part is unreadable
                 report(policy, str(e), FormatError)
                 self.skipped.append((path, str(e)))
-            if tiny.records:
-                report(policy, tiny.reason(), FormatError)
-                self.skipped.append((f"{path}: offset {tiny.first}", tiny.reason()))
         self._classes = None
         if os.path.exists(os.path.join(root, mf.MANIFEST_FILE)):  # ours: keep its class names
             try:
