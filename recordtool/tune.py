@@ -126,35 +126,22 @@ def _references(sample: SampleSource, size: int, seed: int, threads: int):
 
     n = len(sample.items)
     dims = np.zeros((n, 2), np.int64)  # (width, height)
+    win = np.zeros((n, 4), np.int64)
     refs = np.zeros((n, size, size, 3), np.uint8)
-    ok = np.zeros(n, bool)
-    datas = [None] * n
 
-    def dim(p):
+    def one(p):  # each original read and decoded once, its bytes dropped afterwards
         try:
-            datas[p] = sample.original(p)
-            with Image.open(io.BytesIO(datas[p])) as im:
+            with Image.open(io.BytesIO(sample.original(p))) as im:
                 dims[p] = im.size
+                # windows are keyed by (seed, epoch, id): one image's is the batch's row
+                win[p] = random_windows(dims[p:p + 1, 0], dims[p:p + 1, 1], [p], seed, 0)[0]
+                refs[p] = reference.truth_of(im.convert("RGB"), win[p], size, size)
             return True
         except Exception:
             return False
 
     with ThreadPoolExecutor(threads) as ex:
-        ok[:] = list(ex.map(dim, range(n)))
-    ids = np.arange(n)
-    win = random_windows(np.maximum(dims[:, 0], 1), np.maximum(dims[:, 1], 1), ids, seed, 0)
-
-    def ref(p):
-        if not ok[p]:
-            return False
-        try:
-            refs[p] = reference.truth(datas[p], win[p], size, size)
-            return True
-        except Exception:
-            return False
-
-    with ThreadPoolExecutor(threads) as ex:
-        ok[:] = list(ex.map(ref, range(n)))
+        ok = np.array(list(ex.map(one, range(n))), bool)
     return dims, win, refs, ok
 
 

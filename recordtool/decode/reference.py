@@ -97,8 +97,12 @@ def decode_crop_resize_one(data, window, out_w: int, out_h: int, m: int | None =
 
 def truth(data, window, out_w: int, out_h: int) -> np.ndarray:
     """Pillow decode → crop → resize(BILINEAR): crop first, then resize."""
+    return truth_of(Image.open(io.BytesIO(bytes(data))).convert("RGB"), window, out_w, out_h)
+
+
+def truth_of(im, window, out_w: int, out_h: int) -> np.ndarray:
+    """`truth` on an image Pillow already decoded (RGB)."""
     y, x, h, w = (float(v) for v in window)
-    im = Image.open(io.BytesIO(bytes(data))).convert("RGB")
     if float(x).is_integer() and float(y).is_integer() and float(w).is_integer() and float(h).is_integer():
         return np.asarray(im.crop((int(x), int(y), int(x + w), int(y + h))).resize((out_w, out_h), Image.BILINEAR))
     return np.asarray(im.resize((out_w, out_h), Image.BILINEAR, box=(x, y, x + w, y + h)))
