@@ -39,6 +39,16 @@ setup(
             extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden", "-Wall", "-msse4.1"],
             language="c++",
             optional=True,
-        )
+        ),
+        # nvJPEG's hardware batch submission without the GIL (no CUDA at build time: nvJPEG's
+        # functions are passed by address at run time); optional like the decoder
+        Extension(
+            "recordtool._nvsubmit",
+            sources=["native/nvjpeg_submit.cpp"],
+            include_dirs=include,
+            extra_compile_args=["-O2", "-std=c++17", "-fvisibility=hidden", "-Wall"],
+            language="c++",
+            optional=True,
+        ),
     ]
 )

@@ -300,17 +300,46 @@ def verify(root, decode, threads, cache_dir, cache_limit, quiet):
 @click.option("--dali-files", type=click.Path(exists=True, file_okay=False), default=None,
               help="Also run DALI reading this ImageNet-style folder's JPEG files (the original files).")
 @click.option("--baseline/--no-baseline", default=True, show_default=True, help="Run the Pillow baseline.")
+@click.option("--train", "train_arch", default=None, metavar="ARCH",
+              help="Train this torchvision model (resnet50, resnet18, …) with each pipeline instead: "
+                   "synthetic, the Loader, DALI and torchvision on --dali-files (recordtool.train_bench).")
+@click.option("--steps", type=click.IntRange(1, 100000), default=50, show_default=True,
+              help="--train: timed steps per run (after 15 warm-up steps).")
+@click.option("--repeats", type=click.IntRange(1, 100), default=3, show_default=True,
+              help="--train: runs of each pipeline, interleaved.")
+@click.option("--pipelines", default="synthetic;recordtool;dali;torchvision", show_default=True,
+              help="--train: ';'-separated; 'recordtool:split=gpu,producers=2' sets Loader options.")
+@click.option("--compile", "compile_", is_flag=True, help="--train: torch.compile the model.")
+@click.option("--consumer-ms", type=click.FloatRange(0, 10000), default=60.0, show_default=True,
+              help="--train with --device cpu: CPU milliseconds the consumer spends per batch (no model).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def bench(root, device, batch_size, threads, epochs, images, json_path, plot_path, producers, dali, dali_files,
-          baseline, quiet):
+          baseline, train_arch, steps, repeats, pipelines, compile_, consumer_ms, quiet):
     """Measure read, the decode stage and the full Loader on ROOT, against DALI and Pillow.
 
     DALI (RandomResizedCrop → resize → flip → normalize; on cuda the best of hw_decoder_load
     0.65/0.75/0.9) and the Pillow baseline (decode + RandomResizedCrop + ToTensor, one process per
     thread) run on the same records, batch and threads in the same run; the table gives ratios.
+
+    With --train ARCH: end-to-end training throughput instead — the model trained with synthetic
+    data, the Loader, DALI and torchvision's DataLoader (the last two on --dali-files) in turn,
+    each --repeats times; img/s, ratios to synthetic and DALI, the host's wait per step.
     """
     from .bench import plot, run, table
     from .errors import RecordtoolError
+
+    if train_arch is not None:
+        from . import train_bench
+
+        names = [p for p in pipelines.split(";") if p]
+        if dali_files is None:
+            names = [p for p in names if p.partition(":")[0] not in ("dali", "torchvision")]
+        res = train_bench.run(root, dali_files, train_arch, None, batch_size, steps, 15, repeats, names, threads,
+                              device, compile_, consumer_ms, log=lambda m: None if quiet else click.echo(m))
+        click.echo(train_bench.table(res))
+        if json_path:
+            train_bench.write_json(res, json_path)
+        return
 
     try:
         r = run(root, device=device, batch_size=batch_size, threads=threads, epochs=epochs, images=images,

@@ -5,7 +5,7 @@
 #          .dali/dali-part-N and .dali/dali-extra (../shared/tools/dali_carry.sh .dali). Parts are
 #          kept in /tmp/dali-parts while the machine stays warm; with all three there, DALI is
 #          assembled and imported by every benchmark (the peer of issue 12).
-#   steps: STEPS="tests data384 transcode fidelity gpu gpu384 loader loader384 dist memory train decode format tune presets raypack"
+#   steps: STEPS="tests trainbench data384 transcode fidelity gpu gpu384 loader loader384 dist memory train decode format tune presets raypack"
 #   raypack: pack --engine ray against --engine local on CORES_PER_GPU cores; needs .rayc too
 #          (RAY=1 scripts/prepare_device_carry.sh), e.g. carry [".whl", ".carry", ".rayc"]
 #   a step is skipped when fewer than its estimated seconds are left of DEADLINE (default 570 s)
@@ -45,7 +45,11 @@ if [ ! -f recordtool/_native*.so ] || [ native/fused.cpp -nt recordtool/_native*
 fi
 python3 -c "from recordtool import _native; print('native ok, libjpeg API', _native.LIBJPEG_VERSION)"
 if has tests && fits tests 200; then
-  RECORDTOOL_REQUIRE_NATIVE=1 timeout 240 python3 -m pytest -q -x -p no:cacheprovider ${PYTEST_ARGS:-tests} > "$OUT/pytest.log" 2>&1
+  # the whole suite, never -x: a failure must not hide what comes after it (the GPU rule, README)
+  # the GPU suite: every test file that runs the decoders, the Loader or the native part
+  GPU_SUITE="tests/test_gpu.py tests/test_loader.py tests/test_decode_cpu.py tests/test_windows.py tests/test_distributed.py tests/test_bench_cli.py"
+  RECORDTOOL_REQUIRE_NATIVE=1 timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rs ${PYTEST_ARGS:-$GPU_SUITE} \
+    > "$OUT/pytest.log" 2>&1
   echo "pytest: $(tail -1 "$OUT/pytest.log") ($SECONDS s)"
 fi
 if [ ! -f /tmp/bench-packed/manifest.json ]; then  # a warm machine keeps the data of the last call
@@ -141,6 +145,17 @@ if has train && fits train 150; then
     one_gpu timeout 120 python3 scripts/train_imagenet.py --loader $cfg --steps 40 --warmup 10 >> "$OUT/train.log" 2>&1
   done
 fi
+if has trainbench && fits trainbench 150; then
+  # end-to-end training throughput (recordtool.train_bench): each TRAIN_CONFIGS entry arch:batch
+  for cfg in ${TRAIN_CONFIGS:-resnet18:512 resnet50:256}; do
+    a=${cfg%%:*}; b=${cfg##*:}
+    fits "trainbench $a" 60 || break
+    one_gpu timeout ${TRAIN_TIMEOUT:-300} python3 -m recordtool.train_bench ${TRAIN_DATA:-/tmp/bench-packed} --files /tmp/bench \
+      --arch "$a" --batch "$b" --repeats ${TRAIN_REPEATS:-3} --steps ${TRAIN_STEPS:-50} --warmup ${TRAIN_WARMUP:-15} \
+      --pipelines "${TRAIN_PIPELINES:-synthetic;recordtool;synthetic+recordtool;dali;torchvision}" ${TRAIN_ARGS:-} \
+      --json "$OUT/train_bench_${a}_${b}${TRAIN_TAG:-}.json" > "$OUT/train_bench_${a}_${b}${TRAIN_TAG:-}.log" 2>&1
+  done
+fi
 if has decode && fits decode 60; then
   one_gpu python3 scripts/bench_decode.py /tmp/bench-packed --images "$IMAGES" --json "$OUT/bench_decode.json" \
     > "$OUT/bench_decode.log" 2>&1
@@ -166,6 +181,7 @@ for f in "$OUT"/bench_gpu*.log; do [ -f "$f" ] && { echo "--- $f"; grep -A25 "su
 cat "$OUT"/bench_cli_*.log 2>/dev/null
 for f in "$OUT"/dist_*.log; do [ -f "$f" ] && { echo "--- $f"; grep -E "epoch|rank|total|coverage|resume|Error" "$f" | tail -24; }; done
 for f in "$OUT"/loader_memory_*.log; do [ -f "$f" ] && { echo "--- $f"; tail -16 "$f"; }; done; grep "train_imagenet\|Error" "$OUT/train.log" 2>/dev/null
+for f in "$OUT"/train_bench_*.log; do [ -f "$f" ] && { echo "--- $f"; sed -n '/^training throughput/,$p' "$f"; grep -E "Error|Traceback" "$f" | tail -3; }; done
 cat "$OUT"/bench_decode.log "$OUT"/bench_format.log "$OUT/tune.log" 2>/dev/null | tail -40
 cat "$OUT/presets.log" "$OUT/transcode.log" 2>/dev/null
 tail -8 "$OUT/bench_ray_pack.log" 2>/dev/null

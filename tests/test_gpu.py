@@ -131,6 +131,31 @@ def test_gpu_matches_cpu_40db(split):
 
 
 @gpu
+def test_native_submit_matches_the_ctypes_loop():
+    """The engines' GIL-free batch submission (recordtool._nvsubmit) decodes exactly what the
+    ctypes loop it replaces decodes (its reference), and is the default where it is built."""
+    from recordtool.decode import nvjpeg
+    from recordtool.decode.gpu import GPUDecoder
+
+    bufs, sizes = _jpegs()
+    ids = np.arange(len(bufs))
+    win = random_windows(sizes[:, 0], sizes[:, 1], ids, 5, 0)
+    flips = random_flips(ids, 5, 0)
+    outs = []
+    for native in (False, True):
+        dec = GPUDecoder(max_batch=32, dtype="uint8", layout="NHWC", split="gpu")
+        if dec.hw is None:
+            pytest.skip(f"no NVJPG engines: {dec.hw_error}")
+        assert dec.native_submit == (nvjpeg._nvsubmit is not None)
+        dec.native_submit = native
+        outs.append(cupy.asnumpy(dec(bufs, win, flips, _hw(bufs))))
+        assert dec.last.gpu == int((_hw(bufs) == ENGINE).sum())
+        dec.close()
+    assert nvjpeg._nvsubmit is not None  # built on the GPU machine (setup.py)
+    assert np.array_equal(outs[0], outs[1])
+
+
+@gpu
 def test_hybrid_off_sends_progressive_and_gray_to_cpu():
     from recordtool.decode.gpu import GPUDecoder
 
@@ -267,7 +292,7 @@ def test_cuda_loader_matches_cpu_loader_and_resumes(packed_mix):
         for a, b in zip(xg, xc):  # back to 0..255 pixels to compare
             assert psnr((a * std + mean) * 255, (b * std + mean) * 255) >= 40
     split = gpu_loader.last_split
-    assert split["gpu"] + split["hybrid"] + split["cpu"] == split["n"]
+    assert split.gpu + split.hybrid + split.cpu == split.n
     # resume mid-epoch on the GPU: the same batches as the uninterrupted run (bit for bit with a
     # fixed split; the auto split moves images between engines and CPU by measured speed)
     kw["split"] = "gpu"
@@ -343,6 +368,35 @@ def test_planner_routes_eoi_and_fixed_splits():
     assert len(p.engine) == 0 and {0, 2, 3, 4, 5} <= set(p.cpu.tolist())
     with pytest.raises(ValueError):
         SplitPlanner(1.5)
+
+
+def test_demand_keeps_the_cpu_share_to_what_the_consumer_waits_for():
+    """Engines first: with a consumer that never waits the CPU takes no engine image whatever
+    the measured rates say; while it waits, the CPU share grows up to the balanced one."""
+    from recordtool.decode.gpu import Demand, SplitPlanner
+
+    routes = np.array([ENGINE] * 90 + [CPU] * 10, np.int8)
+    eoi = np.ones(100, bool)
+    demand = Demand()
+    p = SplitPlanner("auto", demand=demand)
+    p.observe(100, 50, 0.01, 50, 0.01)  # equal rates: balanced share 0.5
+    assert p.cpu_fraction == pytest.approx(0.5)
+    for _ in range(20):  # a consumer that finds every batch ready
+        demand.observe(wait=0.0, interval=0.05)
+    assert demand.allowed == 0.0
+    plan = p.plan(routes, eoi)
+    assert len(plan.cpu) == plan.forced == 10 and len(plan.engine) == 90  # only what no GPU decoder takes
+    for k in range(3):  # a consumer waiting 20 ms of each 50 ms step
+        demand.observe(wait=0.02, interval=0.05)
+    assert demand.allowed == pytest.approx(0.3)
+    assert len(p.plan(routes, eoi).cpu) == 30
+    for _ in range(20):
+        demand.observe(wait=0.02, interval=0.05)
+    assert demand.allowed == demand.ceiling and len(p.plan(routes, eoi).cpu) == 50  # the balanced share caps it
+    demand.observe(wait=0.0005, interval=0.05)  # under the threshold: not waiting
+    assert demand.allowed == pytest.approx(demand.ceiling - demand.down)
+    fixed = SplitPlanner(0.25, demand=Demand())  # a fixed split is what the user asked for
+    assert len(fixed.plan(routes, eoi).cpu) == 25
 
 
 def test_planner_auto_split_follows_measured_rates():

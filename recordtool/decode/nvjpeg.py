@@ -11,7 +11,14 @@ import glob
 import os
 import sys
 
+import numpy as np
+
 from ..errors import RecordtoolError
+
+try:  # the GIL-free batch submission (native/nvjpeg_submit.cpp); optional like the decoder
+    from .. import _nvsubmit
+except ImportError:
+    _nvsubmit = None
 
 # enums (nvjpeg.h)
 BACKEND_DEFAULT, BACKEND_HYBRID, BACKEND_GPU_HYBRID, BACKEND_HARDWARE = 0, 1, 2, 3
@@ -167,6 +174,7 @@ class HardwareDecoder(_Handle):
         self._lens = (ctypes.c_size_t * max_batch)()
         self._imgs = (Image * max_batch)()
         self._batch = None
+        self._fns = None  # (SetROI, DecodeBatchedEx) addresses for the GIL-free submission
 
     def preallocate(self, batch: int, width: int, height: int, chroma: int) -> None:
         """Size nvJPEG's internal buffers for the largest expected image up front, so a larger
@@ -178,8 +186,12 @@ class HardwareDecoder(_Handle):
         check("nvjpegDecodeBatchedPreAllocate", L.nvjpegDecodeBatchedPreAllocate(
             self.handle, self.state, batch, width, height, chroma, OUTPUT_RGBI))
 
-    def decode(self, host_ptrs, lengths, rois, dst_ptrs, dst_pitches, stream_ptr: int) -> None:
-        """Decode len(host_ptrs) JPEGs; ROI k = (x, y, w, h) lands at dst_ptrs[k] (RGBI, pitch)."""
+    def decode(self, host_ptrs, lengths, rois, dst_ptrs, dst_pitches, stream_ptr: int, native: bool = True) -> None:
+        """Decode len(host_ptrs) JPEGs; ROI k = (x, y, w, h) lands at dst_ptrs[k] (RGBI, pitch).
+
+        native: submit the batch in one GIL-free call (recordtool._nvsubmit) when it is built;
+        False: the ctypes loop below, its reference (a ctypes call per image, each taking the GIL
+        back — hundreds of hand-offs a batch with a training loop on the main thread)."""
         n = len(host_ptrs)
         if n == 0:
             return
@@ -190,14 +202,27 @@ class HardwareDecoder(_Handle):
             check("nvjpegDecodeBatchedInitialize",
                   L.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, OUTPUT_RGBI))
             self._batch = n
+        if native and _nvsubmit is not None:
+            if self._fns is None:
+                addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
+                self._fns = (addr(L.nvjpegDecodeParamsSetROI), addr(L.nvjpegDecodeBatchedEx))
+            status, call, at = _nvsubmit.submit(
+                *self._fns, self.handle.value, self.state.value, ctypes.addressof(self.params),
+                ctypes.addressof(self._ptrs), ctypes.addressof(self._lens), ctypes.addressof(self._imgs),
+                np.asarray(host_ptrs, np.int64), np.asarray(lengths, np.int64),
+                np.asarray(rois, np.int64).reshape(n, 4), np.asarray(dst_ptrs, np.int64),
+                np.asarray(dst_pitches, np.int64), int(stream_ptr or 0), self.max_batch)
+            if status:
+                check("nvjpegDecodeParamsSetROI" if call == 1 else "nvjpegDecodeBatchedEx", status)
+            return
         for k in range(n):
-            self._ptrs[k] = host_ptrs[k]
-            self._lens[k] = lengths[k]
-            x, y, w, h = rois[k]
+            self._ptrs[k] = int(host_ptrs[k])
+            self._lens[k] = int(lengths[k])
+            x, y, w, h = (int(v) for v in rois[k])
             check("nvjpegDecodeParamsSetROI", L.nvjpegDecodeParamsSetROI(self.params[k], x, y, w, h))
             img = self._imgs[k]
-            img.channel[0] = dst_ptrs[k]
-            img.pitch[0] = dst_pitches[k]
+            img.channel[0] = int(dst_ptrs[k])
+            img.pitch[0] = int(dst_pitches[k])
         check("nvjpegDecodeBatchedEx", L.nvjpegDecodeBatchedEx(
             self.handle, self.state, self._ptrs, self._lens, self._imgs, self.params, stream_ptr))
 
@@ -247,7 +272,9 @@ class HybridDecoder(_Handle):
         check("nvjpegDecodeParamsCreate", L.nvjpegDecodeParamsCreate(self.handle, ctypes.byref(self.params)))
         check("nvjpegDecodeParamsSetOutputFormat", L.nvjpegDecodeParamsSetOutputFormat(self.params, OUTPUT_RGBI))
         self._record = cupy.cuda.runtime.eventRecord
-        self.events = [cupy.cuda.Event(disable_timing=True), cupy.cuda.Event(disable_timing=True)]
+        # blocking-sync events: waiting for a pinned buffer's copy sleeps instead of spinning a core
+        block = os.environ.get("RECORDTOOL_GPU_SYNC", "block") == "block"
+        self.events = [cupy.cuda.Event(block=block, disable_timing=True) for _ in range(2)]
         self.set_padding(16 << 20)
         self._used = [False, False]
         self._k = 0

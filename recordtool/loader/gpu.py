@@ -52,6 +52,14 @@ class GPUBatcher:
         # normalises it into `ring` (a 1:1 resample is an exact copy)
         self.raw_ring = OutputRing((max_batch, s, s, 3), "uint8", slots, device) if user_op is not None else None
         self._normalize = kernel(dtype, layout) if user_op is not None else None
+        from ..decode.gpu.plan import Demand
+
+        # engines first: the CPU takes a share of their images only while the consumer waits
+        self.demand = Demand()
+
+    def consumer_waited(self, wait: float, interval: float) -> None:
+        """The consumer's wait for its last batch (EpochIterator), steering the CPU share."""
+        self.demand.observe(wait, interval)
 
     def decoder(self, slot: int):
         """The GPUDecoder of a producer slot, made and warmed up on first use, kept across epochs."""
@@ -67,7 +75,7 @@ class GPUBatcher:
                                  dtype="uint8" if raw else self.dtype, mean=self.mean, std=self.std,
                                  device=self.device, split=self.split, hybrid=self.hybrid,
                                  cpu_threads=self.cpu_threads,
-                                 ring=self.raw_ring if raw else self.ring)
+                                 ring=self.raw_ring if raw else self.ring, demand=self.demand)
                 dec.warmup(ix.jpeg_length, ix.width, ix.height, routes=self.routes)
                 self._decoders[slot] = dec
         return dec
@@ -104,7 +112,7 @@ class GPUBatcher:
         dec.buf.samples_dev[: samples.nbytes].set(samples.view(np.uint8), stream=dec.stream)
         out = self.ring.acquire(n, dec.stream)
         launch(self._normalize, dec.buf.samples_dev, n, out, (s, s), self.mean, self.std, dec.stream)
-        dec.stream.synchronize()
+        dec.sync()
         return out
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ just where the epoch stands, and resuming yields exactly the batches an uninterr
 from __future__ import annotations
 
 import os
+import time
 import warnings
 import weakref
 from typing import Literal
@@ -227,6 +228,7 @@ class EpochIterator:
             return batcher(batches[j], epoch, slot)
 
         self._prefetcher = Prefetcher(len(batches), make, loader.producers, loader.prefetch)
+        self._last = None  # when the previous batch was handed out
 
     def __iter__(self):
         return self
@@ -236,6 +238,7 @@ class EpochIterator:
 
     def __next__(self):
         ld = self.loader
+        t = time.perf_counter()
         try:
             made = next(self._prefetcher)
         except StopIteration:
@@ -244,6 +247,11 @@ class EpochIterator:
                 ld.epoch, ld._yielded = self.epoch + 1, 0
             raise
         ids = self.batches[self._prefetcher.done - 1]
+        now = time.perf_counter()
+        steer = getattr(ld.batcher, "consumer_waited", None)
+        if steer is not None and self._last is not None:  # how long the training loop waited
+            steer(now - t, now - self._last)
+        self._last = now
         if made.report is not None:
             ld.last_split = made.report
         for k, v in made.stages.items():

@@ -8,8 +8,9 @@
 from .buffers import OutputRing, device_memory_used
 from .decoder import BatchReport, GPUDecoder, to_torch
 from .kernel import SAMPLE_DTYPE, kernel
-from .plan import CPU, ENGINE, HYBRID, Plan, Route, Split, SplitPlanner, ends_with_eoi, hardware_decodable, route
+from .plan import (CPU, ENGINE, HYBRID, Demand, Plan, Route, Split, SplitPlanner, ends_with_eoi, hardware_decodable,
+                   route)
 
 __all__ = ["GPUDecoder", "BatchReport", "OutputRing", "to_torch", "device_memory_used", "kernel", "SAMPLE_DTYPE",
            "route", "hardware_decodable", "ends_with_eoi", "Route", "ENGINE", "HYBRID", "CPU", "Split",
-           "SplitPlanner", "Plan"]
+           "SplitPlanner", "Plan", "Demand"]

@@ -76,9 +76,9 @@ class DecodeBuffers:
         need_arena = int(region_bytes(windows[:, 3], windows[:, 2]).sum())
         self.reserve(staging_bytes([len(x) for x in buffers]), need_arena)
 
-    def place(self, windows, idx) -> dict:
+    def place(self, windows, idx) -> "Places":
         """Place each window of `idx` (whole-pixel region) in the arena and fill its sample row.
-        Returns {index: (rx, ry, rw, rh, dst, pitch)} for the decoders."""
+        Returns where each landed, for the decoders."""
         s = self.samples
         win = windows[idx]
         y, x, hh, ww = win[:, 0], win[:, 1], win[:, 2], win[:, 3]
@@ -90,8 +90,7 @@ class DecodeBuffers:
         dst = self.arena.data.ptr + np.concatenate([[0], np.cumsum(size)[:-1]]).astype(np.int64)
         s["src"][idx], s["pitch"][idx], s["rw"][idx], s["rh"][idx] = dst, pitch, rw, rh
         s["x0"][idx], s["y0"][idx], s["x1"][idx], s["y1"][idx] = x - rx, y - ry, x + ww - rx, y + hh - ry
-        return dict(zip(idx.tolist(), zip(rx.tolist(), ry.tolist(), rw.tolist(), rh.tolist(), dst.tolist(),
-                                          pitch.tolist())))
+        return Places(idx, len(windows), np.stack([rx, ry, rw, rh], 1), dst, pitch)
 
     def place_whole(self, idx, size, base: int) -> None:
         """Sample rows of images that are already output-sized, packed back to back from `base`
@@ -101,6 +100,30 @@ class DecodeBuffers:
         s["src"][idx] = base + np.arange(len(idx), dtype=np.int64) * (h * w * 3)
         s["pitch"][idx], s["rw"][idx], s["rh"][idx] = w * 3, w, h
         s["x0"][idx], s["y0"][idx], s["x1"][idx], s["y1"][idx] = 0.0, 0.0, float(w), float(h)
+
+
+class Places:
+    """Where each placed window of a batch lands: its whole-pixel region (x, y, w, h) of the
+    source and its destination (device pointer, pitch) in the arena, by batch position."""
+
+    def __init__(self, idx, n: int, rois, dst, pitch):
+        self._row = np.full(n, -1, np.int64)
+        self._row[np.asarray(idx, np.int64)] = np.arange(len(idx))
+        self.rois, self.dst, self.pitch = rois.astype(np.int64), dst.astype(np.int64), pitch.astype(np.int64)
+
+    def __getitem__(self, i: int) -> tuple:
+        """(rx, ry, rw, rh, dst, pitch) of batch position i."""
+        r = self._row[int(i)]
+        if r < 0:
+            raise KeyError(i)
+        return (*(int(v) for v in self.rois[r]), int(self.dst[r]), int(self.pitch[r]))
+
+    def take(self, idx) -> tuple:
+        """(rois (k, 4), dst (k,), pitch (k,)) of batch positions idx, as arrays."""
+        r = self._row[np.asarray(idx, np.int64)]
+        if (r < 0).any():
+            raise KeyError("position not placed")
+        return self.rois[r], self.dst[r], self.pitch[r]
 
 
 class OutputRing:

@@ -7,6 +7,7 @@ what neither takes and for a share of the rest (plan.py decides), then one CUDA 
 """
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from .. import cpu
 from ..ops import IMAGENET_MEAN, IMAGENET_STD
 from . import kernel as K
 from .buffers import DecodeBuffers, OutputRing
-from .plan import CPU, ENGINE, HYBRID, Split, SplitPlanner, ends_with_eoi
+from .plan import CPU, ENGINE, HYBRID, Demand, Split, SplitPlanner, ends_with_eoi
 
 
 @dataclass
@@ -60,12 +61,14 @@ class GPUDecoder:
         hybrid: send progressive and gray files to nvJPEG's hybrid decoder (else to the CPU).
         ring: the output ring to take batches from (shared by the producers of a Loader);
             None: warmup() makes one.
+        demand: the Loader's consumer-steered cap on the CPU share (plan.Demand), shared by
+            its producers' decoders; None: the auto split follows measured rates alone.
     """
 
     def __init__(self, size=(224, 224), max_batch: int = 256, layout: K.Layout = "NCHW",
                  dtype: K.DType = "float16", mean=IMAGENET_MEAN, std=IMAGENET_STD, cpu_threads: int | None = None,
                  split: Split = "auto", device: int = 0, pool: int | None = None, hybrid: bool = True,
-                 ring: OutputRing | None = None):
+                 ring: OutputRing | None = None, demand: Demand | None = None):
         import cupy
 
         K.check(dtype, layout)
@@ -80,9 +83,11 @@ class GPUDecoder:
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)
         self.cpu_threads = cpu_threads or max(1, cpu.cores() - 1)
+        # engines' batch submitted in one GIL-free call; RECORDTOOL_GPU_SUBMIT=python: the ctypes loop
+        self.native_submit = _setting("SUBMIT", "native") == "native"
         self._own_pool = pool is None
         self.pool = cpu.new_pool_id() if pool is None else pool
-        self.planner = SplitPlanner(split)
+        self.planner = SplitPlanner(split, demand=demand)
         self.last = BatchReport()
         self.ring = ring
         self.hw = self.hybrid = None
@@ -91,7 +96,8 @@ class GPUDecoder:
         # for the decoder's life (a thread per batch would churn stacks and malloc arenas)
         self._workers = ThreadPoolExecutor(2, thread_name_prefix="recordtool-gpu")
         with self.device:
-            self.stream = cupy.cuda.Stream(non_blocking=True)
+            self.stream = _stream(cupy)
+            self._done = _Waiter(cupy)
             self._kernel = K.kernel(dtype, layout)
             if self.planner.split != "cpu":
                 from ..nvjpeg import HardwareDecoder, HybridDecoder, NvjpegError
@@ -102,13 +108,18 @@ class GPUDecoder:
                     self.hw_error = str(e)
                 if hybrid:
                     try:
-                        self.hybrid_stream = cupy.cuda.Stream(non_blocking=True)
+                        self.hybrid_stream = _stream(cupy)
+                        self._hybrid_done = _Waiter(cupy)
                         self.hybrid = HybridDecoder(self.hybrid_stream.ptr)
                     except (NvjpegError, OSError) as e:
                         self.hybrid_error = str(e)
             self.buf = DecodeBuffers(cupy, max_batch, self.size, device)
         self.planner.engines = self.hw is not None
         self.planner.hybrid = self.hybrid is not None
+
+    def sync(self) -> None:
+        """Wait for the work queued on this decoder's stream (sleeping, see _event)."""
+        self._done(self.stream)
 
     @property
     def split(self):
@@ -176,7 +187,7 @@ class GPUDecoder:
             for _ in range(2):  # once per pinned buffer (they alternate)
                 self.hybrid.decode(view.ctypes.data, len(view), (0, 0, width, height), self.buf.arena.data.ptr,
                                    width * 3)
-            self.hybrid_stream.synchronize()
+            self._hybrid_done(self.hybrid_stream)
         del view
 
     # ------------------------------------------------------------------ one batch
@@ -239,7 +250,7 @@ class GPUDecoder:
             out = self.ring.acquire(n, self.stream) if self.ring is not None else \
                 self.cupy.empty(self.output_shape(n), self.dtype)
             K.launch(self._kernel, self.buf.samples_dev, n, out, self.size, self.mean, self.std, self.stream)
-            self.stream.synchronize()
+            self._done(self.stream)
             t_gpu = None
             if len(plan.engine) and not hw_failed:  # engine time: host submission or device work, the longer
                 t_gpu = max(t_submit, self.cupy.cuda.get_elapsed_time(ev_start, ev_decoded) / 1e3)
@@ -278,9 +289,10 @@ class GPUDecoder:
             offs = np.cumsum([0] + [(len(b) + 63) // 64 * 64 for b in bufs[:-1]])
             for o, b in zip(offs, bufs):
                 stage[o:o + len(b)] = np.frombuffer(b, np.uint8)
-        ps = [places[int(i)] for i in idx]
-        self.hw.decode((base + np.asarray(offs, np.int64)).tolist(), [len(b) for b in bufs], [p[:4] for p in ps],
-                       [p[4] for p in ps], [p[5] for p in ps], self.stream.ptr)
+        rois, dst, pitch = places.take(idx)
+        lengths = np.fromiter((len(b) for b in bufs), np.int64, len(bufs))
+        self.hw.decode(base + np.asarray(offs, np.int64), lengths, rois, dst, pitch, self.stream.ptr,
+                       native=self.native_submit)
 
     def _decode_hybrid(self, buffers, idx, places):
         """Hybrid-decode each window (Huffman on this thread, the rest on the hybrid stream);
@@ -295,7 +307,7 @@ class GPUDecoder:
                     self.hybrid.decode(view.ctypes.data, len(view), (rx, ry, rw, rh), dst, pitch)
                 except Exception:
                     failed.append(i)
-            self.hybrid_stream.synchronize()
+            self._hybrid_done(self.hybrid_stream)
         return failed, time.perf_counter() - t
 
     def close(self):
@@ -309,6 +321,40 @@ class GPUDecoder:
             if d is not None:
                 d.close()
                 setattr(self, name, None)
+
+
+def _setting(name: str, default: str) -> str:
+    return os.environ.get("RECORDTOOL_GPU_" + name, default)
+
+
+def _stream(cupy):
+    """A non-blocking stream at the device's highest priority: the decoders' few small kernels
+    are scheduled ahead of the training step's queued ones instead of waiting behind them."""
+    if _setting("PRIORITY", "high") == "high":
+        for priority in (-5, -1):  # CUDA's greatest priority on current GPUs; -1 where CuPy checks the range
+            try:
+                return cupy.cuda.Stream(non_blocking=True, priority=priority)
+            except Exception:  # an older CuPy without stream priorities, or a range check
+                continue
+    return cupy.cuda.Stream(non_blocking=True)
+
+
+class _Waiter:
+    """Waits for a stream's work so far by sleeping on a blocking-sync event
+    (cudaEventBlockingSync): with one CUDA context and many cores, CUDA's default wait spins a
+    core at 100 % for the whole decode — a core the training loop's own thread needs.
+    RECORDTOOL_GPU_SYNC=spin restores the default wait (for measurements)."""
+
+    def __init__(self, cupy):
+        self.block = _setting("SYNC", "block") == "block"
+        self.event = cupy.cuda.Event(block=True, disable_timing=True) if self.block else None
+
+    def __call__(self, stream) -> None:
+        if self.event is None:
+            stream.synchronize()
+            return
+        self.event.record(stream)
+        self.event.synchronize()
 
 
 def _refused(data) -> bool:

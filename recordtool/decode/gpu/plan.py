@@ -99,6 +99,38 @@ class Rates:
 
 
 @dataclass
+class Demand:
+    """How much of the engines' work the CPU may take (split="auto"), steered by the consumer:
+    engines first; the CPU share grows only while the training loop waits for batches, and
+    gives its cores back while it does not. Measured rates alone cannot say whether the CPU is
+    needed: a loader that keeps ahead of the model should leave the cores to the training loop
+    (its Python thread launching kernels), not balance two sides for a speed nobody consumes.
+
+    One per Loader, shared by its producers' planners; written only by the consumer's thread
+    (`observe`), read by the producers (a float: atomic under the GIL).
+
+    Args:
+        allowed: the CPU's largest share now (0..ceiling).
+        up, down: how far one batch the consumer waited for / did not wait for moves it.
+        ceiling: the share it never passes.
+        threshold: the wait, as a fraction of the time between two batches, that counts as waiting.
+    """
+
+    allowed: float = 0.0
+    up: float = 0.1
+    down: float = 0.02
+    ceiling: float = 0.9
+    threshold: float = 0.02
+
+    def observe(self, wait: float, interval: float) -> None:
+        """The consumer waited `wait` s for its batch, `interval` s after the previous one."""
+        if interval > 0 and wait > self.threshold * interval:
+            self.allowed = min(self.ceiling, self.allowed + self.up)
+        else:
+            self.allowed = max(0.0, self.allowed - self.down)
+
+
+@dataclass
 class SplitPlanner:
     """Plans each batch and adapts the CPU share from the measured rates (`observe`).
 
@@ -106,6 +138,8 @@ class SplitPlanner:
         split: see `Split`.
         engines: the NVJPG engines are usable here.
         hybrid: the hybrid decoder is usable (else progressive / gray go to the CPU).
+        demand: with split="auto", caps the CPU share by what the consumer needs (`Demand`);
+            None: the share follows the measured rates alone.
     """
 
     split: Split = "auto"
@@ -113,6 +147,7 @@ class SplitPlanner:
     hybrid: bool = True
     rates: Rates = field(default_factory=Rates)
     cpu_fraction: float = 0.0
+    demand: Demand | None = None
 
     def __post_init__(self):
         self.split = check_split(self.split)
@@ -127,17 +162,20 @@ class SplitPlanner:
         routes = np.where(np.asarray(eoi, bool), routes, CPU)
         eligible = np.nonzero(routes == ENGINE)[0] if self.engines else np.zeros(0, np.int64)
         hyb = np.nonzero(routes == HYBRID)[0] if self.hybrid else np.zeros(0, np.int64)
+        share = self.cpu_fraction
+        if self.split == "auto" and self.demand is not None:
+            share = min(share, self.demand.allowed)
         rh, rg = self.rates.hybrid, self.rates.gpu
         if self.split == "auto" and rh and rg and len(hyb) > 2:
             # the hybrid decoder's Huffman pass is one thread: give it what it finishes while the
             # engines do their share; the rest goes to the CPU threads
-            t_engines = len(eligible) * (1 - self.cpu_fraction) / rg
+            t_engines = len(eligible) * (1 - share) / rg
             hyb = hyb[: max(2, int(rh * t_engines))]
         on_gpu = np.zeros(n, bool)
         on_gpu[eligible] = True
         on_gpu[hyb] = True
         forced = np.nonzero(~on_gpu)[0]
-        extra = max(0, min(len(eligible), int(round(self.cpu_fraction * n)) - len(forced)))
+        extra = max(0, min(len(eligible), int(round(share * n)) - len(forced)))
         moved, kept = eligible[len(eligible) - extra:], eligible[: len(eligible) - extra]
         return Plan(engine=kept, hybrid=hyb, cpu=np.concatenate([forced, moved]).astype(np.int64),
                     forced=len(forced))

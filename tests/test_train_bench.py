@@ -1,0 +1,73 @@
+"""`recordtool bench --train` (recordtool.train_bench) in its CPU form on a tiny dataset: every
+pipeline runs through the CLI, the table and JSON report what was measured, a failing pipeline
+is reported as failed (never as a number), and the per-thread CPU accounting adds up."""
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import jpeg_bytes, write
+from recordtool import peers, train_bench
+from recordtool.pack import pack
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train_bench")
+    for i in range(48):
+        write(str(root / "src" / f"c{i % 3}" / f"{i}.jpg"), jpeg_bytes(200, 150, seed=i))
+    pack(str(root / "src"), str(root / "out"), shards=2, progress=False)
+    return root
+
+
+def test_train_bench_cli_cpu_form(data, tmp_path):
+    pipes = "synthetic;recordtool;synthetic+recordtool;recordtool:producers=1" + (";dali" if peers.dali_available()
+                                                                                  else "")
+    p = subprocess.run([sys.executable, "-m", "recordtool.cli", "bench", str(data / "out"), "--train", "resnet18",
+                        "--device", "cpu", "--batch-size", "8", "--steps", "4", "--repeats", "2", "--threads", "2",
+                        "--consumer-ms", "5", "--pipelines", pipes, "--dali-files", str(data / "src"),
+                        "--json", str(tmp_path / "t.json")], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert "training throughput" in p.stdout and "recordtool:producers=1" in p.stdout
+    r = json.loads((tmp_path / "t.json").read_text())
+    names = [x["pipeline"] for x in r["runs"]]
+    assert names == pipes.split(";") * 2  # interleaved repeats
+    for run in r["runs"]:
+        assert run["error"] is None, run
+        assert run["img_s"] > 0 and run["steps"] == 4 and run["cores"]["total"] >= 0
+    s = r["summary"]
+    assert s["synthetic"]["vs_synthetic"] == pytest.approx(1.0)
+    assert s["recordtool"]["spread"] >= 1.0 and len(s["recordtool"]["runs"]) == 2
+    assert s["synthetic+recordtool"]["wait_ms"] >= 0
+
+
+def test_a_failing_pipeline_is_reported_not_measured(data):
+    res = train_bench.run(str(data / "out"), None, "resnet18", 64, 8, 2, 1, 1,
+                          ["recordtool:size=0", "dali", "nonsense"], 2, "cpu", consumer_ms=1, log=lambda m: None)
+    rows = res.summary()
+    assert set(rows) == {"recordtool:size=0", "dali", "nonsense"}
+    assert all("error" in row for row in rows.values()), rows
+    assert "needs the original files" in rows["dali"]["error"] and "unknown pipeline" in rows["nonsense"]["error"]
+    assert "failed" in train_bench.table(res)
+
+
+def test_thread_accounting_sees_a_busy_thread():
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            pass
+
+    t = threading.Thread(target=spin, name="spinner-7")
+    before = train_bench._threads_cpu()
+    t0 = time.perf_counter()
+    t.start()
+    time.sleep(0.5)
+    after = train_bench._threads_cpu()
+    stop.set()
+    t.join()
+    cores = train_bench._cores(before, after, time.perf_counter() - t0)
+    assert cores.get("spinner", 0) > 0.1 and cores["total"] >= cores["spinner"]  # grouped without its number
