@@ -62,13 +62,14 @@ _lib = None
 
 
 def lib():
-    global _lib
+    global _lib, _path
     if _lib is None:
         major = _cuda_major()
         errors = []
         for path in _candidates(major):
             try:
                 _lib = ctypes.CDLL(path)
+                _path = path
                 break
             except OSError as e:
                 errors.append(str(e))
@@ -77,6 +78,22 @@ def lib():
                           f"{'-cu12' if major == 12 else ''}); tried: {errors[-3:]}")
         _declare(_lib)
     return _lib
+
+
+_path = _quick = None
+
+
+def quick():
+    """The same library through ctypes.PyDLL: its calls keep the GIL. For nvJPEG's short calls
+    (parse a header, set an ROI or a buffer, queue device work) a call through CDLL releases the
+    GIL and must take it back — a hand-off with the training loop's thread every time, which
+    costs that thread more than the call itself. Long calls (Huffman decoding) go through lib()."""
+    global _quick
+    if _quick is None:
+        lib()
+        _quick = ctypes.PyDLL(_path)
+        _declare(_quick)
+    return _quick
 
 
 def _declare(L):
@@ -250,7 +267,7 @@ class HybridDecoder(_Handle):
         import cupy
 
         L = lib()
-        self.L = L
+        self.L, self.Q = L, quick()
         self.stream_ptr = stream_ptr
         self.handle = ctypes.c_void_p()
         check("nvjpegCreateEx(DEFAULT)", L.nvjpegCreateEx(BACKEND_DEFAULT, None, None, 0, ctypes.byref(self.handle)))
@@ -282,15 +299,16 @@ class HybridDecoder(_Handle):
 
     def decode(self, ptr: int, length: int, roi, dst: int, pitch: int) -> None:
         """Decode one JPEG's ROI (x, y, w, h) to dst (RGBI, pitch) on this decoder's stream."""
-        L, h, k = self.L, self.handle, self._k
+        # Q: short calls that keep the GIL; L: Huffman decoding and the copy, which release it
+        L, Q, h, k = self.L, self.Q, self.handle, self._k
         self._k ^= 1
         if self._used[k]:  # the copy out of this pinned buffer two images ago must be done
             self.events[k].synchronize()
         js = self.jstreams[k]
-        check("nvjpegJpegStreamParse", L.nvjpegJpegStreamParse(h, ptr, length, 0, 0, js))
+        check("nvjpegJpegStreamParse", Q.nvjpegJpegStreamParse(h, ptr, length, 0, 0, js))
         x, y, w, hh = roi
-        check("nvjpegDecodeParamsSetROI", L.nvjpegDecodeParamsSetROI(self.params, x, y, w, hh))
-        check("nvjpegStateAttachPinnedBuffer", L.nvjpegStateAttachPinnedBuffer(self.state, self.pinned[k]))
+        check("nvjpegDecodeParamsSetROI", Q.nvjpegDecodeParamsSetROI(self.params, x, y, w, hh))
+        check("nvjpegStateAttachPinnedBuffer", Q.nvjpegStateAttachPinnedBuffer(self.state, self.pinned[k]))
         check("nvjpegDecodeJpegHost", L.nvjpegDecodeJpegHost(h, self.decoder, self.state, self.params, js))
         check("nvjpegDecodeJpegTransferToDevice", L.nvjpegDecodeJpegTransferToDevice(
             h, self.decoder, self.state, js, self.stream_ptr))
@@ -298,7 +316,7 @@ class HybridDecoder(_Handle):
         self._used[k] = True
         self._img.channel[0] = dst
         self._img.pitch[0] = pitch
-        check("nvjpegDecodeJpegDevice", L.nvjpegDecodeJpegDevice(h, self.decoder, self.state,
+        check("nvjpegDecodeJpegDevice", Q.nvjpegDecodeJpegDevice(h, self.decoder, self.state,
                                                                  ctypes.byref(self._img), self.stream_ptr))
 
     def close(self):
