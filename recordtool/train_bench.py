@@ -115,28 +115,49 @@ class Result:
 
 # ---------------------------------------------------------------- models and the training step
 
-def _model(arch: str, device, compile_: bool):
+def _tiny(num_classes: int = 1000):
+    """A small CNN ("tiny"): the DDP mode's model for CPU runs and tests, where torchvision's
+    ResNets would take minutes a step on two cores."""
+    import torch.nn as nn
+
+    return nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(),
+                         nn.Linear(128, num_classes))
+
+
+def _model(arch: str, device, compile_: bool, ddp: bool = False):
     import torch
-    import torchvision
 
     torch.manual_seed(0)
-    model = getattr(torchvision.models, arch)(num_classes=1000).to(device).to(memory_format=torch.channels_last)
+    if arch == "tiny":
+        model = _tiny()
+    else:
+        import torchvision
+
+        model = getattr(torchvision.models, arch)(num_classes=1000)
+    model = model.to(device).to(memory_format=torch.channels_last)
+    if ddp:
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     step_model = torch.compile(model) if compile_ else model
     return step_model, opt
 
 
-def _train(batches, arch: str, steps: int, warmup: int, compile_: bool) -> tuple:
-    """Train `arch` on cuda with bf16 autocast and channels_last on `batches` (an iterator of
-    (x, y) on the GPU); returns (img/s, mean wait ms per timed step)."""
+def _train(batches, arch: str, steps: int, warmup: int, compile_: bool, device: str = "cuda",
+           ddp: bool = False) -> tuple:
+    """Train `arch` with channels_last (bf16 autocast on cuda) on `batches` (an iterator of
+    (x, y)); returns (img/s, mean wait ms per timed step, cores busy per thread group)."""
     import torch
 
-    dev = torch.device("cuda", torch.cuda.current_device())
-    model, opt = _model(arch, dev, compile_)
+    cuda = device == "cuda"
+    dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    model, opt = _model(arch, dev, compile_, ddp)
     seen, wait, t0, cpu0 = 0, 0.0, None, None
     for step in range(warmup + steps):
         if step == warmup:
-            torch.cuda.synchronize()
+            sync()
             t0, cpu0 = time.perf_counter(), _threads_cpu()
             wait = 0.0
         tw = time.perf_counter()
@@ -146,14 +167,14 @@ def _train(batches, arch: str, steps: int, warmup: int, compile_: bool) -> tuple
         if not x.is_contiguous(memory_format=torch.channels_last):
             x = x.contiguous(memory_format=torch.channels_last)
         y = y.to(dev, non_blocking=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
             loss = torch.nn.functional.cross_entropy(model(x), y.long() % 1000)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         if step >= warmup:
             seen += x.shape[0]
-    torch.cuda.synchronize()
+    sync()
     dt = time.perf_counter() - t0
     return seen / dt, wait / steps * 1e3, _cores(cpu0, _threads_cpu(), dt)
 
@@ -189,6 +210,7 @@ def _forever(loader):
 
 
 def _synthetic(batch: int, size: int, device: str):
+    """One batch reused. device: "cuda", "cpu" (numpy, the consumer form) or "cpu_torch"."""
     if device == "cpu":  # the CPU form needs no torch
         rng = np.random.default_rng(0)
         x, y = rng.standard_normal((batch, 3, size, size), np.float32), rng.integers(0, 1000, batch)
@@ -249,7 +271,8 @@ class _Beside:
             raise RuntimeError(f"the pipeline beside failed: {type(self.error).__name__}: {self.error}") from self.error
 
 
-def _dali(files: str, batch: int, size: int, threads: int, hw_decoder_load: float, device: str):
+def _dali(files: str, batch: int, size: int, threads: int, hw_decoder_load: float, device: str, shard: int = 0,
+          shards: int = 1, device_id: int = 0):
     from nvidia.dali import fn, pipeline_def, types
 
     from .decode.ops import IMAGENET_MEAN, IMAGENET_STD
@@ -258,11 +281,11 @@ def _dali(files: str, batch: int, size: int, threads: int, hw_decoder_load: floa
     items = jpeg_files(files)
     gpu = device == "cuda"
 
-    @pipeline_def(batch_size=batch, num_threads=threads, device_id=0 if gpu else None, prefetch_queue_depth=2,
-                  seed=0)
+    @pipeline_def(batch_size=batch, num_threads=threads, device_id=device_id if gpu else None,
+                  prefetch_queue_depth=2, seed=shard)
     def pipe():
         jpegs, label = fn.readers.file(files=[p for p, _ in items], labels=[int(y) for _, y in items],
-                                       random_shuffle=True, name="reader")
+                                       random_shuffle=True, name="reader", shard_id=shard, num_shards=shards)
         kw = {"hw_decoder_load": hw_decoder_load} if gpu else {}
         images = fn.decoders.image_random_crop(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB,
                                                random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3],
@@ -444,6 +467,157 @@ def write_json(res: Result, path: str) -> None:
                    "commit": os.environ.get("RECORDTOOL_COMMIT")}, f, indent=1, default=float)
 
 
+# ---------------------------------------------------------------- DDP: one rank per GPU (torchrun)
+
+def _digest(x) -> tuple:
+    """Exact integer checksum of a batch's bits (on its device)."""
+    import torch
+
+    v = torch.as_tensor(x).contiguous()
+    v = v.view(torch.int16 if v.element_size() == 2 else torch.int32).to(torch.int64).flatten()
+    w = torch.arange(v.numel(), device=v.device, dtype=torch.int64) % 65521 + 1
+    return int(v.sum().item()), int((v * w).sum().item())
+
+
+def ddp_run(packed: str, files: str | None, arch: str, size: int | None, batch: int, steps: int, warmup: int,
+            repeats: int, pipelines, threads: int | None, device: str, pin: bool = True, log=print) -> dict:
+    """The DDP form, in each process torchrun starts: the model wrapped in DistributedDataParallel,
+    one rank per GPU (NCCL; gloo on CPU), each pinned to its share of the cores (`pin`), the
+    Loader on its rank's share, DALI on its shard of the files. Every run's img/s and wait are
+    gathered per rank; then two checks on the Loader: every sample once per epoch across ranks,
+    and a mid-epoch resume on every rank equal to the uninterrupted run. Returns rank 0's
+    report (other ranks: {})."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from .loader import Loader
+
+    cuda = device == "cuda"
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
+    if pin and local_world > 1 and hasattr(os, "sched_setaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+        share = max(1, len(cpus) // local_world)
+        os.sched_setaffinity(0, cpus[local * share:(local + 1) * share])
+    if cuda:
+        torch.cuda.set_device(local % torch.cuda.device_count())
+        import cupy
+
+        cupy.cuda.Device(local % torch.cuda.device_count()).use()
+    backend = "nccl" if cuda and local_world <= torch.cuda.device_count() else "gloo"
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    threads = threads or len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (threads or 1)
+    size = size or ARCH_SIZES.get(arch, 224)
+    report: dict = {"world": world, "backend": backend, "device": device, "arch": arch, "size": size, "batch": batch,
+                    "threads_per_rank": threads, "runs": []}
+    for rep in range(repeats):
+        for name in pipelines:
+            base, _, spec = name.partition(":")
+            it, ld, err = None, None, None
+            try:
+                if base == "synthetic":
+                    it = _synthetic(batch, size, "cuda" if cuda else "cpu_torch")
+                elif base == "recordtool":
+                    ld = _loader(packed, batch, size, device, dict(_options(spec), as_torch=True))
+                    it = _forever(ld)
+                elif base == "dali":
+                    if files is None:
+                        raise ValueError("dali needs the original files (--files)")
+                    it = _dali(files, batch, size, threads, 0.75, device, rank, world, local)
+                else:
+                    raise ValueError(f"unknown pipeline {name!r} in the DDP form (synthetic, recordtool, dali)")
+                dist.barrier()
+                rate, wait, cores = _train(it, arch, steps, warmup, False, device, ddp=True)
+            except Exception as e:  # reported per rank, never a number
+                rate, wait, cores, err = float("nan"), float("nan"), {}, f"{type(e).__name__}: {e}"
+            finally:
+                if ld is not None:
+                    ld.close()
+                    ld.batcher.close()
+                del it
+                _release(device)
+            per_rank = [None] * world
+            dist.all_gather_object(per_rank, {"img_s": rate, "wait_ms": wait, "cores": cores, "error": err})
+            ok = [r for r in per_rank if r["error"] is None]
+            row = {"pipeline": name, "repeat": rep, "ranks": per_rank,
+                   "total_img_s": sum(r["img_s"] for r in ok) if len(ok) == world else float("nan")}
+            report["runs"].append(row)
+            if rank == 0:
+                log(f"  run {rep + 1}/{repeats} {name:<24} total {row['total_img_s']:10,.0f} img/s; per rank "
+                    + ", ".join(f"{r['img_s']:,.0f} (wait {r['wait_ms']:.1f} ms)" if r["error"] is None
+                                else f"failed: {r['error']}" for r in per_rank))
+    # every sample once per epoch across ranks, and a mid-epoch resume identical on every rank
+    kw = dict(batch_size=batch, size=size, device=device, drop_last=False, with_ids=True, as_torch=True,
+              dtype="float16" if cuda else "float32", split="gpu" if cuda else "auto")
+    ld = Loader(packed, **kw)
+    ids = np.concatenate([np.asarray(i) for _, _, i in ld]) if len(ld) else np.zeros(0, np.int64)
+    n = len(ld.ds)
+    pad = world * len(ld.sampler) - n  # DistributedSampler-style padding when n % world
+    ld.close()
+    ld.batcher.close()
+    gathered = [None] * world
+    dist.all_gather_object(gathered, ids.tolist())
+    counts = np.bincount(np.concatenate([np.asarray(g, np.int64) for g in gathered]), minlength=n)
+    covered = bool((counts == 1).all() or (pad > 0 and (counts >= 1).all() and counts.sum() == n + pad))
+
+    def batches_of(loader, limit=None):
+        out = []
+        for k, (x, y, i) in enumerate(loader):
+            out.append((np.asarray(i).tolist(), torch.as_tensor(y).cpu().tolist(), _digest(x)))
+            if limit is not None and k + 1 >= limit:
+                break
+        return out
+
+    full = Loader(packed, **kw)
+    full.set_epoch(1)
+    ref = batches_of(full)
+    full.close()
+    full.batcher.close()
+    part = Loader(packed, **kw)
+    part.set_epoch(1)
+    k = max(1, len(ref) // 3)
+    got = batches_of(part, k)
+    state = part.state_dict()
+    part.close()
+    part.batcher.close()
+    resumed = Loader(packed, **kw)
+    resumed.load_state_dict(state)
+    got += batches_of(resumed)
+    resumed.close()
+    resumed.batcher.close()
+    flags = [None] * world
+    dist.all_gather_object(flags, got == ref)
+    report["every_sample_once"] = covered
+    report["resume_identical"] = [bool(f) for f in flags]
+    dist.barrier()
+    dist.destroy_process_group()
+    return report if rank == 0 else {}
+
+
+def ddp_table(report: dict) -> str:
+    lines = [f"DDP training throughput: {report['arch']} @{report['size']}, batch {report['batch']} per rank, "
+             f"{report['world']} ranks ({report['device']}, {report['backend']}, {report['threads_per_rank']} "
+             f"threads/rank)", f"{'pipeline':<26}{'total img/s':>13}{'per rank (median of runs)':>40}"]
+    rows: dict = {}
+    for r in report["runs"]:
+        rows.setdefault(r["pipeline"], []).append(r)
+    for name, runs in rows.items():
+        totals = [r["total_img_s"] for r in runs if r["total_img_s"] == r["total_img_s"]]
+        if not totals:
+            err = next((x["error"] for r in runs for x in r["ranks"] if x["error"]), "failed")
+            lines.append(f"{name:<26} failed: {err}")
+            continue
+        per = [statistics.median(r["ranks"][k]["img_s"] for r in runs) for k in range(report["world"])]
+        waits = [statistics.median(r["ranks"][k]["wait_ms"] for r in runs) for k in range(report["world"])]
+        lines.append(f"{name:<26}{statistics.median(totals):13,.0f}   "
+                     + ", ".join(f"{p:,.0f} (wait {w:.1f} ms)" for p, w in zip(per, waits)))
+    lines.append(f"every sample once per epoch across ranks: {report['every_sample_once']}; "
+                 f"mid-epoch resume identical on every rank: {report['resume_identical']}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     import argparse
 
@@ -462,7 +636,21 @@ def main(argv=None) -> None:
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--consumer-ms", type=float, default=60.0)
     ap.add_argument("--json")
+    ap.add_argument("--ddp", action="store_true",
+                    help="the DDP form, under torchrun: one rank per GPU, each pinned to its share of the cores")
+    ap.add_argument("--no-pin", dest="pin", action="store_false", help="--ddp: leave the ranks' cores unpinned")
     a = ap.parse_args(argv)
+    if a.ddp:
+        report = ddp_run(a.packed, a.files, a.arch, a.size, a.batch, a.steps, a.warmup, a.repeats,
+                         [p for p in a.pipelines.split(";") if p], a.threads, a.device, a.pin)
+        if report:
+            print(ddp_table(report))
+            if a.json:
+                with open(a.json, "w") as f:
+                    json.dump(dict(report, commit=os.environ.get("RECORDTOOL_COMMIT")), f, indent=1, default=float)
+            if not (report["every_sample_once"] and all(report["resume_identical"])):
+                sys.exit(1)
+        return
     res = run(a.packed, a.files, a.arch, a.size, a.batch, a.steps, a.warmup, a.repeats,
               [p for p in a.pipelines.split(";" if ";" in a.pipelines else ",") if p], a.threads, a.device,
               a.compile, a.consumer_ms)

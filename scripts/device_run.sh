@@ -5,7 +5,7 @@
 #          .dali/dali-part-N and .dali/dali-extra (../shared/tools/dali_carry.sh .dali). Parts are
 #          kept in /tmp/dali-parts while the machine stays warm; with all three there, DALI is
 #          assembled and imported by every benchmark (the peer of issue 12).
-#   steps: STEPS="tests trainbench data384 transcode fidelity gpu gpu384 loader loader384 dist memory train decode format tune presets raypack"
+#   steps: STEPS="tests trainbench trainddp data384 transcode fidelity gpu gpu384 loader loader384 dist memory train decode format tune presets raypack"
 #   raypack: pack --engine ray against --engine local on CORES_PER_GPU cores; needs .rayc too
 #          (RAY=1 scripts/prepare_device_carry.sh), e.g. carry [".whl", ".carry", ".rayc"]
 #   a step is skipped when fewer than its estimated seconds are left of DEADLINE (default 570 s)
@@ -156,6 +156,17 @@ if has trainbench && fits trainbench 150; then
       --json "$OUT/train_bench_${a}_${b}${TRAIN_TAG:-}.json" > "$OUT/train_bench_${a}_${b}${TRAIN_TAG:-}.log" 2>&1
   done
 fi
+if has trainddp && fits trainddp 120; then
+  # the training benchmark's DDP form: G ranks (one GPU and CPG cores each), then the one-GPU reference
+  G=${GPUS:-$NGPU}
+  for g in 1 "$G"; do
+    taskset -c 0-$((CPG * g - 1)) timeout 300 python3 -m torch.distributed.run --standalone --nproc_per_node=$g \
+      -m recordtool.train_bench ${TRAIN_DATA:-/tmp/bench-packed} --files /tmp/bench --ddp --arch ${DDP_ARCH:-resnet18} \
+      --batch ${DDP_BATCH:-512} --repeats ${TRAIN_REPEATS:-2} --steps ${TRAIN_STEPS:-50} --warmup ${TRAIN_WARMUP:-15} \
+      --pipelines "${DDP_PIPELINES:-synthetic;recordtool;dali}" --json "$OUT/train_ddp_$g.json" > "$OUT/train_ddp_$g.log" 2>&1
+    [ "$g" = "$G" ] && break
+  done
+fi
 if has decode && fits decode 60; then
   one_gpu python3 scripts/bench_decode.py /tmp/bench-packed --images "$IMAGES" --json "$OUT/bench_decode.json" \
     > "$OUT/bench_decode.log" 2>&1
@@ -181,6 +192,7 @@ for f in "$OUT"/bench_gpu*.log; do [ -f "$f" ] && { echo "--- $f"; grep -A25 "su
 cat "$OUT"/bench_cli_*.log 2>/dev/null
 for f in "$OUT"/dist_*.log; do [ -f "$f" ] && { echo "--- $f"; grep -E "epoch|rank|total|coverage|resume|Error" "$f" | tail -24; }; done
 for f in "$OUT"/loader_memory_*.log; do [ -f "$f" ] && { echo "--- $f"; tail -16 "$f"; }; done; grep "train_imagenet\|Error" "$OUT/train.log" 2>/dev/null
+for f in "$OUT"/train_ddp_*.log; do [ -f "$f" ] && { echo "--- $f"; sed -n '/^DDP training/,$p' "$f"; grep -E "Error" "$f" | tail -3; }; done
 for f in "$OUT"/train_bench_*.log; do [ -f "$f" ] && { echo "--- $f"; sed -n '/^training throughput/,$p' "$f"; grep -E "Error|Traceback" "$f" | tail -3; }; done
 cat "$OUT"/bench_decode.log "$OUT"/bench_format.log "$OUT/tune.log" 2>/dev/null | tail -40
 cat "$OUT/presets.log" "$OUT/transcode.log" 2>/dev/null

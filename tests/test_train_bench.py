@@ -71,3 +71,22 @@ def test_thread_accounting_sees_a_busy_thread():
     t.join()
     cores = train_bench._cores(before, after, time.perf_counter() - t0)
     assert cores.get("spinner", 0) > 0.1 and cores["total"] >= cores["spinner"]  # grouped without its number
+
+
+def test_ddp_form_two_ranks_on_cpu(data, tmp_path):
+    """The DDP form under torchrun, two ranks on the CPU (gloo): both train, every sample is seen
+    once per epoch across ranks, and a mid-epoch resume is identical on each rank."""
+    pytest.importorskip("torch")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        "-m", "recordtool.train_bench", str(data / "out"), "--ddp", "--device", "cpu", "--arch",
+                        "tiny", "--size", "32", "--batch", "4", "--steps", "3", "--warmup", "1", "--repeats", "1",
+                        "--threads", "1", "--pipelines", "synthetic;recordtool", "--json", str(tmp_path / "d.json")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    r = json.loads((tmp_path / "d.json").read_text())
+    assert r["world"] == 2 and r["backend"] == "gloo"
+    assert [x["pipeline"] for x in r["runs"]] == ["synthetic", "recordtool"]
+    for run in r["runs"]:
+        assert all(rank["error"] is None and rank["img_s"] > 0 for rank in run["ranks"]), run
+    assert r["every_sample_once"] is True and r["resume_identical"] == [True, True]
+    assert "every sample once per epoch across ranks: True" in p.stdout
