@@ -2,10 +2,12 @@
 # One call on the GPU machine (no network): set up from carried wheels, build the native part,
 # then the steps asked for. Logs and JSON go to $OUT (one archive); a short table is printed last.
 #   carry: .whl and .carry (scripts/prepare_device_carry.sh), and for DALI one part per call:
-#          .dali/dali-part-N and .dali/dali-extra (../shared/tools/dali_carry.sh .dali). Parts are
-#          kept in /tmp/dali-parts while the machine stays warm; with all three there, DALI is
-#          assembled and imported by every benchmark (the peer of issue 12).
-#   steps: STEPS="tests trainbench trainddp data384 transcode fidelity gpu gpu384 loader loader384 dist memory train decode format tune presets raypack"
+#          .dali/dali-part-N, and .dali/dali-extra once (../shared/tools/dali_carry.sh .dali). Parts
+#          and extras are kept in /tmp while the machine stays warm; with all three parts there,
+#          DALI is assembled and imported by every benchmark. A chained call on a warm machine may
+#          leave .whl and .carry behind (set RECORDTOOL_COMMIT): e.g. call 1 [.whl, .carry,
+#          .dali/dali-part-0], call 2 [.dali/dali-part-1, .dali/dali-extra], call 3 [.dali/dali-part-2].
+#   steps: STEPS="tests datafast trainbench traincpu trainddp data384 transcode fidelity gpu gpu384 loader loader384 dist memory train decode format tune presets raypack"
 #   raypack: pack --engine ray against --engine local on CORES_PER_GPU cores; needs .rayc too
 #          (RAY=1 scripts/prepare_device_carry.sh), e.g. carry [".whl", ".carry", ".rayc"]
 #   a step is skipped when fewer than its estimated seconds are left of DEADLINE (default 570 s)
@@ -24,17 +26,23 @@ STEPS=${STEPS:-tests gpu}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # no .git travels: the caller writes the commit to .carry/commit (git rev-parse --short HEAD)
 [ -f .carry/commit ] && export RECORDTOOL_COMMIT=$(cat .carry/commit)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || exit 1
+[ -n "${RECORDTOOL_COMMIT:-}" ] && echo "$RECORDTOOL_COMMIT" > /tmp/commit
+[ -z "${RECORDTOOL_COMMIT:-}" ] && [ -f /tmp/commit ] && export RECORDTOOL_COMMIT=$(cat /tmp/commit)
+# a warm machine keeps /tmp: a later call of a chain may leave .whl / .carry behind (64 MiB a call)
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+elif [ ! -d /tmp/site ]; then echo "no .whl carried and no /tmp/site from an earlier call"; exit 1; fi
 export PYTHONPATH=/tmp/site:$PWD
-cp .carry/libturbojpeg.so.0 /usr/lib/x86_64-linux-gnu/ && ldconfig
-# DALI: stash this call's part; assemble once all three are here
+[ -f .carry/libturbojpeg.so.0 ] && cp .carry/libturbojpeg.so.0 /usr/lib/x86_64-linux-gnu/ && ldconfig
+# DALI: stash this call's part (and the extras folder) in /tmp; assemble once all three parts are there
 mkdir -p /tmp/dali-parts; cp .dali/dali-part-* /tmp/dali-parts/ 2>/dev/null
-if [ -d .dali/dali-extra ]; then export LD_LIBRARY_PATH=$PWD/.dali/dali-extra:${LD_LIBRARY_PATH:-}; fi
-if [ ! -d /tmp/dali/nvidia/dali ] && [ "$(ls /tmp/dali-parts 2>/dev/null | wc -l)" = 3 ] && [ -d .dali/dali-extra ]; then
-  mkdir -p /tmp/dali && cat /tmp/dali-parts/dali-part-* | .dali/dali-extra/zstd -d -q | tar x -C /tmp/dali
-  .dali/dali-extra/zstd -d -q -c .dali/dali-extra/nvimgcodec.tar.zst | tar x -C /tmp/dali
-  python3 -m pip install -q --no-index --no-deps --target /tmp/dali-deps .dali/dali-extra/*.whl
+[ -d .dali/dali-extra ] && [ ! -d /tmp/dali-extra ] && cp -r .dali/dali-extra /tmp/dali-extra
+if [ -d /tmp/dali-extra ]; then export LD_LIBRARY_PATH=/tmp/dali-extra:${LD_LIBRARY_PATH:-}; fi
+if [ ! -d /tmp/dali/nvidia/dali ] && [ "$(ls /tmp/dali-parts 2>/dev/null | wc -l)" = 3 ] && [ -d /tmp/dali-extra ]; then
+  mkdir -p /tmp/dali && cat /tmp/dali-parts/dali-part-* | /tmp/dali-extra/zstd -d -q | tar x -C /tmp/dali
+  /tmp/dali-extra/zstd -d -q -c /tmp/dali-extra/nvimgcodec.tar.zst | tar x -C /tmp/dali
+  python3 -m pip install -q --no-index --no-deps --target /tmp/dali-deps /tmp/dali-extra/*.whl
 fi
 [ -d /tmp/dali/nvidia/dali ] && export PYTHONPATH=$PYTHONPATH:/tmp/dali:/tmp/dali-deps
 echo "parts: $(ls /tmp/dali-parts | tr '\n' ' ')"
@@ -47,7 +55,7 @@ python3 -c "from recordtool import _native; print('native ok, libjpeg API', _nat
 if has tests && fits tests 200; then
   # the whole suite, never -x: a failure must not hide what comes after it (the GPU rule, README)
   # the GPU suite: every test file that runs the decoders, the Loader or the native part
-  GPU_SUITE="tests/test_gpu.py tests/test_loader.py tests/test_decode_cpu.py tests/test_windows.py tests/test_distributed.py tests/test_bench_cli.py"
+  GPU_SUITE="tests/test_gpu.py tests/test_loader.py tests/test_nvsubmit.py tests/test_train_bench.py tests/test_distributed.py tests/test_bench_cli.py tests/test_decode_cpu.py tests/test_windows.py"
   RECORDTOOL_REQUIRE_NATIVE=1 timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rs ${PYTEST_ARGS:-$GPU_SUITE} \
     > "$OUT/pytest.log" 2>&1
   echo "pytest: $(tail -1 "$OUT/pytest.log") ($SECONDS s)"
@@ -59,6 +67,9 @@ if [ ! -f /tmp/bench-packed/manifest.json ]; then  # a warm machine keeps the da
 fi
 if { has gpu384 || has loader384 || has data384; } && [ ! -f /tmp/bench-384/manifest.json ]; then
   python3 -m recordtool.cli pack /tmp/bench /tmp/bench-384 --shards 16 --max-side 384 --quality 90 -q
+fi
+if has datafast && [ ! -f /tmp/bench-fast/manifest.json ]; then  # the fast preset's pack, for the training benchmark
+  python3 -m recordtool.cli pack /tmp/bench /tmp/bench-fast --shards 16 --preset fast -q | tail -1
 fi
 echo "data ready ($SECONDS s)"
 CORES=$(nproc); NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
@@ -81,7 +92,7 @@ fi
 if has loader && fits loader 120; then
   for d in ${LOADER_DEVICES:-cpu cuda}; do
     one_gpu timeout 200 python3 -m recordtool.cli bench /tmp/bench-packed --device $d --epochs 3 --dali-files /tmp/bench \
-      --json "$OUT/bench_cli_$d.json" -q > "$OUT/bench_cli_$d.log" 2>&1
+      ${LOADER_ARGS:-} --json "$OUT/bench_cli_$d.json" -q > "$OUT/bench_cli_$d.log" 2>&1
   done
 fi
 if has loader384 && fits loader384 100; then
@@ -155,6 +166,13 @@ if has trainbench && fits trainbench 150; then
       --pipelines "${TRAIN_PIPELINES:-synthetic;recordtool;synthetic+recordtool;dali;torchvision}" ${TRAIN_ARGS:-} \
       --json "$OUT/train_bench_${a}_${b}${TRAIN_TAG:-}.json" > "$OUT/train_bench_${a}_${b}${TRAIN_TAG:-}.log" 2>&1
   done
+fi
+if has traincpu && fits traincpu 60; then
+  # the CPU form on 2 of the cores (the dev machine's shape): a consumer spending CPU_MS of CPU per batch of 128
+  taskset -c 0-1 timeout 240 python3 -m recordtool.train_bench /tmp/bench-packed --files /tmp/bench --device cpu \
+    --batch 128 --size 224 --threads 2 --consumer-ms ${CPU_MS:-60} --repeats ${TRAIN_REPEATS:-3} --steps ${CPU_STEPS:-20} \
+    --warmup 4 --pipelines "${CPU_PIPELINES:-synthetic;recordtool;dali}" --json "$OUT/train_bench_cpu2.json" \
+    > "$OUT/train_bench_cpu2.log" 2>&1
 fi
 if has trainddp && fits trainddp 120; then
   # the training benchmark's DDP form: G ranks (one GPU and CPG cores each), then the one-GPU reference
