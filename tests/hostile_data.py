@@ -133,3 +133,51 @@ def gzip_bomb(path: str, inflated: int, head: bytes = b"") -> None:
             f.write(c.compress(block[:min(left, len(block))]))
             left -= len(block)
         f.write(c.flush())
+
+
+def _frame_at(data: bytes) -> tuple:
+    """(start, end) of the first frame header (SOF) segment, marker included."""
+    for marker, a, b in segments(data):
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            return a, b
+    raise ValueError("no SOF")
+
+
+def two_frames(w=120, h=80, w2=1200, h2=800) -> bytes:
+    """A baseline w x h JPEG with a second frame header (SOF) after the first, declaring
+    w2 x h2: libjpeg refuses it ("Invalid JPEG file structure: two SOF markers")."""
+    src = _jpeg(w, h)
+    a, b = _frame_at(src)
+    second = bytearray(src[a:b])
+    second[5:9] = struct.pack(">HH", h2, w2)
+    return src[:b] + bytes(second) + src[b:]
+
+
+def duplicate_component_id(in_scan: bool = False) -> bytes:
+    """A 4:2:0 JPEG whose frame header gives its second component the first one's id (and,
+    with in_scan, so does its scan header)."""
+    src = bytearray(_jpeg(64, 48))
+    a, _ = _frame_at(bytes(src))
+    first_id = src[a + 10]
+    src[a + 13] = first_id
+    if in_scan:
+        sos = segments(bytes(src))[-1][1]
+        src[sos + 7] = first_id
+    return bytes(src)
+
+
+def sampling(factors=((4, 4), (1, 1), (1, 1))) -> bytes:
+    """A JPEG whose frame header declares these (h, v) sampling factors per component (its
+    scan data is the 4:4:4 encoder's: what matters is that the decoders refuse the header)."""
+    src = bytearray(_jpeg(64, 48, subsampling=0))
+    a, _ = _frame_at(bytes(src))
+    for c, (h, v) in enumerate(factors):
+        src[a + 11 + 3 * c] = (h << 4) | v
+    return bytes(src)
+
+
+def tiny_baseline_declaring(w=8192, h=8192) -> bytes:
+    """A baseline gray JPEG of a few hundred bytes whose frame declares w x h: its entropy data
+    is one 8x8 block's, then EOI (libjpeg makes up the rest of the pixels, with a warning)."""
+    src = _jpeg(8, 8, mode="L")
+    return set_size(src, w, h)

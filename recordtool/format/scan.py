@@ -157,10 +157,7 @@ def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABE
                     if not info.decodable_as_is:
                         raise FormatError(f"{path}: offset {rec.offset}: CMYK/YCCK JPEG; re-pack with "
                                           "`recordtool pack --from ofrecord` to convert it")
-                    why = decode_refusal(info, b - a)
-                    if not why and info.width * info.height > max_pixels:
-                        why = (f"declares {info.width}x{info.height}, more than max_pixels {max_pixels} "
-                               "(the decoders refuse it)")
+                    why = decode_refusal(info, b - a, max_pixels)
                     if why:  # the decoders would refuse it: not indexed (as pack does not pack it)
                         raise FormatError(f"{path}: offset {rec.offset}: {why}")
                 except FormatError as e:

@@ -84,8 +84,7 @@ def prepare(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, transcode: Transc
         return _convert(data, max_pixels, transcode, None)
     except BadJPEG as e:
         raise Rejected(f"bad JPEG: {e}") from None
-    _check_pixels(info.width, info.height, max_pixels)
-    why = decode_refusal(info, len(data))
+    why = decode_refusal(info, len(data), max_pixels)
     if why:  # the decoders would refuse it: never put it in a dataset
         raise Rejected(f"bad JPEG: {why}")
     if not info.decodable_as_is:
