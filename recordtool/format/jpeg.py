@@ -155,7 +155,48 @@ def _quant_tables(data, seg: int, seg_len: int, at: int, defined: set) -> None:
         raise BadJPEG(f"quantization table segment (DQT) at offset {at}: length {seg_len} does not match its tables")
 
 
-def _scan(data, seg: int, seg_len: int, at: int, frame: _Frame, tables: set) -> int:
+def _huffman_tables(data, seg: int, seg_len: int, at: int, defined: dict) -> None:
+    """The tables a DHT segment defines (jdmarker.c get_dht's rules) → defined[(class, number)]
+    = (counts per code length, symbols); class 0 DC, 1 AC."""
+    where = f"Huffman table segment (DHT) at offset {at}"
+    pos, end = seg, seg + seg_len - 2
+    while end - pos > 16:
+        index, counts = data[pos], tuple(data[pos + 1:pos + 17])
+        pos += 17
+        count = sum(counts)
+        if count > 256 or count > end - pos:
+            raise BadJPEG(f"{where}: {count} symbols (libjpeg: bogus Huffman table definition)")
+        if index & ~0x13:
+            raise BadJPEG(f"{where}: table index 0x{index:02X} (libjpeg: bogus DHT index)")
+        defined[(index >> 4, index & 0x0F)] = (counts, bytes(data[pos:pos + count]))
+        pos += count
+    if pos != end:
+        raise BadJPEG(f"{where}: length {seg_len} does not match its tables")
+
+
+def _check_huffman(defined: dict, cls: int, num: int, where: str, sequential: bool) -> None:
+    """jdhuff.c jpeg_make_d_derived_tbl's checks of a table a scan uses: defined, codes that fit
+    their lengths (none all ones), DC symbols 0..15. The sequential decoder has libjpeg-turbo's
+    standard tables 0 and 1 for those a file leaves out (jinit_huff_decoder); the progressive
+    one has none."""
+    kind = "AC" if cls else "DC"
+    if (cls, num) not in defined:
+        if sequential and num < 2:
+            return
+        raise BadJPEG(f"{where}: {kind} Huffman table {num} is not defined")
+    counts, symbols = defined[(cls, num)]
+    code = 0
+    for length, c in enumerate(counts, 1):
+        code += c
+        if c and code >= 1 << length:
+            raise BadJPEG(f"{where}: {kind} Huffman table {num} has more codes than fit their lengths "
+                          "(libjpeg: bogus Huffman table definition)")
+        code <<= 1
+    if not cls and any(v > 15 for v in symbols):
+        raise BadJPEG(f"{where}: DC Huffman table {num} has a symbol over 15 (libjpeg: bogus Huffman table definition)")
+
+
+def _scan(data, seg: int, seg_len: int, at: int, frame: _Frame, tables: set, huffman: dict) -> int:
     """Check a scan header (SOS) against the frame with jdmarker.c get_sos's, jdinput.c
     per_scan_setup's / latch_quant_tables' and (progressive) jdphuff.c's rules; returns its
     component count."""
@@ -184,11 +225,19 @@ def _scan(data, seg: int, seg_len: int, at: int, frame: _Frame, tables: set) -> 
     missing = [frame.tables[c] for c in comps if frame.tables[c] not in tables]
     if missing:
         raise BadJPEG(f"{where}: quantization table {missing[0]} is not defined")
-    if frame.marker in (0xC2, 0xCA):
-        ss, se, ah, al = data[seg + 1 + 2 * ns], data[seg + 2 + 2 * ns], data[seg + 3 + 2 * ns] >> 4, \
-            data[seg + 3 + 2 * ns] & 0x0F
-        if (se != 0 if ss == 0 else (ss > se or se > 63 or ns != 1)) or (ah and al != ah - 1) or al > 13:
-            raise BadJPEG(f"{where}: invalid progressive scan Ss={ss} Se={se} Ah={ah} Al={al}")
+    ss, se, ah, al = data[seg + 1 + 2 * ns], data[seg + 2 + 2 * ns], data[seg + 3 + 2 * ns] >> 4, \
+        data[seg + 3 + 2 * ns] & 0x0F
+    progressive = frame.marker in (0xC2, 0xCA)
+    if progressive and ((se != 0 if ss == 0 else (ss > se or se > 63 or ns != 1)) or (ah and al != ah - 1)
+                        or al > 13):
+        raise BadJPEG(f"{where}: invalid progressive scan Ss={ss} Se={se} Ah={ah} Al={al}")
+    if frame.marker not in _SOF_ARITH:  # the Huffman tables this scan decodes with
+        for i in range(ns):
+            dc, ac = data[seg + 2 + 2 * i] >> 4, data[seg + 2 + 2 * i] & 0x0F
+            if not progressive or (ss == 0 and ah == 0):
+                _check_huffman(huffman, 0, dc, where, not progressive)
+            if not progressive or ss > 0:
+                _check_huffman(huffman, 1, ac, where, not progressive)
     return ns
 
 
@@ -210,7 +259,8 @@ def probe(data) -> JpegInfo:
         raise NotJPEG("no JPEG SOI marker")
     pos = 2
     frame = None
-    tables: set = set()
+    tables: set = set()  # quantization tables defined so far
+    huffman: dict = {}  # Huffman tables defined so far
     adobe_transform = None
     jfif = False
     scans = comps_in_scan = 0
@@ -245,7 +295,7 @@ def probe(data) -> JpegInfo:
         if marker == 0xDA:
             if frame is None:
                 raise BadJPEG(f"scan (SOS) at offset {at} before any frame header (SOF)")
-            ns = _scan(data, seg, seg_len, at, frame, tables)
+            ns = _scan(data, seg, seg_len, at, frame, tables, huffman)
             scans += 1
             comps_in_scan = comps_in_scan or ns
             if scans > MAX_SCANS:
@@ -267,6 +317,8 @@ def probe(data) -> JpegInfo:
             raise BadJPEG(f"marker 0x{marker:02X} at offset {at} is not one libjpeg-turbo accepts")
         elif marker == 0xDB:
             _quant_tables(data, seg, seg_len, at, tables)
+        elif marker == 0xC4:
+            _huffman_tables(data, seg, seg_len, at, huffman)
         elif marker == 0xDD and seg_len != 4:
             raise BadJPEG(f"restart interval segment (DRI) at offset {at} has length {seg_len}, not 4")
         elif scans:
