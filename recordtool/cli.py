@@ -7,8 +7,7 @@ import sys
 
 import click
 
-from . import __version__
-from . import checks
+from . import __version__, checks
 from .errors import OptionError
 from .sources.image import SPEED_PRESETS
 
@@ -90,8 +89,8 @@ def _cache_dir(f):
 
 
 def _cache_limit(f):
-    return click.option("--cache-limit", default=None,
-                        type=_Size(hi=checks.MAX_CACHE_LIMIT), help="Bytes of shards the local cache may hold for a remote dataset, e.g. 20GB "
+    return click.option("--cache-limit", type=_Size(hi=checks.MAX_CACHE_LIMIT), default=None,
+                        help="Bytes of shards the local cache may hold for a remote dataset, e.g. 20GB "
                         "(default: the whole dataset, at most 80% of the free disk).")(f)
 
 
@@ -116,9 +115,11 @@ def main():
               show_default=True, help="What SRC is: an ImageNet-style folder, TFRecord files (globs allowed), "
               "or a folder of OFRecord part files to re-shard.")
 @click.option("--shards", type=click.IntRange(1), default=None, help="Number of part files (default: by --shard-size).")
-@click.option("--shard-size", type=_Size(), default=None, help="Target part file size, e.g. 128MB (default 128MB); with --engine ray "
+@click.option("--shard-size", type=_Size(), default=None,
+              help="Target part file size, e.g. 128MB (default 128MB); with --engine ray "
               "it sets the shard count (estimated from a sample, printed).")
-@click.option("--workers", type=_THREADS, default=None, help="Reader threads (default 2×cores); with --engine process, "
+@click.option("--workers", type=_THREADS, default=None,
+              help="Reader threads (default 2×cores); with --engine process, "
               "processes (default: cores); with --engine ray, the CPUs of the local Ray instance it starts. Output is "
               "the same for any value.")
 @click.option("--seed", type=_SEED, default=0, show_default=True, help="Seed of the pack-time shuffle across shards.")
@@ -127,7 +128,8 @@ def main():
               "warn and skip, or raise (stop, nothing published).")
 @click.option("--strict", is_flag=True, help="Same as --on-error raise.")
 @click.option("--overwrite", is_flag=True, help="Replace a finished dataset in OUT.")
-@click.option("--max-pixels", type=click.IntRange(1, checks.MAX_PIXELS), default=None, help="Reject images declaring more pixels (default 64 Mpx).")
+@click.option("--max-pixels", type=click.IntRange(1, checks.MAX_PIXELS), default=None,
+              help="Reject images declaring more pixels (default 64 Mpx).")
 @click.option("--preset", type=click.Choice(["fast", "balanced", "lossless", "tf-slim", "tfds"]), default=None,
               help="Speed preset (measured by `recordtool tune`, see README): lossless = JPEG bytes as they are; "
               + "; ".join(f"{k} = --max-side {t.max_side} --quality {t.quality}" + (" --hw-friendly" if t.hw_friendly else "")
@@ -138,11 +140,13 @@ def main():
               help="TFRecord feature keys: tf-slim (image/encoded, 1-based image/class/label) or tfds (image, label).")
 @click.option("--image-key", default=None, help="TFRecord/OFRecord feature holding the image bytes.")
 @click.option("--label-key", default=None, help="TFRecord/OFRecord feature holding the integer label.")
-@click.option("--label-offset", type=click.IntRange(-checks.CLASSES_LIMIT, checks.CLASSES_LIMIT), default=None, help="Added to TFRecord labels (tf-slim: -1).")
+@click.option("--label-offset", type=click.IntRange(-checks.CLASSES_LIMIT, checks.CLASSES_LIMIT), default=None,
+              help="Added to TFRecord labels (tf-slim: -1).")
 @click.option("--filename-key", default=None, help="TFRecord feature holding the file name.")
 @click.option("--compression", type=click.Choice(["auto", "none", "gzip", "zlib"]), default="auto",
               show_default=True, help="TFRecord file compression.")
-@click.option("--max-side", type=click.IntRange(1, checks.MAX_SIDE), default=None, help="Shrink images whose longer side exceeds this (re-encoded).")
+@click.option("--max-side", type=click.IntRange(1, checks.MAX_SIDE), default=None,
+              help="Shrink images whose longer side exceeds this (re-encoded).")
 @click.option("--quality", type=click.IntRange(1, 100), default=None,
               help="JPEG quality of every re-encoded image (default 95, or the preset's).")
 @click.option("--hw-friendly", is_flag=True,
@@ -331,7 +335,8 @@ def verify(root, decode, threads, cache_dir, cache_limit, quiet):
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Decode on the CPU (native threads) or the GPU (NVJPG engines + CPU, auto split).")
 @click.option("--batch-size", type=_BATCH, default=256, show_default=True, help="Images per batch.")
-@click.option("--threads", type=_THREADS, default=None, help="CPU decode threads, and baseline processes (default: cores).")
+@click.option("--threads", type=_THREADS, default=None,
+              help="CPU decode threads, and baseline processes (default: cores).")
 @click.option("--epochs", type=_EPOCHS, default=2, show_default=True, help="Loader epochs timed (the first warms up).")
 @click.option("--images", type=click.IntRange(1), default=None, help="Use only this many records (default: all).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write all numbers here.")
@@ -370,9 +375,12 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
 
 @main.command()
 @click.argument("src", type=click.Path(exists=True, file_okay=False))
-@click.option("--images", type=click.IntRange(1), default=1000, show_default=True, help="Sample size, drawn with --seed.")
-@click.option("--seed", type=_SEED, default=0, show_default=True, help="Seed of the sample, the crop windows and loaders.")
-@click.option("--sides", type=_Ints(1, checks.MAX_SIDE), default=",".join(map(str, (256, 320, 384, 448, 512))), show_default=True,
+@click.option("--images", type=click.IntRange(1), default=1000, show_default=True,
+              help="Sample size, drawn with --seed.")
+@click.option("--seed", type=_SEED, default=0, show_default=True,
+              help="Seed of the sample, the crop windows and loaders.")
+@click.option("--sides", type=_Ints(1, checks.MAX_SIDE), default=",".join(map(str, (256, 320, 384, 448, 512))),
+              show_default=True,
               help="--max-side candidates, comma-separated.")
 @click.option("--qualities", type=_Ints(1, 100), default=",".join(map(str, (75, 85, 90, 95))), show_default=True,
               help="--quality candidates, comma-separated (each side is tried with each quality).")
