@@ -21,7 +21,9 @@
 #include <functional>
 #include <malloc.h>
 #include <mutex>
+#include <stdexcept>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -92,11 +94,16 @@ static void on_progress(j_common_ptr cinfo) {
     }
 }
 
-// Bytes libjpeg allocates for the whole-image coefficient buffer of a multi-scan file
-// (progressive, or sequential with one scan per component): 64 int16 per block, each
-// component's blocks padded to its sampling factors. 0 for single-scan files (no buffer).
+// Bytes of 64 int16 coefficients for every block of the image, each component's blocks padded
+// to its sampling factors: what libjpeg allocates for the whole-image coefficient buffer of a
+// multi-scan file (progressive, or sequential with one scan per component). A complete
+// Huffman-coded file spends at least a bit per block, so single-scan files are held to the
+// same bound (format.jpeg.decode_refusal): a few bytes declaring 8192x8192 are refused.
+static bool multi_scan(const jpeg_decompress_struct& c) {
+    return c.progressive_mode || c.comps_in_scan < c.num_components;
+}
+
 static long long coef_bytes(const jpeg_decompress_struct& c) {
-    if (!c.progressive_mode && c.comps_in_scan >= c.num_components) return 0;
     const long long maxh = c.max_h_samp_factor, maxv = c.max_v_samp_factor;
     const long long mcux = (c.image_width + 8 * maxh - 1) / (8 * maxh);
     const long long mcuy = (c.image_height + 8 * maxv - 1) / (8 * maxv);
@@ -278,9 +285,14 @@ static bool run_one(Task& t, const Params& p, Scratch& s) {
         }
         const long long coef = coef_bytes(cinfo);
         if (coef > std::max(kCoefFloor, kCoefRatio * (long long)t.size)) {
-            t.message = "multi-scan JPEG declares " + std::to_string(W) + "x" + std::to_string(H) + ": its " +
-                        std::to_string(coef) + "-byte coefficient buffer is more than " + std::to_string(kCoefRatio) +
-                        "x its " + std::to_string(t.size) + " bytes (truncated or hostile file)";
+            t.message = multi_scan(cinfo)
+                            ? "multi-scan JPEG declares " + std::to_string(W) + "x" + std::to_string(H) + ": its " +
+                                  std::to_string(coef) + "-byte coefficient buffer is more than " +
+                                  std::to_string(kCoefRatio) + "x its " + std::to_string(t.size) +
+                                  " bytes (truncated or hostile file)"
+                            : "JPEG declares " + std::to_string(W) + "x" + std::to_string(H) + " in " +
+                                  std::to_string(t.size) + " bytes: its " + std::to_string(coef / 128) +
+                                  " blocks need at least a bit each (truncated or hostile file)";
             jpeg_destroy_decompress(&cinfo);
             return false;
         }
@@ -391,6 +403,10 @@ inline std::vector<uint32_t> largest_first(const std::vector<size_t>& sizes) {
 
 // ------------------------------------------------------------------ thread pool
 
+struct ThreadStartError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
 class Pool {
   public:
     ~Pool() {
@@ -431,6 +447,9 @@ class Pool {
     size_t size() const { return threads_.size(); }
 
   private:
+    // std::thread throws std::system_error when the system will not start one (no memory for
+    // its stack under a cap, a thread limit): ThreadStartError, recordtool.errors'
+    // ThreadStartError in Python. The threads started so far stay for the next call.
     void ensure(int workers) {
         while ((int)threads_.size() < workers) {
             int id = (int)threads_.size() + 1;
@@ -439,7 +458,13 @@ class Pool {
                 std::lock_guard<std::mutex> g(mu_);
                 gen = generation_;  // a new thread must not mistake an old call for work
             }
-            threads_.emplace_back([this, id, gen] { loop(id, gen); });
+            try {
+                threads_.emplace_back([this, id, gen] { loop(id, gen); });
+            } catch (const std::system_error& e) {
+                throw ThreadStartError("cannot start native decode thread " + std::to_string(id) + " of " +
+                                       std::to_string(workers) + " (" + e.what() +
+                                       "): fewer threads, or a higher memory or thread limit");
+            }
         }
     }
 
@@ -732,6 +757,9 @@ static bool fix_mmap_threshold() {
 }
 
 PYBIND11_MODULE(_native, m) {
+    // raised as a subclass of recordtool.errors.ThreadStartError (a RecordtoolError)
+    py::register_exception<ThreadStartError>(m, "ThreadStartError",
+                                             py::module_::import("recordtool.errors").attr("ThreadStartError"));
     m.attr("MMAP_THRESHOLD_FIXED") = fix_mmap_threshold();
     m.def("normalize", &normalize_py, py::arg("src"), py::arg("flips"), py::arg("dst"), py::arg("scale"),
           py::arg("bias"), py::arg("nchw"), py::arg("threads"), py::arg("pool") = 0);

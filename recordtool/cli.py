@@ -7,18 +7,60 @@ import sys
 
 import click
 
-from . import __version__
+from . import __version__, checks
+from .errors import OptionError
 from .sources.image import SPEED_PRESETS
 
 
-def _size(text: str) -> int:
-    """'256MB', '1GiB', '1000000' → bytes."""
-    t = text.strip().upper().replace("IB", "B")
-    mult = {"KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40, "B": 1}
-    for suffix, m in mult.items():
-        if t.endswith(suffix):
-            return int(float(t[: -len(suffix)]) * m)
-    return int(t)
+# Numeric options are bounded where they are declared (recordtool.checks holds the bounds the
+# Python API applies too): a value out of range is a usage error, exit 2, naming the option.
+class _Size(click.ParamType):
+    """A byte size: '128MB', '1GiB', '1.5GB', '1000000', in lo..hi."""
+
+    name = "size"
+
+    def __init__(self, lo: int = 1, hi: int = checks.MAX_SHARD_SIZE):
+        self.lo, self.hi = lo, hi
+
+    def convert(self, value, param, ctx):
+        try:
+            return checks.parse_size("the size", value, self.lo, self.hi)
+        except OptionError as e:
+            self.fail(str(e), param, ctx)
+
+
+class _Ints(click.ParamType):
+    """Comma-separated integers, each in lo..hi, at least one."""
+
+    name = "ints"
+
+    def __init__(self, lo: int, hi: int):
+        self.lo, self.hi = lo, hi
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        try:
+            return checks.parse_ints("each value", value, self.lo, self.hi)
+        except OptionError as e:
+            self.fail(str(e), param, ctx)
+
+
+class _Finite(click.FloatRange):
+    """A float in min..max, NaN refused too (click's FloatRange lets NaN through)."""
+
+    def convert(self, value, param, ctx):
+        v = super().convert(value, param, ctx)
+        if v != v:
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return v
+
+
+_THREADS = click.IntRange(1, checks.MAX_THREADS)
+_SEED = click.IntRange(0, checks.MAX_SEED)
+_CLASSES = click.IntRange(1, checks.CLASSES_LIMIT)
+_BATCH = click.IntRange(1, checks.MAX_BATCH)
+_EPOCHS = click.IntRange(1, checks.MAX_EPOCHS)
 
 
 def _policy(on_error, strict: bool) -> str:
@@ -47,7 +89,7 @@ def _cache_dir(f):
 
 
 def _cache_limit(f):
-    return click.option("--cache-limit", default=None,
+    return click.option("--cache-limit", type=_Size(hi=checks.MAX_CACHE_LIMIT), default=None,
                         help="Bytes of shards the local cache may hold for a remote dataset, e.g. 20GB "
                         "(default: the whole dataset, at most 80% of the free disk).")(f)
 
@@ -72,19 +114,22 @@ def main():
 @click.option("--from", "kind", type=click.Choice(["folder", "tfrecord", "ofrecord"]), default="folder",
               show_default=True, help="What SRC is: an ImageNet-style folder, TFRecord files (globs allowed), "
               "or a folder of OFRecord part files to re-shard.")
-@click.option("--shards", type=int, default=None, help="Number of part files (default: by --shard-size).")
-@click.option("--shard-size", default=None, help="Target part file size, e.g. 128MB (default 128MB); with --engine ray "
+@click.option("--shards", type=click.IntRange(1), default=None, help="Number of part files (default: by --shard-size).")
+@click.option("--shard-size", type=_Size(), default=None,
+              help="Target part file size, e.g. 128MB (default 128MB); with --engine ray "
               "it sets the shard count (estimated from a sample, printed).")
-@click.option("--workers", type=int, default=None, help="Reader threads (default 2×cores); with --engine process, "
+@click.option("--workers", type=_THREADS, default=None,
+              help="Reader threads (default 2×cores); with --engine process, "
               "processes (default: cores); with --engine ray, the CPUs of the local Ray instance it starts. Output is "
               "the same for any value.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the pack-time shuffle across shards.")
+@click.option("--seed", type=_SEED, default=0, show_default=True, help="Seed of the pack-time shuffle across shards.")
 @click.option("--on-error", "on_error", type=click.Choice(["skip", "warn", "raise"]), default=None,
               help="A file or record that cannot be packed: skip it (default; listed in pack_report.json), "
               "warn and skip, or raise (stop, nothing published).")
 @click.option("--strict", is_flag=True, help="Same as --on-error raise.")
 @click.option("--overwrite", is_flag=True, help="Replace a finished dataset in OUT.")
-@click.option("--max-pixels", type=int, default=None, help="Reject images declaring more pixels (default 64 Mpx).")
+@click.option("--max-pixels", type=click.IntRange(1, checks.MAX_PIXELS), default=None,
+              help="Reject images declaring more pixels (default 64 Mpx).")
 @click.option("--preset", type=click.Choice(["fast", "balanced", "lossless", "tf-slim", "tfds"]), default=None,
               help="Speed preset (measured by `recordtool tune`, see README): lossless = JPEG bytes as they are; "
               + "; ".join(f"{k} = --max-side {t.max_side} --quality {t.quality}" + (" --hw-friendly" if t.hw_friendly else "")
@@ -95,18 +140,20 @@ def main():
               help="TFRecord feature keys: tf-slim (image/encoded, 1-based image/class/label) or tfds (image, label).")
 @click.option("--image-key", default=None, help="TFRecord/OFRecord feature holding the image bytes.")
 @click.option("--label-key", default=None, help="TFRecord/OFRecord feature holding the integer label.")
-@click.option("--label-offset", type=int, default=None, help="Added to TFRecord labels (tf-slim: -1).")
+@click.option("--label-offset", type=click.IntRange(-checks.CLASSES_LIMIT, checks.CLASSES_LIMIT), default=None,
+              help="Added to TFRecord labels (tf-slim: -1).")
 @click.option("--filename-key", default=None, help="TFRecord feature holding the file name.")
 @click.option("--compression", type=click.Choice(["auto", "none", "gzip", "zlib"]), default="auto",
               show_default=True, help="TFRecord file compression.")
-@click.option("--max-side", type=int, default=None, help="Shrink images whose longer side exceeds this (re-encoded).")
+@click.option("--max-side", type=click.IntRange(1, checks.MAX_SIDE), default=None,
+              help="Shrink images whose longer side exceeds this (re-encoded).")
 @click.option("--quality", type=click.IntRange(1, 100), default=None,
               help="JPEG quality of every re-encoded image (default 95, or the preset's).")
 @click.option("--hw-friendly", is_flag=True,
               help="Re-encode JPEGs NVIDIA's hardware decoder cannot take (progressive, 4:1:1, ...) as baseline 4:2:0.")
-@click.option("--max-classes", type=click.IntRange(1), default=None,
+@click.option("--max-classes", type=_CLASSES, default=None,
               help="Refuse records with a label at or above this (default 1,000,000): a class name is stored per label.")
-@click.option("--max-inflate", type=click.FloatRange(1), default=None,
+@click.option("--max-inflate", type=_Finite(1, checks.MAX_INFLATE), default=None,
               help="A GZIP/ZLIB TFRecord may inflate to this many times its size, at least 256 MiB (default 20); "
               "the rest is skipped and reported.")
 @click.option("--engine", type=click.Choice(["local", "process", "ray"]), default=None,
@@ -180,7 +227,7 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
                 os.makedirs(parent, exist_ok=True)  # GZIP/ZLIB files are inflated beside OUT
             source = TFRecordSource(src, feature_keys, tmpdir=parent, compression=compression, on_error=policy,
                                     max_inflate=max_inflate or DEFAULT_MAX_INFLATE, max_classes=max_classes)
-        summary = run_pack(source, out, shards=shards, shard_size=_size(shard_size) if shard_size else None,
+        summary = run_pack(source, out, shards=shards, shard_size=shard_size,
                            workers=workers, seed=seed, on_error=policy, overwrite=overwrite,
                            max_pixels=max_pixels or DEFAULT_MAX_PIXELS, transcode=transcode,
                            progress=not quiet, engine=engine or ("process" if transcode.max_side or transcode.hw_friendly
@@ -221,7 +268,7 @@ def _transcode(preset, max_side, quality, hw_friendly):
 @click.option("--on-error", "on_error", type=click.Choice(["skip", "warn", "raise"]), default=None,
               help="A record that cannot be indexed: skip it (default; listed in the manifest), warn, or raise.")
 @click.option("--strict", is_flag=True, help="Same as --on-error raise.")
-@click.option("--max-classes", type=click.IntRange(1), default=None,
+@click.option("--max-classes", type=_CLASSES, default=None,
               help="Leave out records with a label at or above this (default 1,000,000).")
 @click.option("--quiet", "-q", is_flag=True)
 def index_cmd(root, image_key, label_key, on_error, strict, max_classes, quiet):
@@ -261,7 +308,7 @@ def inspect(root, as_json, cache_dir):
 @main.command()
 @click.argument("root", type=_DATASET)
 @click.option("--decode", is_flag=True, help="Also decode every image and check its size.")
-@click.option("--threads", type=int, default=None, help="Decode threads (default: cores).")
+@click.option("--threads", type=_THREADS, default=None, help="Decode threads (default: cores).")
 @_cache_dir
 @_cache_limit
 @click.option("--quiet", "-q", is_flag=True)
@@ -272,7 +319,7 @@ def verify(root, decode, threads, cache_dir, cache_limit, quiet):
 
     try:
         res = run_verify(root, decode=decode, threads=threads, progress=not quiet, cache_dir=cache_dir,
-                         cache_limit=_size(cache_limit) if cache_limit else None)
+                         cache_limit=cache_limit)
     except ImportError as e:  # fsspec / s3fs missing for a URL
         raise click.ClickException(str(e)) from None
     if not res.ok:
@@ -287,14 +334,15 @@ def verify(root, decode, threads, cache_dir, cache_limit, quiet):
 @click.argument("root", type=click.Path(exists=True, file_okay=False))
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Decode on the CPU (native threads) or the GPU (NVJPG engines + CPU, auto split).")
-@click.option("--batch-size", type=int, default=256, show_default=True, help="Images per batch.")
-@click.option("--threads", type=int, default=None, help="CPU decode threads, and baseline processes (default: cores).")
-@click.option("--epochs", type=int, default=2, show_default=True, help="Loader epochs timed (the first warms up).")
-@click.option("--images", type=int, default=None, help="Use only this many records (default: all).")
+@click.option("--batch-size", type=_BATCH, default=256, show_default=True, help="Images per batch.")
+@click.option("--threads", type=_THREADS, default=None,
+              help="CPU decode threads, and baseline processes (default: cores).")
+@click.option("--epochs", type=_EPOCHS, default=2, show_default=True, help="Loader epochs timed (the first warms up).")
+@click.option("--images", type=click.IntRange(1), default=None, help="Use only this many records (default: all).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write all numbers here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of the stage throughputs side by side.")
-@click.option("--producers", type=int, default=None, help="Loader producer threads (default: the Loader's).")
+@click.option("--producers", type=_THREADS, default=None, help="Loader producer threads (default: the Loader's).")
 @click.option("--dali/--no-dali", default=True, show_default=True,
               help="Run NVIDIA DALI's pipeline on the same records when nvidia.dali imports.")
 @click.option("--dali-files", type=click.Path(exists=True, file_okay=False), default=None,
@@ -356,21 +404,24 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
 
 @main.command()
 @click.argument("src", type=click.Path(exists=True, file_okay=False))
-@click.option("--images", type=int, default=1000, show_default=True, help="Sample size, drawn with --seed.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sample, the crop windows and loaders.")
-@click.option("--sides", default=",".join(map(str, (256, 320, 384, 448, 512))), show_default=True,
+@click.option("--images", type=click.IntRange(1), default=1000, show_default=True,
+              help="Sample size, drawn with --seed.")
+@click.option("--seed", type=_SEED, default=0, show_default=True,
+              help="Seed of the sample, the crop windows and loaders.")
+@click.option("--sides", type=_Ints(1, checks.MAX_SIDE), default=",".join(map(str, (256, 320, 384, 448, 512))),
+              show_default=True,
               help="--max-side candidates, comma-separated.")
-@click.option("--qualities", default=",".join(map(str, (75, 85, 90, 95))), show_default=True,
+@click.option("--qualities", type=_Ints(1, 100), default=",".join(map(str, (75, 85, 90, 95))), show_default=True,
               help="--quality candidates, comma-separated (each side is tried with each quality).")
-@click.option("--min-psnr", type=float, default=35.0, show_default=True,
+@click.option("--min-psnr", type=_Finite(0, 200), default=35.0, show_default=True,
               help="Recommend the fastest candidate whose median crop PSNR against the originals is at least this (dB).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Loaders to time: auto = the CPU, and the GPU too when CuPy finds one.")
-@click.option("--batch-size", type=int, default=128, show_default=True, help="Loader batch size.")
-@click.option("--epochs", type=int, default=3, show_default=True,
+@click.option("--batch-size", type=_BATCH, default=128, show_default=True, help="Loader batch size.")
+@click.option("--epochs", type=_EPOCHS, default=3, show_default=True,
               help="Loader epochs per candidate; the first warms up, the best of the others counts.")
-@click.option("--threads", type=int, default=None, help="Decode threads (default: cores).")
-@click.option("--workers", type=int, default=None, help="Pack workers (default 2×cores).")
+@click.option("--threads", type=_THREADS, default=None, help="Decode threads (default: cores).")
+@click.option("--workers", type=_THREADS, default=None, help="Pack workers (default 2×cores).")
 @click.option("--work-dir", type=click.Path(file_okay=False), default=None,
               help="Where the temporary folder for the sample's packs is made (default: the system's temp dir).")
 @click.option("--keep", is_flag=True, help="Keep the packs (their folder is printed) instead of removing them.")
@@ -388,10 +439,10 @@ def tune(src, images, seed, sides, qualities, min_psnr, device, batch_size, epoc
     a table and the fastest candidate within --min-psnr; `pack --preset` names measured settings.
     """
     from .errors import RecordtoolError
-    from .tune import candidates, gpu_available, parse_ints, plot, run, table
+    from .tune import candidates, gpu_available, plot, run, table
 
     try:
-        cands = candidates(parse_ints(sides, "--sides"), parse_ints(qualities, "--qualities"))
+        cands = candidates(sides, qualities)
         if device == "cuda" and not gpu_available():
             raise click.UsageError("--device cuda: CuPy finds no GPU here")
         devices = ("cpu", "cuda") if device == "cuda" or (device == "auto" and gpu_available()) else ("cpu",)

@@ -56,6 +56,17 @@ class CacheFull(RecordtoolError, OSError):
     shards that must be on disk at once, or every shard in it is in use)."""
 
 
+class OptionError(RecordtoolError, ValueError):
+    """A parameter out of its range (`pack(max_side=-5)`, a shard size of 1e400 MB, ...): the
+    API's error for what the CLI reports as a usage error (exit 2). The message names it."""
+
+
+class ThreadStartError(RecordtoolError, OSError):
+    """The system would not start a native decode thread (a memory cap leaves no room for its
+    stack, a thread limit is reached). Fewer `threads` may work; the threads started so far
+    stay usable."""
+
+
 class OnError(str, Enum):
     """What a stage does with one bad item (a file, a record, an image) — the same three words
     for `pack(on_error=)` / `--on-error`, `Loader(on_error=)`, `decode_crop_resize(on_error=)`

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from . import __version__
+from .checks import MAX_PIXELS, MAX_SEED, MAX_THREADS, bounded_int, parse_size
 from .decode.cpu import cores
 from .errors import FormatError, OnError, PackError, on_error as _on_error, report as _report
 from .format import index as ix
@@ -421,6 +422,12 @@ def pack(src: str | os.PathLike | Source, out: str, *, shards: int | None = None
         resume: reuse the shards an unfinished earlier run of the same plan finished (planned
             packs only); False starts over.
     """
+    # numbers checked once here (the CLI's click types apply the same bounds): OptionError
+    shards = None if shards is None else bounded_int("shards", shards, 1)  # ≤ items: below
+    shard_size = None if shard_size is None else parse_size("shard_size", shard_size)
+    workers = None if workers is None else bounded_int("workers", workers, 1, MAX_THREADS)
+    seed = bounded_int("seed", seed, 0, MAX_SEED)
+    max_pixels = bounded_int("max_pixels", max_pixels, 1, MAX_PIXELS)
     if is_url(os.fspath(out)):  # object storage: pack locally, then publish, manifest last
         from .format.upload import staged
 
@@ -437,8 +444,6 @@ def pack(src: str | os.PathLike | Source, out: str, *, shards: int | None = None
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     if shards is not None and shard_size is not None:
         raise ValueError("give --shards or --shard-size, not both")
-    if shards is not None and shards < 1:
-        raise ValueError("--shards must be ≥ 1")
     if shards is None and shard_size is None:
         shard_size = DEFAULT_SHARD_SIZE
     ray_cpus = workers

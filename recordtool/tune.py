@@ -25,7 +25,7 @@ import numpy as np
 
 from .decode import cpu, random_windows, reference
 from .decode.cpu import cores
-from .errors import RecordtoolError
+from .checks import MAX_BATCH, MAX_EPOCHS, MAX_SEED, MAX_SIDE, MAX_THREADS, bounded_float, bounded_int
 from .fidelity import psnr, ssim
 from .sources.image import CONVERT_QUALITY, SPEED_PRESETS, Transcode
 
@@ -40,6 +40,11 @@ class Candidate:
 
     max_side: int | None = None
     quality: int = CONVERT_QUALITY
+
+    def __post_init__(self):  # OptionError for `--sides 0`, `--qualities 101`, ...
+        if self.max_side is not None:
+            object.__setattr__(self, "max_side", bounded_int("max_side", self.max_side, 1, MAX_SIDE))
+        object.__setattr__(self, "quality", bounded_int("quality", self.quality, 1, 100))
 
     @property
     def name(self) -> str:
@@ -216,7 +221,14 @@ def run(src, images: int = 1000, seed: int = 0, cands: list | None = None, min_p
     from .pack import pack
     from .reader import Dataset
 
-    threads = threads or cores()
+    images = bounded_int("images", images, 1)
+    seed = bounded_int("seed", seed, 0, MAX_SEED)
+    min_psnr = bounded_float("min_psnr", min_psnr, 0, 200)
+    batch_size = bounded_int("batch_size", batch_size, 1, MAX_BATCH)
+    epochs = bounded_int("epochs", epochs, 1, MAX_EPOCHS)
+    threads = bounded_int("threads", threads, 1, MAX_THREADS) if threads is not None else cores()
+    workers = bounded_int("workers", workers, 1, MAX_THREADS) if workers is not None else None
+    size = bounded_int("size", size, 1, cpu.MAX_SIDE)
     cands = list(cands) if cands else candidates()
     if isinstance(src, (str, os.PathLike)):
         from .sources.imagefolder import ImageFolderSource
@@ -400,13 +412,3 @@ def plot(r: dict, path: str) -> None:
     d.text((pad, 12), f"recordtool tune: {r['images']} images, {devs[-1]} Loader img/s (y) against median PSNR "
            f"of {r['size']}x{r['size']} crops vs the originals, dB (x)", fill="black")
     im.save(path)
-
-
-def parse_ints(text: str, what: str) -> list:
-    try:
-        vals = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise RecordtoolError(f"{what}: comma-separated integers expected, got {text!r}") from None
-    if not vals:
-        raise RecordtoolError(f"{what}: no value given")
-    return vals

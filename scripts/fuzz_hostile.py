@@ -1,7 +1,8 @@
 """Long fuzz run: mutated JPEGs, OFRecord parts, TFRecords, index files and manifests.
 
 Every input must be accepted or refused with one of recordtool's named errors — never a crash
-(signal), another exception type, or a slow input. Inputs are mutations of valid seeds (and
+(signal), another exception type, or a slow input — and a JPEG the header reader accepts must
+be one libjpeg-turbo does not refuse (hostile_data.libjpeg_disagreements). Inputs are mutations of valid seeds (and
 of the hostile seeds in tests/hostile_data.py): byte flips, truncation, inserted garbage,
 length-field rewrites. Each chunk runs in a child process with an address-space cap, so a
 crash or a memory blow-up is recorded (kind, chunk seed) instead of ending the run.
@@ -70,11 +71,14 @@ def jpeg_seeds():
     return [jpeg_bytes(96, 72, seed=1, subsampling=2), jpeg_bytes(64, 80, seed=2, subsampling=0, progressive=True),
             jpeg_bytes(50, 40, seed=3, mode="L"), jpeg_bytes(72, 40, seed=4, subsampling=1, progressive=True),
             jpeg_bytes(40, 40, seed=5, mode="CMYK"), hd.bomb_progressive(), hd.many_scans(150, 64, 64),
-            hd.corrupt_entropy(3)]
+            hd.corrupt_entropy(3), hd.two_frames(), hd.duplicate_component_id(in_scan=True),
+            hd.sampling(((4, 2), (1, 1), (1, 1))), hd.tiny_baseline_declaring(1400, 1400)]
 
 
 def run_jpeg(rng, n, stats):
     import numpy as np
+
+    import hostile_data as hd
 
     from recordtool.decode import decode_crop_resize, native_available
     from recordtool.format.jpeg import BadJPEG, NotJPEG, probe
@@ -105,6 +109,9 @@ def run_jpeg(rng, n, stats):
         if slow > SLOW_S * k / 8:
             stats["slow"].append(f"jpeg batch of {k}: {slow:.2f} s")
         stats["decode_failures"] += len(errors)
+        # what the header reader and the decodable rule accept, libjpeg must not refuse
+        for data, why in hd.libjpeg_disagreements(inputs):
+            stats["errors"].append(f"header reader accepts what libjpeg refuses ({why}): {data[:700].hex()}")
         done += k
     return done
 

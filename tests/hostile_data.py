@@ -133,3 +133,105 @@ def gzip_bomb(path: str, inflated: int, head: bytes = b"") -> None:
             f.write(c.compress(block[:min(left, len(block))]))
             left -= len(block)
         f.write(c.flush())
+
+
+def _frame_at(data: bytes) -> tuple:
+    """(start, end) of the first frame header (SOF) segment, marker included."""
+    for marker, a, b in segments(data):
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            return a, b
+    raise ValueError("no SOF")
+
+
+def two_frames(w=120, h=80, w2=1200, h2=800) -> bytes:
+    """A baseline w x h JPEG with a second frame header (SOF) after the first, declaring
+    w2 x h2: libjpeg refuses it ("Invalid JPEG file structure: two SOF markers")."""
+    src = _jpeg(w, h)
+    a, b = _frame_at(src)
+    second = bytearray(src[a:b])
+    second[5:9] = struct.pack(">HH", h2, w2)
+    return src[:b] + bytes(second) + src[b:]
+
+
+def duplicate_component_id(in_scan: bool = False) -> bytes:
+    """A 4:2:0 JPEG whose frame header gives its second component the first one's id (and,
+    with in_scan, so does its scan header)."""
+    src = bytearray(_jpeg(64, 48))
+    a, _ = _frame_at(bytes(src))
+    first_id = src[a + 10]
+    src[a + 13] = first_id
+    if in_scan:
+        sos = segments(bytes(src))[-1][1]
+        src[sos + 7] = first_id
+    return bytes(src)
+
+
+def sampling(factors=((4, 4), (1, 1), (1, 1))) -> bytes:
+    """A JPEG whose frame header declares these (h, v) sampling factors per component (its
+    scan data is the 4:4:4 encoder's: what matters is that the decoders refuse the header)."""
+    src = bytearray(_jpeg(64, 48, subsampling=0))
+    a, _ = _frame_at(bytes(src))
+    for c, (h, v) in enumerate(factors):
+        src[a + 11 + 3 * c] = (h << 4) | v
+    return bytes(src)
+
+
+def tiny_baseline_declaring(w=8192, h=8192) -> bytes:
+    """A baseline gray JPEG of a few hundred bytes whose frame declares w x h: its entropy data
+    is one 8x8 block's, then EOI (libjpeg makes up the rest of the pixels, with a warning)."""
+    src = _jpeg(8, 8, mode="L")
+    return set_size(src, w, h)
+
+
+# libturbojpeg's own limits, not libjpeg's: its API cannot name every chroma layout libjpeg
+# decodes (4:1:0, ...) and does not convert CMYK to RGB
+_TJ_ONLY = ("Could not determine subsampling type", "Unsupported color conversion request")
+
+
+def libjpeg_disagreements(inputs) -> list:
+    """(input, libjpeg's error) for each input the header reader and the one decodable rule
+    accept (format.jpeg.probe, decode_refusal) but libjpeg-turbo refuses with an error (its
+    warnings — corrupt data it decodes around — are not refusals). Full decodes through
+    PyTurboJPEG; an accepted input is small (the rule bounds its blocks by its bytes)."""
+    import warnings
+
+    from recordtool.decode.reference import _turbojpeg
+    from recordtool.format.jpeg import BadJPEG, NotJPEG, decode_refusal, probe
+
+    tj = _turbojpeg()
+    out = []
+    for data in inputs:
+        try:
+            info = probe(data)
+        except (NotJPEG, BadJPEG):
+            continue
+        if decode_refusal(info, len(data)) or not info.decodable_as_is:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                tj.decode(data)
+            except OSError as e:
+                if not any(s in str(e) for s in _TJ_ONLY):
+                    out.append((data, str(e)))
+    return out
+
+
+def header_mutations(seed: int, n: int, seeds=None):
+    """n mutations of JPEG headers (bytes flipped among the first 700, a header segment
+    repeated or dropped), from valid seeds: what a crafted frame or scan header looks like."""
+    rng = np.random.default_rng(seed)
+    seeds = seeds or [_jpeg(96, 72, seed=1), _jpeg(64, 80, seed=2, subsampling=0, progressive=True),
+                      _jpeg(50, 40, seed=3, mode="L"), _jpeg(72, 40, seed=4, subsampling=1, progressive=True)]
+    for _ in range(n):
+        src = seeds[int(rng.integers(0, len(seeds)))]
+        b = bytearray(src)
+        segs = segments(src)
+        kind = int(rng.integers(0, 3))
+        if kind == 0:
+            for p in rng.integers(2, min(len(b), 700), int(rng.integers(1, 4))):
+                b[p] = int(rng.integers(0, 256))
+        else:
+            _, a, e = segs[int(rng.integers(0, len(segs)))]
+            b[a:e] = bytes(b[a:e]) * 2 if kind == 1 else b""
+        yield bytes(b)

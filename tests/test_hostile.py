@@ -669,3 +669,191 @@ def test_index_leaves_out_jpegs_the_decoders_refuse(tmp_path):
     m = index_parts(str(parts), progress=False)
     assert m["records"] == 1 and len(m["skipped"]) == 2
     assert "coefficient" in m["skipped"][0]["reason"] and "scans" in m["skipped"][1]["reason"]
+
+
+# ------------------------------------------------------------------ crafted frame headers: one rule with the decoders
+
+_REFUSED_FRAMES = {
+    "two SOF markers": lambda: hd.two_frames(120, 80, 1200, 800),
+    "duplicate component id": lambda: hd.duplicate_component_id(),
+    "4x4 sampling factors": lambda: hd.sampling(((4, 4), (1, 1), (1, 1))),
+    "4x4 sampling, every component": lambda: hd.sampling(((4, 4), (4, 4), (4, 4))),
+    "sampling factor 5": lambda: hd.sampling(((5, 1), (1, 1), (1, 1))),
+}
+
+
+def _decoders_refuse(data) -> list:
+    """The decoders that refuse data: the native one, PyTurboJPEG (verify --decode) and Pillow."""
+    import io
+    import warnings
+
+    from PIL import Image
+
+    from recordtool.decode import decode_crop_resize
+    from recordtool.decode.reference import _turbojpeg
+
+    refused = []
+    errors = []
+    decode_crop_resize([data], np.array([[0, 0, 8, 8]]), size=(8, 8), on_error="skip", errors=errors)
+    if errors:
+        refused.append("native")
+    for name, dec in (("turbojpeg", lambda: _turbojpeg().decode(data)),
+                      ("pillow", lambda: Image.open(io.BytesIO(data)).load())):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                dec()
+        except OSError:
+            refused.append(name)
+    return refused
+
+
+@native
+@pytest.mark.parametrize("case", sorted(_REFUSED_FRAMES))
+def test_frames_the_decoders_refuse_are_never_packed_or_indexed(case, tmp_path):
+    # a second SOF declaring 1200x800 on a 120x80 file, a repeated component id, 4x4 sampling
+    # factors: packed as good before (indexed from the wrong SOF), refused at decode, so the
+    # Loader raised mid-epoch. The header reader now applies libjpeg-turbo's rules.
+    from recordtool.format.jpeg import BadJPEG, probe
+    from recordtool.format.scan import index_parts
+    from recordtool.pack import pack
+    from recordtool.verify import verify
+
+    data = _REFUSED_FRAMES[case]()
+    assert _decoders_refuse(data) == ["native", "turbojpeg", "pillow"]
+    with pytest.raises(BadJPEG, match="offset"):
+        probe(data)
+    src = tmp_path / "src"
+    write(str(src / "a" / "bad.jpg"), data)
+    write(str(src / "a" / "good.jpg"), jpeg_bytes(40, 30))
+    s = pack(str(src), str(tmp_path / "ds"), progress=False)
+    assert s.records == 1 and len(s.skipped) == 1 and "bad.jpg" in s.skipped[0][0], s.skipped
+    assert verify(str(tmp_path / "ds"), decode=True).ok
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    (parts / "part-00000").write_bytes(hd.ofrecord_part([(data, 0), (jpeg_bytes(32, 32), 1)]))
+    m = index_parts(str(parts), progress=False)
+    assert m["records"] == 1 and "offset" in m["skipped"][0]["reason"]
+
+
+@native
+def test_headers_the_decoders_take_are_still_packed():
+    # libjpeg resolves a repeated component id when the scan header repeats it too, and takes
+    # an MCU of exactly 10 blocks (4x2 luma; the crafted file's data is 4:4:4's, so only its
+    # first blocks decode clean): the header reader must not refuse them
+    from recordtool.decode import decode_crop_resize
+    from recordtool.format.jpeg import decode_refusal, probe
+
+    for data in (hd.duplicate_component_id(in_scan=True), hd.sampling(((4, 2), (1, 1), (1, 1))),
+                 hd._jpeg(120, 80, progressive=True), hd._jpeg(120, 80, subsampling=1)):
+        info = probe(data)
+        assert decode_refusal(info, len(data)) is None
+        errors = []
+        decode_crop_resize([data], np.array([[0, 0, 8, 8]]), size=(8, 8), on_error="skip", errors=errors)
+        assert not errors, errors
+
+
+def test_probe_reads_every_scan_header():
+    # a scan header after the first one naming a component the frame lacks, or a second frame
+    # header between scans: libjpeg refuses them when it reads on (progressive files: at
+    # jpeg_start_decompress), so the probe reads every scan header, not only the first
+    from recordtool.format.jpeg import BadJPEG, probe
+
+    prog = hd._jpeg(64, 48, progressive=True)
+    scans = [k for k in range(len(prog)) if prog[k:k + 2] == b"\xff\xda"]
+    assert len(scans) > 2
+    bad = bytearray(prog)
+    bad[scans[-1] + 5] = 77  # the last scan's component id
+    with pytest.raises(BadJPEG, match="component id 77"):
+        probe(bytes(bad))
+    a, b = hd._frame_at(prog)
+    with pytest.raises(BadJPEG, match="second frame header"):
+        probe(prog[:scans[-1]] + prog[a:b] + prog[scans[-1]:])
+    assert probe(prog).scans == len(scans)
+
+
+# ------------------------------------------------------------------ one rule of what is decodable
+
+def test_one_decodable_rule_refuses_a_tiny_baseline_file_declaring_8192_squared(tmp_path):
+    # 375 bytes declaring 8192x8192 (1M blocks, at least 128 KB of data in any complete file):
+    # verify --decode rejected it (libjpeg warns), but the Loader's Pillow retry decoded it at
+    # 767 MB RSS. Now the one rule (format.jpeg.decode_refusal) refuses it everywhere, before
+    # any decoder starts, here under a 400 MB cap.
+    from recordtool.decode.gpu.decoder import _refused
+    from recordtool.format.scan import index_parts
+    from recordtool.sources.image import Rejected, prepare
+
+    data = hd.tiny_baseline_declaring(8192, 8192)
+    with pytest.raises(Rejected, match="at least a bit each"):
+        prepare(data)
+    assert _refused(data)  # the GPU decoder routes it to the CPU path, which refuses it
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    (parts / "part-00000").write_bytes(hd.ofrecord_part([(data, 0), (jpeg_bytes(32, 32), 1)]))
+    m = index_parts(str(parts), progress=False)
+    assert m["records"] == 1 and "at least a bit each" in m["skipped"][0]["reason"]
+    out = isolated("""
+        import numpy as np
+        import hostile_data as hd
+        from recordtool.decode import cpu
+        data = hd.tiny_baseline_declaring(8192, 8192)
+        cpu.decode_crop_resize_normalize([data] * 2, np.array([[0, 0, 500, 500]] * 2), size=(16, 16), threads=2,
+                                         on_error="skip", fallback=True)  # pool threads started
+        cap(400)
+        for native in (True, False):  # the Loader's fused path with its Pillow retry; the Python path
+            if not native:
+                cpu._native, cpu._warned = None, True
+            errors = []
+            cpu.decode_crop_resize_normalize([data], np.array([[0, 0, 8192, 8192]]), size=(16, 16), threads=1,
+                                             on_error="skip", fallback=True, errors=errors)
+            print(errors[0][1] if errors else "decoded")
+    """, timeout=60)
+    lines = out.strip().splitlines()
+    assert len(lines) == 2 and all("at least a bit each" in ln and "Pillow" not in ln for ln in lines), out
+
+
+@native
+def test_native_refuses_tiny_files_declaring_large_frames_like_the_python_rule():
+    from recordtool.decode import decode_crop_resize
+    from recordtool.format.jpeg import decode_refusal, probe
+
+    for w, h in ((8192, 8192), (2000, 2000), (1500, 1500), (1400, 1400), (64, 64)):
+        data = hd.tiny_baseline_declaring(w, h)
+        errors = []
+        decode_crop_resize([data], np.array([[0, 0, 8, 8]]), size=(8, 8), on_error="skip", errors=errors)
+        why = decode_refusal(probe(data), len(data))
+        native_refused = bool(errors) and "at least a bit each" in errors[0][1]
+        assert native_refused == (why is not None), (w, h, why, errors)
+        assert (why is not None) == (-(-w // 8) * -(-h // 8) > (4 << 20) // 128), (w, h, why)  # COEF_FLOOR
+
+
+@native
+def test_thread_start_failure_under_a_memory_cap_is_a_named_error():
+    # std::thread's std::system_error when no stack can be mapped: a plain RuntimeError before;
+    # now ThreadStartError (a RecordtoolError), and the threads started so far still decode
+    out = isolated("""
+        import numpy as np
+        from conftest import jpeg_bytes
+        from recordtool.decode import decode_crop_resize
+        from recordtool.errors import RecordtoolError, ThreadStartError
+        d = jpeg_bytes(64, 48)
+        win = np.array([[0, 0, 48, 64]] * 64, float)
+        decode_crop_resize([d], win[:1], size=(8, 8), threads=1)
+        cap(40)  # room for a few 8 MiB thread stacks, not 64
+        try:
+            decode_crop_resize([d] * 64, win, size=(8, 8), threads=64, pool=7)
+            print("started all")
+        except ThreadStartError as e:
+            print("named", isinstance(e, RecordtoolError), e)
+        print("still decodes", bool(decode_crop_resize([d] * 2, win[:2], size=(8, 8), threads=2, pool=7).any()))
+    """, timeout=60)
+    assert "named True cannot start native decode thread" in out and "of 64" in out, out
+    assert "still decodes True" in out, out
+
+
+def test_probe_agrees_with_libjpeg_on_mutated_headers():
+    # 3,000 crafted headers (bytes flipped, segments repeated or dropped): none that the header
+    # reader and the decodable rule accept is refused by libjpeg-turbo (scripts/fuzz_hostile.py
+    # runs the same check on its JPEG mutations)
+    bad = hd.libjpeg_disagreements(hd.header_mutations(0, 3000))
+    assert not bad, [(why, data[:700].hex()) for data, why in bad[:3]]

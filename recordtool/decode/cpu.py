@@ -75,19 +75,16 @@ def _fallback_warning():
 
 
 def refusal(data, max_pixels: int = DEFAULT_MAX_PIXELS) -> str | None:
-    """Why a decoder must not start on these bytes (the native decoder's own checks, for the
-    Python paths: the fallback decoder and the Pillow retry): too many pixels, too many scans,
-    a coefficient buffer out of proportion to the file. None when the header does not parse
-    as a JPEG (the decoder then fails on its own, cheaply)."""
+    """Why a decoder must not start on these bytes: format.jpeg.decode_refusal (the native
+    decoder's own checks), for the Python paths — the fallback decoder and the Pillow retry.
+    None when the header does not parse as a JPEG (the decoder then fails on its own, cheaply)."""
     from ..format.jpeg import BadJPEG, NotJPEG, decode_refusal, probe
 
     try:
         info = probe(data)
     except (NotJPEG, BadJPEG):
         return None
-    if info.width * info.height > max_pixels:
-        return f"header declares {info.width}x{info.height}, more than max_pixels {max_pixels}"
-    return decode_refusal(info, len(data))
+    return decode_refusal(info, len(data), max_pixels)
 
 
 class _StillFailed(Exception):

@@ -10,6 +10,7 @@ import os
 
 import crc32c
 
+from ..checks import CLASSES_LIMIT, MAX_PIXELS, bounded_int
 from ..errors import FormatError, OnError, on_error as _on_error, report
 from . import files
 from . import index as ix
@@ -127,6 +128,10 @@ def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABE
         max_pixels: images declaring more pixels are left out (the decoders refuse them).
     """
     policy = _on_error(on_error)
+    # bounded before the scan: a label of 2**31 - 1 under --max-classes 2**31 was a MemoryError
+    # (two billion class names) after the whole scan
+    max_classes = bounded_int("max_classes", max_classes, 1, CLASSES_LIMIT)
+    max_pixels = bounded_int("max_pixels", max_pixels, 1, MAX_PIXELS)
     names = find_parts(root)
     builder = ix.IndexBuilder()
     shards, skipped, synsets = [], [], {}
@@ -157,10 +162,7 @@ def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABE
                     if not info.decodable_as_is:
                         raise FormatError(f"{path}: offset {rec.offset}: CMYK/YCCK JPEG; re-pack with "
                                           "`recordtool pack --from ofrecord` to convert it")
-                    why = decode_refusal(info, b - a)
-                    if not why and info.width * info.height > max_pixels:
-                        why = (f"declares {info.width}x{info.height}, more than max_pixels {max_pixels} "
-                               "(the decoders refuse it)")
+                    why = decode_refusal(info, b - a, max_pixels)
                     if why:  # the decoders would refuse it: not indexed (as pack does not pack it)
                         raise FormatError(f"{path}: offset {rec.offset}: {why}")
                 except FormatError as e:

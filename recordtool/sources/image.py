@@ -13,6 +13,7 @@ import math
 import warnings
 from dataclasses import dataclass
 
+from ..checks import MAX_SIDE, bounded_int
 from ..errors import RecordtoolError
 from ..format.jpeg import (DEFAULT_MAX_PIXELS, BadJPEG, CHROMA_410, CHROMA_411, CHROMA_UNKNOWN, CS_NAMES,
                            JpegInfo, NotJPEG, decode_refusal, probe)
@@ -33,6 +34,11 @@ class Transcode:
     max_side: int | None = None  # shrink so the longer side is at most this
     quality: int = CONVERT_QUALITY  # for every re-encode, conversions included
     hw_friendly: bool = False  # re-encode progressive / 4:1:1 / 4:1:0 / odd layouts as baseline 4:2:0
+
+    def __post_init__(self):  # OptionError for `--max-side -5` (1x1 images before), a quality of 0
+        if self.max_side is not None:
+            object.__setattr__(self, "max_side", bounded_int("max_side", self.max_side, 1, MAX_SIDE))
+        object.__setattr__(self, "quality", bounded_int("quality", self.quality, 1, 100))
 
     def hw_reason(self, info: JpegInfo) -> str | None:
         if not self.hw_friendly:
@@ -84,8 +90,7 @@ def prepare(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, transcode: Transc
         return _convert(data, max_pixels, transcode, None)
     except BadJPEG as e:
         raise Rejected(f"bad JPEG: {e}") from None
-    _check_pixels(info.width, info.height, max_pixels)
-    why = decode_refusal(info, len(data))
+    why = decode_refusal(info, len(data), max_pixels)
     if why:  # the decoders would refuse it: never put it in a dataset
         raise Rejected(f"bad JPEG: {why}")
     if not info.decodable_as_is:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ..errors import UnsafePath
 from ..format import files
+from ..checks import CLASSES_LIMIT, bounded_int
 from .base import DEFAULT_MAX_CLASSES
 from .image import MAX_IMAGE_BYTES, Rejected
 
@@ -40,6 +41,7 @@ class ImageFolderSource:
 
     def __init__(self, root: str, exclude=(), max_bytes: int = MAX_IMAGE_BYTES,
                  max_classes: int = DEFAULT_MAX_CLASSES):
+        max_classes = bounded_int("max_classes", max_classes, 1, CLASSES_LIMIT)
         if not os.path.isdir(root):
             raise FileNotFoundError(f"{root}: not a directory")
         self.root = root

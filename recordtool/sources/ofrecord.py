@@ -9,6 +9,7 @@ from ..format import files
 from ..format import manifest as mf
 from ..format.scan import find_parts, part_records, synset_of
 from ..format.writer import KEY_FILENAME
+from ..checks import CLASSES_LIMIT, bounded_int
 from .base import DEFAULT_MAX_CLASSES
 from .image import MAX_IMAGE_BYTES, Rejected
 
@@ -39,6 +40,7 @@ class OFRecordSource:
     def __init__(self, root: str, image_key: str = "encoded", label_key: str = "class/label",
                  on_error: OnError | str = "skip", max_classes: int = DEFAULT_MAX_CLASSES):
         policy = _on_error(on_error)
+        max_classes = bounded_int("max_classes", max_classes, 1, CLASSES_LIMIT)
         self.root = root
         self._abs_root = os.path.abspath(root)  # copies in Ray workers re-map from here
         self.names = find_parts(root)

@@ -23,6 +23,7 @@ from ..format import files as _files
 from ..fs import Retry, copy_into, get_fs, is_url
 from ..format.ofrecord import MIN_RECORD_BYTES
 from .image import MAX_IMAGE_BYTES, Rejected
+from ..checks import CLASSES_LIMIT, bounded_int
 from .base import DEFAULT_MAX_CLASSES
 
 DEFAULT_MAX_INFLATE = 20.0  # a compressed file may inflate to this many times its size …
@@ -269,7 +270,7 @@ class TFRecordSource:
         self._lock = threading.Lock()
         self.keys = keys
         self.compression = compression
-        self.max_classes = max_classes
+        self.max_classes = bounded_int("max_classes", max_classes, 1, CLASSES_LIMIT)
         self.skipped, self.warnings = [], []
         self._paths, self._maps = [], []
         self._tmp = tempfile.mkdtemp(prefix="recordtool-tfrecord-", dir=tmpdir)
