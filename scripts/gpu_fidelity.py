@@ -27,6 +27,7 @@ import glob
 import io
 import json
 import os
+import signal
 import sys
 
 import numpy as np
@@ -159,6 +160,25 @@ def main():
         except Exception as e:
             print(f"raw decoders for {c}: {e}")
     rows = []
+    signal.signal(signal.SIGTERM, _stop)  # `timeout`: report what was measured
+    try:
+        _photos(a, chromas, decs, raw_dec, stream, tj, TJPF_RGB, rows, planes_to_rgb, SUBSAMPLING, route)
+    except _Stopped:
+        print(f"stopped by SIGTERM after {len(rows)} rows", flush=True)
+    _summary(rows, chromas, a.json)
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _stop(signum, frame):
+    raise _Stopped()
+
+
+def _photos(a, chromas, decs, raw_dec, stream, tj, TJPF_RGB, rows, planes_to_rgb, SUBSAMPLING, route):
+    import cupy
+
     for k, path in enumerate(sorted(glob.glob(os.path.join(a.photos, "*.jpg")))):
         for vname, data in variants(path):
             info = probe(data)
@@ -216,6 +236,11 @@ def main():
                                  "cpu_scale": m, "gpu_vs_cpu": psnr(g[i], c[i]), "gpu_vs_truth": psnr(g[i], truth[i]),
                                  "cpu_vs_truth": psnr(c[i], truth[i]), "raw_vs_libjpeg": raw})
         print(f"{os.path.basename(path)} done ({len(rows)} rows)", flush=True)
+
+
+def _summary(rows, chromas, json_path):
+    if not rows:
+        return
     groups = collections.defaultdict(list)
     for r in rows:
         groups[(r["mode"], r["variant"].split("-")[-1], r["route"], r["cpu_scale"])].append(r)
@@ -233,6 +258,8 @@ def main():
               f"{rw.min():5.1f}")
     for mode in chromas:
         allv = np.array([r["gpu_vs_cpu"] for r in rows if r["mode"] == mode])
+        if not len(allv):
+            continue
         raw = np.array([r["raw_vs_libjpeg"] for r in rows if r["mode"] == mode and r["raw_vs_libjpeg"] is not None])
         print(f"\nall, chroma {mode}: n {len(allv)}, gpu_vs_cpu min {allv.min():.1f} p1 {np.percentile(allv, 1):.1f} "
               f"p5 {np.percentile(allv, 5):.1f} median {np.median(allv):.1f}; raw vs libjpeg min "
@@ -240,8 +267,8 @@ def main():
         print("worst gpu_vs_cpu:")
         for r in sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["gpu_vs_cpu"])[:6]:
             print("  ", {k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items()})
-    if a.json:
-        with open(a.json, "w") as f:
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump(rows, f)
 
 

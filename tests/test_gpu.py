@@ -735,6 +735,10 @@ def test_chroma_mode_is_validated():
     assert DEFAULT_CHROMA in CHROMA_MODES and all(check_chroma(c) == c for c in CHROMA_MODES)
     with pytest.raises(ValueError, match="chroma"):
         check_chroma("bilinear")
+    from recordtool.loader import Loader
+
+    with pytest.raises(ValueError, match="chroma"):  # at the edge, before the dataset is opened
+        Loader("/nonexistent", batch_size=8, chroma="bilinear")
 
 
 @gpu
