@@ -4,7 +4,7 @@
 # YCbCr + libjpeg's fancy upsampling in our kernel, nvjpeg = NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION).
 # Called by scripts/device_run.sh's `fidelity` step (its setup: wheels, PYTHONPATH, native build,
 # /tmp/bench-packed); logs under $OUT/fidelity, a short table last.
-#   FID_IMAGES (3000): size of the generated fidelity set; FID_WINDOWS (8): windows per photo variant;
+#   FID_IMAGES (3000): size of the generated fidelity set; FID_WINDOWS (6): windows per photo variant;
 #   FID_DALI=1: DALI in the speed run too (needs it assembled); FID_BUDGET (230 s): stop starting steps after it
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,7 +34,7 @@ if (( $(left) > 45 )); then
 fi
 echo "== photo variants per chroma mode ($(left) s left)"
 if (( $(left) > 30 )); then
-  timeout "$(cap 200)" python3 scripts/gpu_fidelity.py .carry/photos --windows "${FID_WINDOWS:-8}" --chroma $MODES \
+  timeout "$(cap 200)" python3 scripts/gpu_fidelity.py .carry/photos --windows "${FID_WINDOWS:-6}" --chroma $MODES \
     --json "$D/photos.json" > "$D/photos.log" 2>&1 || echo "photos: rc $? (see $D/photos.log)"
 fi
 echo "=================== fidelity (issue 23) results, $((SECONDS - T0)) s"
