@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...format.jpeg import CHROMA_444, BadJPEG, NotJPEG, decode_refusal, probe
+from ...format.jpeg import CHROMA_444, DEFAULT_MAX_PIXELS, BadJPEG, NotJPEG, decode_refusal, probe
 from .. import cpu
 from ..ops import IMAGENET_MEAN, IMAGENET_STD
 from . import kernel as K
@@ -275,9 +275,13 @@ class GPUDecoder:
 
     def _place_planar(self, buffers, windows, plan):
         """Planar mode: each GPU-bound image's header (nvjpegGetImageInfo) gives its planes'
-        sizes; place them and fill the sample rows. Images whose header nvJPEG refuses, or
-        whose layout the kernel does not take (or gray on the engines), leave the plan for the
-        CPU path. Returns (places, refused indices)."""
+        sizes; place them and fill the sample rows. Images whose header nvJPEG refuses, whose
+        layout the kernel does not take (or gray on the engines), or whose header does not hold
+        the window or declares more than DEFAULT_MAX_PIXELS (a file damaged after packing: the
+        planes would be sized by it) leave the plan for the CPU path, which names them.
+        Returns (places, refused indices)."""
+        if not len(plan.engine) and not len(plan.hybrid):
+            return {}, []
         info = (self.hw or self.hybrid).image_info
         refused = []
         keep = {}
@@ -288,6 +292,10 @@ class GPUDecoder:
                     view = np.frombuffer(buffers[i], np.uint8)
                     nc, css, ws, hs = info(view.ctypes.data, len(view))
                     layout = _PLANAR_LAYOUT.get(css) if nc == (1 if css == 6 else 3) else None
+                    y, x, h, w = windows[i]
+                    if not (0 < ws[0] * hs[0] <= DEFAULT_MAX_PIXELS and x + w <= ws[0] + 0.5 and y + h <= hs[0] + 0.5
+                            and (layout == (0, 0) or (0 < ws[1] <= ws[0] and 0 < hs[1] <= hs[0]))):
+                        layout = None
                 except Exception:
                     layout = None
                 if layout is None or (is_engine and layout == (0, 0)):
