@@ -1,16 +1,73 @@
 // One kernel for the whole batch after decode: antialiased bilinear resample of each decoded
 // window (Pillow's BILINEAR filter: triangle widened by the downscale factor), optional
 // horizontal mirror, mean/std normalisation, NCHW or NHWC, float / half / uint8 output.
+// A sample is interleaved RGB (the engines' RGBI output, the CPU share) or, with
+// chroma="interpolate", nvJPEG's planar YCbCr / Y: the kernel then makes libjpeg-turbo's RGB
+// pixels itself (fancy upsampling, jdsample.c, and jdcolor.c's fixed-point conversion).
 // Compiled by CuPy (RawModule) at first use. Python reference: recordtool/decode/gpu_ref.py.
 #include <cuda_fp16.h>
 
+#define FMT_RGB 0    // interleaved RGB at src
+#define FMT_YCC 1    // planar Y (src, pitch), Cb (cb, cpitch), Cr (cr, cpitch) subsampled by hs x vs
+#define FMT_GRAY 2   // planar Y only
+
 struct Sample {
-    const unsigned char* src;  // interleaved RGB, `pitch` bytes per row
+    const unsigned char* src;  // interleaved RGB or the Y plane, `pitch` bytes per row
     long long pitch;
-    int rw, rh;                // decoded region size
+    int rw, rh;                // decoded region size (the whole image for planar samples)
     float x0, y0, x1, y1;      // window inside the region (float box, Pillow semantics)
     int mirror;
+    int format;                // FMT_*
+    const unsigned char* cb;   // FMT_YCC: chroma planes, cw x ch samples, `cpitch` bytes per row
+    const unsigned char* cr;
+    long long cpitch;
+    int hs, vs;                // chroma subsampling (1 or 2 each)
+    int cw, ch;
 };
+
+// One full-resolution chroma sample at (x, y), as libjpeg-turbo's fancy upsampling makes it
+// (jdsample.c h2v1 / h1v2 / h2v2_fancy_upsample; edge samples replicated). Planes of <= 2
+// columns are replicated, as libjpeg does (fancy only when downsampled_width > 2).
+__device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+__device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
+
+__device__ __forceinline__ int chroma_at(const unsigned char* __restrict__ p, long long pitch, int x, int y,
+                                         int hs, int vs, int cw, int ch) {
+    if (hs == 1 && vs == 1) return p[(long long)y * pitch + x];
+    if (hs == 2 && cw <= 2) return p[(long long)imin(y / vs, ch - 1) * pitch + imin(x >> 1, cw - 1)];
+    if (hs == 2 && vs == 1) {
+        const unsigned char* row = p + (long long)y * pitch;
+        const int i = imin(x >> 1, cw - 1);
+        const int j = (x & 1) ? imin(i + 1, cw - 1) : imax(i - 1, 0);
+        return (3 * row[i] + row[j] + ((x & 1) ? 2 : 1)) >> 2;
+    }
+    const int ri = imin(y >> 1, ch - 1);
+    const int rj = (y & 1) ? imin(ri + 1, ch - 1) : imax(ri - 1, 0);
+    const unsigned char* r0 = p + (long long)ri * pitch;
+    const unsigned char* r1 = p + (long long)rj * pitch;
+    if (hs == 1) return (3 * r0[x] + r1[x] + ((y & 1) ? 2 : 1)) >> 2;  // h1v2
+    const int i = imin(x >> 1, cw - 1);
+    const int j = (x & 1) ? imin(i + 1, cw - 1) : imax(i - 1, 0);
+    const int here = 3 * r0[i] + r1[i], there = 3 * r0[j] + r1[j];  // column sums
+    return (3 * here + there + ((x & 1) ? 7 : 8)) >> 4;
+}
+
+__device__ __forceinline__ int clamp255(int v) { return v < 0 ? 0 : (v > 255 ? 255 : v); }
+
+// Source pixel (x, y) of a planar sample as libjpeg's RGB (jdcolor.c ycc_rgb_convert: FIX(1.402)
+// = 91881, FIX(1.772) = 116130, FIX(0.71414) = 46802, FIX(0.34414) = 22554, SCALEBITS 16).
+__device__ __forceinline__ void planar_rgb(const Sample& s, int x, int y, float& r, float& g, float& b) {
+    const int Y = s.src[(long long)y * s.pitch + x];
+    if (s.format == FMT_GRAY) {
+        r = g = b = (float)Y;
+        return;
+    }
+    const int cb = chroma_at(s.cb, s.cpitch, x, y, s.hs, s.vs, s.cw, s.ch) - 128;
+    const int cr = chroma_at(s.cr, s.cpitch, x, y, s.hs, s.vs, s.cw, s.ch) - 128;
+    r = (float)clamp255(Y + ((91881 * cr + 32768) >> 16));
+    g = (float)clamp255(Y + ((-22554 * cb + 32768 - 46802 * cr) >> 16));
+    b = (float)clamp255(Y + ((116130 * cb + 32768) >> 16));
+}
 
 template <typename T> __device__ __forceinline__ T convert_out(float v);
 template <> __device__ __forceinline__ float convert_out<float>(float v) { return v; }
@@ -57,21 +114,40 @@ __global__ void resize_normalize(const Sample* __restrict__ samples, T* __restri
     for (int y = ylo; y < yhi; y++) wys += tri((y - cy + 0.5f) * ify);
     const float norm = 1.0f / ((wxs == 0.f ? 1.f : wxs) * (wys == 0.f ? 1.f : wys));
     float r = 0.f, g = 0.f, b = 0.f;
-    for (int y = ylo; y < yhi; y++) {
-        const float wy = tri((y - cy + 0.5f) * ify);
-        if (wy == 0.f) continue;
-        const unsigned char* row = s.src + (long long)y * s.pitch;
-        float rr = 0.f, gg = 0.f, bb = 0.f;
-        for (int x = xlo; x < xhi; x++) {
-            const float wx = tri((x - cx + 0.5f) * ifx);
-            const unsigned char* p = row + 3 * x;
-            rr += wx * p[0];
-            gg += wx * p[1];
-            bb += wx * p[2];
+    if (s.format == FMT_RGB) {
+        for (int y = ylo; y < yhi; y++) {
+            const float wy = tri((y - cy + 0.5f) * ify);
+            if (wy == 0.f) continue;
+            const unsigned char* row = s.src + (long long)y * s.pitch;
+            float rr = 0.f, gg = 0.f, bb = 0.f;
+            for (int x = xlo; x < xhi; x++) {
+                const float wx = tri((x - cx + 0.5f) * ifx);
+                const unsigned char* p = row + 3 * x;
+                rr += wx * p[0];
+                gg += wx * p[1];
+                bb += wx * p[2];
+            }
+            r += wy * rr;
+            g += wy * gg;
+            b += wy * bb;
         }
-        r += wy * rr;
-        g += wy * gg;
-        b += wy * bb;
+    } else {  // planar: the same sums over libjpeg's RGB of each source pixel
+        for (int y = ylo; y < yhi; y++) {
+            const float wy = tri((y - cy + 0.5f) * ify);
+            if (wy == 0.f) continue;
+            float rr = 0.f, gg = 0.f, bb = 0.f;
+            for (int x = xlo; x < xhi; x++) {
+                const float wx = tri((x - cx + 0.5f) * ifx);
+                float pr, pg, pb;
+                planar_rgb(s, x, y, pr, pg, pb);
+                rr += wx * pr;
+                gg += wx * pg;
+                bb += wx * pb;
+            }
+            r += wy * rr;
+            g += wy * gg;
+            b += wy * bb;
+        }
     }
     r *= norm;
     g *= norm;

@@ -39,13 +39,14 @@ def log(*a):
     print(*a, flush=True)
 
 
-def recordtool_loader(ds, batch, epochs, producers=None, split="auto", hybrid=True, cpu_threads=None):
+def recordtool_loader(ds, batch, epochs, producers=None, split="auto", hybrid=True, cpu_threads=None, chroma=None):
     """The Loader, as users build it; memory growth after the warm-up epoch. cpu_threads: the
-    native threads of each producer's CPU share (default: the Loader's, every core)."""
+    native threads of each producer's CPU share (default: the Loader's, every core); chroma:
+    the GPU decoders' chroma upsampling (default: the Loader's)."""
     import cupy
 
     ld = recordtool.Loader(ds, batch_size=batch, device="cuda", dtype="float16", producers=producers, split=split,
-                           hybrid=hybrid)
+                           hybrid=hybrid, chroma=chroma)
     if cpu_threads:
         ld.batcher.cpu_threads = cpu_threads
     pool = cupy.get_default_memory_pool()
@@ -56,7 +57,7 @@ def recordtool_loader(ds, batch, epochs, producers=None, split="auto", hybrid=Tr
     r.update(pool_growth_bytes=pool.total_bytes() - pool0, device_used_growth_bytes=device_memory_used(ld.gpu_id) - used0,
              ring_spills=ld.ring.spills - spills0,
              buffer_growths=sum(d.allocations for d in ld.batcher._decoders.values()) - allocs0,
-             producers=ld.producers, split=split, hybrid=hybrid, cpu_threads=ld.batcher.cpu_threads)
+             producers=ld.producers, split=split, hybrid=hybrid, cpu_threads=ld.batcher.cpu_threads, chroma=ld.chroma)
     ld.close()
     ld.batcher.close()
     return r
@@ -142,6 +143,10 @@ def main():
                     "or the CPU path (off); both are tried")
     ap.add_argument("--cpu-threads", default="0", help="native threads of each producer's CPU share to try "
                     "(0: the Loader's default, every core; 'share': cores / producers)")
+    ap.add_argument("--chroma", default="", help="GPU chroma upsampling modes to try, in this order (replicate, "
+                    "interpolate, nvjpeg; a mode may repeat, for spread); default: the Loader's")
+    ap.add_argument("--ceilings", action=argparse.BooleanOptionalAction, default=True,
+                    help="bare NVJPG and CPU full-decode ceilings")
     ap.add_argument("--peer-images", type=int, default=4096)
     ap.add_argument("--dali", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--dali-files", default=None, help="also run DALI on this folder's original JPEG files")
@@ -161,17 +166,20 @@ def main():
         for hy in a.hybrid.split(","):
             for sp in a.splits.split(","):
                 sp = sp if sp in ("auto", "gpu", "cpu") else float(sp)
-                for p, ct in [(int(x), c) for x in a.producers.split(",") for c in a.cpu_threads.split(",")]:
+                for p, ct, ch in [(int(x), c, m or None) for x in a.producers.split(",") for c in a.cpu_threads.split(",")
+                                  for m in (a.chroma.split(",") if a.chroma else [""])]:
                     ct = max(1, (cores - p) // p) if ct == "share" else int(ct)
-                    res = recordtool_loader(ds, a.batch, a.epochs, p, split=sp, hybrid=hy == "on", cpu_threads=ct)
-                    log(f"  producers {p} cpu threads {res['cpu_threads']} split {sp} hybrid {hy}: "
+                    res = recordtool_loader(ds, a.batch, a.epochs, p, split=sp, hybrid=hy == "on", cpu_threads=ct,
+                                            chroma=ch)
+                    log(f"  producers {p} cpu threads {res['cpu_threads']} split {sp} hybrid {hy} chroma {res['chroma']}: "
                         f"{res['img_s']:,.0f} img/s (best epoch "
                         f"{res['best_epoch_img_s']:,.0f}), {res['cores_busy']:.1f} cores busy, pool growth "
                         f"{res['pool_growth_bytes']} B, device growth {res['device_used_growth_bytes']} B, spills "
                         f"{res['ring_spills']}, stages ms/img {res['stage_ms_per_image']}, split {res.get('split')}")
                     runs.append(res)
         # the headline is the first configuration (the defaults), not the best of the sweep
-        keys = ("producers", "cpu_threads", "split", "hybrid", "img_s", "best_epoch_img_s", "cores_busy")
+        keys = ("producers", "cpu_threads", "split", "hybrid", "chroma", "img_s", "best_epoch_img_s", "cores_busy",
+                "epochs_img_s")
         return dict(runs[0], sweep=[{k: x[k] for k in keys} for x in runs])
 
     steps = [("recordtool_loader", sweep)]
@@ -180,8 +188,9 @@ def main():
         if a.dali_files:
             steps.append(("dali_files", lambda: peers.dali_best(peers.jpeg_files(a.dali_files), "cuda", a.batch,
                                                                 cores, a.epochs)))
-    steps += [("nvjpg_full_decode_ceiling", lambda: nvjpg_ceiling(ds, a.batch, threads=4)),
-              ("cpu_full_decode_ceiling", lambda: cpu_ceiling(ds, cores))]
+    if a.ceilings:
+        steps += [("nvjpg_full_decode_ceiling", lambda: nvjpg_ceiling(ds, a.batch, threads=4)),
+                  ("cpu_full_decode_ceiling", lambda: cpu_ceiling(ds, cores))]
     want = a.peers.split(",")
     if "torchvision" in want:
         steps.append(("torchvision_gpu_peer", lambda: peers.torchvision_rate(ds, a.batch, a.peer_images)))
@@ -210,13 +219,14 @@ def main():
         + (f"   {ours / dali:.2f}x DALI" if ours and dali else ""))
     for x in head.get("sweep", [])[1:] if isinstance(head, dict) else []:
         log(f"    sweep: producers {x['producers']} cpu threads {x['cpu_threads']} split {x['split']} hybrid "
-            f"{x['hybrid']}{'':<4} {x['img_s']:>10,.0f}" + (f"   {x['img_s'] / dali:.2f}x DALI" if dali else ""))
+            f"{x['hybrid']} chroma {x['chroma']}{'':<4} {x['img_s']:>10,.0f}"
+            + (f"   {x['img_s'] / dali:.2f}x DALI" if dali else ""))
     for k in ("dali", "dali_files", "torchvision_gpu_peer", "nvimgcodec_peer", "pil_pool_peer"):
         if k in r:
             v = val(r[k])
             extra = f"  (hw_decoder_load {r[k].get('hw_decoder_load')})" if k.startswith("dali") and v else ""
             log(f"  {k:<56} {v or 0:>10,.0f}{extra}")
-    ceil = [val(r["nvjpg_full_decode_ceiling"]), val(r["cpu_full_decode_ceiling"])]
+    ceil = [val(r.get("nvjpg_full_decode_ceiling", {})), val(r.get("cpu_full_decode_ceiling", {}))]
     log(f"  ceiling: NVJPG full decode (hw subset, 4 submitters)         {ceil[0] or 0:>10,.0f}")
     log(f"  ceiling: CPU full decode (OpenCV), {cores} threads                 {ceil[1] or 0:>10,.0f}")
     if ours and all(ceil):

@@ -77,9 +77,8 @@ CPG=${CORES_PER_GPU:-$((CORES / (NGPU > 0 ? NGPU : 1)))}
 one_gpu() {  # run a command as on the one-GPU machine: GPU 0 and CPG cores
   if (( NGPU > 1 )); then CUDA_VISIBLE_DEVICES=0 taskset -c 0-$((CPG - 1)) "$@"; else "$@"; fi
 }
-if has fidelity && fits fidelity 90; then
-  one_gpu timeout 200 python3 scripts/gpu_fidelity.py .carry/photos --windows ${FID_WINDOWS:-12} --json "$OUT/fidelity.json" \
-    > "$OUT/fidelity.log" 2>&1
+if has fidelity && fits fidelity 240; then  # issue 23: each GPU chroma mode's pixels and speed
+  one_gpu timeout 250 bash scripts/fidelity_device.sh > "$OUT/fidelity.log" 2>&1
 fi
 if has gpu && fits gpu 150; then
   one_gpu timeout 300 python3 scripts/bench_gpu.py /tmp/bench-packed --epochs "${EPOCHS:-3}" ${GPU_ARGS:-} \
@@ -205,7 +204,7 @@ fi
 [ -f .carry/extra.sh ] && bash .carry/extra.sh > "$OUT/extra.log" 2>&1
 echo "=================== results"
 grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$OUT/pytest.log" 2>/dev/null | tail -15
-sed -n '/^variant/,$p' "$OUT/fidelity.log" 2>/dev/null | head -60
+sed -n '/^=================== fidelity/,$p' "$OUT/fidelity.log" 2>/dev/null | head -90
 for f in "$OUT"/bench_gpu*.log; do [ -f "$f" ] && { echo "--- $f"; grep -A25 "summary" "$f" || tail -30 "$f"; }; done
 cat "$OUT"/bench_cli_*.log 2>/dev/null
 for f in "$OUT"/dist_*.log; do [ -f "$f" ] && { echo "--- $f"; grep -E "epoch|rank|total|coverage|resume|Error" "$f" | tail -24; }; done

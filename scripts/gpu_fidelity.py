@@ -1,15 +1,23 @@
 #!/usr/bin/env python3
 """GPU vs CPU pixels on real photos: which images fall below a PSNR bound, and why.
 
-  gpu_fidelity.py PHOTOS_DIR [--windows 24] [--json FILE]
+  gpu_fidelity.py PHOTOS_DIR [--windows 24] [--chroma replicate,interpolate,nvjpeg] [--json FILE]
+  gpu_fidelity.py --set FOLDER [--chroma ...] [--splits gpu,auto] [--json FILE]
 
-Each photo is tried as it is and re-encoded (long side 500 / 1000 / full; 4:4:4, 4:2:2, 4:2:0;
-progressive; gray). For RandomResizedCrop windows it compares, per image:
+Photos: each is tried as it is and re-encoded (long side 500 / 1000 / full; 4:4:4, 4:2:2, 4:2:0;
+progressive; gray). For RandomResizedCrop windows it compares, per image and chroma mode
+(GPUDecoder's `chroma`):
 - gpu_vs_cpu: GPUDecoder(split="gpu") (engines / hybrid decoder) against the CPU fused decode,
 - gpu_vs_truth, cpu_vs_truth: each against Pillow decode → crop → resize(BILINEAR),
-- raw_vs_libjpeg: the GPU decoder's decoded window region itself (before resampling) against
-  libjpeg-turbo's full decode cropped to the same region,
-grouped by variant, route and the CPU's DCT scale; the worst cases are listed with details.
+- raw_vs_libjpeg: the GPU decoder's decoded pixels themselves (before resampling) against
+  libjpeg-turbo's full decode: the window region (RGBI modes) or the whole image made from the
+  planes by the kernel's reference (interpolate),
+grouped by chroma mode, variant, route and the CPU's DCT scale; the worst cases are listed.
+
+--set: a folder of JPEGs (scripts/make_fidelity_set.py) is packed and read by the Loader users
+run, device="cuda" (each chroma mode × split) against device="cpu" on the same windows (same
+seed): PSNR per image, min / p1 / median and the count below 30 / 40 dB, overall and per chroma
+layout of the index.
 """
 from __future__ import annotations
 
@@ -19,6 +27,7 @@ import glob
 import io
 import json
 import os
+import signal
 import sys
 
 import numpy as np
@@ -55,25 +64,121 @@ def variants(path):
         yield f"{side or 'full'}-gray", b.getvalue()
 
 
+def _stats(v) -> str:
+    v = np.asarray(v, np.float64)
+    return (f"min {v.min():5.1f}  p1 {np.percentile(v, 1):5.1f}  median {np.median(v):5.1f}  "
+            f"<30 dB {int((v < 30).sum()):>4}  <40 dB {int((v < 40).sum()):>4}  n {len(v)}")
+
+
+def loader_report(folder, chromas, splits, size=224, batch=256):
+    """Pack `folder`; the Loader on device="cpu" and on device="cuda" per chroma × split, same
+    seed (same windows and flips); PSNR per image of the uint8 pixels (mean 0, std 1/255)."""
+    import tempfile
+
+    import cupy
+
+    import recordtool
+    from recordtool.format.jpeg import CHROMA_NAMES
+    from recordtool.pack import pack
+
+    tmp = tempfile.mkdtemp(prefix="fidelity-set-")
+    pack(folder, os.path.join(tmp, "packed"), shards=8, progress=False)
+    ds = recordtool.open(os.path.join(tmp, "packed"))
+    kw = dict(batch_size=batch, size=size, seed=0, drop_last=False, as_torch=False, dtype="float32", layout="NHWC",
+              mean=(0, 0, 0), std=(1 / 255,) * 3, with_ids=True)
+
+    def pixels(x):
+        return np.clip(np.rint(x), 0, 255).astype(np.uint8)
+
+    cpu = {}
+    for x, _, ids in recordtool.Loader(ds, device="cpu", **kw):
+        for i, img in zip(np.asarray(ids).tolist(), pixels(np.asarray(x))):
+            cpu[i] = img
+    chroma_of = {i: CHROMA_NAMES.get(int(c), str(c)) for i, c in enumerate(ds.index.chroma)}
+    prog = ds.index.progressive
+    print(f"\n=== Loader device=cuda vs device=cpu, same windows: {len(ds)} records of {folder}, {size}²", flush=True)
+    out = {}
+    for chroma in chromas:
+        for split in splits:
+            split = split if split in ("auto", "gpu", "cpu") else float(split)
+            ld = recordtool.Loader(ds, device="cuda", chroma=chroma, split=split, **kw)
+            per = {}
+            for x, _, ids in ld:
+                for i, img in zip(np.asarray(ids).tolist(), pixels(cupy.asnumpy(x))):
+                    per[i] = psnr(img, cpu[i])
+            ld.close()
+            ld.batcher.close()
+            ids = sorted(per)
+            v = np.array([per[i] for i in ids])
+            print(f"  chroma {chroma:<11} split {str(split):<4} all      {_stats(v)}", flush=True)
+            for name in sorted({chroma_of[i] for i in ids}):
+                sel = np.array([chroma_of[i] == name for i in ids])
+                print(f"  {'':<30}{name:<8} {_stats(v[sel])}")
+            sel = np.array([bool(prog[i]) for i in ids])
+            if sel.any():
+                print(f"  {'':<30}{'progr.':<8} {_stats(v[sel])}")
+            worst = [(round(per[i], 1), i, chroma_of[i], int(ds.index.width[i]), int(ds.index.height[i]))
+                     for i in sorted(per, key=per.get)[:5]]
+            print(f"  {'':<30}worst (dB, record, chroma, w, h): {worst}")
+            out[f"{chroma}/{split}"] = {"psnr": v.tolist(), "ids": ids}
+    return out
+
+
 def main():
     import cupy
 
     from recordtool.decode.gpu import GPUDecoder, route
+    from recordtool.decode.gpu.plan import CHROMA_MODES
+    from recordtool.decode.gpu_ref import SUBSAMPLING, planes_to_rgb
     from recordtool.decode.nvjpeg import HardwareDecoder, HybridDecoder
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("photos")
+    ap.add_argument("photos", nargs="?")
+    ap.add_argument("--set", default=None, help="a folder of JPEGs to read through the Loader (make_fidelity_set.py)")
     ap.add_argument("--windows", type=int, default=16)
+    ap.add_argument("--chroma", default=",".join(CHROMA_MODES), help="GPUDecoder chroma modes to compare")
+    ap.add_argument("--splits", default="gpu,auto", help="--set: Loader splits")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    chromas = a.chroma.split(",")
+    if a.set:
+        res = loader_report(a.set, chromas, a.splits.split(","))
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(res, f)
+        return
     tj = R._turbojpeg()
     from turbojpeg import TJPF_RGB
 
-    dec = GPUDecoder(max_batch=a.windows, dtype="uint8", layout="NHWC", split="gpu")
     stream = cupy.cuda.Stream(non_blocking=True)
-    hw = HardwareDecoder(1)
-    hyb = HybridDecoder(stream.ptr)
+    decs = {c: GPUDecoder(max_batch=a.windows, dtype="uint8", layout="NHWC", split="gpu", chroma=c) for c in chromas}
+    raw_dec = {}  # chroma → (engine decoder, hybrid decoder) for the raw pixels
+    for c in chromas:
+        try:
+            raw_dec[c] = (HardwareDecoder(1, planar=c == "interpolate", interpolate=c == "nvjpeg"),
+                          HybridDecoder(stream.ptr, interpolate=c == "nvjpeg"))
+        except Exception as e:
+            print(f"raw decoders for {c}: {e}")
     rows = []
+    signal.signal(signal.SIGTERM, _stop)  # `timeout`: report what was measured
+    try:
+        _photos(a, chromas, decs, raw_dec, stream, tj, TJPF_RGB, rows, planes_to_rgb, SUBSAMPLING, route)
+    except _Stopped:
+        print(f"stopped by SIGTERM after {len(rows)} rows", flush=True)
+    _summary(rows, chromas, a.json)
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _stop(signum, frame):
+    raise _Stopped()
+
+
+def _photos(a, chromas, decs, raw_dec, stream, tj, TJPF_RGB, rows, planes_to_rgb, SUBSAMPLING, route):
+    import cupy
+
     for k, path in enumerate(sorted(glob.glob(os.path.join(a.photos, "*.jpg")))):
         for vname, data in variants(path):
             info = probe(data)
@@ -82,40 +187,65 @@ def main():
             ids = np.arange(a.windows) + 1000 * k
             win = random_windows(np.full(a.windows, W), np.full(a.windows, H), ids, 0, 0)
             bufs = [data] * a.windows
-            g = cupy.asnumpy(dec(bufs, win, np.zeros(a.windows, bool), np.full(a.windows, rt)))
             c = decode_crop_resize(bufs, win)
             full = tj.decode(data, pixel_format=TJPF_RGB)
             pil = Image.open(io.BytesIO(data)).convert("RGB")  # Pillow decode once, crop per window
-            for i, (y, x, h, w) in enumerate(win):
-                t = np.asarray(pil.crop((int(x), int(y), int(x + w), int(y + h))).resize((224, 224), Image.BILINEAR))
-                m = _native.choose_scale(float(w), float(h), 224, 224, R.SCALE_MARGIN, R.min_scale(data))
-                raw = None
-                if i < 4 and rt in (0, 1):  # the decoded region itself, before resampling
-                    region = cupy.zeros((int(h), int(w), 3), np.uint8)
-                    d = hw if rt == 0 else hyb
-                    with cupy.cuda.Device(0):
+            truth = [np.asarray(pil.crop((int(x), int(y), int(x + w), int(y + h))).resize((224, 224), Image.BILINEAR))
+                     for (y, x, h, w) in win]
+            view = np.frombuffer(data, np.uint8)
+            pin = cupy.cuda.alloc_pinned_memory(len(view))
+            np.frombuffer(pin, np.uint8, len(view))[:] = view
+            for mode in chromas:
+                g = cupy.asnumpy(decs[mode](bufs, win, np.zeros(a.windows, bool), np.full(a.windows, rt)))
+                raw_whole = None
+                if mode == "interpolate" and mode in raw_dec and rt in (0, 1):  # the whole image from its planes
+                    hwd, hyd = raw_dec[mode]
+                    nc, css, ws, hs = hwd.image_info(view.ctypes.data, len(view))
+                    gray = nc == 1
+                    planes = [cupy.zeros((hs[c_], ws[c_]), np.uint8) for c_ in range(1 if gray else 3)]
+                    ptrs = [p.data.ptr for p in planes] + [planes[0].data.ptr] * (3 - len(planes))
+                    pitches = [int(p.shape[1]) for p in planes] + [int(planes[0].shape[1])] * (3 - len(planes))
+                    try:
                         if rt == 0:
-                            view = np.frombuffer(data, np.uint8)
-                            pin = cupy.cuda.alloc_pinned_memory(len(view))
-                            np.frombuffer(pin, np.uint8, len(view))[:] = view
-                            hw.decode([pin.ptr], [len(view)], [(int(x), int(y), int(w), int(h))], [region.data.ptr],
-                                      [int(w) * 3], stream.ptr)
+                            hwd.decode_planes([pin.ptr], [len(view)], [ptrs], [pitches], stream.ptr)
                         else:
-                            view = np.frombuffer(data, np.uint8)
-                            d.decode(view.ctypes.data, len(view), (int(x), int(y), int(w), int(h)), region.data.ptr,
-                                     int(w) * 3)
+                            hyd.decode_planes(view.ctypes.data, len(view), ptrs, pitches, gray)
                         stream.synchronize()
-                    raw = psnr(cupy.asnumpy(region), full[y:y + h, x:x + w])
-                rows.append({"variant": vname, "photo": os.path.basename(path), "size": f"{W}x{H}", "route": rt,
-                             "chroma": info.chroma, "window": [int(v) for v in win[i]], "cpu_scale": m,
-                             "gpu_vs_cpu": psnr(g[i], c[i]), "gpu_vs_truth": psnr(g[i], t),
-                             "cpu_vs_truth": psnr(c[i], t), "raw_vs_libjpeg": raw})
+                        p = [cupy.asnumpy(q) for q in planes]
+                        rgb = planes_to_rgb(p[0][:H, :W]) if gray else planes_to_rgb(p[0][:H, :W], p[1], p[2],
+                                                                                      *SUBSAMPLING[css])
+                        raw_whole = psnr(rgb, full)
+                    except Exception as e:
+                        print(f"  raw planes {vname}: {e}")
+                for i, (y, x, h, w) in enumerate(win):
+                    m = _native.choose_scale(float(w), float(h), 224, 224, R.SCALE_MARGIN, R.min_scale(data))
+                    raw = raw_whole if i == 0 else None
+                    if i < 4 and rt in (0, 1) and mode != "interpolate" and mode in raw_dec:  # the window region
+                        hwd, hyd = raw_dec[mode]
+                        region = cupy.zeros((int(h), int(w), 3), np.uint8)
+                        if rt == 0:
+                            hwd.decode([pin.ptr], [len(view)], [(int(x), int(y), int(w), int(h))], [region.data.ptr],
+                                       [int(w) * 3], stream.ptr)
+                        else:
+                            hyd.decode(view.ctypes.data, len(view), (int(x), int(y), int(w), int(h)),
+                                       region.data.ptr, int(w) * 3)
+                        stream.synchronize()
+                        raw = psnr(cupy.asnumpy(region), full[y:y + h, x:x + w])
+                    rows.append({"mode": mode, "variant": vname, "photo": os.path.basename(path), "size": f"{W}x{H}",
+                                 "route": rt, "chroma": info.chroma, "window": [int(v) for v in win[i]],
+                                 "cpu_scale": m, "gpu_vs_cpu": psnr(g[i], c[i]), "gpu_vs_truth": psnr(g[i], truth[i]),
+                                 "cpu_vs_truth": psnr(c[i], truth[i]), "raw_vs_libjpeg": raw})
         print(f"{os.path.basename(path)} done ({len(rows)} rows)", flush=True)
+
+
+def _summary(rows, chromas, json_path):
+    if not rows:
+        return
     groups = collections.defaultdict(list)
     for r in rows:
-        groups[(r["variant"].split("-")[-1], r["route"], r["cpu_scale"])].append(r)
-    print(f"\n{'variant':<10} {'route':>5} {'m':>2} {'n':>5} | gpu_vs_cpu min/p1/med | gpu_vs_truth min/med | "
-          "cpu_vs_truth min/med | raw min")
+        groups[(r["mode"], r["variant"].split("-")[-1], r["route"], r["cpu_scale"])].append(r)
+    print(f"\n{'chroma':<11} {'variant':<10} {'route':>5} {'m':>2} {'n':>5} | gpu_vs_cpu min/p1/med | "
+          "gpu_vs_truth min/med | cpu_vs_truth min/med | raw min")
     for key in sorted(groups):
         g = groups[key]
 
@@ -123,17 +253,22 @@ def main():
             v = np.array([r[f] for r in g if r[f] is not None])
             return v if len(v) else np.array([np.inf])
         gc, gt, ct, rw = st("gpu_vs_cpu"), st("gpu_vs_truth"), st("cpu_vs_truth"), st("raw_vs_libjpeg")
-        print(f"{key[0]:<10} {key[1]:>5} {key[2]:>2} {len(g):>5} | {gc.min():5.1f} {np.percentile(gc, 1):5.1f} "
+        print(f"{key[0]:<11} {key[1]:<10} {key[2]:>5} {key[3]:>2} {len(g):>5} | {gc.min():5.1f} {np.percentile(gc, 1):5.1f} "
               f"{np.median(gc):5.1f} | {gt.min():5.1f} {np.median(gt):5.1f} | {ct.min():5.1f} {np.median(ct):5.1f} | "
               f"{rw.min():5.1f}")
-    allv = np.array([r["gpu_vs_cpu"] for r in rows])
-    print(f"\nall: n {len(allv)}, gpu_vs_cpu min {allv.min():.1f} p1 {np.percentile(allv, 1):.1f} "
-          f"p5 {np.percentile(allv, 5):.1f} median {np.median(allv):.1f}")
-    print("worst gpu_vs_cpu:")
-    for r in sorted(rows, key=lambda r: r["gpu_vs_cpu"])[:12]:
-        print("  ", {k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items()})
-    if a.json:
-        with open(a.json, "w") as f:
+    for mode in chromas:
+        allv = np.array([r["gpu_vs_cpu"] for r in rows if r["mode"] == mode])
+        if not len(allv):
+            continue
+        raw = np.array([r["raw_vs_libjpeg"] for r in rows if r["mode"] == mode and r["raw_vs_libjpeg"] is not None])
+        print(f"\nall, chroma {mode}: n {len(allv)}, gpu_vs_cpu min {allv.min():.1f} p1 {np.percentile(allv, 1):.1f} "
+              f"p5 {np.percentile(allv, 5):.1f} median {np.median(allv):.1f}; raw vs libjpeg min "
+              f"{raw.min() if len(raw) else float('nan'):.1f}, bit-exact {int((raw >= 100).sum())}/{len(raw)}")
+        print("worst gpu_vs_cpu:")
+        for r in sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["gpu_vs_cpu"])[:6]:
+            print("  ", {k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items()})
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump(rows, f)
 
 

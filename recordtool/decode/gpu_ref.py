@@ -38,3 +38,80 @@ def resize_normalize(region: np.ndarray, box, out_h: int, out_w: int, mirror: bo
     if mean is not None:
         img = (img / 255.0 - np.asarray(mean)) / np.asarray(std)
     return img
+
+
+# ------------------------------------------------------------------ planar YCbCr → RGB (chroma="interpolate")
+# libjpeg-turbo's decoder after the IDCT (jdsample.c, jdcolor.c), in integers: what the kernel
+# does on nvJPEG's planar output so that the GPU gives libjpeg's pixels, not nvJPEG's replicated chroma.
+
+SUBSAMPLING = {0: (1, 1), 1: (2, 1), 2: (2, 2), 3: (1, 2)}
+"""(horizontal, vertical) chroma subsampling per nvJPEG chroma code (444, 422, 420, 440)."""
+
+
+def _fix(x: float) -> int:
+    return int(x * 65536 + 0.5)  # jdcolor.c FIX(), SCALEBITS 16
+
+
+CR_R, CB_B, CR_G, CB_G = _fix(1.40200), _fix(1.77200), _fix(0.71414), _fix(0.34414)  # 91881 116130 46802 22554
+
+
+def chroma_size(width: int, height: int, hs: int, vs: int) -> tuple:
+    """(w, h) of a chroma plane: libjpeg's downsampled_width / height (rounded up)."""
+    return -(-width // hs), -(-height // vs)
+
+
+def _near_far(n_out: int, n_in: int):
+    """For each full-resolution index: the nearer chroma sample, the further one (the previous
+    one for even indices, the next for odd, clamped at the plane's edges as libjpeg replicates
+    its edge samples) and whether it is odd."""
+    o = np.arange(n_out)
+    near = o >> 1
+    odd = (o & 1).astype(bool)
+    far = np.clip(np.where(odd, near + 1, near - 1), 0, n_in - 1)
+    return np.minimum(near, n_in - 1), far, odd
+
+
+def upsample(plane: np.ndarray, hs: int, vs: int, width: int, height: int) -> np.ndarray:
+    """libjpeg-turbo's fancy (triangle-filter) upsampling of one chroma plane to width × height,
+    bit for bit: h2v1 (3·near + far + 1|2) >> 2, h1v2 the same down the rows, h2v2 column sums
+    3·near + far then (3·this + other + 8|7) >> 4; planes of ≤ 2 columns are replicated
+    horizontally (libjpeg's rule: fancy only when downsampled_width > 2), and h2v2 then also
+    vertically."""
+    p = plane.astype(np.int64)
+    ch, cw = p.shape
+    if hs == 1 and vs == 1:
+        return plane[:height, :width].copy()
+    if hs == 2 and cw <= 2:  # h2v1_upsample / h2v2_upsample: plain replication
+        cols = np.minimum(np.arange(width) >> 1, cw - 1)
+        rows = np.minimum(np.arange(height) >> (vs - 1), ch - 1)
+        return plane[rows][:, cols].copy()
+    if vs == 2:
+        near, far, odd = _near_far(height, ch)
+        colsum = 3 * p[near] + p[far]  # (height, cw)
+        if hs == 1:
+            return ((colsum + np.where(odd, 2, 1)[:, None]) >> 2).astype(np.uint8)
+    else:
+        colsum = p[:height]
+    near, far, odd = _near_far(width, cw)
+    if vs == 2:  # h2v2
+        return ((3 * colsum[:, near] + colsum[:, far] + np.where(odd, 7, 8)[None, :]) >> 4).astype(np.uint8)
+    return ((3 * colsum[:, near] + colsum[:, far] + np.where(odd, 2, 1)[None, :]) >> 2).astype(np.uint8)  # h2v1
+
+
+def ycc_to_rgb(y: np.ndarray, cb: np.ndarray, cr: np.ndarray) -> np.ndarray:
+    """libjpeg's YCbCr → RGB (jdcolor.c ycc_rgb_convert: 16-bit fixed point, range-limited)."""
+    y = y.astype(np.int64)
+    xb, xr = cb.astype(np.int64) - 128, cr.astype(np.int64) - 128
+    r = y + ((CR_R * xr + 32768) >> 16)
+    g = y + ((-CB_G * xb + 32768 - CR_G * xr) >> 16)
+    b = y + ((CB_B * xb + 32768) >> 16)
+    return np.clip(np.stack([r, g, b], -1), 0, 255).astype(np.uint8)
+
+
+def planes_to_rgb(y: np.ndarray, cb=None, cr=None, hs: int = 1, vs: int = 1) -> np.ndarray:
+    """The RGB image libjpeg-turbo (fancy upsampling, the default) makes from these decoded
+    planes: y (h, w); cb, cr at their subsampled sizes (chroma_size), None for grayscale."""
+    h, w = y.shape
+    if cb is None:
+        return np.repeat(y[:, :, None], 3, axis=2)
+    return ycc_to_rgb(y, upsample(cb, hs, vs, w, h), upsample(cr, hs, vs, w, h))

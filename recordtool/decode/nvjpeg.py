@@ -22,7 +22,10 @@ except ImportError:
 
 # enums (nvjpeg.h)
 BACKEND_DEFAULT, BACKEND_HYBRID, BACKEND_GPU_HYBRID, BACKEND_HARDWARE = 0, 1, 2, 3
-OUTPUT_RGBI = 5
+OUTPUT_YUV, OUTPUT_Y, OUTPUT_RGBI = 1, 2, 5
+# nvjpegCreateEx flag (nvJPEG ≥ 12.1): interpolated chroma upsampling in nvJPEG's own colour conversion
+FLAGS_UPSAMPLING_WITH_INTERPOLATION = 32
+CSS_GRAY = 6
 STATUS = {0: "SUCCESS", 1: "NOT_INITIALIZED", 2: "INVALID_PARAMETER", 3: "BAD_JPEG", 4: "JPEG_NOT_SUPPORTED",
           5: "ALLOCATOR_FAILURE", 6: "EXECUTION_FAILED", 7: "ARCH_MISMATCH", 8: "INTERNAL_ERROR",
           9: "IMPLEMENTATION_NOT_SUPPORTED", 10: "INCOMPLETE_BITSTREAM"}
@@ -102,6 +105,7 @@ def _declare(L):
         "nvjpegCreateEx": [i, p, p, u, ctypes.POINTER(p)],
         "nvjpegDestroy": [p],
         "nvjpegGetHardwareDecoderInfo": [p, ctypes.POINTER(u), ctypes.POINTER(u)],
+        "nvjpegGetImageInfo": [p, p, sz, ctypes.POINTER(i), ctypes.POINTER(i), ctypes.POINTER(i), ctypes.POINTER(i)],
         "nvjpegJpegStateCreate": [p, ctypes.POINTER(p)],
         "nvjpegJpegStateDestroy": [p],
         "nvjpegDecodeBatchedInitialize": [p, p, i, i, i],
@@ -148,6 +152,18 @@ class _Handle:
 
     L = None
     handle = None
+    _info = None
+
+    def image_info(self, ptr: int, length: int):
+        """(components, chroma code, widths[3], heights[3]) of the JPEG at host `ptr` (its header
+        only, nvjpegGetImageInfo): the plane sizes planar output writes. Not thread-safe per
+        instance (its result arrays are reused)."""
+        if self._info is None:
+            self._info = (ctypes.c_int(), ctypes.c_int(), (ctypes.c_int * 4)(), (ctypes.c_int * 4)())
+        nc, css, w, h = self._info
+        check("nvjpegGetImageInfo", self.L.nvjpegGetImageInfo(self.handle, ptr, length, ctypes.byref(nc),
+                                                              ctypes.byref(css), w, h))
+        return nc.value, css.value, (w[0], w[1], w[2]), (h[0], h[1], h[2])
 
     def set_padding(self, padding: int) -> None:
         """Grow nvJPEG's buffers in steps of `padding` bytes rather than to each new image's size."""
@@ -162,17 +178,25 @@ class _Handle:
 
 
 class HardwareDecoder(_Handle):
-    """nvjpegDecodeBatchedEx on the NVJPG engines, RGBI output, one ROI per image.
+    """nvjpegDecodeBatchedEx on the NVJPG engines: RGBI output with one ROI per image, or
+    (planar=True) whole images as planar YUV (Y, Cb, Cr at their own sizes: `decode_planes`).
 
     One instance per thread (nvJPEG states are not shared). Raises NvjpegError with
     ARCH_MISMATCH where the GPU has no hardware JPEG engine.
+
+    Args:
+        max_batch: images per call at most.
+        planar: YUV output (decode_planes) instead of RGBI with an ROI (decode).
+        interpolate: NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION on the handle (RGBI output).
     """
 
-    def __init__(self, max_batch: int):
+    def __init__(self, max_batch: int, planar: bool = False, interpolate: bool = False):
         L = lib()
         self.L = L
         self.handle = ctypes.c_void_p()
-        check("nvjpegCreateEx(HARDWARE)", L.nvjpegCreateEx(BACKEND_HARDWARE, None, None, 0,
+        self.fmt = OUTPUT_YUV if planar else OUTPUT_RGBI
+        flags = FLAGS_UPSAMPLING_WITH_INTERPOLATION if interpolate else 0
+        check("nvjpegCreateEx(HARDWARE)", L.nvjpegCreateEx(BACKEND_HARDWARE, None, None, flags,
                                                            ctypes.byref(self.handle)))
         e, c = ctypes.c_uint(), ctypes.c_uint()
         check("nvjpegGetHardwareDecoderInfo", L.nvjpegGetHardwareDecoderInfo(self.handle, ctypes.byref(e),
@@ -185,7 +209,7 @@ class HardwareDecoder(_Handle):
         for k in range(max_batch):
             prm = ctypes.c_void_p()
             check("nvjpegDecodeParamsCreate", L.nvjpegDecodeParamsCreate(self.handle, ctypes.byref(prm)))
-            check("nvjpegDecodeParamsSetOutputFormat", L.nvjpegDecodeParamsSetOutputFormat(prm, OUTPUT_RGBI))
+            check("nvjpegDecodeParamsSetOutputFormat", L.nvjpegDecodeParamsSetOutputFormat(prm, self.fmt))
             self.params[k] = prm
         self._ptrs = (ctypes.c_void_p * max_batch)()
         self._lens = (ctypes.c_size_t * max_batch)()
@@ -198,10 +222,10 @@ class HardwareDecoder(_Handle):
         image later does not make the library allocate in steady state."""
         L = self.L
         check("nvjpegDecodeBatchedInitialize",
-              L.nvjpegDecodeBatchedInitialize(self.handle, self.state, batch, 1, OUTPUT_RGBI))
+              L.nvjpegDecodeBatchedInitialize(self.handle, self.state, batch, 1, self.fmt))
         self._batch = batch
         check("nvjpegDecodeBatchedPreAllocate", L.nvjpegDecodeBatchedPreAllocate(
-            self.handle, self.state, batch, width, height, chroma, OUTPUT_RGBI))
+            self.handle, self.state, batch, width, height, chroma, self.fmt))
 
     def decode(self, host_ptrs, lengths, rois, dst_ptrs, dst_pitches, stream_ptr: int, native: bool = True) -> None:
         """Decode len(host_ptrs) JPEGs; ROI k = (x, y, w, h) lands at dst_ptrs[k] (RGBI, pitch).
@@ -209,17 +233,19 @@ class HardwareDecoder(_Handle):
         native: submit the batch in one GIL-free call (recordtool._nvsubmit) when it is built;
         False: the ctypes loop below, its reference (a ctypes call per image, each taking the GIL
         back — hundreds of hand-offs a batch with a training loop on the main thread)."""
+        if self.fmt != OUTPUT_RGBI:
+            raise ValueError("a planar HardwareDecoder decodes with decode_planes")
         n = len(host_ptrs)
-        if n == 0:
-            return
         if n > self.max_batch:
             raise ValueError(f"batch {n} > max_batch {self.max_batch}")
+        if n == 0:
+            return
         L = self.L
-        if self._batch != n:
-            check("nvjpegDecodeBatchedInitialize",
-                  L.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, OUTPUT_RGBI))
-            self._batch = n
         if native and _nvsubmit is not None:
+            if self._batch != n:
+                check("nvjpegDecodeBatchedInitialize",
+                      L.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, self.fmt))
+                self._batch = n
             if self._fns is None:
                 addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
                 self._fns = (addr(L.nvjpegDecodeParamsSetROI), addr(L.nvjpegDecodeBatchedEx))
@@ -232,9 +258,8 @@ class HardwareDecoder(_Handle):
             if status:
                 check("nvjpegDecodeParamsSetROI" if call == 1 else "nvjpegDecodeBatchedEx", status)
             return
+        n = self._begin(host_ptrs, lengths)
         for k in range(n):
-            self._ptrs[k] = int(host_ptrs[k])
-            self._lens[k] = int(lengths[k])
             x, y, w, h = (int(v) for v in rois[k])
             check("nvjpegDecodeParamsSetROI", L.nvjpegDecodeParamsSetROI(self.params[k], x, y, w, h))
             img = self._imgs[k]
@@ -242,6 +267,35 @@ class HardwareDecoder(_Handle):
             img.pitch[0] = int(dst_pitches[k])
         check("nvjpegDecodeBatchedEx", L.nvjpegDecodeBatchedEx(
             self.handle, self.state, self._ptrs, self._lens, self._imgs, self.params, stream_ptr))
+
+    def decode_planes(self, host_ptrs, lengths, planes, pitches, stream_ptr: int) -> None:
+        """Decode len(host_ptrs) whole JPEGs as planar YUV: planes[k] = (Y, Cb, Cr) device
+        pointers, pitches[k] their row bytes (each ≥ the plane's width, image_info)."""
+        if self.fmt != OUTPUT_YUV:
+            raise ValueError("an RGBI HardwareDecoder decodes with decode")
+        n = self._begin(host_ptrs, lengths)
+        if n == 0:
+            return
+        for k in range(n):
+            img = self._imgs[k]
+            for c in range(3):
+                img.channel[c] = planes[k][c]
+                img.pitch[c] = pitches[k][c]
+        check("nvjpegDecodeBatchedEx", self.L.nvjpegDecodeBatchedEx(
+            self.handle, self.state, self._ptrs, self._lens, self._imgs, self.params, stream_ptr))
+
+    def _begin(self, host_ptrs, lengths) -> int:
+        n = len(host_ptrs)
+        if n > self.max_batch:
+            raise ValueError(f"batch {n} > max_batch {self.max_batch}")
+        if n and self._batch != n:
+            check("nvjpegDecodeBatchedInitialize",
+                  self.L.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, self.fmt))
+            self._batch = n
+        for k in range(n):
+            self._ptrs[k] = int(host_ptrs[k])
+            self._lens[k] = int(lengths[k])
+        return n
 
     def close(self):
         if getattr(self, "handle", None):
@@ -255,7 +309,8 @@ class HardwareDecoder(_Handle):
 
 class HybridDecoder(_Handle):
     """Decoupled nvJPEG with the HYBRID backend: Huffman decoding on the calling CPU thread, the
-    rest (IDCT, upsampling, colour) on the GPU, one ROI per image, RGBI output.
+    rest (IDCT, upsampling, colour) on the GPU, one ROI per image, RGBI output (`decode`), or the
+    whole image's planes, YUV or Y for grayscale (`decode_planes`).
 
     For what the engines refuse but the GPU can still help with — progressive and grayscale
     JPEGs. Two pinned buffers alternate so that the host phase of one image overlaps the copy of
@@ -263,14 +318,17 @@ class HybridDecoder(_Handle):
     One instance per thread.
     """
 
-    def __init__(self, stream_ptr: int):
+    def __init__(self, stream_ptr: int, interpolate: bool = False):
+        """interpolate: NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION on the handle (RGBI output)."""
         import cupy
 
         L = lib()
         self.L, self.Q = L, quick()
         self.stream_ptr = stream_ptr
         self.handle = ctypes.c_void_p()
-        check("nvjpegCreateEx(DEFAULT)", L.nvjpegCreateEx(BACKEND_DEFAULT, None, None, 0, ctypes.byref(self.handle)))
+        flags = FLAGS_UPSAMPLING_WITH_INTERPOLATION if interpolate else 0
+        check("nvjpegCreateEx(DEFAULT)", L.nvjpegCreateEx(BACKEND_DEFAULT, None, None, flags,
+                                                          ctypes.byref(self.handle)))
         self.decoder, self.state = ctypes.c_void_p(), ctypes.c_void_p()
         check("nvjpegDecoderCreate(HYBRID)", L.nvjpegDecoderCreate(self.handle, BACKEND_HYBRID,
                                                                   ctypes.byref(self.decoder)))
@@ -288,6 +346,7 @@ class HybridDecoder(_Handle):
         self.params = ctypes.c_void_p()
         check("nvjpegDecodeParamsCreate", L.nvjpegDecodeParamsCreate(self.handle, ctypes.byref(self.params)))
         check("nvjpegDecodeParamsSetOutputFormat", L.nvjpegDecodeParamsSetOutputFormat(self.params, OUTPUT_RGBI))
+        self._fmt, self._roi = OUTPUT_RGBI, None
         self._record = cupy.cuda.runtime.eventRecord
         # blocking-sync events: waiting for a pinned buffer's copy sleeps instead of spinning a core
         block = os.environ.get("RECORDTOOL_GPU_SYNC", "block") == "block"
@@ -299,6 +358,19 @@ class HybridDecoder(_Handle):
 
     def decode(self, ptr: int, length: int, roi, dst: int, pitch: int) -> None:
         """Decode one JPEG's ROI (x, y, w, h) to dst (RGBI, pitch) on this decoder's stream."""
+        self._img.channel[0] = dst
+        self._img.pitch[0] = pitch
+        self._decode(ptr, length, tuple(roi), OUTPUT_RGBI)
+
+    def decode_planes(self, ptr: int, length: int, planes, pitches, gray: bool) -> None:
+        """Decode one whole JPEG to its planes on this decoder's stream: Y only (gray, planes[0])
+        or Y, Cb, Cr (planes[0..2], pitches ≥ each plane's width, image_info)."""
+        for c in range(1 if gray else 3):
+            self._img.channel[c] = planes[c]
+            self._img.pitch[c] = pitches[c]
+        self._decode(ptr, length, (0, 0, -1, -1), OUTPUT_Y if gray else OUTPUT_YUV)
+
+    def _decode(self, ptr: int, length: int, roi, fmt: int) -> None:
         # Q: short calls that keep the GIL; L: Huffman decoding and the copy, which release it
         L, Q, h, k = self.L, self.Q, self.handle, self._k
         self._k ^= 1
@@ -306,16 +378,18 @@ class HybridDecoder(_Handle):
             self.events[k].synchronize()
         js = self.jstreams[k]
         check("nvjpegJpegStreamParse", Q.nvjpegJpegStreamParse(h, ptr, length, 0, 0, js))
-        x, y, w, hh = roi
-        check("nvjpegDecodeParamsSetROI", Q.nvjpegDecodeParamsSetROI(self.params, x, y, w, hh))
+        if fmt != self._fmt:
+            check("nvjpegDecodeParamsSetOutputFormat", Q.nvjpegDecodeParamsSetOutputFormat(self.params, fmt))
+            self._fmt = fmt
+        if roi != self._roi:  # (0, 0, -1, -1): no ROI, the whole image
+            check("nvjpegDecodeParamsSetROI", Q.nvjpegDecodeParamsSetROI(self.params, *roi))
+            self._roi = roi
         check("nvjpegStateAttachPinnedBuffer", Q.nvjpegStateAttachPinnedBuffer(self.state, self.pinned[k]))
         check("nvjpegDecodeJpegHost", L.nvjpegDecodeJpegHost(h, self.decoder, self.state, self.params, js))
         check("nvjpegDecodeJpegTransferToDevice", L.nvjpegDecodeJpegTransferToDevice(
             h, self.decoder, self.state, js, self.stream_ptr))
         self._record(self.events[k].ptr, self.stream_ptr)
         self._used[k] = True
-        self._img.channel[0] = dst
-        self._img.pitch[0] = pitch
         check("nvjpegDecodeJpegDevice", Q.nvjpegDecodeJpegDevice(h, self.decoder, self.state,
                                                                  ctypes.byref(self._img), self.stream_ptr))
 

@@ -22,20 +22,22 @@ class GPUBatcher:
         threads: CPU threads in all (shared by the slots' CPU shares).
         mean, std, dtype, layout: the normalisation and output format.
         user_op: optional op on the uint8 NHWC CuPy batch before normalisation.
-        split, hybrid: see GPUDecoder.
+        split, hybrid, chroma: see GPUDecoder.
         slots: output batches alive at once.
         max_batch: images per batch.
     """
 
     def __init__(self, recipe: Recipe, device: int, producers: int, threads: int, mean, std, dtype: str,
-                 layout: str, user_op, split, hybrid: bool, slots: int, max_batch: int):
+                 layout: str, user_op, split, hybrid: bool, slots: int, max_batch: int, chroma: str | None = None):
         from ..decode.gpu import OutputRing, route
         from ..decode.gpu.kernel import kernel
+        from ..decode.gpu.plan import DEFAULT_CHROMA
 
         self.recipe, self.device, self.producers = recipe, device, producers
         self.threads = threads
         self.mean, self.std, self.dtype, self.layout = mean, std, dtype, layout
         self.user_op, self.split, self.hybrid = user_op, split, hybrid
+        self.chroma = DEFAULT_CHROMA if chroma is None else chroma
         self.max_batch = max_batch
         # native threads of each decoder's CPU share: the cores left by the producers, shared out.
         # Measured on the H200 (BENCHMARKS.md): every core per producer's pool (64 threads on 16
@@ -73,7 +75,7 @@ class GPUBatcher:
                 s = self.recipe.size
                 dec = GPUDecoder((s, s), max_batch=self.max_batch, layout="NHWC" if raw else self.layout,
                                  dtype="uint8" if raw else self.dtype, mean=self.mean, std=self.std,
-                                 device=self.device, split=self.split, hybrid=self.hybrid,
+                                 device=self.device, split=self.split, hybrid=self.hybrid, chroma=self.chroma,
                                  cpu_threads=self.cpu_threads,
                                  ring=self.raw_ring if raw else self.ring, demand=self.demand)
                 dec.warmup(ix.jpeg_length, ix.width, ix.height, routes=self.routes)

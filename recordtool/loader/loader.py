@@ -84,6 +84,9 @@ class Loader:
             rates; an image may be decoded by engines in one run and libjpeg in another, see
             README's fidelity bound), "gpu" (bit-identical runs), "cpu", or a CPU share in [0, 1].
         hybrid: cuda only — progressive and gray files to nvJPEG's hybrid decoder (else the CPU).
+        chroma: cuda only — how GPU-decoded 4:2:0 / 4:2:2 chroma is upsampled: "interpolate"
+            (libjpeg-turbo's filter in our kernel: the CPU path's pixels), "replicate" (nvJPEG's
+            output as it is) or "nvjpeg" (nvJPEG's own interpolation); see decode.gpu.plan.Chroma.
         on_error: a record no decoder can decode — "raise" (RecordError naming shard and offset),
             "warn" (a warning; the sample is zeros, its label kept; listed in `bad_records`) or
             "skip" (the same without the warning).
@@ -97,7 +100,7 @@ class Loader:
                  world_size: int | None = None, drop_last: bool = True, prefetch: int = 2, threads: int | None = None,
                  user_op=None, as_torch: bool | None = None, producers: int | None = None, with_ids: bool = False,
                  split="auto", hybrid: bool = True, on_error: OnError | str = "raise", cache_dir: str | None = None,
-                 cache_limit: int | None = None, block_shards: int | None = None):
+                 cache_limit: int | None = None, block_shards: int | None = None, chroma: str | None = None):
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
         if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
@@ -108,10 +111,11 @@ class Loader:
             raise ValueError(f"dtype float32|float16 and layout NCHW|NHWC, not {dtype!r}, {layout!r}")
         if len(mean) != 3 or len(std) != 3 or not all(float(s) > 0 for s in std):
             raise ValueError("mean and std need 3 values each, std > 0")
-        if device == "cuda":
-            from ..decode.gpu.plan import check_split
+        from ..decode.gpu.plan import DEFAULT_CHROMA, check_chroma, check_split  # pure NumPy
 
+        if device == "cuda":
             split = check_split(split)
+        self.chroma = chroma = check_chroma(DEFAULT_CHROMA if chroma is None else chroma)
         self.on_error = _on_error(on_error)
         self.ds = path if isinstance(path, Dataset) else Dataset(path, cache_dir=cache_dir, cache_limit=cache_limit)
         self.batch_size = int(batch_size)
@@ -157,7 +161,7 @@ class Loader:
             from .gpu import GPUBatcher
 
             self.batcher = GPUBatcher(recipe, self.gpu_id, self.producers, self.threads, self.mean, self.std, dtype,
-                                      layout, user_op, split, hybrid, slots, self.batch_size)
+                                      layout, user_op, split, hybrid, slots, self.batch_size, chroma=chroma)
 
     # ------------------------------------------------------------------ epoch bookkeeping
     def __len__(self) -> int:

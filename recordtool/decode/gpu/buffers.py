@@ -11,7 +11,7 @@ import threading
 
 import numpy as np
 
-from .kernel import SAMPLE_DTYPE
+from .kernel import FMT_GRAY, FMT_RGB, FMT_YCC, SAMPLE_DTYPE
 
 ALIGN = 256  # arena placement of each decoded window
 
@@ -19,6 +19,12 @@ ALIGN = 256  # arena placement of each decoded window
 def region_bytes(w, h) -> np.ndarray:
     """Upper bound of the arena bytes one window of w × h needs (whole-pixel region + alignment)."""
     return ((np.ceil(w) + 1) * (np.ceil(h) + 1) * 3 + 2 * ALIGN).astype(np.int64)
+
+
+def planar_bytes(w, h) -> np.ndarray:
+    """Upper bound of the arena bytes one whole image's planes need (Y and two chroma planes of
+    at most its size, each aligned)."""
+    return (3 * np.asarray(w, np.int64) * np.asarray(h, np.int64) + 3 * ALIGN).astype(np.int64)
 
 
 def staging_bytes(lengths) -> int:
@@ -90,6 +96,7 @@ class DecodeBuffers:
         dst = self.arena.data.ptr + np.concatenate([[0], np.cumsum(size)[:-1]]).astype(np.int64)
         s["src"][idx], s["pitch"][idx], s["rw"][idx], s["rh"][idx] = dst, pitch, rw, rh
         s["x0"][idx], s["y0"][idx], s["x1"][idx], s["y1"][idx] = x - rx, y - ry, x + ww - rx, y + hh - ry
+        s["format"][idx] = FMT_RGB
         return Places(idx, len(windows), np.stack([rx, ry, rw, rh], 1), dst, pitch)
 
     def place_whole(self, idx, size, base: int) -> None:
@@ -100,6 +107,44 @@ class DecodeBuffers:
         s["src"][idx] = base + np.arange(len(idx), dtype=np.int64) * (h * w * 3)
         s["pitch"][idx], s["rw"][idx], s["rh"][idx] = w * 3, w, h
         s["x0"][idx], s["y0"][idx], s["x1"][idx], s["y1"][idx] = 0.0, 0.0, float(w), float(h)
+        s["format"][idx] = FMT_RGB
+
+    def place_planar(self, windows, idx, dims) -> dict:
+        """Place the whole-image planes of each image of `idx` in the arena (growing it if this
+        batch needs more than warm-up planned) and fill its sample row: the window in image
+        pixels, FMT_YCC or FMT_GRAY with the chroma planes' geometry.
+
+        Args:
+            windows: (N, 4) (y, x, h, w) of the batch.
+            idx: batch positions to place.
+            dims: per position of idx, (width, height, hs, vs, y_w, y_h, c_w, c_h): the image,
+                its chroma subsampling (hs = 0: grayscale) and the plane sizes nvJPEG writes
+                (image_info). Planes are allocated for the larger of those and libjpeg's sizes;
+                the kernel clamps to libjpeg's (gpu_ref.chroma_size).
+        Returns {index: ((Y, Cb, Cr) pointers, (pitches), gray)} for the decoders."""
+        s = self.samples
+        d = np.asarray(dims, np.int64).reshape(len(idx), 8)
+        w, h, hs, vs = d[:, 0], d[:, 1], d[:, 2], d[:, 3]
+        gray = hs == 0
+        cw = np.where(gray, 0, -(-w // np.maximum(hs, 1)))  # libjpeg's downsampled_width / height
+        ch = np.where(gray, 0, -(-h // np.maximum(vs, 1)))
+        ypitch, yrows = np.maximum(w, d[:, 4]), np.maximum(h, d[:, 5])
+        cpitch, crows = np.where(gray, 0, np.maximum(cw, d[:, 6])), np.where(gray, 0, np.maximum(ch, d[:, 7]))
+        ysize = (ypitch * yrows + ALIGN - 1) // ALIGN * ALIGN
+        csize = (cpitch * crows + ALIGN - 1) // ALIGN * ALIGN
+        total = ysize + 2 * csize
+        self.reserve(0, int(total.sum()))
+        base = self.arena.data.ptr + np.concatenate([[0], np.cumsum(total)[:-1]]).astype(np.int64)
+        cb, cr = base + ysize, base + ysize + csize
+        win = windows[idx]
+        s["src"][idx], s["pitch"][idx], s["rw"][idx], s["rh"][idx] = base, ypitch, w, h
+        s["x0"][idx], s["y0"][idx] = win[:, 1], win[:, 0]
+        s["x1"][idx], s["y1"][idx] = win[:, 1] + win[:, 3], win[:, 0] + win[:, 2]
+        s["format"][idx] = np.where(gray, FMT_GRAY, FMT_YCC)
+        s["cb"][idx], s["cr"][idx], s["cpitch"][idx] = np.where(gray, base, cb), np.where(gray, base, cr), cpitch
+        s["hs"][idx], s["vs"][idx], s["cw"][idx], s["ch"][idx] = np.maximum(hs, 1), np.maximum(vs, 1), cw, ch
+        return {i: ((int(base[k]), int(cb[k]), int(cr[k])), (int(ypitch[k]), int(cpitch[k]), int(cpitch[k])),
+                    bool(gray[k])) for k, i in enumerate(idx.tolist())}
 
 
 class Places:

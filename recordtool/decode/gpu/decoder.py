@@ -14,12 +14,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...format.jpeg import CHROMA_444, BadJPEG, NotJPEG, decode_refusal, probe
+from ...format.jpeg import CHROMA_444, DEFAULT_MAX_PIXELS, BadJPEG, NotJPEG, decode_refusal, probe
 from .. import cpu
 from ..ops import IMAGENET_MEAN, IMAGENET_STD
 from . import kernel as K
-from .buffers import DecodeBuffers, OutputRing
-from .plan import CPU, ENGINE, HYBRID, Demand, Split, SplitPlanner, ends_with_eoi
+from .buffers import DecodeBuffers, OutputRing, planar_bytes
+from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, Chroma, Demand, Split, SplitPlanner, check_chroma,
+                   ends_with_eoi)
+
+# nvJPEG chroma code → (horizontal, vertical) subsampling the kernel upsamples; (0, 0): grayscale
+_PLANAR_LAYOUT = {0: (1, 1), 1: (2, 1), 2: (2, 2), 3: (1, 2), 6: (0, 0)}
 
 
 @dataclass
@@ -63,15 +67,22 @@ class GPUDecoder:
             None: warmup() makes one.
         demand: the Loader's consumer-steered cap on the CPU share (plan.Demand), shared by
             its producers' decoders; None: the auto split follows measured rates alone.
+        chroma: how GPU-decoded 4:2:x chroma is upsampled (plan.Chroma): "interpolate" gives
+            the CPU path's (libjpeg-turbo's) pixels; "replicate" nvJPEG's RGBI as it is.
     """
 
     def __init__(self, size=(224, 224), max_batch: int = 256, layout: K.Layout = "NCHW",
                  dtype: K.DType = "float16", mean=IMAGENET_MEAN, std=IMAGENET_STD, cpu_threads: int | None = None,
                  split: Split = "auto", device: int = 0, pool: int | None = None, hybrid: bool = True,
-                 ring: OutputRing | None = None, demand: Demand | None = None):
+                 ring: OutputRing | None = None, demand: Demand | None = None, chroma: Chroma = DEFAULT_CHROMA):
         import cupy
 
         K.check(dtype, layout)
+        self.chroma = check_chroma(chroma)
+        # "interpolate": whole images as planes, our kernel upsamples (no ROI: the planes' edges
+        # are the image's, as libjpeg sees them); "nvjpeg": nvJPEG's own interpolation flag
+        self.planar = chroma == "interpolate"
+        nvjpeg_interp = chroma == "nvjpeg"
         if not (0 < int(size[0]) <= cpu.MAX_SIDE and 0 < int(size[1]) <= cpu.MAX_SIDE) or max_batch < 1:
             raise ValueError(f"size {size} (sides 1..{cpu.MAX_SIDE}) / max_batch {max_batch} (≥ 1) out of range")
         self.cupy = cupy
@@ -103,14 +114,14 @@ class GPUDecoder:
                 from ..nvjpeg import HardwareDecoder, HybridDecoder, NvjpegError
 
                 try:
-                    self.hw = HardwareDecoder(max_batch)
+                    self.hw = HardwareDecoder(max_batch, planar=self.planar, interpolate=nvjpeg_interp)
                 except (NvjpegError, OSError) as e:  # no engines here: everything on the CPU path
                     self.hw_error = str(e)
                 if hybrid:
                     try:
                         self.hybrid_stream = _stream(cupy)
                         self._hybrid_done = _Waiter(cupy)
-                        self.hybrid = HybridDecoder(self.hybrid_stream.ptr)
+                        self.hybrid = HybridDecoder(self.hybrid_stream.ptr, interpolate=nvjpeg_interp)
                     except (NvjpegError, OSError) as e:
                         self.hybrid_error = str(e)
             self.buf = DecodeBuffers(cupy, max_batch, self.size, device)
@@ -149,7 +160,10 @@ class GPUDecoder:
                 engine buffers for the largest image each will see.
         """
         widths, heights = np.asarray(widths), np.asarray(heights)
-        self.buf.reserve(*self.buf.plan_for(jpeg_lengths, widths, heights))
+        staging, arena = self.buf.plan_for(jpeg_lengths, widths, heights)
+        if self.planar:  # whole images' planes rather than windows
+            arena = max(arena, int(np.sort(planar_bytes(widths, heights))[::-1][: self.max_batch].sum()))
+        self.buf.reserve(staging, arena)
         self.buf.allocations = 0
         cpu.reserve(widths, heights, self.cpu_threads, self.pool)  # the CPU share's decode buffers
         if self.ring is None and outputs > 0:
@@ -214,7 +228,11 @@ class GPUDecoder:
                 routes[i] = CPU  # the CPU path refuses it with the reason, naming the record
         plan = self.planner.plan(routes, ends_with_eoi(buffers))
         self.buf.ensure(buffers, windows)
-        places = self.buf.place(windows, np.concatenate([plan.engine, plan.hybrid]).astype(np.int64))
+        pre_failed = []  # planar: headers nvJPEG refused or layouts the kernel does not take
+        if self.planar:
+            places, pre_failed = self._place_planar(buffers, windows, plan)
+        else:
+            places = self.buf.place(windows, np.concatenate([plan.engine, plan.hybrid]).astype(np.int64))
         t_plan = time.perf_counter()
         cpu_job = self._workers.submit(self._decode_cpu, buffers, windows, plan.cpu, 0)
         hyb_job = self._workers.submit(self._decode_hybrid, buffers, plan.hybrid, places) if len(plan.hybrid) else None
@@ -236,7 +254,7 @@ class GPUDecoder:
                 self.stream.wait_event(self.hybrid_stream.record())
             t_wait = time.perf_counter()
             cpu_idx = plan.cpu
-            refused = np.asarray(hw_failed + hyb_failed, np.int64)
+            refused = np.asarray(hw_failed + hyb_failed + pre_failed, np.int64)
             if len(refused):  # what a GPU decoder refused: the CPU path decodes it (or names the error)
                 _, errs = self._decode_cpu(buffers, windows, refused, len(cpu_idx))
                 errors += errs
@@ -267,6 +285,44 @@ class GPUDecoder:
                                         "finish": t_end - t_wait})
         return out
 
+    def _place_planar(self, buffers, windows, plan):
+        """Planar mode: each GPU-bound image's header (nvjpegGetImageInfo) gives its planes'
+        sizes; place them and fill the sample rows. Images whose header nvJPEG refuses, whose
+        layout the kernel does not take (or gray on the engines), or whose header does not hold
+        the window or declares more than DEFAULT_MAX_PIXELS (a file damaged after packing: the
+        planes would be sized by it) leave the plan for the CPU path, which names them.
+        Returns (places, refused indices)."""
+        if not len(plan.engine) and not len(plan.hybrid):
+            return {}, []
+        info = (self.hw or self.hybrid).image_info
+        refused = []
+        keep = {}
+        for part, is_engine in ((plan.engine, True), (plan.hybrid, False)):
+            ok = np.ones(len(part), bool)
+            for k, i in enumerate(part.tolist()):
+                try:
+                    view = np.frombuffer(buffers[i], np.uint8)
+                    nc, css, ws, hs = info(view.ctypes.data, len(view))
+                    layout = _PLANAR_LAYOUT.get(css) if nc == (1 if css == 6 else 3) else None
+                    y, x, h, w = windows[i]
+                    if not (0 < ws[0] * hs[0] <= DEFAULT_MAX_PIXELS and x + w <= ws[0] + 0.5 and y + h <= hs[0] + 0.5
+                            and (layout == (0, 0) or (0 < ws[1] <= ws[0] and 0 < hs[1] <= hs[0]))):
+                        layout = None
+                except Exception:
+                    layout = None
+                if layout is None or (is_engine and layout == (0, 0)):
+                    ok[k] = False
+                    refused.append(i)
+                    continue
+                keep[i] = (ws[0], hs[0], layout[0], layout[1], ws[0], hs[0], ws[1], hs[1])
+            if is_engine:
+                plan.engine = part[ok]
+            else:
+                plan.hybrid = part[ok]
+        idx = np.concatenate([plan.engine, plan.hybrid]).astype(np.int64)
+        places = self.buf.place_planar(windows, idx, [keep[i] for i in idx.tolist()]) if len(idx) else {}
+        return places, refused
+
     def _decode_cpu(self, buffers, windows, idx, at: int):
         """CPU-decode `idx` into cpu_out[at:at+len(idx)]; (seconds, [(batch index, reason)])."""
         t = time.perf_counter()
@@ -289,10 +345,16 @@ class GPUDecoder:
             offs = np.cumsum([0] + [(len(b) + 63) // 64 * 64 for b in bufs[:-1]])
             for o, b in zip(offs, bufs):
                 stage[o:o + len(b)] = np.frombuffer(b, np.uint8)
-        rois, dst, pitch = places.take(idx)
-        lengths = np.fromiter((len(b) for b in bufs), np.int64, len(bufs))
-        self.hw.decode(base + np.asarray(offs, np.int64), lengths, rois, dst, pitch, self.stream.ptr,
-                       native=self.native_submit)
+        if self.planar:
+            ps = [places[int(i)] for i in idx]
+            ptrs = (base + np.asarray(offs, np.int64)).tolist()
+            self.hw.decode_planes(ptrs, [len(b) for b in bufs], [p[0] for p in ps], [p[1] for p in ps],
+                                  self.stream.ptr)
+        else:
+            rois, dst, pitch = places.take(idx)
+            lengths = np.fromiter((len(b) for b in bufs), np.int64, len(bufs))
+            self.hw.decode(base + np.asarray(offs, np.int64), lengths, rois, dst, pitch, self.stream.ptr,
+                           native=self.native_submit)
 
     def _decode_hybrid(self, buffers, idx, places):
         """Hybrid-decode each window (Huffman on this thread, the rest on the hybrid stream);
@@ -301,10 +363,14 @@ class GPUDecoder:
         failed = []
         with self.device:
             for i in idx.tolist():
-                rx, ry, rw, rh, dst, pitch = places[i]
                 try:
                     view = np.frombuffer(buffers[i], np.uint8)
-                    self.hybrid.decode(view.ctypes.data, len(view), (rx, ry, rw, rh), dst, pitch)
+                    if self.planar:
+                        planes, pitches, gray = places[i]
+                        self.hybrid.decode_planes(view.ctypes.data, len(view), planes, pitches, gray)
+                    else:
+                        rx, ry, rw, rh, dst, pitch = places[i]
+                        self.hybrid.decode(view.ctypes.data, len(view), (rx, ry, rw, rh), dst, pitch)
                 except Exception:
                     failed.append(i)
             self._hybrid_done(self.hybrid_stream)

@@ -56,6 +56,21 @@ def ends_with_eoi(buffers) -> np.ndarray:
     return np.fromiter((len(b) >= 2 and b[-2] == 0xFF and b[-1] == 0xD9 for b in buffers), bool, len(buffers))
 
 
+Chroma = Literal["replicate", "interpolate", "nvjpeg"]
+"""How the GPU decoders upsample 4:2:0 / 4:2:2 / 4:4:0 chroma: "replicate" (nvJPEG's RGBI output
+as it is: each chroma sample repeated), "interpolate" (nvJPEG's planar YCbCr, then libjpeg-turbo's
+fancy upsampling and colour conversion in our kernel: the CPU path's pixels), "nvjpeg" (nvJPEG's
+own interpolation, NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION, where the library honours it)."""
+CHROMA_MODES = ("replicate", "interpolate", "nvjpeg")
+DEFAULT_CHROMA: Chroma = "replicate"
+
+
+def check_chroma(chroma) -> Chroma:
+    if chroma not in CHROMA_MODES:
+        raise ValueError(f"chroma must be one of {', '.join(CHROMA_MODES)}, not {chroma!r}")
+    return chroma
+
+
 def check_split(split) -> Split:
     if split in ("auto", "gpu", "cpu"):
         return split
