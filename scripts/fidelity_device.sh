@@ -13,12 +13,14 @@ BUDGET=${FID_BUDGET:-230}; T0=$SECONDS
 left() { echo $((BUDGET - (SECONDS - T0))); }
 cap() { local l; l=$(left); (( l > $1 )) && l=$1; (( l < 1 )) && l=1; echo "$l"; }  # a timeout ≤ $1 and ≥ 1 s
 MODES=replicate,interpolate,nvjpeg
+if [ "${FID_TESTS:-1}" = 1 ]; then  # FID_TESTS=0: the same call's GPU suite (device_run.sh tests) ran them
 echo "== GPU tests of the chroma paths ($(left) s left)"
 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py \
   -k "planar or planes or interpolate or chroma or host_matches or sample_dtype or kernel_matches or gpu_matches_cpu or disagree" \
   > "$D/pytest_chroma.log" 2>&1
 rc=$?; (( rc == 124 )) && echo "pytest (chroma): TIMED OUT after 120 s" | tee -a "$D/pytest_chroma.log"
 echo "pytest (chroma): rc $rc, $(tail -1 "$D/pytest_chroma.log")"
+fi
 echo "== fidelity set + Loader cuda vs cpu ($(left) s left)"
 if [ ! -d /tmp/fidset ]; then
   python3 scripts/make_fidelity_set.py /tmp/fidset --photos .carry/photos --images "${FID_IMAGES:-3000}" \
