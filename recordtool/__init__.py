@@ -1,16 +1,22 @@
 """recordtool: OFRecord shards + a size-sorted index for fast image-classification input."""
 __version__ = "0.1.0"
 
+from .errors import OnError, RecordtoolError  # noqa: E402,F401
 from .reader import BlockSampler, Dataset, Sampler, open_dataset as open  # noqa: E402,F401  (recordtool.open)
 
 
 def __getattr__(name):
-    # the Loader pulls in the decode stage; import it only when asked for
+    # the Loader pulls in the decode stage, pack the sources and the writer: imported when asked for
     if name == "Loader":
         from .loader import Loader
 
         return Loader
+    if name == "pack":  # the package recordtool.pack, callable: recordtool.pack(src, out, ...)
+        import importlib
+
+        return importlib.import_module(".pack", __name__)
     raise AttributeError(f"module 'recordtool' has no attribute {name!r}")
 
 
-__all__ = ["Dataset", "Sampler", "BlockSampler", "Loader", "open", "__version__"]
+__all__ = ["Dataset", "Sampler", "BlockSampler", "Loader", "open", "pack", "RecordtoolError", "OnError",
+           "__version__"]

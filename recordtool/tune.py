@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .decode import cpu, random_windows, reference
-from .decode.cpu import cores
+from .util import cores
 from .errors import RecordtoolError
 from .fidelity import psnr, ssim
-from .sources.image import CONVERT_QUALITY, SPEED_PRESETS, Transcode
+from .pack.transcode import CONVERT_QUALITY, SPEED_PRESETS, Transcode
 
 DEFAULT_SIDES = (256, 320, 384, 448, 512)
 DEFAULT_QUALITIES = (75, 85, 90, 95)

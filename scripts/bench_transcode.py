@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from recordtool.sources.image import Transcode, prepare  # noqa: E402
+from recordtool.pack.transcode import Transcode, prepare  # noqa: E402
 
 
 def main():

@@ -12,7 +12,8 @@ from conftest import jpeg_bytes, png_bytes, write
 from recordtool.format import ofrecord_pb2
 from recordtool.format.jpeg import CHROMA_GRAY, probe
 from recordtool.format.ofrecord import iter_records
-from recordtool.pack import PackError, pack
+from recordtool.errors import PackError
+from recordtool.pack import pack
 from recordtool.verify import verify
 
 
@@ -214,8 +215,9 @@ def test_plan_hash_covers_items_options_and_seed(folder):
     from dataclasses import replace
 
     from recordtool.errors import OnError
-    from recordtool.plan import Options, make_plan, shuffle
-    from recordtool.sources.image import DEFAULT_MAX_PIXELS, NO_TRANSCODE, Transcode
+    from recordtool.pack.plan import Options, make_plan, shuffle
+    from recordtool.format.jpeg import DEFAULT_MAX_PIXELS
+    from recordtool.pack.transcode import NO_TRANSCODE, Transcode
     from recordtool.sources.imagefolder import ImageFolderSource
 
     src = ImageFolderSource(str(folder))
@@ -239,8 +241,9 @@ def test_a_file_edited_after_a_killed_pack_changes_its_shards_plan(folder):
     import os
 
     from recordtool.errors import OnError
-    from recordtool.plan import Options, make_plan, shuffle
-    from recordtool.sources.image import DEFAULT_MAX_PIXELS, NO_TRANSCODE
+    from recordtool.pack.plan import Options, make_plan, shuffle
+    from recordtool.format.jpeg import DEFAULT_MAX_PIXELS
+    from recordtool.pack.transcode import NO_TRANSCODE
     from recordtool.sources.imagefolder import ImageFolderSource
 
     opts = Options(DEFAULT_MAX_PIXELS, NO_TRANSCODE, OnError.SKIP)
