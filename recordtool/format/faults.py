@@ -7,8 +7,9 @@ Points: `record` (after each record written, any shard), `record@part-NNNNN` (af
 record of that part file), `publish` (before each file moved into OUT, the manifest apart),
 `published` (after the manifest is in place, before .partial is removed).
 `name:N:FLAG` fires only in the one process that creates the file FLAG first (a worker
-killed once, then retried by Ray). RECORDTOOL_FAULT_ACTION=hang makes the point sleep for
-good instead of dying (a worker that hangs, for the tests of a driver's signals).
+killed once, then retried by Ray). RECORDTOOL_FAULT_ACTION changes what a firing point
+does, for the tests of a driver's signals: `hang` sleeps for good (a hung worker), `slow`
+sleeps 0.5 s at this and every later hit, then goes on (a worker that is still busy).
 
 Nothing of this is on the production path: `writer.py` calls `install()` at import only when
 RECORDTOOL_FAULT is set, and `install` wraps the writer's methods.
@@ -39,7 +40,11 @@ def hit(name: str) -> None:
             os.close(files.create_exclusive(flag))
         except FileExistsError:
             return
-    if os.environ.get("RECORDTOOL_FAULT_ACTION") == "hang":
+    action = os.environ.get("RECORDTOOL_FAULT_ACTION", "kill")
+    if action == "slow":
+        time.sleep(0.5)
+        return
+    if action == "hang":
         while True:
             time.sleep(3600)
     os.kill(os.getpid(), signal.SIGKILL)

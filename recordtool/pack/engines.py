@@ -269,7 +269,8 @@ class _ProcessSession:
             self._pool = ProcessPoolExecutor(n, mp_context=self.ctx, initializer=_process_init,
                                              initargs=(light_source(self.source), self.progress, self.stop,
                                                        os.getpid()))
-            self._procs = getattr(self._pool, "_processes", None) or {}  # the pool's own dict: to name a death
+            procs = getattr(self._pool, "_processes", None)  # the pool's own dict (filled as it spawns): to name a death
+            self._procs = procs if isinstance(procs, dict) else {}
         return self._pool
 
     def load(self, chunk):
@@ -311,8 +312,8 @@ class _ProcessSession:
         if kept is None:
             return WorkerLost(f"{what}; nothing was published: run the same command again "
                               "(a pack without --shards starts over)")
-        return WorkerLost(f"{what}; the {kept} shards finished are kept in OUT/.partial: run the same command "
-                          "again to resume")
+        return WorkerLost(f"{what}; the shards finished ({kept} of this run) are kept in OUT/.partial: run the same "
+                          "command again to resume")
 
     def close(self, cancel: bool = False):
         if self._pool is not None:
