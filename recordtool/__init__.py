@@ -4,6 +4,11 @@ __version__ = "0.1.0"
 from .errors import OnError, RecordtoolError  # noqa: E402,F401
 from .reader import BlockSampler, Dataset, Sampler, open_dataset as open  # noqa: E402,F401  (recordtool.open)
 
+if __import__("os").environ.get("RECORDTOOL_FAULT"):  # the crash tests' kill points, in every process of a pack
+    from .format import faults as _faults
+
+    _faults.install()
+
 
 def __getattr__(name):
     # the Loader pulls in the decode stage, pack the sources and the writer: imported when asked for

@@ -11,8 +11,9 @@ killed once, then retried by Ray). RECORDTOOL_FAULT_ACTION changes what a firing
 does, for the tests of a driver's signals: `hang` sleeps for good (a hung worker), `slow`
 sleeps 0.5 s at this and every later hit, then goes on (a worker that is still busy).
 
-Nothing of this is on the production path: `writer.py` calls `install()` at import only when
-RECORDTOOL_FAULT is set, and `install` wraps the writer's methods.
+Nothing of this is on the production path: `recordtool/__init__.py` calls `install()` only
+when RECORDTOOL_FAULT is set (so in every process of a pack: driver, worker processes, Ray
+workers), and `install` wraps the writer's methods.
 """
 from __future__ import annotations
 

@@ -264,8 +264,3 @@ class DatasetWriter:
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None
-
-if os.environ.get("RECORDTOOL_FAULT"):  # the crash tests' kill points (faults.py); nothing is added otherwise
-    from . import faults as _faults
-
-    _faults.install()
