@@ -1,7 +1,8 @@
 """recordtool: OFRecord shards + a size-sorted index for fast image-classification input."""
 __version__ = "0.1.0"
 
-from .errors import OnError, RecordtoolError  # noqa: E402,F401
+from .errors import (CacheFull, DecodeError, FormatError, OnError, OutputExists, PackError,  # noqa: E402,F401
+                     RecordError, RecordtoolError, Rejected, RemoteError, UnsafePath, WorkerLost)
 from .reader import BlockSampler, Dataset, Sampler, open_dataset as open  # noqa: E402,F401  (recordtool.open)
 
 if __import__("os").environ.get("RECORDTOOL_FAULT"):  # the crash tests' kill points, in every process of a pack
@@ -23,5 +24,6 @@ def __getattr__(name):
     raise AttributeError(f"module 'recordtool' has no attribute {name!r}")
 
 
-__all__ = ["Dataset", "Sampler", "BlockSampler", "Loader", "open", "pack", "RecordtoolError", "OnError",
-           "__version__"]
+__all__ = ["Dataset", "Sampler", "BlockSampler", "Loader", "open", "pack", "OnError", "RecordtoolError",
+           "FormatError", "UnsafePath", "PackError", "WorkerLost", "Rejected", "OutputExists", "DecodeError",
+           "RecordError", "RemoteError", "CacheFull", "__version__"]
