@@ -1,16 +1,29 @@
 """recordtool: OFRecord shards + a size-sorted index for fast image-classification input."""
 __version__ = "0.1.0"
 
+from .errors import (CacheFull, DecodeError, FormatError, OnError, OutputExists, PackError,  # noqa: E402,F401
+                     RecordError, RecordtoolError, Rejected, RemoteError, UnsafePath, WorkerLost)
 from .reader import BlockSampler, Dataset, Sampler, open_dataset as open  # noqa: E402,F401  (recordtool.open)
+
+if __import__("os").environ.get("RECORDTOOL_FAULT"):  # the crash tests' kill points, in every process of a pack
+    from .format import faults as _faults
+
+    _faults.install()
 
 
 def __getattr__(name):
-    # the Loader pulls in the decode stage; import it only when asked for
+    # the Loader pulls in the decode stage, pack the sources and the writer: imported when asked for
     if name == "Loader":
         from .loader import Loader
 
         return Loader
+    if name == "pack":  # the package recordtool.pack, callable: recordtool.pack(src, out, ...)
+        import importlib
+
+        return importlib.import_module(".pack", __name__)
     raise AttributeError(f"module 'recordtool' has no attribute {name!r}")
 
 
-__all__ = ["Dataset", "Sampler", "BlockSampler", "Loader", "open", "__version__"]
+__all__ = ["Dataset", "Sampler", "BlockSampler", "Loader", "open", "pack", "OnError", "RecordtoolError",
+           "FormatError", "UnsafePath", "PackError", "WorkerLost", "Rejected", "OutputExists", "DecodeError",
+           "RecordError", "RemoteError", "CacheFull", "__version__"]

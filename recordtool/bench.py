@@ -10,7 +10,7 @@ import numpy as np
 
 from . import peers
 from .decode import decode_crop_resize, random_windows
-from .decode.cpu import cores
+from .util import cores
 from .loader import Loader
 from .peers import best_of, pil_rrc_rate  # noqa: F401  (scripts import them from here)
 from .reader import Dataset

@@ -1,6 +1,7 @@
 """The `recordtool` command."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -8,8 +9,23 @@ import sys
 import click
 
 from . import __version__, checks
-from .errors import OptionError
-from .sources.image import SPEED_PRESETS
+from .errors import OptionError, RecordtoolError
+from .pack.transcode import SPEED_PRESETS
+
+
+def _errors(command):
+    """The one error policy of every command: recordtool's errors, the system's (a missing
+    file, a full disk), a bad value and a missing optional package become one line on stderr
+    and exit status 1; anything else is a bug and keeps its traceback."""
+
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except (RecordtoolError, OSError, ValueError, ImportError) as e:
+            raise click.ClickException(str(e)) from None
+
+    return run
 
 
 # Numeric options are bounded where they are declared (recordtool.checks holds the bounds the
@@ -116,8 +132,8 @@ def main():
               "or a folder of OFRecord part files to re-shard.")
 @click.option("--shards", type=click.IntRange(1), default=None, help="Number of part files (default: by --shard-size).")
 @click.option("--shard-size", type=_Size(), default=None,
-              help="Target part file size, e.g. 128MB (default 128MB); with --engine ray "
-              "it sets the shard count (estimated from a sample, printed).")
+              help="Target part file size, e.g. 128MB (default 128MB): without --shards, "
+              "part files are filled in turn up to it, whatever the engine.")
 @click.option("--workers", type=_THREADS, default=None,
               help="Reader threads (default 2×cores); with --engine process, "
               "processes (default: cores); with --engine ray, the CPUs of the local Ray instance it starts. Output is "
@@ -157,16 +173,17 @@ def main():
               help="A GZIP/ZLIB TFRecord may inflate to this many times its size, at least 256 MiB (default 20); "
               "the rest is skipped and reported.")
 @click.option("--engine", type=click.Choice(["local", "process", "ray"]), default=None,
-              help="local: threads of this process (default without transcoding). process: one process per core, "
-              "a shard each (default when transcoding: its Python share keeps threads from scaling). ray: one Ray "
-              "task per shard on a Ray cluster (pip install 'recordtool[ray]'; OUT on storage every node sees). "
-              "Same bytes whichever.")
+              help="local: threads of this process (default without transcoding). process: worker processes, one "
+              "per core (default when transcoding: its Python share keeps threads from scaling). ray: Ray tasks on a "
+              "Ray cluster (pip install 'recordtool[ray]'); with --shards one task per part file, writing into OUT, "
+              "which must then be on storage every node sees. The same bytes whichever, with or without --shards.")
 @click.option("--ray-address", default=None,
               help="With --engine ray: auto (the cluster running here), ray://HOST:PORT, HOST:PORT, or local "
               "(a new instance; default unless RAY_ADDRESS is set).")
 @click.option("--no-resume", is_flag=True,
               help="Start over instead of reusing the shards an unfinished earlier run of the same pack finished.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@_errors
 def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, overwrite, max_pixels, preset, keys,
          image_key, label_key, label_offset, filename_key, compression, max_side, quality, hw_friendly, max_classes,
          max_inflate, engine, ray_address, no_resume, quiet):
@@ -178,13 +195,12 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
     Folders (SRC/<class>/<image>) get torchvision ImageFolder labels (sorted class folders →
     0..K-1). JPEG bytes are copied unchanged; CMYK JPEGs, PNGs and other images are converted
     to RGB JPEG; unreadable files or records are skipped and listed in OUT/pack_report.json.
-    With --shards (and always with --engine ray) each part file is filled by its own task; a
-    re-run after a crash reuses the part files the killed run finished.
+    With --shards each part file is filled by its own task; a re-run after a crash reuses the
+    part files the killed run finished. SIGTERM and SIGHUP stop the workers as Ctrl-C does.
     """
-    from .errors import RecordtoolError
     from .format.manifest import MAX_CLASSES
     from .pack import pack as run_pack
-    from .sources.image import DEFAULT_MAX_PIXELS
+    from .format.jpeg import DEFAULT_MAX_PIXELS
     from .sources.tfrecord import DEFAULT_MAX_INFLATE, PRESETS
 
     policy = _policy(on_error, strict)
@@ -230,11 +246,7 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
         summary = run_pack(source, out, shards=shards, shard_size=shard_size,
                            workers=workers, seed=seed, on_error=policy, overwrite=overwrite,
                            max_pixels=max_pixels or DEFAULT_MAX_PIXELS, transcode=transcode,
-                           progress=not quiet, engine=engine or ("process" if transcode.max_side or transcode.hw_friendly
-                                                                 else "local"),
-                           ray_address=ray_address, resume=not no_resume)
-    except (RecordtoolError, OSError, ValueError, ImportError) as e:
-        raise click.ClickException(str(e)) from None
+                           progress=not quiet, engine=engine, ray_address=ray_address, resume=not no_resume)
     finally:
         if source is not None:  # scratch files (inflated TFRecords) and mappings go, whatever happened
             source.close()
@@ -254,7 +266,7 @@ def _transcode(preset, max_side, quality, hw_friendly):
     """A speed preset's Transcode with the options given explicitly on top."""
     import dataclasses
 
-    from .sources.image import NO_TRANSCODE
+    from .pack.transcode import NO_TRANSCODE
 
     t = SPEED_PRESETS[preset] if preset else NO_TRANSCODE
     changes = {"max_side": max_side, "quality": quality, "hw_friendly": True if hw_friendly else None}
@@ -271,17 +283,14 @@ def _transcode(preset, max_side, quality, hw_friendly):
 @click.option("--max-classes", type=_CLASSES, default=None,
               help="Leave out records with a label at or above this (default 1,000,000).")
 @click.option("--quiet", "-q", is_flag=True)
+@_errors
 def index_cmd(root, image_key, label_key, on_error, strict, max_classes, quiet):
     """Build index + manifest for OFRecord part files made elsewhere (e.g. OneFlow's)."""
-    from .errors import RecordtoolError
     from .format.manifest import MAX_CLASSES
     from .format.scan import index_parts
 
-    try:
-        m = index_parts(root, image_key=image_key, label_key=label_key, on_error=_policy(on_error, strict),
-                        progress=not quiet, max_classes=max_classes or MAX_CLASSES)
-    except (RecordtoolError, OSError) as e:
-        raise click.ClickException(str(e)) from None
+    m = index_parts(root, image_key=image_key, label_key=label_key, on_error=_policy(on_error, strict),
+                    progress=not quiet, max_classes=max_classes or MAX_CLASSES)
     for s in m["skipped"][:10]:
         click.echo(f"left out: {s['reason']}", err=True)
     click.echo(f"indexed {m['records']} records in {len(m['shards'])} shards; "
@@ -292,16 +301,13 @@ def index_cmd(root, image_key, label_key, on_error, strict, max_classes, quiet):
 @click.argument("root", type=_DATASET)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_cache_dir
+@_errors
 def inspect(root, as_json, cache_dir):
     """Counts, classes, sizes, chroma/progressive mix and shards of a dataset (a directory, or a
     URL such as s3://bucket/prefix: only its manifest and index are fetched)."""
-    from .errors import RecordtoolError
     from .inspect import render, summarize
 
-    try:
-        s = summarize(root, cache_dir=cache_dir)
-    except (RecordtoolError, OSError, ImportError) as e:
-        raise click.ClickException(str(e)) from None
+    s = summarize(root, cache_dir=cache_dir)
     click.echo(json.dumps(s, indent=1) if as_json else render(s))
 
 
@@ -312,16 +318,14 @@ def inspect(root, as_json, cache_dir):
 @_cache_dir
 @_cache_limit
 @click.option("--quiet", "-q", is_flag=True)
+@_errors
 def verify(root, decode, threads, cache_dir, cache_limit, quiet):
     """Re-read every record; exit 0 only if shards, index and manifest are intact. ROOT may be a
     URL (s3://bucket/prefix): its shards are downloaded through the local cache in turn."""
     from .verify import verify as run_verify
 
-    try:
-        res = run_verify(root, decode=decode, threads=threads, progress=not quiet, cache_dir=cache_dir,
-                         cache_limit=cache_limit)
-    except ImportError as e:  # fsspec / s3fs missing for a URL
-        raise click.ClickException(str(e)) from None
+    res = run_verify(root, decode=decode, threads=threads, progress=not quiet, cache_dir=cache_dir,
+                     cache_limit=cache_limit)
     if not res.ok:
         click.echo(f"FAILED: {res.errors[0]}", err=True)
         for e in res.errors[1:]:
@@ -361,6 +365,7 @@ def verify(root, decode, threads, cache_dir, cache_limit, quiet):
 @click.option("--consumer-ms", type=click.FloatRange(0, 10000), default=60.0, show_default=True,
               help="--train with --device cpu: CPU milliseconds the consumer spends per batch (no model).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@_errors
 def bench(root, device, batch_size, threads, epochs, images, json_path, plot_path, producers, dali, dali_files,
           baseline, train_arch, steps, repeats, pipelines, compile_, consumer_ms, quiet):
     """Measure read, the decode stage and the full Loader on ROOT, against DALI and Pillow.
@@ -374,7 +379,6 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
     each --repeats times; img/s, ratios to synthetic and DALI, the host's wait per step.
     """
     from .bench import plot, run, table
-    from .errors import RecordtoolError
 
     if train_arch is not None:
         from . import train_bench
@@ -389,11 +393,8 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
             train_bench.write_json(res, json_path)
         return
 
-    try:
-        r = run(root, device=device, batch_size=batch_size, threads=threads, epochs=epochs, images=images,
-                progress=not quiet, dali=dali, dali_files=dali_files, baseline=baseline, producers=producers)
-    except (RecordtoolError, OSError, ValueError) as e:
-        raise click.ClickException(str(e)) from None
+    r = run(root, device=device, batch_size=batch_size, threads=threads, epochs=epochs, images=images,
+            progress=not quiet, dali=dali, dali_files=dali_files, baseline=baseline, producers=producers)
     click.echo(table(r))
     if json_path:
         with open(json_path, "w") as f:
@@ -429,6 +430,7 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of throughput against fidelity, the recommended point marked.")
 @click.option("--quiet", "-q", is_flag=True, help="No line per candidate.")
+@_errors
 def tune(src, images, seed, sides, qualities, min_psnr, device, batch_size, epochs, threads, workers, work_dir, keep,
          json_path, plot_path, quiet):
     """Measure what --max-side / --quality buy on a sample of SRC (an ImageNet-style folder).
@@ -438,19 +440,15 @@ def tune(src, images, seed, sides, qualities, min_psnr, device, batch_size, epoc
     outputs with Pillow's from the original files under the same windows (PSNR, SSIM). Prints
     a table and the fastest candidate within --min-psnr; `pack --preset` names measured settings.
     """
-    from .errors import RecordtoolError
     from .tune import candidates, gpu_available, plot, run, table
 
-    try:
-        cands = candidates(sides, qualities)
-        if device == "cuda" and not gpu_available():
-            raise click.UsageError("--device cuda: CuPy finds no GPU here")
-        devices = ("cpu", "cuda") if device == "cuda" or (device == "auto" and gpu_available()) else ("cpu",)
-        r = run(src, images=images, seed=seed, cands=cands, min_psnr=min_psnr, devices=devices,
-                batch_size=batch_size, epochs=epochs, threads=threads, workers=workers, work_dir=work_dir,
-                keep=keep, progress=not quiet)
-    except (RecordtoolError, OSError, ValueError) as e:
-        raise click.ClickException(str(e)) from None
+    cands = candidates(sides, qualities)
+    if device == "cuda" and not gpu_available():
+        raise click.UsageError("--device cuda: CuPy finds no GPU here")
+    devices = ("cpu", "cuda") if device == "cuda" or (device == "auto" and gpu_available()) else ("cpu",)
+    r = run(src, images=images, seed=seed, cands=cands, min_psnr=min_psnr, devices=devices,
+            batch_size=batch_size, epochs=epochs, threads=threads, workers=workers, work_dir=work_dir,
+            keep=keep, progress=not quiet)
     click.echo(table(r))
     if keep:
         click.echo(f"packs kept in {r['work_dir']}")

@@ -28,6 +28,34 @@ class PackError(RecordtoolError, RuntimeError):
     """Pack cannot go on (nothing to write, or a failure under on_error="raise")."""
 
 
+class WorkerLost(PackError):
+    """A worker of pack's process or Ray engine died under it (killed by a signal, the OOM
+    killer, a lost node) more often than it is retried; the message says what died and
+    whether a re-run of the same command resumes."""
+
+
+class ShardStopped(RecordtoolError):
+    """Internal: another shard task failed (or the pack was interrupted), so this one stopped
+    early; the driver raises the first real failure instead."""
+
+
+class Signalled(KeyboardInterrupt):
+    """Internal: SIGTERM or SIGHUP reached pack's driver, which stops its workers as on Ctrl-C
+    and then dies of the same signal (`signum`)."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"stopped by signal {signum}")
+
+
+class Rejected(RecordtoolError, ValueError):
+    """This source file or record cannot become a record; str() is the reason for the report."""
+
+
+class TFRecordError(FormatError):
+    """Bad TFRecord framing or checksum; the message names the file and byte offset."""
+
+
 class OutputExists(RecordtoolError, FileExistsError):
     """OUT holds something pack must not replace."""
 
@@ -65,6 +93,16 @@ class ThreadStartError(RecordtoolError, OSError):
     """The system would not start a native decode thread (a memory cap leaves no room for its
     stack, a thread limit is reached). Fewer `threads` may work; the threads started so far
     stay usable."""
+
+
+class Cancelled(RecordtoolError):
+    """A download stopped because its reader (a cache, a dataset) was closed."""
+
+
+class Damaged(Exception):
+    """A transfer that arrived incomplete or altered (size or checksum). Internal: retried like a
+    5xx answer by `fs.Retry`, which then raises `RemoteError` naming the object; deliberately
+    not a RecordtoolError (those are never retried)."""
 
 
 class OnError(str, Enum):

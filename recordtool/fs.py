@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
-from .errors import RecordtoolError, RemoteError
+from .errors import Cancelled, Damaged, RecordtoolError, RemoteError  # noqa: F401  (Damaged, Cancelled: fs.X for callers)
 from .format import files
 
 
@@ -60,10 +60,6 @@ def get_fs(path, **options) -> tuple:
     if path.startswith("file://"):
         path = path[len("file://"):]
     return LocalFS(), path
-
-
-class Damaged(Exception):
-    """A transfer that arrived incomplete or altered (size or checksum); retried like a 5xx."""
 
 
 CHUNK = 8 << 20  # bytes per read of a download
@@ -106,10 +102,6 @@ def copy_into(fs: "FileSystem", path: str, fd: int, size: int, crc: str | None =
     if crc is not None and f"{c:08x}" != crc:
         raise Damaged(f"CRC32C {c:08x} of the bytes that arrived differs from the manifest's {crc} "
                       f"(altered in transit or on the store)")
-
-
-class Cancelled(RecordtoolError):
-    """A download stopped because its reader was closed."""
 
 
 # not retried: the object is not there, access is refused, or recordtool itself refused it

@@ -24,10 +24,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .decode import cpu, random_windows, reference
-from .decode.cpu import cores
 from .checks import MAX_BATCH, MAX_EPOCHS, MAX_SEED, MAX_SIDE, MAX_THREADS, bounded_float, bounded_int
+from .errors import RecordtoolError
+from .util import cores
 from .fidelity import psnr, ssim
-from .sources.image import CONVERT_QUALITY, SPEED_PRESETS, Transcode
+from .pack.transcode import CONVERT_QUALITY, SPEED_PRESETS, Transcode
 
 DEFAULT_SIDES = (256, 320, 384, 448, 512)
 DEFAULT_QUALITIES = (75, 85, 90, 95)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import crc32c
 import numpy as np
 
-from .decode.cpu import cores
+from .util import cores
 from .errors import FormatError, RecordtoolError
 from .format import files
 from .format.jpeg import BadJPEG, NotJPEG, decode_refusal, probe

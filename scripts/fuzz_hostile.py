@@ -166,7 +166,7 @@ def run_tfrecord(rng, n, stats, tmp):
     import gzip
 
     from recordtool.errors import OnError, RecordtoolError
-    from recordtool.sources.image import Rejected
+    from recordtool.errors import Rejected
     from recordtool.sources.tfrecord import ScanResult, TFRecordSource, scan_buffer
 
     seed = tfrecord_seed()

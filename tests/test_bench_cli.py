@@ -58,3 +58,18 @@ def test_dali_peer_reads_records_and_files(tmp_path):
     files = peers.jpeg_files(str(src))
     assert len(files) == 24 and all(not p.endswith("png.JPEG") for p, _ in files)
     assert peers.dali_rate(files, "cpu", 8, 2, epochs=2)["img_s"] > 0
+
+
+def test_demo_shows_results_not_goals():
+    """scripts/demo.sh shows what the tool does; targets belong in BENCHMARKS.md (issue 20: it
+    ended with lines like `pack / cp 5.09x goal <= 1.25x`, read as failures)."""
+    import os
+    import re
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    demo = open(os.path.join(root, "scripts", "demo.sh")).read()
+    scripts = re.findall(r"scripts/(\w+\.py)", demo)
+    assert "bench_format.py" in scripts and "bench_decode.py" in scripts
+    for name in scripts:
+        text = open(os.path.join(root, "scripts", name)).read()
+        assert not re.search(r"goal\s*[<>=]", text), f"scripts/{name} prints a goal"

@@ -48,3 +48,11 @@ def test_clear_errors_not_tracebacks(tmp_path, folder):
     assert p.returncode == 1 and "no part files" in p.stderr
     p = run("pack", folder, tmp_path / "o", "--shards", "2", "--shard-size", "1MB")
     assert p.returncode == 1 and "not both" in p.stderr
+
+
+def test_every_command_has_the_same_error_policy(tmp_path, folder):
+    """One decorator for every command (issue 25): a bad value is one line and exit 1 whichever
+    command gets it (verify used to let a ValueError out as a traceback)."""
+    assert run("pack", folder, tmp_path / "ds", "-q").returncode == 0
+    p = run("verify", tmp_path / "ds", "--cache-limit", "lots")
+    assert p.returncode == 1 and "Error:" in p.stderr and "Traceback" not in p.stderr, p.stderr

@@ -290,7 +290,7 @@ def test_killed_mid_publish_leftovers_are_recognised_as_ours(small_folder, tmp_p
 
 def test_second_pack_into_the_same_out_fails_at_once(small_folder, tmp_path):
     from recordtool.errors import OutputExists
-    from recordtool.format.writer import lock_output
+    from recordtool.format.claim import lock_output
     from recordtool.pack import pack
 
     out = tmp_path / "out"
@@ -431,7 +431,8 @@ def test_gzip_bomb_is_bounded_and_leaves_no_scratch(tmp_path):
 
 
 def test_random_bytes_are_not_called_a_zlib_stream(tmp_path):
-    from recordtool.sources.tfrecord import TFRecordError, TFRecordSource
+    from recordtool.errors import TFRecordError
+    from recordtool.sources.tfrecord import TFRecordSource
 
     f = tmp_path / "x.tfrecord"
     f.write_bytes(np.random.default_rng(0).bytes(5000))

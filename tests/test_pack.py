@@ -12,7 +12,8 @@ from conftest import jpeg_bytes, png_bytes, write
 from recordtool.format import ofrecord_pb2
 from recordtool.format.jpeg import CHROMA_GRAY, probe
 from recordtool.format.ofrecord import iter_records
-from recordtool.pack import PackError, pack
+from recordtool.errors import PackError
+from recordtool.pack import pack
 from recordtool.verify import verify
 
 
@@ -214,8 +215,9 @@ def test_plan_hash_covers_items_options_and_seed(folder):
     from dataclasses import replace
 
     from recordtool.errors import OnError
-    from recordtool.plan import Options, make_plan, shuffle
-    from recordtool.sources.image import DEFAULT_MAX_PIXELS, NO_TRANSCODE, Transcode
+    from recordtool.pack.plan import Options, make_plan, shuffle
+    from recordtool.format.jpeg import DEFAULT_MAX_PIXELS
+    from recordtool.pack.transcode import NO_TRANSCODE, Transcode
     from recordtool.sources.imagefolder import ImageFolderSource
 
     src = ImageFolderSource(str(folder))
@@ -239,8 +241,9 @@ def test_a_file_edited_after_a_killed_pack_changes_its_shards_plan(folder):
     import os
 
     from recordtool.errors import OnError
-    from recordtool.plan import Options, make_plan, shuffle
-    from recordtool.sources.image import DEFAULT_MAX_PIXELS, NO_TRANSCODE
+    from recordtool.pack.plan import Options, make_plan, shuffle
+    from recordtool.format.jpeg import DEFAULT_MAX_PIXELS
+    from recordtool.pack.transcode import NO_TRANSCODE
     from recordtool.sources.imagefolder import ImageFolderSource
 
     opts = Options(DEFAULT_MAX_PIXELS, NO_TRANSCODE, OnError.SKIP)
@@ -272,3 +275,41 @@ def test_object_store_sources_never_overlap_a_local_out():
 
     assert source_paths(SimpleNamespace(files=["s3://bucket/train-0", "/data/train-1"])) == ["/data/train-1"]
     assert source_paths(SimpleNamespace(root="gs://bucket/folder")) == []
+
+
+def test_engine_default_is_packs_own_and_the_package_is_callable(folder, tmp_path):
+    """pack() picks the engine itself (processes when transcoding, as the CLI did), so tune and
+    library callers get the CLI's default (issue 25); recordtool.pack is callable."""
+    from conftest import tree
+    from recordtool.pack import Transcode, configure
+
+    assert configure().engine.name == "local"
+    assert configure(transcode=Transcode(max_side=40)).engine.name == "process"
+    assert configure(transcode=Transcode(hw_friendly=True), workers=3).engine.processes == 3
+    t = Transcode(max_side=40, quality=90)
+    a = recordtool.pack(str(folder), str(tmp_path / "a"), transcode=t, shard_size=5000, progress=False)
+    b = pack(str(folder), str(tmp_path / "b"), transcode=t, shard_size=5000, progress=False, engine="local")
+    assert (a.engine, b.engine) == ("process", "local") and a.shards >= 2
+    assert tree(tmp_path / "a") == tree(tmp_path / "b")
+    with pytest.raises(recordtool.RecordtoolError):  # the top-level base of every error
+        pack(str(folder), str(tmp_path / "b"), progress=False)  # a finished dataset: OutputExists
+    with pytest.raises(ValueError, match="engine must be one of"):
+        pack(str(folder), str(tmp_path / "c"), engine="dask", progress=False)
+
+
+def test_dataset_writer_publishes_on_a_clean_exit_and_drops_on_an_error(tmp_path):
+    from recordtool.format.jpeg import probe as probe_jpeg
+    from recordtool.format.writer import DatasetWriter
+
+    jpeg = jpeg_bytes(32, 24, seed=1)
+    fields = {"classes": ["a"], "source": {"kind": "test"}, "tool": {"name": "test"}}
+    with pytest.raises(KeyError):
+        with DatasetWriter(str(tmp_path / "bad")) as w:
+            w.add(jpeg, probe_jpeg(jpeg), 0, b"x.jpg")
+            raise KeyError("boom")
+    assert sorted(os.listdir(tmp_path / "bad")) == [".recordtool.lock"]  # nothing that looks finished
+    with DatasetWriter(str(tmp_path / "good")) as w:
+        w.add(jpeg, probe_jpeg(jpeg), 0, b"x.jpg")
+        w.finish(fields)
+    assert w.manifest["records"] == 1 and verify(str(tmp_path / "good")).ok
+    assert not (tmp_path / "good" / ".partial").exists()

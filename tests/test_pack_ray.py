@@ -10,7 +10,7 @@ import pytest
 from conftest import tree, write
 from recordtool.errors import PackError
 from recordtool.pack import pack
-from recordtool.sources.image import Transcode
+from recordtool.pack.transcode import Transcode
 from recordtool.sources.tfrecord import PRESETS, TFRecordSource
 
 ray = pytest.importorskip("ray")
@@ -44,12 +44,17 @@ def test_same_bytes_when_transcoding(cluster, folder, tmp_path):
     assert tree(tmp_path / "ray") == tree(tmp_path / "local")
 
 
-def test_shard_count_from_shard_size(cluster, folder, tmp_path):
-    s = pack(str(folder), str(tmp_path / "ray"), shard_size=6000, progress=False, engine="ray")
-    total = sum(os.path.getsize(p) for p in folder.rglob("*.JPEG"))
-    assert s.shards == round((total + 64 * 21) / 6000)  # the sample (all 21 items here) gives the mean size
-    pack(str(folder), str(tmp_path / "local"), shards=s.shards, progress=False)
+@pytest.mark.parametrize("transcode", [None, Transcode(max_side=40, quality=90)])
+def test_by_size_same_bytes_as_local_engine(cluster, folder, tmp_path, transcode):
+    """Without --shards every engine fills part files in turn up to shard_size (issue 20: Ray
+    used to plan a shard count from a sample and wrote other bytes than local)."""
+    kw = dict(shard_size=6000, seed=4, progress=False, transcode=transcode or Transcode())
+    a = pack(str(folder), str(tmp_path / "local"), **kw)
+    b = pack(str(folder), str(tmp_path / "ray"), engine="ray", **kw)
+    assert a.shards >= 3 and a.engine == ("process" if transcode else "local")
+    assert (b.engine, b.records, b.shards, b.retried, b.converted) == ("ray", a.records, a.shards, 0, a.converted)
     assert tree(tmp_path / "ray") == tree(tmp_path / "local")
+    assert json.loads(tree(tmp_path / "ray")["manifest.json"])["pack"]["shard_size"] == 6000
 
 
 def test_tfrecord_source_ships_to_workers(cluster, tmp_path):
@@ -81,6 +86,16 @@ def test_cli_engine_ray(cluster, folder, tmp_path):
     assert p.returncode == 0, p.stderr
     assert "packed 21 records into 2 shards" in p.stdout
     assert tree(tmp_path / "ray") == tree(tmp_path / "local")
+
+
+def test_cli_engine_ray_without_shards(cluster, folder, tmp_path):
+    cmd = [sys.executable, "-m", "recordtool.cli", "pack", str(folder), "--shard-size", "8KB", "--seed", "4", "-q"]
+    subprocess.run(cmd + [str(tmp_path / "local")], check=True)
+    p = subprocess.run(cmd + ["--engine", "ray", "--ray-address", cluster, str(tmp_path / "ray")],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert tree(tmp_path / "ray") == tree(tmp_path / "local")
+    assert len([n for n in tree(tmp_path / "local") if n.startswith("part-")]) >= 2
 
 
 def test_without_ray_says_how_to_install(folder, tmp_path):

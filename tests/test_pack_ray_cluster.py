@@ -7,7 +7,7 @@ import os
 import pytest
 
 from conftest import tree
-from recordtool import pack_ray
+from recordtool.pack import ray_tasks as pack_ray
 from recordtool.errors import PackError
 from recordtool.pack import pack
 

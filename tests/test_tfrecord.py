@@ -13,10 +13,12 @@ from PIL import Image
 import recordtool
 from recordtool.format import ofrecord_pb2
 from recordtool.format.jpeg import probe
-from recordtool.pack import PackError, pack
-from recordtool.sources.image import Transcode, prepare
+from recordtool.errors import PackError
+from recordtool.pack import pack
+from recordtool.pack.transcode import Transcode, prepare
 from recordtool.sources.ofrecord import OFRecordSource
-from recordtool.sources.tfrecord import PRESETS, TFRecordError, TFRecordSource, frame_record, masked_crc
+from recordtool.errors import TFRecordError
+from recordtool.sources.tfrecord import PRESETS, TFRecordSource, frame_record, masked_crc
 from recordtool.verify import verify
 
 from conftest import jpeg_bytes, write
@@ -203,7 +205,7 @@ def test_process_engine_learns_class_names_from_its_workers(tmp_path):
     synsets) come back to the driver: the same manifest and bytes as the thread engine."""
     from conftest import tree
 
-    from recordtool.sources.image import Transcode
+    from recordtool.pack.transcode import Transcode
 
     t = Transcode(max_side=64)
     a = pack(TFRecordSource([fx("slim-*-of-00002")], SLIM), str(tmp_path / "threads"), progress=False, transcode=t)

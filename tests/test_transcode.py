@@ -9,7 +9,7 @@ import pytest
 from conftest import jpeg_bytes, write
 from recordtool.decode import cpu, reference
 from recordtool.pack import pack
-from recordtool.sources.image import Transcode
+from recordtool.pack.transcode import Transcode
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_transcoding_workers_do_not_queue_on_one_native_pool(big_folder, tmp_pat
     """Each pack worker shrinks on its own thread: no call goes to the shared pool, whose one-call-
     at-a-time lock serialised every worker (issue 14: --workers 2 was no faster than 1)."""
     code = ("import sys; from recordtool import _native; from recordtool.pack import pack; "
-            "from recordtool.sources.image import Transcode; "
+            "from recordtool.pack.transcode import Transcode; "
             "s = pack(sys.argv[1], sys.argv[2], workers=2, transcode=Transcode(max_side=96), progress=False); "
             "assert len(s.converted) == 12; print(_native.pool_size())")
     r = subprocess.run([sys.executable, "-c", code, str(big_folder), str(tmp_path / "o")], capture_output=True,
@@ -68,7 +68,7 @@ def test_process_engine_same_bytes_as_threads_when_transcoding(tmp_path):
     from conftest import jpeg_bytes, tree, write
 
     from recordtool.pack import pack
-    from recordtool.sources.image import Transcode
+    from recordtool.pack.transcode import Transcode
 
     src = tmp_path / "src"
     for i in range(18):
@@ -88,7 +88,7 @@ def test_process_engine_raise_names_the_file_and_cli_defaults_to_processes(tmp_p
 
     from recordtool.errors import PackError
     from recordtool.pack import pack
-    from recordtool.sources.image import Transcode
+    from recordtool.pack.transcode import Transcode
 
     src = tmp_path / "src"
     for i in range(8):
@@ -112,7 +112,7 @@ def test_process_engine_by_size_same_bytes_as_threads(tmp_path):
     from conftest import jpeg_bytes, tree, write
 
     from recordtool.pack import pack
-    from recordtool.sources.image import Transcode
+    from recordtool.pack.transcode import Transcode
 
     src = tmp_path / "src"
     for i in range(40):

@@ -11,7 +11,7 @@ import recordtool
 from conftest import jpeg_bytes, photo_like, write
 from recordtool.cli import main
 from recordtool.fidelity import PSNR_CAP, gaussian_window, psnr, ssim
-from recordtool.sources.image import SPEED_PRESETS, Transcode
+from recordtool.pack.transcode import SPEED_PRESETS, Transcode
 from recordtool.sources.imagefolder import ImageFolderSource
 from recordtool.tune import Candidate, SampleSource, candidates, preset_of, recommend, run
 

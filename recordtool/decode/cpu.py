@@ -11,6 +11,7 @@ import numpy as np
 
 from ..errors import DecodeError, OnError, on_error as _on_error
 from ..format.jpeg import DEFAULT_MAX_PIXELS  # noqa: F401  (callers import it from here too)
+from ..util import cores  # noqa: F401  (cpu.cores: the default thread count)
 from . import reference
 
 try:
@@ -25,15 +26,6 @@ _warned = False
 
 def native_available() -> bool:
     return _native is not None
-
-
-def cores() -> int:
-    """CPU cores this process may run on (its affinity mask: a rank pinned to 16 of 32 cores
-    gets 16), the default thread count everywhere."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 _pool_lock = threading.Lock()

@@ -17,7 +17,7 @@ from . import index as ix
 from . import manifest as mf
 from .jpeg import DEFAULT_MAX_PIXELS, BadJPEG, NotJPEG, decode_refusal, probe
 from .ofrecord import MIN_RECORD_BYTES, BYTES_LIST, INT32_LIST, INT64_LIST, decode_ofrecord, iter_records
-from .writer import KEY_FILENAME, KEY_HEIGHT, KEY_IMAGE, KEY_LABEL, KEY_WIDTH
+from .schema import KEY_FILENAME, KEY_HEIGHT, KEY_IMAGE, KEY_LABEL, KEY_WIDTH
 
 
 def find_parts(root: str, prefix: str = "part-") -> list[str]:

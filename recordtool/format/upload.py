@@ -21,9 +21,10 @@ from ..errors import FormatError, OutputExists
 from ..fs import Retry, get_fs
 from . import files
 from . import manifest as mf
-from .writer import MARKER_FILE, MARKER_MAX, PARTIAL_DIR, _listed, owned, parse_marker
+from .claim import listed, owned, parse_marker
+from .schema import MARKER_FILE, MARKER_MAX, PARTIAL_DIR
 
-MARKER = f"{PARTIAL_DIR}/{MARKER_FILE}"  # the same marker as in a local OUT (writer.py)
+MARKER = f"{PARTIAL_DIR}/{MARKER_FILE}"  # the same marker as in a local OUT (format/claim.py)
 
 
 def claim(fs, out: str, overwrite: bool, retry: Retry) -> set:
@@ -71,7 +72,7 @@ def publish(local: str, fs, out: str, ours: set, retry: Retry) -> None:
     """
     url = fs.url(out)
     manifest = mf.load(local)
-    new = _listed(manifest)
+    new = listed(manifest)
     marker = {"tool": "recordtool", "publishing": sorted(ours | set(new) | {mf.MANIFEST_FILE})}
     retry.call(lambda: fs.write_bytes(fs.join(out, MARKER), mf.dump(marker)), f"{url}/{MARKER}")
     for name in sorted(ours, key=lambda n: n != mf.MANIFEST_FILE):  # nothing looks finished from here on

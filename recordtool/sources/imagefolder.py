@@ -5,11 +5,11 @@ import os
 import stat
 from dataclasses import dataclass
 
-from ..errors import UnsafePath
+from ..errors import Rejected, UnsafePath
 from ..format import files
 from ..checks import CLASSES_LIMIT, bounded_int
 from .base import DEFAULT_MAX_CLASSES
-from .image import MAX_IMAGE_BYTES, Rejected
+from ..format.schema import MAX_IMAGE_BYTES
 
 # torchvision's IMG_EXTENSIONS: what ImageFolder would load. Other files are reported, not packed.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")

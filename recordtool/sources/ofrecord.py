@@ -4,14 +4,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..errors import FormatError, OnError, on_error as _on_error, report
+from ..errors import FormatError, OnError, Rejected, on_error as _on_error, report
 from ..format import files
 from ..format import manifest as mf
 from ..format.scan import find_parts, part_records, synset_of
-from ..format.writer import KEY_FILENAME
 from ..checks import CLASSES_LIMIT, bounded_int
+from ..format.schema import KEY_FILENAME, MAX_IMAGE_BYTES
 from .base import DEFAULT_MAX_CLASSES
-from .image import MAX_IMAGE_BYTES, Rejected
 
 
 @dataclass(frozen=True)

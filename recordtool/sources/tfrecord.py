@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 
 import crc32c
 
-from ..errors import FormatError, OnError, PackError, on_error as _on_error, report
+from ..errors import FormatError, OnError, PackError, Rejected, TFRecordError, on_error as _on_error, report
 from ..format import files as _files
 from ..fs import Retry, copy_into, get_fs, is_url
 from ..format.ofrecord import MIN_RECORD_BYTES
-from .image import MAX_IMAGE_BYTES, Rejected
 from ..checks import CLASSES_LIMIT, bounded_int
+from ..format.schema import MAX_IMAGE_BYTES
 from .base import DEFAULT_MAX_CLASSES
 
 DEFAULT_MAX_INFLATE = 20.0  # a compressed file may inflate to this many times its size …
@@ -40,10 +40,6 @@ PRESETS = {
     "tfds": {"image": "image", "label": "label", "label_offset": 0, "filename": "file_name",
              "synset": None, "text": None},
 }
-
-
-class TFRecordError(FormatError):
-    """Bad framing or checksum; message names the file and byte offset."""
 
 
 def masked_crc(data) -> int:

@@ -1,9 +1,9 @@
 """The plan of a pack: which source items go into which part file, packed with which options.
 
 The driver makes it (list the source, shuffle with the seed, cut into shards); each part
-file is then filled from its `ShardTask` alone by `pack.fill_shard`, on a local thread or a
-Ray worker: one code path for "fill shard k" whatever the engine. A plan is plain data with a
-stable hash per shard (items, options, seed, tool version): a shard that an earlier, unfinished
+file is then filled from its `ShardTask` alone by `task.fill_shard`, on a thread, a worker
+process or a Ray worker: one code path for "fill shard k" whatever the engine. A plan is plain
+data with a stable hash per shard (items, options, seed, tool version): a shard that an earlier, unfinished
 run completed under the same hash is reused instead of redone.
 """
 from __future__ import annotations
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import __version__
-from .errors import OnError
-from .format.writer import shard_name
-from .sources.image import Transcode
+from .. import __version__
+from ..errors import OnError
+from ..format.schema import shard_name
+from .transcode import Transcode
 
 PLAN_VERSION = 2  # bump when the bytes a shard task writes for the same plan change
 

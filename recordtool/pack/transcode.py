@@ -1,4 +1,5 @@
-"""Turn a source image's bytes into bytes every decoder of ours takes, touching as few as possible.
+"""Pack's fix-up stage (`prepare`): a source image's bytes into bytes every decoder of ours
+takes, touching as few as possible.
 
 JPEGs that libjpeg-turbo decodes to RGB are kept byte for byte. CMYK/YCCK JPEGs, PNGs (also
 PNGs named .JPEG) and other formats Pillow opens are converted to RGB JPEG, as tf-slim's
@@ -14,19 +15,12 @@ import warnings
 from dataclasses import dataclass
 
 from ..checks import MAX_SIDE, bounded_int
-from ..errors import RecordtoolError
+from ..errors import Rejected
 from ..format.jpeg import (DEFAULT_MAX_PIXELS, BadJPEG, CHROMA_410, CHROMA_411, CHROMA_UNKNOWN, CS_NAMES,
                            JpegInfo, NotJPEG, decode_refusal, probe)
+from ..format.schema import MAX_IMAGE_BYTES
 
-# An image file larger than this is refused from its size, before it is read: a record's
-# image must stay far below the format's 4 GiB (uint32 lengths), and a sparse or huge file
-# must not cost its size in memory per reader thread.
-MAX_IMAGE_BYTES = 256 << 20
 CONVERT_QUALITY = 95
-
-
-class Rejected(RecordtoolError, ValueError):
-    """This file cannot become a record; str() is the reason for the report."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,80 @@
+"""Kill points for the crash tests: RECORDTOOL_FAULT=name:N kills the process (SIGKILL) at the
+N-th hit of `name`, so a test can stop a pack at an exact moment (mid-shard, between two
+renames of a publish) and prove that a killed pack never looks finished and that a re-run is
+byte-identical.
+
+Points: `record` (after each record written, any shard), `record@part-NNNNN` (after each
+record of that part file), `publish` (before each file moved into OUT, the manifest apart),
+`published` (after the manifest is in place, before .partial is removed).
+`name:N:FLAG` fires only in the one process that creates the file FLAG first (a worker
+killed once, then retried by Ray). RECORDTOOL_FAULT_ACTION changes what a firing point
+does, for the tests of a driver's signals: `hang` sleeps for good (a hung worker), `slow`
+sleeps 0.5 s at this and every later hit, then goes on (a worker that is still busy).
+
+Nothing of this is on the production path: `recordtool/__init__.py` calls `install()` only
+when RECORDTOOL_FAULT is set (so in every process of a pack: driver, worker processes, Ray
+workers), and `install` wraps the writer's methods.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import time
+
+from . import files
+
+_hits: dict = {}
+
+
+def hit(name: str) -> None:
+    """Count one pass through point `name`; kill (or hang) when RECORDTOOL_FAULT says so."""
+    want, _, rest = os.environ.get("RECORDTOOL_FAULT", "").partition(":")
+    if want != name:
+        return
+    count, _, flag = rest.partition(":")
+    _hits[name] = _hits.get(name, 0) + 1
+    if _hits[name] < int(count or 1):
+        return
+    if flag:
+        try:
+            os.close(files.create_exclusive(flag))
+        except FileExistsError:
+            return
+    action = os.environ.get("RECORDTOOL_FAULT_ACTION", "kill")
+    if action == "slow":
+        time.sleep(0.5)
+        return
+    if action == "hang":
+        while True:
+            time.sleep(3600)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def install() -> None:
+    """Wrap the writer's methods with the kill points (once per process)."""
+    from . import writer
+
+    if getattr(writer.ShardWriter.add, "_fault", False):
+        return
+    add, move, published = writer.ShardWriter.add, writer.DatasetWriter._move, writer.DatasetWriter._published
+
+    @functools.wraps(add)
+    def add_point(self, *args, **kwargs):
+        add(self, *args, **kwargs)
+        hit("record")
+        hit("record@" + self.name)
+
+    @functools.wraps(move)
+    def move_point(self, name):
+        hit("publish")
+        move(self, name)
+
+    @functools.wraps(published)
+    def published_point(self):
+        hit("published")
+        published(self)
+
+    add_point._fault = True
+    writer.ShardWriter.add, writer.DatasetWriter._move, writer.DatasetWriter._published = (
+        add_point, move_point, published_point)
