@@ -1,7 +1,8 @@
 """recordtool: OFRecord shards + a size-sorted index for fast image-classification input."""
 __version__ = "0.1.0"
 
-from .reader import BlockSampler, Dataset, Sampler, open_dataset as open  # noqa: E402,F401  (recordtool.open)
+from .datasets import open_dataset as open  # noqa: E402,F401  (recordtool.open)
+from .reader import BlockSampler, Dataset, Sampler  # noqa: E402,F401
 
 
 def __getattr__(name):

@@ -51,6 +51,20 @@ class RemoteError(RecordtoolError, OSError):
     the retries; the message names the object, the attempts and the last error."""
 
 
+class NoBucket(RecordtoolError, FileNotFoundError):
+    """The bucket (or container) a URL names does not exist on the object store."""
+
+
+class Cancelled(RecordtoolError):
+    """A download stopped because its reader was closed."""
+
+
+class Damaged(Exception):
+    """A transfer that arrived incomplete, too long or altered (size or checksum). Not a
+    RecordtoolError on purpose: it is retried like a 5xx, and RemoteError names it after the
+    last try."""
+
+
 class CacheFull(RecordtoolError, OSError):
     """The local shard cache cannot make room within its `cache_limit` (too small for the
     shards that must be on disk at once, or every shard in it is in use)."""

@@ -16,9 +16,9 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
 import recordtool  # noqa: E402
-from recordtool import cache as rcache  # noqa: E402
+from recordtool.io import cache as rcache  # noqa: E402
 from recordtool.errors import CacheFull, FormatError, RemoteError  # noqa: E402
-from recordtool.fs import Retry  # noqa: E402
+from recordtool.io import Retry  # noqa: E402
 from recordtool.reader import BlockSampler, Sampler  # noqa: E402
 from s3server import S3, Fault  # noqa: E402
 

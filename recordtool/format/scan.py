@@ -11,7 +11,7 @@ import os
 import crc32c
 
 from ..errors import FormatError, OnError, on_error as _on_error, report
-from . import files
+from ..io import files
 from . import index as ix
 from . import manifest as mf
 from .jpeg import DEFAULT_MAX_PIXELS, BadJPEG, NotJPEG, decode_refusal, probe

@@ -6,7 +6,7 @@ import stat
 from dataclasses import dataclass
 
 from ..errors import UnsafePath
-from ..format import files
+from ..io import files
 from .base import DEFAULT_MAX_CLASSES
 from .image import MAX_IMAGE_BYTES, Rejected
 

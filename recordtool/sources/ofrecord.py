@@ -5,7 +5,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import FormatError, OnError, on_error as _on_error, report
-from ..format import files
+from ..io import files
 from ..format import manifest as mf
 from ..format.scan import find_parts, part_records, synset_of
 from ..format.writer import KEY_FILENAME

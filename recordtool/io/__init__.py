@@ -1,0 +1,9 @@
+"""Storage, at the bottom of recordtool: nothing here imports the rest of the package but errors.
+
+- files: local files opened safely (no links followed, no special files, bounded reads).
+- fs: the FileSystem interface, `LocalFS` and `FsspecFS` (bounded, streamed reads).
+- transfer: `Retry` and the one checked download (size and CRC32C).
+- cache: `ShardCache`, the bounded local cache of a remote dataset's files.
+"""
+from .fs import FileSystem, FsspecFS, LocalFS, get_fs, is_url  # noqa: F401
+from .transfer import Retry  # noqa: F401

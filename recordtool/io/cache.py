@@ -1,0 +1,533 @@
+"""A bounded local cache of one remote dataset's files, shared by every process on the machine.
+
+Layout of `cache_dir/<key>/` (key: a hash of the store — its protocol and endpoint, see
+`FsspecFS.store_id` — and the dataset URL, plus the URL's last path component):
+
+    shards/<name>.<crc32c>        complete shards, checked against the manifest's size and CRC32C
+    shards/<name>.<crc32c>.part   a download in progress, preallocated to its full size
+    meta/<name>.<crc32c>          the index (small; not counted, replaced when the dataset changes)
+    locks/<name>.<crc32c>         one lock file per cached file, holding the identity the cache
+                                  last saw the file with (inode, size, mtime, ctime)
+    .lock                         the cache's lock: accounting, eviction and pinning happen under it
+
+(A name whose `<name>.<crc32c>` would not fit a file name is shortened and hashed: `file_name`.)
+
+The folder is untrusted, as a dataset is:
+- Its folders are opened one component at a time below `cache_dir`, without following links,
+  and must be this user's (io.files.open_dir); every file is reached through those folder fds.
+  A planted link anywhere below `cache_dir` is an UnsafePath error, never followed.
+- Only files the cache names (`<name>.<8 hex>[.part]`), regular, this user's, with one link,
+  are counted or deleted; anything else in the folder is left alone.
+- What is served is checked: a shard is pinned only if its identity is the one recorded when
+  it was downloaded (or last pinned); on any difference its CRC32C is computed again, and a
+  copy that no longer matches the manifest is dropped (named in a warning and in `dropped`)
+  and downloaded again. The index is CRC-checked each time it is opened.
+
+Rules (all through fcntl.flock, so they hold between threads and processes alike, and a
+process that dies lets go of everything it held):
+- One download per file: the downloader holds the file's lock; whoever else wants the file
+  waits on that lock, then finds the complete file.
+- Nothing half-downloaded is used: bytes go to the .part file, which is renamed into place only
+  after its size and CRC32C match the manifest; a .part left by a dead process is deleted.
+- Pinned files are never evicted: a reader keeps a shared flock on the open shard file for as
+  long as it maps it; eviction deletes a file only after taking an exclusive flock without waiting.
+- Budget: shard files and .part files together stay within `limit` bytes. Before a download
+  reserves its size (fallocate), least recently used unpinned shards are deleted; a shard's
+  modification time is its last use (set each time it is pinned).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import mmap
+import os
+import re
+import shutil
+import stat
+import struct
+import threading
+import time
+import warnings
+import weakref
+
+from ..errors import CacheFull, Cancelled, FormatError, UnsafePath
+from . import files
+from .transfer import Retry, download_into
+
+ROOM_WAIT = 120.0  # seconds a download waits for pinned shards to be let go before CacheFull
+NAME_BUDGET = 240  # bytes of a cached file's name (room for ".part" and "meta-" within NAME_MAX)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | _CLOEXEC
+_NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | _CLOEXEC
+_OURS = re.compile(r".+\.[0-9a-f]{8}(\.part)?")
+_STAMP = struct.Struct("<4Q")
+
+
+def default_dir() -> str:
+    """$RECORDTOOL_CACHE_DIR, else $XDG_CACHE_HOME/recordtool, else ~/.cache/recordtool."""
+    if os.environ.get("RECORDTOOL_CACHE_DIR"):
+        return os.environ["RECORDTOOL_CACHE_DIR"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "recordtool")
+
+
+def key(url: str, store: str = "") -> str:
+    """The cache folder name of a dataset: a hash of its store and URL (distinct stores or URLs
+    never share files) plus the URL's last component, cleaned, for people looking at the folder."""
+    tail = re.sub(r"[^A-Za-z0-9._-]", "_", url.rstrip("/").rsplit("/", 1)[-1])[:40] or "dataset"
+    if tail in (".", ".."):
+        tail = "dataset"
+    return f"{hashlib.sha256((store + chr(10) + url).encode()).hexdigest()[:16]}-{tail}"
+
+
+def file_name(name: str, crc: str) -> str:
+    """`<name>.<crc>`, or for a name too long for that, a cleaned prefix and a hash of it."""
+    full = f"{files.plain_name(name, 'shard name')}.{crc}"
+    if len(os.fsencode(full)) <= NAME_BUDGET:
+        return full
+    head = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:120]
+    return f"{head}~{hashlib.sha256(os.fsencode(name)).hexdigest()[:32]}.{crc}"
+
+
+def _ident(st) -> bytes:
+    return _STAMP.pack(st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def crc_of(fd: int, size: int) -> str:
+    """CRC32C of the first `size` bytes of an open file, as 8 hex digits."""
+    import crc32c
+
+    if not size:
+        return "00000000"
+    with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
+        c = 0
+        for at in range(0, size, 64 << 20):
+            c = crc32c.crc32c(mm[at:at + (64 << 20)], c)
+    return f"{c:08x}"
+
+
+class ShardCache:
+    """The cache folder of one remote dataset (see the module docstring).
+
+    Args:
+        fs: the dataset's FileSystem (recordtool.io.fs).
+        root: the dataset's path in `fs`.
+        cache_dir: the folder holding every dataset's cache folder (the user's choice; this
+            dataset's folder inside it is created).
+        retry: how downloads are retried (recordtool.io.Retry).
+        limit: bytes of shards (complete and downloading) the folder may hold; None: `total`,
+            or 80 % of the free disk space plus what is cached already, when that is less.
+        total: the dataset's shard bytes (for the default limit).
+    """
+
+    def __init__(self, fs, root: str, cache_dir: str, retry: Retry, limit: int | None = None, total: int = 0):
+        self.fs, self.root, self.retry = fs, root, retry
+        name = key(fs.url(root), fs.store_id())
+        self.dir = os.path.join(os.fspath(cache_dir), name)
+        self.shards_dir = os.path.join(self.dir, "shards")
+        self.meta_dir = os.path.join(self.dir, "meta")
+        self.locks_dir = os.path.join(self.dir, "locks")
+        self.dropped: list = []  # messages naming cached copies found bad (and deleted)
+        self.advice = "raise cache_limit"  # what a CacheFull message suggests (the dataset knows more)
+        self._tlock = threading.Lock()  # flock does not exclude threads sharing one fd
+        self.closed = threading.Event()
+        self._fds: list = []
+        # the folder fds outlive close(): a download still finishing uses them; they go with the object
+        self._finalizer = weakref.finalize(self, _close_all, self._fds)
+        try:
+            top = files.open_dir(os.fspath(cache_dir))
+            try:
+                self._dir = self._keep(files.open_dir(name, top, what=self.dir))
+            finally:
+                os.close(top)
+            self._shards = self._keep(files.open_dir("shards", self._dir, what=self.shards_dir))
+            self._meta = self._keep(files.open_dir("meta", self._dir, what=self.meta_dir))
+            self._locks = self._keep(files.open_dir("locks", self._dir, what=self.locks_dir))
+            self._lock_fd = self._keep(self._open_lockfile(self._dir, ".lock", os.path.join(self.dir, ".lock")))
+        except BaseException:
+            _close_all(self._fds)
+            raise
+        if limit is None:
+            limit = min(total, int(0.8 * shutil.disk_usage(self.shards_dir).free) + self.used())
+        self.limit = int(limit)
+
+    def _keep(self, fd: int) -> int:
+        self._fds.append(fd)
+        return fd
+
+    # ------------------------------------------------------------------ names and locks
+    file_name = staticmethod(file_name)
+
+    def path(self, name: str, crc: str) -> str:
+        return os.path.join(self.shards_dir, file_name(name, crc))
+
+    def url(self, name: str) -> str:
+        return self.fs.url(self.fs.join(self.root, name))
+
+    @staticmethod
+    def _open_lockfile(dir_fd: int, name: str, what: str) -> int:
+        try:
+            fd = os.open(name, _LOCK_FLAGS, 0o600, dir_fd=dir_fd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise UnsafePath(f"{what}: is a symbolic link, not a lock file recordtool made") from None
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise UnsafePath(f"{what}: is not a regular file")
+        return fd
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """The cache's lock (threads of this process and other processes alike)."""
+        with self._tlock:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _file_lock(self, fname: str, wait: bool):
+        """An fd holding the exclusive download lock of one file, or None when `wait` is False
+        and someone else holds it."""
+        fd = self._open_lockfile(self._locks, fname, os.path.join(self.locks_dir, fname))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _stamp(self, fname: str, st=None) -> bytes:
+        """The identity recorded for a cached file; with `st`, record that one instead."""
+        fd = self._open_lockfile(self._locks, fname, os.path.join(self.locks_dir, fname))
+        try:
+            if st is None:
+                return os.pread(fd, _STAMP.size, 0)
+            os.pwrite(fd, _ident(st), 0)
+            return b""
+        finally:
+            os.close(fd)
+
+    def _present(self, dir_fd: int, fname: str, where: str) -> bool:
+        """True when our complete file is there; UnsafePath when something else is at its name."""
+        try:
+            st = os.stat(fname, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePath(f"{where}: is not a regular file the cache wrote (a symbolic link or special "
+                             f"file was put there); remove it")
+        return True
+
+    def _unlink(self, dir_fd: int, fname: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(fname, dir_fd=dir_fd)
+
+    def _mine(self, st, name: str) -> bool:
+        """A file the cache may count and delete: its kind of name, regular, ours, one link."""
+        return (_OURS.fullmatch(name) is not None and stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+                and (not hasattr(os, "geteuid") or st.st_uid == os.geteuid()))
+
+    # ------------------------------------------------------------------ accounting
+    def used(self) -> int:
+        """Bytes of shards and downloads in the folder now."""
+        with self._locked():
+            return sum(size for _, _, size, _ in self._entries())
+
+    def _entries(self) -> list:
+        """(mtime_ns, name, bytes, is_part) of the cache's own files in shards/; .part files
+        whose download lock is free (their process died) are deleted on the way."""
+        out = []
+        for fname in os.listdir(self._shards):
+            try:
+                st = os.stat(fname, dir_fd=self._shards, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if not self._mine(st, fname):
+                continue
+            part = fname.endswith(".part")
+            if part:
+                lock = self._file_lock(fname[:-len(".part")], wait=False)
+                if lock is not None:  # nobody is downloading it: left by a dead process
+                    self._unlink(self._shards, fname)
+                    os.close(lock)
+                    continue
+            out.append((st.st_mtime_ns, fname, st.st_size, part))
+        return out
+
+    def _open_mine(self, dir_fd: int, fname: str, where: str):
+        """An fd of our file, or None when it is gone or not one the cache may touch."""
+        try:
+            return files.open_regular_at(dir_fd, fname, where)
+        except (FileNotFoundError, UnsafePath):
+            return None
+
+    def _make_room(self, need: int, protect) -> bool:
+        """Evict least recently used, unpinned, unprotected shards until `need` more bytes fit.
+        Called under the cache's lock."""
+        entries = self._entries()
+        used = sum(size for _, _, size, _ in entries)
+        if used + need <= self.limit:
+            return True
+        for _, fname, size, part in sorted(entries):
+            if part or fname in protect:
+                continue
+            fd = self._open_mine(self._shards, fname, os.path.join(self.shards_dir, fname))
+            if fd is None:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # pinned: mapped by a reader
+                os.close(fd)
+                continue
+            self._unlink(self._shards, fname)  # a name in our own folder: never anything outside it
+            os.close(fd)
+            used -= size
+            if used + need <= self.limit:
+                return True
+        return False
+
+    def pinned(self) -> int:
+        """Bytes of shards some reader holds pinned now (for messages)."""
+        total = 0
+        with self._locked():
+            for _, fname, size, part in self._entries():
+                if part:
+                    continue
+                fd = self._open_mine(self._shards, fname, fname)
+                if fd is None:
+                    continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    total += size
+                os.close(fd)
+        return total
+
+    # ------------------------------------------------------------------ checking what is served
+    def _bad(self, dir_fd: int, fd: int, fname: str, size: int, crc: str, where: str, always: bool) -> str | None:
+        """Why the open cached file `fd` must not be served, or None. The CRC32C is computed
+        when `always`, or when the file is not the one recorded at its download / last pin."""
+        st = os.fstat(fd)
+        if st.st_size != size:
+            return f"{st.st_size} bytes, the manifest says {size}"
+        if always or self._stamp(fname) != _ident(st):
+            got = crc_of(fd, size)
+            if got != crc:
+                return f"CRC32C {got} differs from the manifest's {crc}"
+        return None
+
+    def _drop(self, dir_fd: int, fname: str, where: str, why: str) -> None:
+        """Delete a bad cached copy (our name in our folder) and say so."""
+        self._unlink(dir_fd, fname)
+        msg = (f"{where}: cached copy changed after its download ({why}): dropped, the next read downloads it "
+               f"again (the object store's copy is checked then)")
+        self.dropped.append(msg)
+        warnings.warn(f"recordtool: {msg}", RuntimeWarning, stacklevel=4)
+
+    def drop(self, name: str, crc: str, why: str) -> str:
+        """Delete the cached copy of a shard found bad by its reader (recordtool verify); the
+        message naming it."""
+        fname = file_name(name, crc)
+        with self._locked():
+            self._drop(self._shards, fname, os.path.join(self.shards_dir, fname), why)
+        return self.dropped[-1]
+
+    # ------------------------------------------------------------------ reading
+    def pin(self, name: str, size: int, crc: str):
+        """A read-only fd of the complete, checked shard holding a shared lock (pinned: not
+        evicted until the fd is closed), or None if the shard is not in the cache (or its copy
+        was bad and has been dropped)."""
+        fname = file_name(name, crc)
+        where = os.path.join(self.shards_dir, fname)
+        with self._locked():
+            try:
+                fd = files.open_regular_at(self._shards, fname, where)
+            except FileNotFoundError:
+                return None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:  # being evicted right now
+                os.close(fd)
+                return None
+            try:
+                why = self._bad(self._shards, fd, fname, size, crc, where, always=False)
+                if why is not None:
+                    os.close(fd)
+                    fd = None
+                    self._drop(self._shards, fname, where, why)
+                    return None
+                os.utime(fd)  # last use, for LRU eviction
+                self._stamp(fname, os.fstat(fd))
+            except BaseException:
+                if fd is not None:
+                    os.close(fd)
+                raise
+            return fd
+
+    def fetch(self, name: str, size: int, crc: str, wait: bool = True, protect=None, release=None,
+              strict: bool = False, patience: float | None = None) -> bool:
+        """Make sure the shard is in the cache, downloading it if needed.
+
+        Args:
+            name, size, crc: the shard's manifest entry.
+            wait: wait for another thread or process downloading it (False: return False).
+            protect: a callable giving cache file names (`file_name`) to keep: evicted for room
+                only when nothing else can go and `strict` is False.
+            release: called when room is short, to let go of pins the caller can spare.
+            strict: never evict protected files (a download ahead waits instead).
+            patience: seconds to wait for room before CacheFull (default ROOM_WAIT).
+        Returns:
+            True when the shard is complete in the cache.
+        """
+        fname = file_name(name, crc)
+        where = os.path.join(self.shards_dir, fname)
+        if self._present(self._shards, fname, where):
+            return True
+        if size > self.limit:
+            raise CacheFull(f"{self.url(name)}: {size} bytes do not fit in cache_limit={self.limit}; raise "
+                            f"cache_limit to at least a few shards")
+        lock = self._file_lock(fname, wait)
+        if lock is None:
+            return False
+        try:
+            if self._present(self._shards, fname, where):  # another process finished it while we waited
+                return True
+            fd = self._reserve(fname + ".part", size, protect, release, strict,
+                               ROOM_WAIT if patience is None else patience, name)
+            self._download(self._shards, fd, fname, name, size, crc)
+            return True
+        finally:
+            os.close(lock)
+
+    def _new_part(self, dir_fd: int, part: str) -> int:
+        """The .part file created anew (a leftover one of ours removed: we hold its download lock)."""
+        try:
+            st = os.stat(part, dir_fd=dir_fd, follow_symlinks=False)
+            if not self._mine(st, part):
+                raise UnsafePath(f"{os.path.join(self.dir, part)}: not a file the cache wrote; remove it")
+            self._unlink(dir_fd, part)
+        except FileNotFoundError:
+            pass
+        return os.open(part, _NEW_FLAGS, 0o600, dir_fd=dir_fd)
+
+    def _reserve(self, part: str, size: int, protect, release, strict: bool, patience: float, name: str) -> int:
+        """Room for `size` more bytes, then the .part file created and preallocated (under the
+        cache's lock, so the budget holds between processes). Tries: sparing protected files;
+        again after `release()`; then (not strict) letting protected files go; then waits."""
+        deadline = time.monotonic() + patience
+        while True:
+            for attempt in range(2):
+                keep = protect() if protect is not None else ()
+                with self._locked():
+                    if self._make_room(size, keep) or (attempt and not strict and self._make_room(size, ())):
+                        fd = self._new_part(self._shards, part)
+                        try:
+                            _preallocate(fd, size)
+                        except OSError as e:
+                            os.close(fd)
+                            self._unlink(self._shards, part)
+                            if e.errno == errno.ENOSPC:
+                                raise CacheFull(f"{self.dir}: no space left on the disk for {self.url(name)} "
+                                                f"({size} bytes); lower cache_limit or free space") from None
+                            raise
+                        return fd
+                if attempt == 0 and release is not None:
+                    release()  # the caller unmaps what it does not use, then we try again at once
+            if self.closed.is_set():
+                raise Cancelled(f"{self.url(name)}: cache closed")
+            if time.monotonic() > deadline:
+                raise CacheFull(f"{self.url(name)}: no room for {size} bytes in cache_limit={self.limit} "
+                                f"after {patience:.0f} s: {self.pinned()} bytes of shards are in use "
+                                f"(mapped by readers); {self.advice}")
+            time.sleep(0.2 if strict else 0.05)
+
+    def _download(self, dir_fd: int, fd: int, fname: str, name: str, size: int, crc: str) -> None:
+        """Fill the .part file `fd`, then give it its name and record its identity."""
+        part = fname + ".part"
+        try:
+            try:
+                download_into(self.fs, self.fs.join(self.root, name), fd, size, self.retry, crc,
+                              stop=self.closed.is_set)
+            except FileNotFoundError:
+                raise FormatError(f"{self.url(name)}: missing on object storage (the dataset's manifest lists "
+                                  f"it)") from None
+            os.replace(part, fname, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # complete and checked
+            os.utime(fd)
+            self._stamp(fname, os.fstat(fd))
+        except BaseException:
+            self._unlink(dir_fd, part)
+            raise
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------------ meta files
+    def meta(self, name: str, size: int, crc: str) -> tuple:
+        """(mapping, path) of a checked copy of a small dataset file (the index), downloaded
+        once and CRC-checked each time it is opened (a bad copy is dropped and fetched again);
+        older versions of it (a re-packed dataset) are deleted."""
+        fname = file_name(name, crc)
+        where = os.path.join(self.meta_dir, fname)
+        for _ in range(3):
+            fd = self._open_mine(self._meta, fname, where) if self._present(self._meta, fname, where) else None
+            if fd is not None:
+                try:
+                    why = self._bad(self._meta, fd, fname, size, crc, where, always=True)
+                    if why is None:
+                        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else b""
+                        self._drop_old(name, fname)
+                        return mm, where
+                finally:
+                    os.close(fd)
+                with self._locked():
+                    self._drop(self._meta, fname, where, why)
+                continue
+            lock = self._file_lock("meta-" + fname, wait=True)
+            try:
+                if not self._present(self._meta, fname, where):
+                    free = shutil.disk_usage(self.meta_dir).free  # (a number only: the folder was checked)
+                    if size > free:  # the manifest says how big: refuse before filling the disk
+                        raise CacheFull(f"{self.url(name)}: {size} bytes, the disk of {self.dir} has {free} free")
+                    self._download(self._meta, self._new_part(self._meta, fname + ".part"), fname, name, size, crc)
+            finally:
+                os.close(lock)
+        raise CacheFull(f"{where}: changed again each time after its download; is another program writing there?")
+
+    def _drop_old(self, name: str, fname: str) -> None:
+        """Delete older versions of a meta file (mapped copies stay valid for who maps them)."""
+        stem = file_name(name, "00000000")[:-9]
+        for other in os.listdir(self._meta):
+            if other != fname and other.startswith(stem + ".") and re.fullmatch(r"\.[0-9a-f]{8}", other[len(stem):]):
+                with contextlib.suppress(FileNotFoundError, OSError):
+                    st = os.stat(other, dir_fd=self._meta, follow_symlinks=False)
+                    if self._mine(st, other):
+                        self._unlink(self._meta, other)
+
+    def close(self) -> None:
+        """Stop downloads in progress (they raise Cancelled); the folders are let go with the object."""
+        self.closed.set()
+
+
+def _close_all(fds: list) -> None:
+    while fds:
+        os.close(fds.pop())
+
+
+def _preallocate(fd: int, size: int) -> None:
+    """Reserve the blocks now (a full disk fails here, not mid-download); st_size is the full
+    size at once, which is what the budget counts."""
+    if not size:
+        return
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+        os.ftruncate(fd, size)
