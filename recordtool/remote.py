@@ -3,7 +3,7 @@
 `recordtool.open("s3://bucket/train")` (or `Dataset(url)`, `Loader(url)`) fetches the manifest
 and the index once, checks them as for a local dataset, and then serves `ds[i]` exactly like a
 local dataset: zero-copy memoryviews of mmapped shard files — the cached copies. A shard is
-downloaded whole into the cache (recordtool.cache: bounded, LRU, shared by the processes of a
+downloaded whole into the cache (recordtool.io.cache: bounded, LRU, shared by the processes of a
 machine, checked against the manifest's CRC32C) the first time one of its records is asked for,
 or earlier: the block sampler tells the dataset its epoch's block order, and a background
 thread fetches the rest of the current block and the next block while the current one is read.
