@@ -1,6 +1,6 @@
 """Datasets on object storage (s3://, gs://, any fsspec URL), read through a local shard cache.
 
-`recordtool.open("s3://bucket/train")` (or `Dataset(url)`, `Loader(url)`) fetches the manifest
+`recordtool.open("s3://bucket/train")` (or `Loader(url)`) fetches the manifest
 and the index once, checks them as for a local dataset, and then serves `ds[i]` exactly like a
 local dataset: zero-copy memoryviews of mmapped shard files — the cached copies. A shard is
 downloaded whole into the cache (recordtool.io.cache: bounded, LRU, shared by the processes of a

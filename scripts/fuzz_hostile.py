@@ -354,7 +354,7 @@ def run_cache(rng, n, stats, tmp):
     import fsspec
 
     import recordtool
-    from recordtool.errors import RecordtoolError
+    from recordtool.errors import RecordtoolError, UnsafePath
     from recordtool.io import Retry
 
     local_root = index_seed(tmp)
@@ -390,9 +390,10 @@ def run_cache(rng, n, stats, tmp):
             if got != want:
                 stats["errors"].append(f"served other bytes after {acts}")
             stats["accepted"] += 1
-        except RecordtoolError:
+        except UnsafePath:  # a planted link or FIFO stays refused until removed: the user starts clean
             stats["refused"] += 1
-        except BufferError:
+            shutil.rmtree(cache_dir)
+        except RecordtoolError:
             stats["refused"] += 1
         if time.time() - t > 5 * SLOW_S:
             stats["slow"].append(f"{time.time() - t:.1f} s after {acts}")
