@@ -40,75 +40,23 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import mmap
 import os
 import re
 import shutil
-import stat
-import struct
 import threading
 import time
 import warnings
-import weakref
 
-from ..errors import CacheFull, Cancelled, FormatError, UnsafePath
+from ..errors import CacheFull, Cancelled, FormatError
 from . import files
+from .cachefolder import CacheFolder, _ident, crc_of, default_dir, file_name, key  # noqa: F401  (default_dir: API)
 from .transfer import Retry, download_into
 
 ROOM_WAIT = 120.0  # seconds a download waits for pinned shards to be let go before CacheFull
-NAME_BUDGET = 240  # bytes of a cached file's name (room for ".part" and "meta-" within NAME_MAX)
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | _CLOEXEC
-_NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | _CLOEXEC
-_OURS = re.compile(r".+\.[0-9a-f]{8}(\.part)?")
-_STAMP = struct.Struct("<4Q")
 
 
-def default_dir() -> str:
-    """$RECORDTOOL_CACHE_DIR, else $XDG_CACHE_HOME/recordtool, else ~/.cache/recordtool."""
-    if os.environ.get("RECORDTOOL_CACHE_DIR"):
-        return os.environ["RECORDTOOL_CACHE_DIR"]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "recordtool")
-
-
-def key(url: str, store: str = "") -> str:
-    """The cache folder name of a dataset: a hash of its store and URL (distinct stores or URLs
-    never share files) plus the URL's last component, cleaned, for people looking at the folder."""
-    tail = re.sub(r"[^A-Za-z0-9._-]", "_", url.rstrip("/").rsplit("/", 1)[-1])[:40] or "dataset"
-    if tail in (".", ".."):
-        tail = "dataset"
-    return f"{hashlib.sha256((store + chr(10) + url).encode()).hexdigest()[:16]}-{tail}"
-
-
-def file_name(name: str, crc: str) -> str:
-    """`<name>.<crc>`, or for a name too long for that, a cleaned prefix and a hash of it."""
-    full = f"{files.plain_name(name, 'shard name')}.{crc}"
-    if len(os.fsencode(full)) <= NAME_BUDGET:
-        return full
-    head = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:120]
-    return f"{head}~{hashlib.sha256(os.fsencode(name)).hexdigest()[:32]}.{crc}"
-
-
-def _ident(st) -> bytes:
-    return _STAMP.pack(st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def crc_of(fd: int, size: int) -> str:
-    """CRC32C of the first `size` bytes of an open file, as 8 hex digits."""
-    import crc32c
-
-    if not size:
-        return "00000000"
-    with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
-        c = 0
-        for at in range(0, size, 64 << 20):
-            c = crc32c.crc32c(mm[at:at + (64 << 20)], c)
-    return f"{c:08x}"
-
-
-class ShardCache:
+class ShardCache(CacheFolder):
     """The cache folder of one remote dataset (see the module docstring).
 
     Args:
@@ -124,38 +72,14 @@ class ShardCache:
 
     def __init__(self, fs, root: str, cache_dir: str, retry: Retry, limit: int | None = None, total: int = 0):
         self.fs, self.root, self.retry = fs, root, retry
-        name = key(fs.url(root), fs.store_id())
-        self.dir = os.path.join(os.fspath(cache_dir), name)
-        self.shards_dir = os.path.join(self.dir, "shards")
-        self.meta_dir = os.path.join(self.dir, "meta")
-        self.locks_dir = os.path.join(self.dir, "locks")
+        super().__init__(cache_dir, key(fs.url(root), fs.store_id()))
         self.dropped: list = []  # messages naming cached copies found bad (and deleted)
         self.advice = "raise cache_limit"  # what a CacheFull message suggests (the dataset knows more)
         self._tlock = threading.Lock()  # flock does not exclude threads sharing one fd
         self.closed = threading.Event()
-        self._fds: list = []
-        # the folder fds outlive close(): a download still finishing uses them; they go with the object
-        self._finalizer = weakref.finalize(self, _close_all, self._fds)
-        try:
-            top = files.open_dir(os.fspath(cache_dir))
-            try:
-                self._dir = self._keep(files.open_dir(name, top, what=self.dir))
-            finally:
-                os.close(top)
-            self._shards = self._keep(files.open_dir("shards", self._dir, what=self.shards_dir))
-            self._meta = self._keep(files.open_dir("meta", self._dir, what=self.meta_dir))
-            self._locks = self._keep(files.open_dir("locks", self._dir, what=self.locks_dir))
-            self._lock_fd = self._keep(self._open_lockfile(self._dir, ".lock", os.path.join(self.dir, ".lock")))
-        except BaseException:
-            _close_all(self._fds)
-            raise
         if limit is None:
             limit = min(total, int(0.8 * shutil.disk_usage(self.shards_dir).free) + self.used())
         self.limit = int(limit)
-
-    def _keep(self, fd: int) -> int:
-        self._fds.append(fd)
-        return fd
 
     # ------------------------------------------------------------------ names and locks
     file_name = staticmethod(file_name)
@@ -166,20 +90,6 @@ class ShardCache:
     def url(self, name: str) -> str:
         return self.fs.url(self.fs.join(self.root, name))
 
-    @staticmethod
-    def _open_lockfile(dir_fd: int, name: str, what: str) -> int:
-        try:
-            fd = os.open(name, _LOCK_FLAGS, 0o600, dir_fd=dir_fd)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise UnsafePath(f"{what}: is a symbolic link, not a lock file recordtool made") from None
-            raise
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            os.close(fd)
-            raise UnsafePath(f"{what}: is not a regular file")
-        return fd
-
     @contextlib.contextmanager
     def _locked(self):
         """The cache's lock (threads of this process and other processes alike)."""
@@ -189,51 +99,6 @@ class ShardCache:
                 yield
             finally:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-
-    def _file_lock(self, fname: str, wait: bool):
-        """An fd holding the exclusive download lock of one file, or None when `wait` is False
-        and someone else holds it."""
-        fd = self._open_lockfile(self._locks, fname, os.path.join(self.locks_dir, fname))
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-    def _stamp(self, fname: str, st=None) -> bytes:
-        """The identity recorded for a cached file; with `st`, record that one instead."""
-        fd = self._open_lockfile(self._locks, fname, os.path.join(self.locks_dir, fname))
-        try:
-            if st is None:
-                return os.pread(fd, _STAMP.size, 0)
-            os.pwrite(fd, _ident(st), 0)
-            return b""
-        finally:
-            os.close(fd)
-
-    def _present(self, dir_fd: int, fname: str, where: str) -> bool:
-        """True when our complete file is there; UnsafePath when something else is at its name."""
-        try:
-            st = os.stat(fname, dir_fd=dir_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return False
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafePath(f"{where}: is not a regular file the cache wrote (a symbolic link or special "
-                             f"file was put there); remove it")
-        return True
-
-    def _unlink(self, dir_fd: int, fname: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(fname, dir_fd=dir_fd)
-
-    def _mine(self, st, name: str) -> bool:
-        """A file the cache may count and delete: its kind of name, regular, ours, one link."""
-        return (_OURS.fullmatch(name) is not None and stat.S_ISREG(st.st_mode) and st.st_nlink == 1
-                and (not hasattr(os, "geteuid") or st.st_uid == os.geteuid()))
 
     # ------------------------------------------------------------------ accounting
     def used(self) -> int:
@@ -261,13 +126,6 @@ class ShardCache:
                     continue
             out.append((st.st_mtime_ns, fname, st.st_size, part))
         return out
-
-    def _open_mine(self, dir_fd: int, fname: str, where: str):
-        """An fd of our file, or None when it is gone or not one the cache may touch."""
-        try:
-            return files.open_regular_at(dir_fd, fname, where)
-        except (FileNotFoundError, UnsafePath):
-            return None
 
     def _make_room(self, need: int, protect) -> bool:
         """Evict least recently used, unpinned, unprotected shards until `need` more bytes fit.
@@ -407,17 +265,6 @@ class ShardCache:
         finally:
             os.close(lock)
 
-    def _new_part(self, dir_fd: int, part: str) -> int:
-        """The .part file created anew (a leftover one of ours removed: we hold its download lock)."""
-        try:
-            st = os.stat(part, dir_fd=dir_fd, follow_symlinks=False)
-            if not self._mine(st, part):
-                raise UnsafePath(f"{os.path.join(self.dir, part)}: not a file the cache wrote; remove it")
-            self._unlink(dir_fd, part)
-        except FileNotFoundError:
-            pass
-        return os.open(part, _NEW_FLAGS, 0o600, dir_fd=dir_fd)
-
     def _reserve(self, part: str, size: int, protect, release, strict: bool, patience: float, name: str) -> int:
         """Room for `size` more bytes, then the .part file created and preallocated (under the
         cache's lock, so the budget holds between processes). Tries: sparing protected files;
@@ -513,11 +360,6 @@ class ShardCache:
     def close(self) -> None:
         """Stop downloads in progress (they raise Cancelled); the folders are let go with the object."""
         self.closed.set()
-
-
-def _close_all(fds: list) -> None:
-    while fds:
-        os.close(fds.pop())
 
 
 def _preallocate(fd: int, size: int) -> None:
