@@ -37,7 +37,7 @@ def claim(fs, out: str, overwrite: bool, retry: Retry) -> set:
     """
     url = fs.url(out)
     if hasattr(fs, "check_bucket"):  # a missing bucket is named now, not after the whole pack
-        retry.call(lambda: fs.check_bucket(out), url)
+        fs.check_bucket(out, retry.attempts, retry.backoff)
     try:
         names = set(retry.call(lambda: fs.listdir(out), url))
     except FileNotFoundError:

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import posixpath
+import time
 from typing import BinaryIO, Protocol
 
 from ..errors import NoBucket, UnsafePath
@@ -256,15 +257,24 @@ class FsspecFS:
     def exists(self, path: str) -> bool:
         return self.fs.exists(path)
 
-    def check_bucket(self, path: str) -> None:
+    def check_bucket(self, path: str, attempts: int = 3, backoff: float = 0.5) -> None:
         """NoBucket when the bucket (container) at the start of `path` does not exist; only for
-        stores with buckets (s3, gs, az …), where writing under a missing one fails late."""
+        stores with buckets (s3, gs, az …), where writing under a missing one fails late. The
+        clients answer "no" to any failed probe (a 5xx too), so "no" is asked `attempts` times,
+        `backoff`·2^k seconds apart, before it is believed."""
         if self.protocol in ("memory", "file", "local"):
             return
         bucket = path.lstrip("/").split("/", 1)[0]
-        if bucket and not self.fs.exists(bucket):
-            raise NoBucket(f"{self.url(bucket)}: no such bucket; create it first (for example "
-                           f"`aws s3 mb {self.url(bucket)}`, or s3fs.S3FileSystem(...).mkdir({bucket!r}))")
+        if not bucket:
+            return
+        for k in range(max(1, attempts)):
+            if k:
+                time.sleep(backoff * 2 ** (k - 1))
+            if self.fs.exists(bucket):
+                return
+        raise NoBucket(f"{self.url(bucket)}: no such bucket (or not one these credentials may see); create it "
+                       f"first (for example `aws s3 mb {self.url(bucket)}`, or "
+                       f"s3fs.S3FileSystem(...).mkdir({bucket!r}))")
 
     def listdir(self, path: str) -> list:
         # refresh: a listing cached by this client may predate another process's writes
