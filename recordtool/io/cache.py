@@ -306,9 +306,10 @@ class ShardCache(CacheFolder):
             except FileNotFoundError:
                 raise FormatError(f"{self.url(name)}: missing on object storage (the dataset's manifest lists "
                                   f"it)") from None
-            os.replace(part, fname, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # complete and checked
-            os.utime(fd)
-            self._stamp(fname, os.fstat(fd))
+            with self._locked():  # named and stamped at once: a pin sees both or neither
+                os.replace(part, fname, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # complete and checked
+                os.utime(fd)
+                self._stamp(fname, os.fstat(fd))
         except BaseException:
             self._unlink(dir_fd, part)
             raise
@@ -323,7 +324,10 @@ class ShardCache(CacheFolder):
         fname = file_name(name, crc)
         where = os.path.join(self.meta_dir, fname)
         for _ in range(3):
-            fd = self._open_mine(self._meta, fname, where) if self._present(self._meta, fname, where) else None
+            try:  # something not ours at our name (a hard link, another user's file) is an error naming it
+                fd = files.open_regular_at(self._meta, fname, where)
+            except FileNotFoundError:
+                fd = None
             if fd is not None:
                 try:
                     why = self._bad(self._meta, fd, fname, size, crc, where, always=True)
