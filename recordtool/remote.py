@@ -221,7 +221,7 @@ class RemoteDataset(Dataset):
             need = sum(largest[:2 * block_shards])
             self.cache.advice = "raise cache_limit" + (" or lower block_shards" if block_shards > 1 else "")
             if need > self.cache_limit:
-                how = (f"raise cache_limit or lower block_shards" if block_shards > 1 else
+                how = ("raise cache_limit or lower block_shards" if block_shards > 1 else
                        f"raise cache_limit to at least {need}")
                 raise CacheFull(f"{self.root}: cache_limit={self.cache_limit} is less than two blocks of "
                                 f"{block_shards} shard{'s' if block_shards > 1 else ''} ({need} bytes): {how}")
@@ -321,4 +321,3 @@ class RemoteDataset(Dataset):
     def __repr__(self):
         return f"<recordtool.Dataset {self.root!r}: {len(self)} records, {len(self.classes)} classes, " \
                f"{len(self.shards)} shards, cache {self.cache.dir!r} ≤ {self.cache_limit} bytes>"
-

@@ -15,10 +15,10 @@ from typing import Literal
 
 import numpy as np
 
+from ..datasets import open_dataset
 from ..decode.cpu import MAX_SIDE, cores
 from ..decode.ops import IMAGENET_MEAN, IMAGENET_STD
 from ..errors import OnError, RecordError, on_error as _on_error
-from ..datasets import open_dataset
 from ..reader import Dataset
 from .prefetch import Prefetcher
 from .recipe import Recipe
