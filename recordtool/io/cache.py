@@ -50,7 +50,7 @@ import warnings
 
 from ..errors import CacheFull, Cancelled, FormatError
 from . import files
-from .cachefolder import CacheFolder, _ident, crc_of, default_dir, file_name, key  # noqa: F401  (default_dir: API)
+from .cachefolder import CacheFolder, _ident, crc_of, default_dir, file_name, key, touch  # noqa: F401  (default_dir: API)
 from .transfer import Retry, download_into
 
 ROOM_WAIT = 120.0  # seconds a download waits for pinned shards to be let go before CacheFull
@@ -222,8 +222,7 @@ class ShardCache(CacheFolder):
                     fd = None
                     self._drop(self._shards, fname, where, why)
                     return None
-                os.utime(fd)  # last use, for LRU eviction
-                self._stamp(fname, os.fstat(fd))
+                self._stamp(fname, touch(fd))  # last use, for LRU eviction
             except BaseException:
                 if fd is not None:
                     os.close(fd)
@@ -308,8 +307,7 @@ class ShardCache(CacheFolder):
                                   f"it)") from None
             with self._locked():  # named and stamped at once: a pin sees both or neither
                 os.replace(part, fname, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # complete and checked
-                os.utime(fd)
-                self._stamp(fname, os.fstat(fd))
+                self._stamp(fname, touch(fd))
         except BaseException:
             self._unlink(dir_fd, part)
             raise

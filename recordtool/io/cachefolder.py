@@ -20,6 +20,7 @@ import os
 import re
 import stat
 import struct
+import time
 import weakref
 
 from ..errors import UnsafePath
@@ -61,6 +62,22 @@ def file_name(name: str, crc: str) -> str:
 
 def _ident(st) -> bytes:
     return _STAMP.pack(st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def touch(fd: int):
+    """Set the file's mtime to now, to the nanosecond (its last use), and return its stat.
+
+    The kernel stamps a write with its coarse clock (one tick: milliseconds), and ctime too:
+    a write in the same tick as our last stamp would leave ctime as it was. The mtime we set is
+    a fine-grained value, made to differ from the coarse ctime the kernel just gave the file,
+    so any later write (which sets mtime to the coarse clock) changes the file's identity."""
+    t = time.time_ns()
+    os.utime(fd, ns=(t, t))
+    st = os.fstat(fd)
+    if st.st_mtime_ns == st.st_ctime_ns:  # (our value happened to fall on the tick)
+        os.utime(fd, ns=(t + 1, t + 1))
+        st = os.fstat(fd)
+    return st
 
 
 def crc_of(fd: int, size: int) -> str:
