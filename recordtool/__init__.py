@@ -1,9 +1,10 @@
 """recordtool: OFRecord shards + a size-sorted index for fast image-classification input."""
 __version__ = "0.1.0"
 
-from .errors import (CacheFull, DecodeError, FormatError, OnError, OutputExists, PackError,  # noqa: E402,F401
+from .errors import (CacheFull, DecodeError, FormatError, NoBucket, OnError, OutputExists, PackError,  # noqa: E402,F401
                      RecordError, RecordtoolError, Rejected, RemoteError, UnsafePath, WorkerLost)
-from .reader import BlockSampler, Dataset, Sampler, open_dataset as open  # noqa: E402,F401  (recordtool.open)
+from .datasets import open_dataset as open  # noqa: E402,F401  (recordtool.open)
+from .reader import BlockSampler, Dataset, Sampler  # noqa: E402,F401
 
 if __import__("os").environ.get("RECORDTOOL_FAULT"):  # the crash tests' kill points, in every process of a pack
     from .format import faults as _faults

@@ -13,7 +13,7 @@ from .decode import decode_crop_resize, random_windows
 from .util import cores
 from .loader import Loader
 from .peers import best_of, pil_rrc_rate  # noqa: F401  (scripts import them from here)
-from .reader import Dataset
+from .datasets import open_dataset
 
 
 def loader_epochs(ld: Loader, epochs: int, images: int | None = None) -> dict:
@@ -77,7 +77,7 @@ def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | No
         baseline: run the Pillow baseline.
         producers: Loader producer threads (default: the Loader's).
     """
-    ds = Dataset(path)
+    ds = open_dataset(path)
     threads = threads or cores()
     order = ds.sampler(seed=seed).indices(0)
     if images:

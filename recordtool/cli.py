@@ -90,7 +90,7 @@ class DatasetPath(click.Path):
     """A dataset directory that must exist, or an object-store URL (s3://bucket/prefix, gs://…)."""
 
     def convert(self, value, param, ctx):
-        from .fs import is_url
+        from .io.fs import is_url
 
         return value if is_url(value) else super().convert(value, param, ctx)
 
@@ -235,7 +235,7 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
                 if v is not None:
                     feature_keys[k] = v
             feature_keys["preset"] = keys
-            from .fs import is_url
+            from .io.fs import is_url
 
             parent = None  # remote OUT: scratch in $TMPDIR
             if not is_url(out):

@@ -79,6 +79,20 @@ class RemoteError(RecordtoolError, OSError):
     the retries; the message names the object, the attempts and the last error."""
 
 
+class NoBucket(RecordtoolError, FileNotFoundError):
+    """The bucket (or container) a URL names does not exist on the object store."""
+
+
+class Cancelled(RecordtoolError):
+    """A download stopped because its reader was closed."""
+
+
+class Damaged(Exception):
+    """A transfer that arrived incomplete, too long or altered (size or checksum). Not a
+    RecordtoolError on purpose: it is retried like a 5xx, and RemoteError names it after the
+    last try."""
+
+
 class CacheFull(RecordtoolError, OSError):
     """The local shard cache cannot make room within its `cache_limit` (too small for the
     shards that must be on disk at once, or every shard in it is in use)."""
@@ -93,16 +107,6 @@ class ThreadStartError(RecordtoolError, OSError):
     """The system would not start a native decode thread (a memory cap leaves no room for its
     stack, a thread limit is reached). Fewer `threads` may work; the threads started so far
     stay usable."""
-
-
-class Cancelled(RecordtoolError):
-    """A download stopped because its reader (a cache, a dataset) was closed."""
-
-
-class Damaged(Exception):
-    """A transfer that arrived incomplete or altered (size or checksum). Internal: retried like a
-    5xx answer by `fs.Retry`, which then raises `RemoteError` naming the object; deliberately
-    not a RecordtoolError (those are never retried)."""
 
 
 class OnError(str, Enum):

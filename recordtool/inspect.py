@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .format.jpeg import CHROMA_NAMES, CS_NAMES
+from .datasets import open_dataset
 from .reader import Dataset
 
 _SIDE_BUCKETS = [(0, 256), (256, 512), (512, 1024), (1024, 2048), (2048, 1 << 31)]
@@ -25,7 +26,7 @@ def summarize(root: str, **remote) -> dict:
         remote: cache_dir, cache_limit, storage_options, retry for a URL (only the manifest and
             the index are fetched).
     """
-    ds = Dataset(root, **remote)
+    ds = open_dataset(root, **remote)
     try:
         return _summary(ds)
     finally:

@@ -16,6 +16,7 @@ import numpy as np
 
 from .decode import random_windows
 from .decode.ops import IMAGENET_MEAN, IMAGENET_STD
+from .datasets import open_dataset
 from .reader import Dataset
 
 DALI_LOADS = (0.65, 0.75, 0.9)  # hw_decoder_load values tried; the best is reported
@@ -151,7 +152,7 @@ _DS = None
 
 def _init(path):
     global _DS
-    _DS = Dataset(path)
+    _DS = open_dataset(path)
 
 
 def _pil_rrc_chunk(args):
@@ -190,7 +191,7 @@ class _PilRecords:
         from PIL import Image
 
         if self.ds is None:  # opened in the worker process
-            self.ds = Dataset(self.path)
+            self.ds = open_dataset(self.path)
         data, label = self.ds[int(self.order[k])]
         y, x, h, w = (int(v) for v in self.win[k])
         im = Image.open(io.BytesIO(data)).convert("RGB")

@@ -3,7 +3,8 @@
 `ds[i]` slices the JPEG bytes straight out of the shard mapping at the index's offsets —
 no protobuf parse, no copy. `Sampler` gives the per-epoch global shuffle split by rank;
 `BlockSampler` the block shuffle used for datasets on object storage (recordtool.remote),
-which are read through a local shard cache.
+which are read through a local shard cache. `recordtool.open` (recordtool.datasets) picks
+the kind of dataset for a path or URL.
 """
 from __future__ import annotations
 
@@ -13,37 +14,34 @@ import threading
 
 import numpy as np
 
-from . import fs
 from .errors import FormatError
-from .format import files
 from .format import index as ix
 from .format import manifest as mf
+from .io import files
+from .io.fs import get_fs, is_url
 
 
 class Dataset:
     """A finished dataset directory: manifest and index loaded and checked once, shards mapped
     on first use. Every index row is bounds-checked against the manifest's shard sizes when the
-    dataset opens, so `ds[i]` can only return bytes of the record the index names."""
+    dataset opens, so `ds[i]` can only return bytes of the record the index names.
 
-    def __new__(cls, root, *args, **kwargs):
-        # Dataset("s3://…") is a RemoteDataset: the Loader and every caller keep one spelling
-        if cls is Dataset and fs.is_url(os.fspath(root)):
-            from .remote import RemoteDataset
+    A dataset pickles as the path (and options) it was opened with: unpickling opens it again
+    (torch DataLoader workers started with "spawn", launchers that pickle their arguments)."""
 
-            return super().__new__(RemoteDataset)
-        return super().__new__(cls)
-
-    def __init__(self, root: str, cache_dir: str | None = None, cache_limit: int | None = None,
-                 storage_options: dict | None = None, retry: fs.Retry | None = None):
-        """Open a finished dataset.
+    def __init__(self, root: str):
+        """Open a finished local dataset.
 
         Args:
-            root: the dataset directory, a file:// URL, or an object-store URL (s3://bucket/prefix,
-                gs://…, any fsspec URL: see recordtool.remote).
-            cache_dir, cache_limit, storage_options, retry: for object-store URLs only (see
-                recordtool.remote.RemoteDataset); a local dataset is mapped in place.
+            root: the dataset directory or a file:// URL. An object-store URL is opened by
+                `recordtool.open(url, ...)` (a recordtool.remote.RemoteDataset).
         """
-        _, self.root = fs.get_fs(root)
+        root = os.fspath(root)
+        if is_url(root):
+            raise ValueError(f"{root}: Dataset opens a local dataset directory; open a URL with "
+                             f"recordtool.open({root!r}, cache_dir=…, storage_options=…)")
+        self._opened_as = (root, {})
+        _, self.root = get_fs(root)
         manifest = mf.load(self.root)
         index_path = files.inside(self.root, manifest["index"]["file"], "index file")
         self._setup(manifest, ix.read_index(index_path), index_path)
@@ -61,6 +59,10 @@ class Dataset:
         self._maps: list = [None] * len(self.shards)
         self._views: list = [None] * len(self.shards)
         self._lock = threading.Lock()
+
+    def __reduce__(self):
+        root, options = self._opened_as
+        return _reopen, (type(self), root, options)
 
     @property
     def labels(self) -> np.ndarray:
@@ -170,11 +172,9 @@ class Dataset:
                f"{len(self.shards)} shards>"
 
 
-def open_dataset(path: str, **options) -> Dataset:
-    """`recordtool.open(path, **options)`: a local dataset directory, or an object-store URL
-    read through a local shard cache (options: cache_dir, cache_limit, storage_options, retry;
-    see recordtool.remote.RemoteDataset)."""
-    return Dataset(path, **options)
+def _reopen(cls, root: str, options: dict):
+    """Unpickling a dataset: open it again where it was opened."""
+    return cls(root, **options)
 
 
 def check_rows(index, shards: list, where: str, classes: int | None = None) -> None:

@@ -1,9 +1,9 @@
 """Datasets on object storage (s3://, gs://, any fsspec URL), read through a local shard cache.
 
-`recordtool.open("s3://bucket/train")` (or `Dataset(url)`, `Loader(url)`) fetches the manifest
+`recordtool.open("s3://bucket/train")` (or `Loader(url)`) fetches the manifest
 and the index once, checks them as for a local dataset, and then serves `ds[i]` exactly like a
 local dataset: zero-copy memoryviews of mmapped shard files — the cached copies. A shard is
-downloaded whole into the cache (recordtool.cache: bounded, LRU, shared by the processes of a
+downloaded whole into the cache (recordtool.io.cache: bounded, LRU, shared by the processes of a
 machine, checked against the manifest's CRC32C) the first time one of its records is asked for,
 or earlier: the block sampler tells the dataset its epoch's block order, and a background
 thread fetches the rest of the current block and the next block while the current one is read.
@@ -19,16 +19,16 @@ import contextlib
 import mmap
 import os
 import queue
-import shutil
 import threading
 
 import numpy as np
 
-from . import cache as _cache
-from . import fs as _fs
 from .errors import CacheFull, FormatError
 from .format import index as ix
 from .format import manifest as mf
+from .io import cache as _cache
+from .io import fs as _fs
+from .io.transfer import Retry
 from .reader import DEFAULT_BLOCK_SHARDS, BlockSampler, Dataset
 
 FETCH_THREADS = 2  # background downloads at once per dataset
@@ -37,7 +37,8 @@ AHEAD_WAIT = 60.0  # seconds a download ahead waits for room (shards done with) 
 
 
 class RemoteDataset(Dataset):
-    """A finished dataset at an fsspec URL (`Dataset(url)` returns one).
+    """A finished dataset at an fsspec URL (`recordtool.open(url)` returns one). It pickles as
+    its URL and options: unpickled (in a spawned worker, say) it opens the dataset again.
 
     Args:
         root: the dataset's URL, e.g. s3://bucket/prefix (its manifest.json is root/manifest.json).
@@ -49,33 +50,33 @@ class RemoteDataset(Dataset):
         storage_options: fsspec options for the URL (s3fs: endpoint_url, key, secret,
             client_kwargs, config_kwargs, …); fsspec's configuration and the usual AWS
             variables apply too.
-        retry: how downloads are retried (recordtool.fs.Retry: 5 tries, backoff from 0.5 s).
+        retry: how downloads are retried (recordtool.io.Retry: 5 tries, backoff from 0.5 s).
     """
 
     def __init__(self, root: str, cache_dir: str | None = None, cache_limit: int | None = None,
-                 storage_options: dict | None = None, retry: _fs.Retry | None = None):
+                 storage_options: dict | None = None, retry: Retry | None = None):
+        self._opened_as = (os.fspath(root), dict(cache_dir=cache_dir, cache_limit=cache_limit,
+                                                 storage_options=storage_options, retry=retry))
         self.fs, self._path = _fs.get_fs(root, **(storage_options or {}))
         self._path = self._path.rstrip("/")
         self.root = self.fs.url(self._path)
-        self.retry = retry or _fs.Retry()
+        self.retry = retry or Retry()
         manifest = self._load_manifest()
         total = sum(s["bytes"] for s in manifest["shards"])
-        directory = os.path.join(os.fspath(cache_dir or _cache.default_dir()), _cache.key(self.root))
-        os.makedirs(directory, exist_ok=True)
-        if cache_limit is None:
-            cache_limit = min(total, int(0.8 * shutil.disk_usage(directory).free) + _cached_bytes(directory))
-        self.cache_limit = int(cache_limit)
-        self.cache = _cache.ShardCache(self.fs, self._path, directory, self.cache_limit, self.retry)
+        self.cache = _cache.ShardCache(self.fs, self._path, os.fspath(cache_dir or _cache.default_dir()), self.retry,
+                                       limit=cache_limit, total=total)
+        self.cache_limit = self.cache.limit
         try:
             info = manifest["index"]
-            index_path = self.cache.meta(info["file"], info["bytes"], info["crc32c"])
-            self._setup(manifest, ix.read_index(index_path), self.cache.url(info["file"]))
+            mapping, _ = self.cache.meta(info["file"], info["bytes"], info["crc32c"])
+            where = self.cache.url(info["file"])
+            self._setup(manifest, ix.read_index(where, mapping), where)
         except BaseException:
             self.cache.close()
             raise
         n = len(self.shards)
         self._fds: list = [None] * n
-        self._names = [_cache.ShardCache.file_name(s["name"], s["crc32c"]) for s in self.shards]
+        self._names = [_cache.file_name(s["name"], s["crc32c"]) for s in self.shards]
         self._mapped: dict = {}  # mapped shards (→ None), oldest first
         self._fits = total <= self.cache_limit  # everything fits: never unmap to make room
         # the epoch's plan (BlockSampler.on_plan): blocks in order, and per shard how many of
@@ -218,9 +219,12 @@ class RemoteDataset(Dataset):
         if isinstance(s, BlockSampler):
             largest = sorted((x["bytes"] for x in self.shards), reverse=True)
             need = sum(largest[:2 * block_shards])
+            self.cache.advice = "raise cache_limit" + (" or lower block_shards" if block_shards > 1 else "")
             if need > self.cache_limit:
+                how = ("raise cache_limit or lower block_shards" if block_shards > 1 else
+                       f"raise cache_limit to at least {need}")
                 raise CacheFull(f"{self.root}: cache_limit={self.cache_limit} is less than two blocks of "
-                                f"{block_shards} shards ({need} bytes): raise cache_limit or lower block_shards")
+                                f"{block_shards} shard{'s' if block_shards > 1 else ''} ({need} bytes): {how}")
             s.on_plan = self._set_plan
         return s
 
@@ -317,11 +321,3 @@ class RemoteDataset(Dataset):
     def __repr__(self):
         return f"<recordtool.Dataset {self.root!r}: {len(self)} records, {len(self.classes)} classes, " \
                f"{len(self.shards)} shards, cache {self.cache.dir!r} ≤ {self.cache_limit} bytes>"
-
-
-def _cached_bytes(directory: str) -> int:
-    try:
-        with os.scandir(os.path.join(directory, "shards")) as it:
-            return sum(e.stat(follow_symlinks=False).st_size for e in it if e.is_file(follow_symlinks=False))
-    except FileNotFoundError:
-        return 0

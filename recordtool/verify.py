@@ -20,11 +20,11 @@ import numpy as np
 
 from .util import cores
 from .errors import FormatError, RecordtoolError
-from .format import files
 from .format.jpeg import BadJPEG, NotJPEG, decode_refusal, probe
 from .format.ofrecord import iter_records
 from .format.scan import record_fields
-from .fs import is_url
+from .io import files
+from .io.fs import is_url
 
 
 @dataclass
@@ -51,10 +51,10 @@ def verify(root: str, decode: bool = False, threads: int | None = None, max_erro
         progress: show a tqdm bar.
         remote: cache_dir, cache_limit, storage_options, retry for an object-store URL.
     """
-    from .reader import Dataset
+    from .datasets import open_dataset
 
     try:  # manifest and index loaded and checked (every row in bounds) once, as any reader does
-        ds = Dataset(root, **remote) if is_url(root) else Dataset(root)
+        ds = open_dataset(root, **remote)
     except (FormatError, OSError) as e:
         return VerifyResult(errors=[str(e)])
     try:
@@ -108,6 +108,7 @@ def _verify(ds, remote: bool, decode: bool, threads, max_errors: int, progress: 
 
         bar = tqdm(total=sum(s["bytes"] for s in manifest["shards"]), unit="B", unit_scale=True,
                    desc="verify")
+    seen_drops = 0  # bad cached copies dropped since the dataset opened (the index's too)
     for s, info in enumerate(manifest["shards"]):
         path = os.path.join(root, info["name"])  # a plain name: mf.load checked it
         try:
@@ -121,6 +122,19 @@ def _verify(ds, remote: bool, decode: bool, threads, max_errors: int, progress: 
                 return res
             continue
         try:
+            if remote:  # what the cache holds is checked first: a bad copy is the cache's, not the store's
+                for msg in ds.cache.dropped[seen_drops:]:  # copies found changed when pinned, fetched again
+                    if bad(msg):
+                        return res
+                seen_drops = len(ds.cache.dropped)
+                crc = f"{crc32c.crc32c(mm) if size else 0:08x}"
+                if crc != info["crc32c"]:
+                    msg = ds.cache.drop(info["name"], info["crc32c"], f"CRC32C {crc} differs from the manifest's "
+                                        f"{info['crc32c']}")
+                    seen_drops = len(ds.cache.dropped)
+                    if bad(msg + "; run verify again to check the store's copy"):
+                        return res
+                    continue
             if size != info["bytes"]:
                 if bad(f"{path}: offset {min(size, info['bytes'])}: file is {size} bytes, manifest says "
                        f"{info['bytes']} (truncated or appended to)"):

@@ -1,8 +1,11 @@
-"""Long fuzz run: mutated JPEGs, OFRecord parts, TFRecords, index files and manifests.
+"""Long fuzz run: mutated JPEGs, OFRecord parts, TFRecords, index files and manifests; a
+hostile shard cache folder; a remote dataset behind a misbehaving S3 server.
 
 Every input must be accepted or refused with one of recordtool's named errors — never a crash
 (signal), another exception type, or a slow input — and a JPEG the header reader accepts must
-be one libjpeg-turbo does not refuse (hostile_data.libjpeg_disagreements). Inputs are mutations of valid seeds (and
+be one libjpeg-turbo does not refuse (hostile_data.libjpeg_disagreements). The cache and remote
+kinds check more: whatever was done to the cache folder or the store, a record served is the
+record's true bytes, and nothing outside the cache folder changes. Inputs are mutations of valid seeds (and
 of the hostile seeds in tests/hostile_data.py): byte flips, truncation, inserted garbage,
 length-field rewrites. Each chunk runs in a child process with an address-space cap, so a
 crash or a memory blow-up is recorded (kind, chunk seed) instead of ending the run.
@@ -18,6 +21,7 @@ import json
 import os
 import platform
 import resource
+import stat
 import subprocess
 import sys
 import tempfile
@@ -27,8 +31,8 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
-# share of the total per kind
-KINDS = {"jpeg": 0.4, "ofrecord": 0.2, "tfrecord": 0.2, "index": 0.1, "manifest": 0.1}
+# share of the total per kind (the cache and remote kinds are slow per input: run them with --only)
+KINDS = {"jpeg": 0.4, "ofrecord": 0.2, "tfrecord": 0.2, "index": 0.1, "manifest": 0.1, "cache": 0.0, "remote": 0.0}
 SLOW_S = 1.0  # one input taking longer than this is a finding
 
 
@@ -271,8 +275,221 @@ def run_manifest(rng, n, stats, tmp):
     return n
 
 
+def _served(ds) -> list:
+    return [(bytes(ds[i][0]), ds[i][1]) for i in range(len(ds))]
+
+
+def _tree(root: str) -> dict:
+    """Every file under root with its bytes (links as their target), to show nothing changed."""
+    out = {}
+    for d, dirs, names in os.walk(root):
+        for n in dirs + names:
+            p = os.path.join(d, n)
+            out[p] = ("link", os.readlink(p)) if os.path.islink(p) else open(p, "rb").read() if os.path.isfile(p) \
+                else "dir"
+    return out
+
+
+def _hostile_cache(rng, cache_dir: str, victim: str) -> str:
+    """One random act against a cache folder (see run_cache); what it did."""
+    entries = []
+    for d, dirs, names in os.walk(cache_dir):
+        entries += [os.path.join(d, n) for n in dirs + names]
+    if not entries:
+        return "nothing cached"
+    p = entries[int(rng.integers(0, len(entries)))]
+    act = int(rng.integers(0, 9))
+    plain = os.path.isfile(p) and not os.path.islink(p) and os.stat(p).st_nlink == 1  # (never the user's, linked)
+    if plain and act <= 3:
+        data = open(p, "rb").read()
+        if act == 0:  # in place, size kept (cache poisoning)
+            m = mutate(rng, data)
+            m = (m + bytes(len(data)))[:len(data)]
+        elif act == 1:  # truncated or extended
+            m = mutate(rng, data)
+        elif act == 2:  # another cached file's bytes, cut to this one's size
+            other = [e for e in entries if os.path.isfile(e) and not os.path.islink(e) and not stat.S_ISFIFO(os.stat(e).st_mode)]
+            o = open(other[int(rng.integers(0, len(other)))], "rb").read()
+            m = (o + bytes(len(data)))[:len(data)]
+        else:  # replaced by a new inode of the same size and mtime
+            st = os.stat(p)
+            tmp = p + ".new"
+            with open(tmp, "wb") as f:
+                f.write(bytes(reversed(data)))
+            os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+            os.replace(tmp, p)
+            return f"replaced {p}"
+        with open(p, "r+b") as f:
+            f.write(m)
+            f.truncate(len(m))
+        return f"rewrote {p} (act {act})"
+    if act in (4, 5):  # a link to the user's folder or file in its place
+        target = victim if act == 4 else os.path.join(victim, "precious")
+        if os.path.isdir(p) and not os.path.islink(p):
+            import shutil
+
+            shutil.rmtree(p)
+        else:
+            os.unlink(p)
+        os.symlink(target, p)
+        return f"linked {p} -> {target}"
+    if act == 6:  # a FIFO in its place
+        if os.path.isfile(p) or os.path.islink(p):
+            os.unlink(p)
+            os.mkfifo(p)
+            return f"fifo {p}"
+        return "no-op"
+    if act == 7:  # a hard link to the user's file, named like a cached file
+        d = p if os.path.isdir(p) and not os.path.islink(p) else os.path.dirname(p)
+        os.link(os.path.join(victim, "precious"), os.path.join(d, f"zz{int(rng.integers(0, 1 << 30))}.0badc0de"))
+        return f"hard link in {d}"
+    if os.path.isfile(p) and not os.path.islink(p):  # deleted (a lock file, a shard, the index)
+        os.unlink(p)
+        return f"deleted {p}"
+    return "no-op"
+
+
+def run_cache(rng, n, stats, tmp):
+    """A memory:// dataset read through a cache folder that is attacked between opens: each
+    input does 1–3 random acts (bytes changed in place, truncated, swapped, replaced; a link to
+    the user's folder or file, a FIFO, a hard link planted; files deleted), then opens the
+    dataset with a small cache_limit and reads every record. Each record served must be its
+    true bytes; nothing in the user's folder may change; errors must be RecordtoolErrors."""
+    import shutil
+    import warnings
+
+    import fsspec
+
+    import recordtool
+    from recordtool.errors import RecordtoolError, UnsafePath
+    from recordtool.io import Retry
+
+    local_root = index_seed(tmp)
+    local = recordtool.open(local_root)
+    want = _served(local)
+    mem = fsspec.filesystem("memory")
+    mem.put(local_root, "/fuzz-cache/ds", recursive=True)
+    url = "memory://fuzz-cache/ds"
+    victim = os.path.join(tmp, "user")
+    os.makedirs(victim)
+    with open(os.path.join(victim, "precious"), "wb") as f:
+        f.write(b"the user's data")
+    snapshot = _tree(victim)
+    limit = sum(sorted((s["bytes"] for s in local.shards), reverse=True)[:2])
+    cache_dir = os.path.join(tmp, "cache")
+    fast = Retry(attempts=2, backoff=0.001, max_backoff=0.001)
+    for i in range(n):
+        if i % 50 == 0 and os.path.exists(cache_dir):
+            shutil.rmtree(cache_dir)  # start clean now and then: attacks on a fresh folder too
+        acts = []
+        if os.path.exists(cache_dir):
+            for _ in range(int(rng.integers(1, 4))):
+                acts.append(_hostile_cache(rng, cache_dir, victim))
+        t = time.time()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # bad copies dropped: warned, and expected here
+                ds = recordtool.open(url, cache_dir=cache_dir, cache_limit=limit, retry=fast)
+                try:
+                    got = _served(ds)
+                finally:
+                    ds.close()
+            if got != want:
+                stats["errors"].append(f"served other bytes after {acts}")
+            stats["accepted"] += 1
+        except UnsafePath:  # a planted link or FIFO stays refused until removed: the user starts clean
+            stats["refused"] += 1
+            shutil.rmtree(cache_dir)
+        except RecordtoolError:
+            stats["refused"] += 1
+        if time.time() - t > 5 * SLOW_S:
+            stats["slow"].append(f"{time.time() - t:.1f} s after {acts}")
+        if _tree(victim) != snapshot:
+            stats["errors"].append(f"the user's folder changed after {acts}")
+            return n
+    return n
+
+
+def run_remote(rng, n, stats, tmp):
+    """A dataset on a local S3 server (moto) behind the fault proxy of tests/s3server.py: each
+    input adds 0–3 faults on random objects (503 answers, short stalls against a short read
+    timeout, truncated, altered and padded bodies) and, every 4th, damages an object on the
+    store itself (bytes changed, cut, extended); then opens the dataset (fresh cache folder
+    every 10th input) and reads every record. Served records must be their true bytes (unless
+    the manifest itself was damaged: then only named errors count); errors must be RecordtoolErrors."""
+    import shutil
+    import warnings
+
+    import s3fs
+    from s3server import S3, Fault
+
+    import recordtool
+    from recordtool.errors import RecordtoolError
+    from recordtool.io import Retry
+
+    local_root = index_seed(tmp)
+    local = recordtool.open(local_root)
+    want = _served(local)
+    server = S3()
+    try:
+        s3fs.S3FileSystem.retries = 1
+        opts = dict(server.options, config_kwargs=dict(server.options["config_kwargs"], read_timeout=0.5))
+        fs = s3fs.S3FileSystem(**server.options)
+        fs.mkdir("fuzz")
+        names = sorted(os.listdir(local_root))
+        originals = {n: open(os.path.join(local_root, n), "rb").read() for n in names}
+
+        def upload():
+            for name in names:
+                fs.pipe_file(f"fuzz/ds/{name}", originals[name])
+
+        upload()
+        cache_dir = os.path.join(tmp, "cache")
+        fast = Retry(attempts=2, backoff=0.001, max_backoff=0.001)
+        kinds = ["503", "stall", "truncate", "flip", "pad"]
+        for i in range(n):
+            server.proxy.clear()
+            if i % 10 == 0 and os.path.exists(cache_dir):
+                shutil.rmtree(cache_dir)
+            faults = []
+            for _ in range(int(rng.integers(0, 4))):
+                key = names[int(rng.integers(0, len(names)))]
+                kind = kinds[int(rng.integers(0, len(kinds)))]
+                size = len(originals[key])
+                faults.append(Fault(key, kind, times=int(rng.integers(1, 4)), seconds=0.8,
+                                    keep=int(rng.integers(0, max(1, size))) if kind == "truncate" else
+                                    int(rng.integers(1, 4 << 20)), offset=int(rng.integers(0, max(1, size)))))
+            server.proxy.add(*faults)
+            damaged = None
+            if i % 4 == 3:
+                damaged = names[int(rng.integers(0, len(names)))]
+                fs.pipe_file(f"fuzz/ds/{damaged}", mutate(rng, originals[damaged]))
+            t = time.time()
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    ds = recordtool.open("s3://fuzz/ds", cache_dir=cache_dir, storage_options=opts, retry=fast)
+                    try:
+                        got = _served(ds)
+                    finally:
+                        ds.close()
+                if got != want and damaged != "manifest.json":
+                    stats["errors"].append(f"served other bytes with faults {faults}, damaged {damaged}")
+                stats["accepted"] += 1
+            except RecordtoolError:
+                stats["refused"] += 1
+            if time.time() - t > 30:
+                stats["slow"].append(f"{time.time() - t:.1f} s with faults {faults}, damaged {damaged}")
+            if damaged is not None:
+                server.proxy.clear()
+                upload()
+    finally:
+        server.stop()
+    return n
+
+
 RUNNERS = {"jpeg": lambda rng, n, s, t: run_jpeg(rng, n, s), "ofrecord": run_ofrecord, "tfrecord": run_tfrecord,
-           "index": run_index, "manifest": run_manifest}
+           "index": run_index, "manifest": run_manifest, "cache": run_cache, "remote": run_remote}
 
 
 def child(kind: str, seed: int, n: int, mem_mb: int) -> None:
@@ -300,6 +517,7 @@ def main():
     ap.add_argument("--only", choices=sorted(KINDS), default=None)
     ap.add_argument("--chunk-seed", type=int, default=None, help="run one chunk with this seed (reproduce)")
     ap.add_argument("--json", default=None, help="write the summary here")
+    ap.add_argument("--seconds", type=float, default=None, help="stop starting chunks after this long")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -311,6 +529,8 @@ def main():
     chunk_no = 0
     for kind, share in kinds.items():
         want = a.total if a.only else int(a.total * share)
+        if not want:
+            continue
         agg = {"inputs": 0, "accepted": 0, "refused": 0, "decode_failures": 0, "seconds": 0.0}
         while agg["inputs"] < want:
             n = min(a.chunk, want - agg["inputs"])
@@ -335,7 +555,7 @@ def main():
                 summary["findings"].append({"kind": kind, "chunk_seed": seed, "error": e})
             print(f"{kind}: {agg['inputs']}/{want} inputs, {len(summary['findings'])} findings, "
                   f"{time.time() - t0:.0f} s", flush=True)
-            if a.chunk_seed is not None:
+            if a.chunk_seed is not None or (a.seconds is not None and time.time() - t0 > a.seconds):
                 break
         summary["kinds"][kind] = agg
         summary["total"] += agg["inputs"]

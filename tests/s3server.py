@@ -20,7 +20,8 @@ class Fault:
     """Applied to the next `times` requests whose method is `method` and whose path contains
     `key`. kind: "503" (answer ServiceUnavailable), "stall" (wait `seconds`, then answer),
     "truncate" (send `keep` bytes of the body, then close), "flip" (invert one byte of the
-    body at `offset`)."""
+    body at `offset`), "pad" (send `keep` more bytes than the object has, announced in
+    Content-Length: a server answering with more than asked for)."""
 
     key: str
     kind: str
@@ -90,7 +91,8 @@ class FaultProxy:
                                                           and k.lower().startswith("x-amz-checksum")):
                             self.send_header(k, v)
                     length = resp.getheader("Content-Length", "0") if self.command == "HEAD" else len(data)
-                    self.send_header("Content-Length", str(length))
+                    pad = fault.keep if fault is not None and fault.kind == "pad" and self.command == "GET" else 0
+                    self.send_header("Content-Length", str(int(length) + pad))
                     if fault is not None and fault.kind == "truncate":
                         self.send_header("Connection", "close")
                         self.close_connection = True
@@ -102,6 +104,10 @@ class FaultProxy:
                     self.end_headers()
                     if self.command != "HEAD":
                         self.wfile.write(data)
+                        zeros = b"\0" * (1 << 20)
+                        while pad > 0:  # streamed: the proxy itself never holds the padding
+                            self.wfile.write(zeros[:pad])
+                            pad -= len(zeros)
                 except (BrokenPipeError, ConnectionResetError):  # the client gave up (stall)
                     self.close_connection = True
 

@@ -16,9 +16,9 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
 import recordtool  # noqa: E402
-from recordtool import cache as rcache  # noqa: E402
+from recordtool.io import cache as rcache  # noqa: E402
 from recordtool.errors import CacheFull, FormatError, RemoteError  # noqa: E402
-from recordtool.fs import Retry  # noqa: E402
+from recordtool.io import Retry  # noqa: E402
 from recordtool.reader import BlockSampler, Sampler  # noqa: E402
 from s3server import S3, Fault  # noqa: E402
 
@@ -443,3 +443,132 @@ def test_downloads_refused_when_the_disk_has_no_room(s3, s3_config, remote, tmp_
     with pytest.raises(PackError, match=rf"{url}-tf/slim.gz: \d+ bytes to download into .*100 bytes free"):
         TFRecordSource([f"{url}-tf/slim.gz"], dict(PRESETS["tf-slim"]), tmpdir=str(tmp_path))
     assert not [n for n in os.listdir(tmp_path) if n.startswith("recordtool-tfrecord-")]
+
+
+# ------------------------------------------------------------------ hostile stores and options (issue 22, 24)
+
+def test_cache_key_includes_the_endpoint(s3, remote, tmp_path):
+    """The same s3:// URL on two endpoints (here: through the proxy and straight to the server)
+    gets two cache folders: data from one store is never served for another."""
+    url, _ = remote
+    host, port = s3.moto.get_host_and_port()
+    direct = dict(s3.options, endpoint_url=f"http://{host}:{port}")
+    a = recordtool.open(url, cache_dir=str(tmp_path / "cache"), storage_options=s3.options, retry=FAST)
+    b = recordtool.open(url, cache_dir=str(tmp_path / "cache"), storage_options=direct, retry=FAST)
+    assert a.root == b.root and a.cache.dir != b.cache.dir
+    a.close()
+    b.close()
+
+
+_BOUNDED = """
+import os, resource, sys
+sys.path.insert(0, {tests!r})
+import recordtool
+from recordtool.format import manifest as mf
+from recordtool.io import Retry
+from recordtool.errors import RecordtoolError
+def vm_mb():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) // 1024
+opts = {options!r}
+fast = Retry(attempts=2, backoff=0.01, max_backoff=0.02)
+ds = recordtool.open({url!r}, cache_dir={cache!r}, storage_options=opts, retry=fast)  # warm: threads, pools
+assert bytes(ds[{warm}][0])
+ds.close()
+lim = (vm_mb() + 150) << 20  # the padding (400 MB) would not fit
+resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
+mf.MAX_BYTES = 1 << 20
+try:
+    {action}
+except RecordtoolError as e:
+    print("REFUSED", type(e).__name__, e)
+"""
+
+
+@pytest.mark.parametrize("what", ["manifest", "shard"])
+def test_a_server_answering_with_more_bytes_costs_bounded_memory(s3, remote, packed, tmp_path, what):
+    """Every read stops at the size expected (a shard: the manifest's size; a manifest:
+    MAX_BYTES): a GET answered with 400 MB more than the object has is refused, in a process
+    that could not hold them."""
+    import subprocess
+    import sys
+
+    url, _ = remote
+    local = recordtool.open(packed)
+    i = int(np.nonzero(local.index.shard == 4)[0][0])
+    j = int(np.nonzero(local.index.shard != 4)[0][0])  # the warm-up reads another shard
+    cache = str(tmp_path / "cache")
+    opened = f"recordtool.open({url!r}, cache_dir={cache!r}, storage_options=opts, retry=fast)"
+    action = opened if what == "manifest" else f"{opened}[{i}]"
+    code = _BOUNDED.format(tests=os.path.dirname(__file__), options=s3.options, url=url, cache=cache, action=action,
+                           warm=j)
+    s3.proxy.clear()
+    if what == "manifest":  # the warm-up's GET of the manifest passes untouched, every later one is padded
+        s3.proxy.add(Fault("manifest.json", "stall", times=1, seconds=0.0),
+                     Fault("manifest.json", "pad", times=100, keep=400 << 20))
+    else:
+        s3.proxy.add(Fault("part-00004", "pad", times=100, keep=400 << 20))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    s3.proxy.clear()
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "REFUSED" in p.stdout and "MemoryError" not in p.stdout + p.stderr, p.stdout
+    if what == "manifest":
+        assert "manifest.json: more than the 1048576 bytes allowed" in p.stdout, p.stdout
+    else:
+        assert "part-00004: failed 2 times" in p.stdout and "more than the" in p.stdout, p.stdout
+
+
+def test_loader_takes_storage_options(s3, remote, packed, tmp_path):
+    """Loader(url, storage_options=…) reaches the store as recordtool.open does (no fsspec config)."""
+    from recordtool.loader import Loader
+
+    url, _ = remote
+    local = recordtool.open(packed)
+    kw = dict(batch_size=8, size=32, seed=2, as_torch=False, with_ids=True, block_shards=2)
+    ld = Loader(url, cache_dir=str(tmp_path / "cache"), storage_options=s3.options, **kw)
+    ref = Loader(local, **kw)
+    got = [(np.asarray(x).copy(), ids) for x, _, ids in ld]
+    want = [(np.asarray(x).copy(), ids) for x, _, ids in ref]
+    assert len(got) == len(want) == 6
+    assert all(np.array_equal(a, b) and np.array_equal(ia, ib) for (a, ia), (b, ib) in zip(got, want))
+    ld.close()
+
+
+def _remote_child(ds, out):
+    out.put([(bytes(ds[i][0]), ds[i][1]) for i in range(len(ds))])
+    ds.close()
+
+
+def test_remote_dataset_crosses_a_spawned_process(s3, remote, packed, tmp_path):
+    """recordtool.open(url)'s dataset pickles as URL + options: a spawned process reopens it
+    (through the same cache folder) and reads the same records."""
+    url, _ = remote
+    local = recordtool.open(packed)
+    ds = open_remote(s3, url, tmp_path)
+    assert bytes(ds[0][0])
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    p = ctx.Process(target=_remote_child, args=(ds, out))
+    p.start()
+    got = out.get(timeout=120)
+    p.join(timeout=60)
+    assert p.exitcode == 0 and got == [(bytes(local[i][0]), local[i][1]) for i in range(len(local))]
+    ds.close()
+
+
+def test_pack_to_a_missing_bucket_fails_first_naming_it(s3, s3_config, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from recordtool.cli import main
+    from recordtool.format import upload
+
+    monkeypatch.setattr(upload, "Retry", lambda: FAST)  # the default backoff, shortened
+
+    src = tmp_path / "src"
+    for i in range(4):
+        write(str(src / "k" / f"{i}.jpg"), jpeg_bytes(40, 32, seed=i))
+    s3.proxy.clear()
+    r = CliRunner().invoke(main, ["pack", str(src), "s3://no-such-bucket/sets/a", "-q"])
+    assert r.exit_code != 0 and "s3://no-such-bucket: no such bucket" in r.output and "create it first" in r.output, r.output
+    assert "packed" not in r.output and not [m for m, _ in s3.proxy.requests if m in ("PUT", "POST")]

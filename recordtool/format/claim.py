@@ -27,7 +27,7 @@ import shutil
 import stat
 
 from ..errors import FormatError, OutputExists, UnsafePath
-from . import files
+from ..io import files
 from . import manifest as mf
 from .schema import FINISHED, LOCK_FILE, MARKER_FILE, MARKER_MAX, OUR_NAMES, PARTIAL_DIR
 

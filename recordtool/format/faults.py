@@ -22,7 +22,7 @@ import os
 import signal
 import time
 
-from . import files
+from ..io import files
 
 _hits: dict = {}
 

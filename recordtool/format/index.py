@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import FormatError
-from . import files
+from ..io import files
 from .jpeg import JpegInfo
 from .manifest import FORMAT_NAME, FORMAT_VERSION
 
@@ -151,13 +151,21 @@ def _align(x: int) -> int:
     return (x + ALIGN - 1) // ALIGN * ALIGN
 
 
-def read_index(path: str) -> Index:
+def read_index(path: str, mapping=None) -> Index:
     """Map the index file read-only; columns are zero-copy views of the mapping. The header is
-    checked (types, dtypes, column extents) before any column is made."""
-    try:
-        mm, size = files.map_readonly(path)
-    except FileNotFoundError:
-        raise FormatError(f"{path}: index file missing") from None
+    checked (types, dtypes, column extents) before any column is made.
+
+    Args:
+        path: the index file (named in errors).
+        mapping: its bytes already mapped (a checked cached copy), instead of mapping `path`.
+    """
+    if mapping is not None:
+        mm, size = mapping, len(mapping)
+    else:
+        try:
+            mm, size = files.map_readonly(path)
+        except FileNotFoundError:
+            raise FormatError(f"{path}: index file missing") from None
     if size < len(MAGIC) + 4:
         raise FormatError(f"{path}: {size} bytes, too short for an index")
     if mm[:len(MAGIC)] != MAGIC:
@@ -171,6 +179,8 @@ def read_index(path: str) -> Index:
         header = json.loads(mm[12:12 + hdr_len])
     except (ValueError, UnicodeDecodeError) as e:
         raise FormatError(f"{path}: offset 12: unreadable header ({e})") from None
+    except RecursionError:
+        raise FormatError(f"{path}: offset 12: header nested too deeply to be an index header") from None
     if not isinstance(header, dict) or header.get("version") != FORMAT_VERSION:
         raise FormatError(f"{path}: index version {header.get('version') if isinstance(header, dict) else None!r} "
                           f"not supported (this recordtool reads {FORMAT_VERSION})")

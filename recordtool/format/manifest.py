@@ -11,7 +11,7 @@ import os
 import re
 
 from ..errors import FormatError, UnsafePath
-from . import files
+from ..io import files
 
 MANIFEST_FILE = "manifest.json"
 REPORT_FILE = "pack_report.json"
@@ -90,6 +90,8 @@ def parse(raw: bytes, path: str = MANIFEST_FILE) -> dict:
         m = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise FormatError(f"{path}: unreadable JSON ({e})") from None
+    except RecursionError:  # json's decoder recurses per nesting level: a few KB of "[" reach the limit
+        raise FormatError(f"{path}: JSON nested too deeply (a manifest nests a few levels)") from None
     return validate(m, path)
 
 

@@ -12,7 +12,7 @@ import crc32c
 
 from ..checks import CLASSES_LIMIT, MAX_PIXELS, bounded_int
 from ..errors import FormatError, OnError, on_error as _on_error, report
-from . import files
+from ..io import files
 from . import index as ix
 from . import manifest as mf
 from .jpeg import DEFAULT_MAX_PIXELS, BadJPEG, NotJPEG, decode_refusal, probe

@@ -18,8 +18,9 @@ import shutil
 import tempfile
 
 from ..errors import FormatError, OutputExists
-from ..fs import Retry, get_fs
-from . import files
+from ..io import files
+from ..io.fs import get_fs
+from ..io.transfer import Retry
 from . import manifest as mf
 from .claim import listed, owned, parse_marker
 from .schema import MARKER_FILE, MARKER_MAX, PARTIAL_DIR
@@ -36,6 +37,8 @@ def claim(fs, out: str, overwrite: bool, retry: Retry) -> set:
         retry: how store calls are retried.
     """
     url = fs.url(out)
+    if hasattr(fs, "check_bucket"):  # a missing bucket is named now, not after the whole pack
+        fs.check_bucket(out, retry.attempts, retry.backoff)
     try:
         names = set(retry.call(lambda: fs.listdir(out), url))
     except FileNotFoundError:
@@ -112,7 +115,7 @@ def staged(out: str, overwrite: bool, storage_options: dict | None = None, retry
         out: the dataset URL.
         overwrite: replace a finished dataset of ours there.
         storage_options: fsspec options for the URL.
-        retry: how store calls are retried (recordtool.fs.Retry).
+        retry: how store calls are retried (recordtool.io.Retry).
     """
     retry = retry or Retry()
     fs, path = get_fs(out, **(storage_options or {}))

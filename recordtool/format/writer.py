@@ -23,7 +23,7 @@ from .claim import claim_output, read_marker, remove_file, write_marker
 from .jpeg import JpegInfo
 from .ofrecord import LENGTH_SIZE, encode_ofrecord, frame
 from .schema import KEY_FILENAME, KEY_HEIGHT, KEY_IMAGE, KEY_LABEL, KEY_WIDTH, KEYS, PARTIAL_DIR, shard_name
-from ..fs import LocalFS
+from ..io.fs import LocalFS
 
 
 class ShardWriter:

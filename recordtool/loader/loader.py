@@ -16,6 +16,7 @@ from typing import Literal
 
 import numpy as np
 
+from ..datasets import open_dataset
 from ..decode.cpu import MAX_SIDE, cores
 from ..decode.ops import IMAGENET_MEAN, IMAGENET_STD
 from ..errors import OnError, RecordError, on_error as _on_error
@@ -90,7 +91,8 @@ class Loader:
         on_error: a record no decoder can decode — "raise" (RecordError naming shard and offset),
             "warn" (a warning; the sample is zeros, its label kept; listed in `bad_records`) or
             "skip" (the same without the warning).
-        cache_dir, cache_limit: for a dataset URL (s3://…): its local shard cache (recordtool.remote).
+        cache_dir, cache_limit, storage_options: for a dataset URL (s3://…): its local shard cache and the
+            fsspec options that reach the store, as `recordtool.open` takes them (recordtool.remote).
         block_shards: `Dataset.sampler`'s — None: block shuffle for URLs, global permutation for local data.
     """
 
@@ -100,7 +102,8 @@ class Loader:
                  world_size: int | None = None, drop_last: bool = True, prefetch: int = 2, threads: int | None = None,
                  user_op=None, as_torch: bool | None = None, producers: int | None = None, with_ids: bool = False,
                  split="auto", hybrid: bool = True, on_error: OnError | str = "raise", cache_dir: str | None = None,
-                 cache_limit: int | None = None, block_shards: int | None = None, chroma: str | None = None):
+                 cache_limit: int | None = None, block_shards: int | None = None, chroma: str | None = None,
+                 storage_options: dict | None = None):
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
         if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
@@ -117,7 +120,8 @@ class Loader:
             split = check_split(split)
         self.chroma = chroma = check_chroma(DEFAULT_CHROMA if chroma is None else chroma)
         self.on_error = _on_error(on_error)
-        self.ds = path if isinstance(path, Dataset) else Dataset(path, cache_dir=cache_dir, cache_limit=cache_limit)
+        self.ds = path if isinstance(path, Dataset) else open_dataset(path, cache_dir=cache_dir, cache_limit=cache_limit,
+                                                                      storage_options=storage_options)
         self.batch_size = int(batch_size)
         self.device, self.train, self.size = device, bool(train), int(size)
         self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)

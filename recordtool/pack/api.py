@@ -32,7 +32,7 @@ from ..format import index as ix
 from ..format.jpeg import DEFAULT_MAX_PIXELS
 from ..format.schema import PARTIAL_DIR
 from ..format.writer import DatasetWriter, FinishedShard
-from ..fs import get_fs, is_url
+from ..io.fs import get_fs, is_url
 from ..sources.base import Source, source_paths
 from .engines import Engine, engine_of, ordered_chunks
 from .plan import Options, Plan, make_plan, shuffle

@@ -134,7 +134,7 @@ class _ThreadSession:
         return self._ex.submit(lambda: ([load_item(source, it, options) for it in chunk], {}))
 
     def fill(self, tasks, partial, bar=None):
-        from ..fs import get_fs
+        from ..io.fs import get_fs
 
         fs, partial = get_fs(partial)
         stop = self.stop

@@ -16,7 +16,7 @@ from ..errors import FormatError, OnError, PackError, Rejected, ShardStopped
 from ..format import index as ix
 from ..format.schema import DONE_MAX_BYTES, DONE_SUFFIX
 from ..format.writer import ShardWriter
-from ..fs import get_fs
+from ..io.fs import get_fs
 from ..sources.base import Source
 from .plan import PLAN_VERSION, Options, ShardTask
 from .transcode import prepare

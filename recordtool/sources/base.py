@@ -57,7 +57,7 @@ class Source(Protocol):
 def source_paths(source) -> list:
     """The local paths a source reads (its folder, or its files): OUT must stay apart from them.
     Object-store URLs are left out (they cannot overlap a local OUT)."""
-    from ..fs import is_url
+    from ..io.fs import is_url
 
     root = getattr(source, "root", None)
     paths = [root] if root is not None else list(getattr(source, "files", []))

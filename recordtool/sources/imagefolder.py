@@ -6,7 +6,7 @@ import stat
 from dataclasses import dataclass
 
 from ..errors import Rejected, UnsafePath
-from ..format import files
+from ..io import files
 from ..checks import CLASSES_LIMIT, bounded_int
 from .base import DEFAULT_MAX_CLASSES
 from ..format.schema import MAX_IMAGE_BYTES

@@ -5,7 +5,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import FormatError, OnError, Rejected, on_error as _on_error, report
-from ..format import files
+from ..io import files
 from ..format import manifest as mf
 from ..format.scan import find_parts, part_records, synset_of
 from ..checks import CLASSES_LIMIT, bounded_int

@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 import crc32c
 
 from ..errors import FormatError, OnError, PackError, Rejected, TFRecordError, on_error as _on_error, report
-from ..format import files as _files
-from ..fs import Retry, copy_into, get_fs, is_url
+from ..io import files as _files
+from ..io import transfer
+from ..io.fs import get_fs, is_url
+from ..io.transfer import Retry
 from ..format.ofrecord import MIN_RECORD_BYTES
 from ..checks import CLASSES_LIMIT, bounded_int
 from ..format.schema import MAX_IMAGE_BYTES
@@ -145,7 +147,7 @@ def download(url: str, tmpdir: str, tag: int, storage_options: dict | None = Non
         tmpdir: the scratch folder.
         tag: the file's number in the source (keeps copies of equal names apart).
         storage_options: fsspec options for the URL.
-        retry: how the download is retried (recordtool.fs.Retry).
+        retry: how the download is retried (recordtool.io.Retry).
     """
     fs, path = get_fs(url, **(storage_options or {}))
     retry = retry or Retry()
@@ -157,16 +159,8 @@ def download(url: str, tmpdir: str, tag: int, storage_options: dict | None = Non
     if size > free:
         raise PackError(f"{url}: {size} bytes to download into {tmpdir}, which has {free} bytes free; "
                         f"pass a scratch folder with room (tmpdir)")
-    local = os.path.join(tmpdir, f"{tag:05d}-{os.path.basename(path)}.download")
-    fd = _files.create_exclusive(local)
-    try:
-        retry.call(lambda: copy_into(fs, path, fd, size), url)
-    except BaseException:
-        os.close(fd)
-        os.unlink(local)
-        raise
-    os.close(fd)
-    return local
+    local = os.path.join(tmpdir, f"{tag:05d}-{os.path.basename(path)[:100]}.download")  # within NAME_MAX
+    return transfer.download(fs, path, local, size, retry)
 
 
 def _looks_uncompressed(head: bytes) -> bool:

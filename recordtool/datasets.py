@@ -1,0 +1,31 @@
+"""`recordtool.open`: the one place that decides what kind of dataset a path names.
+
+A local directory (or file:// URL) is a `reader.Dataset`, mapped in place; an object-store URL
+(s3://, gs://, any fsspec URL) is a `remote.RemoteDataset`, read through the local shard cache.
+Both pickle as what they were opened with, so the result can cross into spawned processes.
+"""
+from __future__ import annotations
+
+import os
+
+from .io.fs import is_url
+from .io.transfer import Retry
+from .reader import Dataset
+from .remote import RemoteDataset
+
+
+def open_dataset(path, cache_dir: str | None = None, cache_limit: int | None = None,
+                 storage_options: dict | None = None, retry: Retry | None = None) -> Dataset:
+    """Open a finished dataset.
+
+    Args:
+        path: the dataset directory, a file:// URL, or an object-store URL (s3://bucket/prefix,
+            gs://…, any fsspec URL).
+        cache_dir, cache_limit, storage_options, retry: for object-store URLs (see
+            recordtool.remote.RemoteDataset); a local dataset is mapped in place and ignores them.
+    """
+    path = os.fspath(path)
+    if is_url(path):
+        return RemoteDataset(path, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options,
+                             retry=retry)
+    return Dataset(path)

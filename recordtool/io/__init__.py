@@ -1,0 +1,10 @@
+"""Storage, at the bottom of recordtool: nothing here imports the rest of the package but errors.
+
+- files: local files opened safely (no links followed, no special files, bounded reads).
+- fs: the FileSystem interface, `LocalFS` and `FsspecFS` (bounded, streamed reads).
+- transfer: `Retry` and the one checked download (size and CRC32C).
+- cachefolder: one dataset's cache folder on disk (safe folders, own files, identity stamps).
+- cache: `ShardCache`, the bounded local cache of a remote dataset's files.
+"""
+from .fs import FileSystem, FsspecFS, LocalFS, get_fs, is_url  # noqa: F401
+from .transfer import Retry  # noqa: F401

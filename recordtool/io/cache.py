@@ -1,0 +1,377 @@
+"""A bounded local cache of one remote dataset's files, shared by every process on the machine.
+
+Layout of `cache_dir/<key>/` (key: a hash of the store — its protocol and endpoint, see
+`FsspecFS.store_id` — and the dataset URL, plus the URL's last path component):
+
+    shards/<name>.<crc32c>        complete shards, checked against the manifest's size and CRC32C
+    shards/<name>.<crc32c>.part   a download in progress, preallocated to its full size
+    meta/<name>.<crc32c>          the index (small; not counted, replaced when the dataset changes)
+    locks/<name>.<crc32c>         one lock file per cached file, holding the identity the cache
+                                  last saw the file with (inode, size, mtime, ctime)
+    .lock                         the cache's lock: accounting, eviction and pinning happen under it
+
+(A name whose `<name>.<crc32c>` would not fit a file name is shortened and hashed: `file_name`.)
+
+The folder is untrusted, as a dataset is:
+- Its folders are opened one component at a time below `cache_dir`, without following links,
+  and must be this user's (io.files.open_dir); every file is reached through those folder fds.
+  A planted link anywhere below `cache_dir` is an UnsafePath error, never followed.
+- Only files the cache names (`<name>.<8 hex>[.part]`), regular, this user's, with one link,
+  are counted or deleted; anything else in the folder is left alone.
+- What is served is checked: a shard is pinned only if its identity is the one recorded when
+  it was downloaded (or last pinned); on any difference its CRC32C is computed again, and a
+  copy that no longer matches the manifest is dropped (named in a warning and in `dropped`)
+  and downloaded again. The index is CRC-checked each time it is opened.
+
+Rules (all through fcntl.flock, so they hold between threads and processes alike, and a
+process that dies lets go of everything it held):
+- One download per file: the downloader holds the file's lock; whoever else wants the file
+  waits on that lock, then finds the complete file.
+- Nothing half-downloaded is used: bytes go to the .part file, which is renamed into place only
+  after its size and CRC32C match the manifest; a .part left by a dead process is deleted.
+- Pinned files are never evicted: a reader keeps a shared flock on the open shard file for as
+  long as it maps it; eviction deletes a file only after taking an exclusive flock without waiting.
+- Budget: shard files and .part files together stay within `limit` bytes. Before a download
+  reserves its size (fallocate), least recently used unpinned shards are deleted; a shard's
+  modification time is its last use (set each time it is pinned).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import mmap
+import os
+import re
+import shutil
+import threading
+import time
+import warnings
+
+from ..errors import CacheFull, Cancelled, FormatError
+from . import files
+from .cachefolder import CacheFolder, _ident, crc_of, default_dir, file_name, key, touch  # noqa: F401  (default_dir: API)
+from .transfer import Retry, download_into
+
+ROOM_WAIT = 120.0  # seconds a download waits for pinned shards to be let go before CacheFull
+
+
+class ShardCache(CacheFolder):
+    """The cache folder of one remote dataset (see the module docstring).
+
+    Args:
+        fs: the dataset's FileSystem (recordtool.io.fs).
+        root: the dataset's path in `fs`.
+        cache_dir: the folder holding every dataset's cache folder (the user's choice; this
+            dataset's folder inside it is created).
+        retry: how downloads are retried (recordtool.io.Retry).
+        limit: bytes of shards (complete and downloading) the folder may hold; None: `total`,
+            or 80 % of the free disk space plus what is cached already, when that is less.
+        total: the dataset's shard bytes (for the default limit).
+    """
+
+    def __init__(self, fs, root: str, cache_dir: str, retry: Retry, limit: int | None = None, total: int = 0):
+        self.fs, self.root, self.retry = fs, root, retry
+        super().__init__(cache_dir, key(fs.url(root), fs.store_id()))
+        self.dropped: list = []  # messages naming cached copies found bad (and deleted)
+        self.advice = "raise cache_limit"  # what a CacheFull message suggests (the dataset knows more)
+        self._tlock = threading.Lock()  # flock does not exclude threads sharing one fd
+        self.closed = threading.Event()
+        if limit is None:
+            limit = min(total, int(0.8 * shutil.disk_usage(self.shards_dir).free) + self.used())
+        self.limit = int(limit)
+
+    # ------------------------------------------------------------------ names and locks
+    file_name = staticmethod(file_name)
+
+    def path(self, name: str, crc: str) -> str:
+        return os.path.join(self.shards_dir, file_name(name, crc))
+
+    def url(self, name: str) -> str:
+        return self.fs.url(self.fs.join(self.root, name))
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """The cache's lock (threads of this process and other processes alike)."""
+        with self._tlock:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    # ------------------------------------------------------------------ accounting
+    def used(self) -> int:
+        """Bytes of shards and downloads in the folder now."""
+        with self._locked():
+            return sum(size for _, _, size, _ in self._entries())
+
+    def _entries(self) -> list:
+        """(mtime_ns, name, bytes, is_part) of the cache's own files in shards/; .part files
+        whose download lock is free (their process died) are deleted on the way."""
+        out = []
+        for fname in os.listdir(self._shards):
+            try:
+                st = os.stat(fname, dir_fd=self._shards, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if not self._mine(st, fname):
+                continue
+            part = fname.endswith(".part")
+            if part:
+                lock = self._file_lock(fname[:-len(".part")], wait=False)
+                if lock is not None:  # nobody is downloading it: left by a dead process
+                    self._unlink(self._shards, fname)
+                    os.close(lock)
+                    continue
+            out.append((st.st_mtime_ns, fname, st.st_size, part))
+        return out
+
+    def _make_room(self, need: int, protect) -> bool:
+        """Evict least recently used, unpinned, unprotected shards until `need` more bytes fit.
+        Called under the cache's lock."""
+        entries = self._entries()
+        used = sum(size for _, _, size, _ in entries)
+        if used + need <= self.limit:
+            return True
+        for _, fname, size, part in sorted(entries):
+            if part or fname in protect:
+                continue
+            fd = self._open_mine(self._shards, fname, os.path.join(self.shards_dir, fname))
+            if fd is None:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # pinned: mapped by a reader
+                os.close(fd)
+                continue
+            self._unlink(self._shards, fname)  # a name in our own folder: never anything outside it
+            os.close(fd)
+            used -= size
+            if used + need <= self.limit:
+                return True
+        return False
+
+    def pinned(self) -> int:
+        """Bytes of shards some reader holds pinned now (for messages)."""
+        total = 0
+        with self._locked():
+            for _, fname, size, part in self._entries():
+                if part:
+                    continue
+                fd = self._open_mine(self._shards, fname, fname)
+                if fd is None:
+                    continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    total += size
+                os.close(fd)
+        return total
+
+    # ------------------------------------------------------------------ checking what is served
+    def _bad(self, dir_fd: int, fd: int, fname: str, size: int, crc: str, where: str, always: bool) -> str | None:
+        """Why the open cached file `fd` must not be served, or None. The CRC32C is computed
+        when `always`, or when the file is not the one recorded at its download / last pin."""
+        st = os.fstat(fd)
+        if st.st_size != size:
+            return f"{st.st_size} bytes, the manifest says {size}"
+        if always or self._stamp(fname) != _ident(st):
+            got = crc_of(fd, size)
+            if got != crc:
+                return f"CRC32C {got} differs from the manifest's {crc}"
+        return None
+
+    def _drop(self, dir_fd: int, fname: str, where: str, why: str) -> None:
+        """Delete a bad cached copy (our name in our folder) and say so."""
+        self._unlink(dir_fd, fname)
+        msg = (f"{where}: cached copy changed after its download ({why}): dropped, the next read downloads it "
+               f"again (the object store's copy is checked then)")
+        self.dropped.append(msg)
+        warnings.warn(f"recordtool: {msg}", RuntimeWarning, stacklevel=4)
+
+    def drop(self, name: str, crc: str, why: str) -> str:
+        """Delete the cached copy of a shard found bad by its reader (recordtool verify); the
+        message naming it."""
+        fname = file_name(name, crc)
+        with self._locked():
+            self._drop(self._shards, fname, os.path.join(self.shards_dir, fname), why)
+        return self.dropped[-1]
+
+    # ------------------------------------------------------------------ reading
+    def pin(self, name: str, size: int, crc: str):
+        """A read-only fd of the complete, checked shard holding a shared lock (pinned: not
+        evicted until the fd is closed), or None if the shard is not in the cache (or its copy
+        was bad and has been dropped)."""
+        fname = file_name(name, crc)
+        where = os.path.join(self.shards_dir, fname)
+        with self._locked():
+            try:
+                fd = files.open_regular_at(self._shards, fname, where)
+            except FileNotFoundError:
+                return None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:  # being evicted right now
+                os.close(fd)
+                return None
+            try:
+                why = self._bad(self._shards, fd, fname, size, crc, where, always=False)
+                if why is not None:
+                    os.close(fd)
+                    fd = None
+                    self._drop(self._shards, fname, where, why)
+                    return None
+                self._stamp(fname, touch(fd))  # last use, for LRU eviction
+            except BaseException:
+                if fd is not None:
+                    os.close(fd)
+                raise
+            return fd
+
+    def fetch(self, name: str, size: int, crc: str, wait: bool = True, protect=None, release=None,
+              strict: bool = False, patience: float | None = None) -> bool:
+        """Make sure the shard is in the cache, downloading it if needed.
+
+        Args:
+            name, size, crc: the shard's manifest entry.
+            wait: wait for another thread or process downloading it (False: return False).
+            protect: a callable giving cache file names (`file_name`) to keep: evicted for room
+                only when nothing else can go and `strict` is False.
+            release: called when room is short, to let go of pins the caller can spare.
+            strict: never evict protected files (a download ahead waits instead).
+            patience: seconds to wait for room before CacheFull (default ROOM_WAIT).
+        Returns:
+            True when the shard is complete in the cache.
+        """
+        fname = file_name(name, crc)
+        where = os.path.join(self.shards_dir, fname)
+        if self._present(self._shards, fname, where):
+            return True
+        if size > self.limit:
+            raise CacheFull(f"{self.url(name)}: {size} bytes do not fit in cache_limit={self.limit}; raise "
+                            f"cache_limit to at least a few shards")
+        lock = self._file_lock(fname, wait)
+        if lock is None:
+            return False
+        try:
+            if self._present(self._shards, fname, where):  # another process finished it while we waited
+                return True
+            fd = self._reserve(fname + ".part", size, protect, release, strict,
+                               ROOM_WAIT if patience is None else patience, name)
+            self._download(self._shards, fd, fname, name, size, crc)
+            return True
+        finally:
+            os.close(lock)
+
+    def _reserve(self, part: str, size: int, protect, release, strict: bool, patience: float, name: str) -> int:
+        """Room for `size` more bytes, then the .part file created and preallocated (under the
+        cache's lock, so the budget holds between processes). Tries: sparing protected files;
+        again after `release()`; then (not strict) letting protected files go; then waits."""
+        deadline = time.monotonic() + patience
+        while True:
+            for attempt in range(2):
+                keep = protect() if protect is not None else ()
+                with self._locked():
+                    if self._make_room(size, keep) or (attempt and not strict and self._make_room(size, ())):
+                        fd = self._new_part(self._shards, part)
+                        try:
+                            _preallocate(fd, size)
+                        except OSError as e:
+                            os.close(fd)
+                            self._unlink(self._shards, part)
+                            if e.errno == errno.ENOSPC:
+                                raise CacheFull(f"{self.dir}: no space left on the disk for {self.url(name)} "
+                                                f"({size} bytes); lower cache_limit or free space") from None
+                            raise
+                        return fd
+                if attempt == 0 and release is not None:
+                    release()  # the caller unmaps what it does not use, then we try again at once
+            if self.closed.is_set():
+                raise Cancelled(f"{self.url(name)}: cache closed")
+            if time.monotonic() > deadline:
+                raise CacheFull(f"{self.url(name)}: no room for {size} bytes in cache_limit={self.limit} "
+                                f"after {patience:.0f} s: {self.pinned()} bytes of shards are in use "
+                                f"(mapped by readers); {self.advice}")
+            time.sleep(0.2 if strict else 0.05)
+
+    def _download(self, dir_fd: int, fd: int, fname: str, name: str, size: int, crc: str) -> None:
+        """Fill the .part file `fd`, then give it its name and record its identity."""
+        part = fname + ".part"
+        try:
+            try:
+                download_into(self.fs, self.fs.join(self.root, name), fd, size, self.retry, crc,
+                              stop=self.closed.is_set)
+            except FileNotFoundError:
+                raise FormatError(f"{self.url(name)}: missing on object storage (the dataset's manifest lists "
+                                  f"it)") from None
+            with self._locked():  # named and stamped at once: a pin sees both or neither
+                os.replace(part, fname, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # complete and checked
+                self._stamp(fname, touch(fd))
+        except BaseException:
+            self._unlink(dir_fd, part)
+            raise
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------------ meta files
+    def meta(self, name: str, size: int, crc: str) -> tuple:
+        """(mapping, path) of a checked copy of a small dataset file (the index), downloaded
+        once and CRC-checked each time it is opened (a bad copy is dropped and fetched again);
+        older versions of it (a re-packed dataset) are deleted."""
+        fname = file_name(name, crc)
+        where = os.path.join(self.meta_dir, fname)
+        for _ in range(3):
+            try:  # something not ours at our name (a hard link, another user's file) is an error naming it
+                fd = files.open_regular_at(self._meta, fname, where)
+            except FileNotFoundError:
+                fd = None
+            if fd is not None:
+                try:
+                    why = self._bad(self._meta, fd, fname, size, crc, where, always=True)
+                    if why is None:
+                        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else b""
+                        self._drop_old(name, fname)
+                        return mm, where
+                finally:
+                    os.close(fd)
+                with self._locked():
+                    self._drop(self._meta, fname, where, why)
+                continue
+            lock = self._file_lock("meta-" + fname, wait=True)
+            try:
+                if not self._present(self._meta, fname, where):
+                    free = shutil.disk_usage(self.meta_dir).free  # (a number only: the folder was checked)
+                    if size > free:  # the manifest says how big: refuse before filling the disk
+                        raise CacheFull(f"{self.url(name)}: {size} bytes, the disk of {self.dir} has {free} free")
+                    self._download(self._meta, self._new_part(self._meta, fname + ".part"), fname, name, size, crc)
+            finally:
+                os.close(lock)
+        raise CacheFull(f"{where}: changed again each time after its download; is another program writing there?")
+
+    def _drop_old(self, name: str, fname: str) -> None:
+        """Delete older versions of a meta file (mapped copies stay valid for who maps them)."""
+        stem = file_name(name, "00000000")[:-9]
+        for other in os.listdir(self._meta):
+            if other != fname and other.startswith(stem + ".") and re.fullmatch(r"\.[0-9a-f]{8}", other[len(stem):]):
+                with contextlib.suppress(FileNotFoundError, OSError):
+                    st = os.stat(other, dir_fd=self._meta, follow_symlinks=False)
+                    if self._mine(st, other):
+                        self._unlink(self._meta, other)
+
+    def close(self) -> None:
+        """Stop downloads in progress (they raise Cancelled); the folders are let go with the object."""
+        self.closed.set()
+
+
+def _preallocate(fd: int, size: int) -> None:
+    """Reserve the blocks now (a full disk fails here, not mid-download); st_size is the full
+    size at once, which is what the budget counts."""
+    if not size:
+        return
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+        os.ftruncate(fd, size)

@@ -1,0 +1,210 @@
+"""One remote dataset's cache folder on disk: its folders opened safely, the names of its files,
+the identity recorded for each, and which files are the cache's own (see io/cache.py for the
+protocol that uses them).
+
+`cache_dir` (the user's choice, followed if it is a link) holds a folder per dataset,
+`<key>/` with `shards/`, `meta/`, `locks/` and `.lock`. Each is opened one component at a time
+relative to its parent's fd, without following links, and must be the user's
+(io.files.open_dir); every file is then reached through those fds. The cache's own files
+are named `<name>.<crc32c>[.part]`, regular, the user's, with one link (`_mine`): nothing
+else is counted or deleted.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import mmap
+import os
+import re
+import stat
+import struct
+import time
+import weakref
+
+from ..errors import UnsafePath
+from . import files
+
+NAME_BUDGET = 240  # bytes of a cached file's name (room for ".part" and "meta-" within NAME_MAX)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | _CLOEXEC
+_NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | _CLOEXEC
+_OURS = re.compile(r".+\.[0-9a-f]{8}(\.part)?")
+_STAMP = struct.Struct("<4Q")
+
+
+def default_dir() -> str:
+    """$RECORDTOOL_CACHE_DIR, else $XDG_CACHE_HOME/recordtool, else ~/.cache/recordtool."""
+    if os.environ.get("RECORDTOOL_CACHE_DIR"):
+        return os.environ["RECORDTOOL_CACHE_DIR"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "recordtool")
+
+
+def key(url: str, store: str = "") -> str:
+    """The cache folder name of a dataset: a hash of its store and URL (distinct stores or URLs
+    never share files) plus the URL's last component, cleaned, for people looking at the folder."""
+    tail = re.sub(r"[^A-Za-z0-9._-]", "_", url.rstrip("/").rsplit("/", 1)[-1])[:40] or "dataset"
+    if tail in (".", ".."):
+        tail = "dataset"
+    return f"{hashlib.sha256((store + chr(10) + url).encode()).hexdigest()[:16]}-{tail}"
+
+
+def file_name(name: str, crc: str) -> str:
+    """`<name>.<crc>`, or for a name too long for that, a cleaned prefix and a hash of it."""
+    full = f"{files.plain_name(name, 'shard name')}.{crc}"
+    if len(os.fsencode(full)) <= NAME_BUDGET:
+        return full
+    head = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:120]
+    return f"{head}~{hashlib.sha256(os.fsencode(name)).hexdigest()[:32]}.{crc}"
+
+
+def _ident(st) -> bytes:
+    return _STAMP.pack(st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def touch(fd: int):
+    """Set the file's mtime to now, to the nanosecond (its last use), and return its stat.
+
+    The kernel stamps a write with its coarse clock (one tick: milliseconds), and ctime too:
+    a write in the same tick as our last stamp would leave ctime as it was. The mtime we set is
+    a fine-grained value, made to differ from the coarse ctime the kernel just gave the file,
+    so any later write (which sets mtime to the coarse clock) changes the file's identity."""
+    t = time.time_ns()
+    os.utime(fd, ns=(t, t))
+    st = os.fstat(fd)
+    if st.st_mtime_ns == st.st_ctime_ns:  # (our value happened to fall on the tick)
+        os.utime(fd, ns=(t + 1, t + 1))
+        st = os.fstat(fd)
+    return st
+
+
+def crc_of(fd: int, size: int) -> str:
+    """CRC32C of the first `size` bytes of an open file, as 8 hex digits."""
+    import crc32c
+
+    if not size:
+        return "00000000"
+    with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
+        c = 0
+        for at in range(0, size, 64 << 20):
+            c = crc32c.crc32c(mm[at:at + (64 << 20)], c)
+    return f"{c:08x}"
+
+
+class CacheFolder:
+    """The folders of one dataset's cache, opened (created if missing) and held open.
+
+    Args:
+        cache_dir: the folder holding every dataset's cache folder.
+        name: this dataset's folder name in it (`key`).
+    """
+
+    def __init__(self, cache_dir: str, name: str):
+        self.dir = os.path.join(os.fspath(cache_dir), name)
+        self.shards_dir = os.path.join(self.dir, "shards")
+        self.meta_dir = os.path.join(self.dir, "meta")
+        self.locks_dir = os.path.join(self.dir, "locks")
+        self._fds: list = []
+        # the folder fds outlive close(): a download still finishing uses them; they go with the object
+        self._finalizer = weakref.finalize(self, _close_all, self._fds)
+        try:
+            top = files.open_dir(os.fspath(cache_dir))
+            try:
+                self._dir = self._keep(files.open_dir(name, top, what=self.dir))
+            finally:
+                os.close(top)
+            self._shards = self._keep(files.open_dir("shards", self._dir, what=self.shards_dir))
+            self._meta = self._keep(files.open_dir("meta", self._dir, what=self.meta_dir))
+            self._locks = self._keep(files.open_dir("locks", self._dir, what=self.locks_dir))
+            self._lock_fd = self._keep(self._open_lockfile(self._dir, ".lock", os.path.join(self.dir, ".lock")))
+        except BaseException:
+            _close_all(self._fds)
+            raise
+
+    @staticmethod
+    def _open_lockfile(dir_fd: int, name: str, what: str) -> int:
+        try:
+            fd = os.open(name, _LOCK_FLAGS, 0o600, dir_fd=dir_fd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise UnsafePath(f"{what}: is a symbolic link, not a lock file recordtool made") from None
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise UnsafePath(f"{what}: is not a regular file")
+        return fd
+
+    def _keep(self, fd: int) -> int:
+        self._fds.append(fd)
+        return fd
+
+    def _file_lock(self, fname: str, wait: bool):
+        """An fd holding the exclusive download lock of one file, or None when `wait` is False
+        and someone else holds it."""
+        fd = self._open_lockfile(self._locks, fname, os.path.join(self.locks_dir, fname))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _stamp(self, fname: str, st=None) -> bytes:
+        """The identity recorded for a cached file; with `st`, record that one instead."""
+        fd = self._open_lockfile(self._locks, fname, os.path.join(self.locks_dir, fname))
+        try:
+            if st is None:
+                return os.pread(fd, _STAMP.size, 0)
+            os.pwrite(fd, _ident(st), 0)
+            return b""
+        finally:
+            os.close(fd)
+
+    def _present(self, dir_fd: int, fname: str, where: str) -> bool:
+        """True when our complete file is there; UnsafePath when something else is at its name."""
+        try:
+            st = os.stat(fname, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePath(f"{where}: is not a regular file the cache wrote (a symbolic link or special "
+                             f"file was put there); remove it")
+        return True
+
+    def _unlink(self, dir_fd: int, fname: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(fname, dir_fd=dir_fd)
+
+    def _mine(self, st, name: str) -> bool:
+        """A file the cache may count and delete: its kind of name, regular, ours, one link."""
+        return (_OURS.fullmatch(name) is not None and stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+                and (not hasattr(os, "geteuid") or st.st_uid == os.geteuid()))
+
+    def _open_mine(self, dir_fd: int, fname: str, where: str):
+        """An fd of our file, or None when it is gone or not one the cache may touch."""
+        try:
+            return files.open_regular_at(dir_fd, fname, where)
+        except (FileNotFoundError, UnsafePath):
+            return None
+
+    def _new_part(self, dir_fd: int, part: str) -> int:
+        """The .part file created anew (a leftover one of ours removed: we hold its download lock)."""
+        try:
+            st = os.stat(part, dir_fd=dir_fd, follow_symlinks=False)
+            if not self._mine(st, part):
+                raise UnsafePath(f"{os.path.join(self.dir, part)}: not a file the cache wrote; remove it")
+            self._unlink(dir_fd, part)
+        except FileNotFoundError:
+            pass
+        return os.open(part, _NEW_FLAGS, 0o600, dir_fd=dir_fd)
+
+
+def _close_all(fds: list) -> None:
+    while fds:
+        os.close(fds.pop())

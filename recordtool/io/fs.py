@@ -1,0 +1,295 @@
+"""The small file-system interface pack and the reader do their I/O through.
+
+Local paths get `LocalFS` (plain os calls, symlinks never followed for what we create or
+delete), `file://` URLs included; other URLs (`s3://`, `gs://`, `memory://` …) get `FsspecFS`, a
+thin wrapper over fsspec (an optional dependency: `pip install recordtool[s3]`). Paths are
+strings in the file system's own syntax; `join` builds them. Writes go to a new object
+(`open_write`), and `replace` is atomic on local disks and copy-then-delete on object stores,
+which is why a dataset's manifest is always written last: its presence means "finished".
+
+An object store is untrusted: every read is bounded. `open_read(path, limit)` never delivers
+more than `limit + 1` bytes, and on async stores (s3fs, gcsfs, …) streams one GET body in
+pieces, so a server that answers with more bytes than the object has costs at most one piece
+of memory, never the whole answer. `read_bytes` refuses an object over its limit.
+"""
+from __future__ import annotations
+
+import glob as _glob
+import hashlib
+import json
+import os
+import posixpath
+import time
+from typing import BinaryIO, Protocol
+
+from ..errors import NoBucket, UnsafePath
+from . import files
+
+PIECE = 8 << 20  # bytes one read of a stream asks for at most
+
+
+class FileSystem(Protocol):
+    """What pack tasks and readers may do to storage."""
+
+    def join(self, *parts: str) -> str: ...
+    def open_read(self, path: str, limit: int | None = None) -> BinaryIO: ...
+    def open_write(self, path: str) -> BinaryIO: ...
+    def read_bytes(self, path: str, limit: int) -> bytes: ...
+    def write_bytes(self, path: str, data: bytes) -> None: ...
+    def size(self, path: str) -> int: ...
+    def exists(self, path: str) -> bool: ...
+    def listdir(self, path: str) -> list: ...
+    def replace(self, src: str, dst: str) -> None: ...
+    def remove(self, path: str) -> None: ...
+    def glob(self, pattern: str) -> list: ...
+    def url(self, path: str) -> str: ...
+    def store_id(self) -> str: ...
+
+
+def is_url(path) -> bool:
+    """True for object-store URLs (s3://, gs://, memory://, …); file:// is a local path."""
+    return isinstance(path, str) and "://" in path and not path.startswith("file://")
+
+
+def get_fs(path, **options) -> tuple:
+    """(FileSystem, path in its syntax) for a local path or a URL.
+
+    Args:
+        path: a local path, a file:// URL (local too) or an fsspec URL.
+        options: fsspec storage options for URLs (s3fs: endpoint_url, key, secret, …); fsspec's
+            own configuration (FSSPEC_S3_ENDPOINT_URL=…, ~/.config/fsspec) applies as well.
+    """
+    path = os.fspath(path)
+    if is_url(path):
+        return FsspecFS.from_url(path, **options)
+    if path.startswith("file://"):
+        path = path[len("file://"):]
+    return LocalFS(), path
+
+
+def read_all(f, limit: int) -> bytes:
+    """Everything `f` gives, up to limit + 1 bytes (one more than allowed shows "too long")."""
+    parts, got = [], 0
+    while got <= limit:
+        b = f.read(min(PIECE, limit + 1 - got))
+        if not b:
+            break
+        parts.append(b)
+        got += len(b)
+    return b"".join(parts)
+
+
+class _Bounded:
+    """A reader that stops after `limit + 1` bytes whatever the file underneath would give."""
+
+    def __init__(self, f, limit: int | None):
+        self._f, self._left = f, None if limit is None else limit + 1
+
+    def read(self, n: int = -1) -> bytes:
+        if self._left is not None:
+            n = self._left if n is None or n < 0 else min(n, self._left)
+            if n <= 0:
+                return b""
+        b = self._f.read(n)
+        if self._left is not None:
+            b = b[:self._left]
+            self._left -= len(b)
+        return b
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class _Stream(_Bounded):
+    """One streamed GET of an async fsspec file (`open_async`), read in pieces of at most the
+    size asked for; closing it before the end drops the connection (the rest is never read)."""
+
+    def __init__(self, fs, path: str, limit: int | None):
+        from fsspec.asyn import sync
+
+        self._sync, self._loop = sync, fs.loop
+        super().__init__(sync(fs.loop, fs.open_async, path, "rb"), limit)
+
+    async def _read(self, n: int) -> bytes:
+        parts, got = [], 0
+        while got < n:
+            b = await self._f.read(n - got)
+            if not b:
+                break
+            parts.append(b)
+            got += len(b)
+        return b"".join(parts)
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            n = self._left if self._left is not None else 1 << 62
+        n = min(n, self._left) if self._left is not None else n
+        if n <= 0:
+            return b""
+        b = self._sync(self._loop, self._read, min(n, PIECE))
+        if self._left is not None:
+            self._left -= len(b)
+        return b
+
+    async def _close(self) -> None:
+        body = getattr(self._f, "r", None)  # s3fs: the response body, open until read to its end
+        if body is not None and hasattr(body, "close"):
+            body.close()
+
+    def close(self) -> None:
+        self._sync(self._loop, self._close)
+
+
+class LocalFS:
+    """Local disk. Reads refuse symlinks and special files (files.open_regular); writes create
+    new files exclusively (a planted symlink is never written through)."""
+
+    def join(self, *parts: str) -> str:
+        return os.path.join(*parts)
+
+    def open_read(self, path: str, limit: int | None = None) -> BinaryIO:
+        return _Bounded(os.fdopen(files.open_regular(path), "rb"), limit)
+
+    def open_write(self, path: str) -> BinaryIO:
+        return os.fdopen(files.create_exclusive(path), "wb")
+
+    def read_bytes(self, path: str, limit: int) -> bytes:
+        return files.read_bounded(path, limit)
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        files.write_new(path, data)
+
+    def size(self, path: str) -> int:
+        return os.stat(path).st_size
+
+    def exists(self, path: str) -> bool:
+        return os.path.lexists(path)
+
+    def listdir(self, path: str) -> list:
+        return sorted(os.listdir(path))
+
+    def replace(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+    def remove(self, path: str) -> None:
+        os.unlink(path)
+
+    def glob(self, pattern: str) -> list:
+        return sorted(_glob.glob(pattern))
+
+    def url(self, path: str) -> str:
+        return path
+
+    def store_id(self) -> str:
+        return "local"
+
+
+# storage options that choose which store a URL means (not how it is reached or who asks):
+# two stores behind one bucket name must never share a cache folder
+STORE_KEYS = ("endpoint_url", "endpoint", "host", "port", "account_name", "account_url", "project", "base_url")
+
+
+class FsspecFS:
+    """Any fsspec file system (s3fs for s3://, gcsfs for gs://, memory:// in tests)."""
+
+    def __init__(self, fs, protocol: str):
+        self.fs, self.protocol = fs, protocol
+
+    @classmethod
+    def from_url(cls, url: str, **options) -> tuple:
+        try:
+            import fsspec
+        except ImportError:
+            raise ImportError(f"{url}: object storage needs fsspec (pip install 'recordtool[s3]')") from None
+        fs, path = fsspec.core.url_to_fs(url, **options)
+        return cls(fs, url.split("://", 1)[0]), path
+
+    def url(self, path: str) -> str:
+        return f"{self.protocol}://{path}"
+
+    def store_id(self) -> str:
+        """The protocol and the options that select the store (endpoint, host, account …, from
+        the options given, fsspec's configuration, or AWS_ENDPOINT_URL[_S3] for s3)."""
+        opts = dict(getattr(self.fs, "storage_options", {}) or {})
+        nested = opts.get("client_kwargs") if isinstance(opts.get("client_kwargs"), dict) else {}
+        chosen = {k: str(opts.get(k, nested.get(k))) for k in STORE_KEYS if opts.get(k, nested.get(k)) is not None}
+        if self.protocol in ("s3", "s3a") and "endpoint_url" not in chosen:
+            env = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+            if env:
+                chosen["endpoint_url"] = env
+        return self.protocol + ":" + json.dumps(chosen, sort_keys=True)
+
+    def join(self, *parts: str) -> str:
+        return posixpath.join(*parts)
+
+    def open_read(self, path: str, limit: int | None = None) -> BinaryIO:
+        """A reader of at most limit + 1 bytes: one streamed GET on async stores; elsewhere
+        reads straight from the file without fsspec's read-ahead buffer (`cache_type="none"`)."""
+        if getattr(self.fs, "async_impl", False) and hasattr(self.fs, "open_async"):
+            try:
+                return _Stream(self.fs, path, limit)
+            except NotImplementedError:
+                pass
+        return _Bounded(self.fs.open(path, "rb", cache_type="none"), limit)
+
+    def open_write(self, path: str) -> BinaryIO:
+        return self.fs.open(path, "wb")
+
+    def read_bytes(self, path: str, limit: int) -> bytes:
+        with self.open_read(path, limit) as f:
+            data = read_all(f, limit)
+        if len(data) > limit:
+            raise UnsafePath(f"{self.url(path)}: more than the {limit} bytes allowed here")
+        return data
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        self.fs.pipe_file(path, data)
+
+    def size(self, path: str) -> int:
+        return int(self.fs.size(path))
+
+    def exists(self, path: str) -> bool:
+        return self.fs.exists(path)
+
+    def check_bucket(self, path: str, attempts: int = 3, backoff: float = 0.5) -> None:
+        """NoBucket when the bucket (container) at the start of `path` does not exist; only for
+        stores with buckets (s3, gs, az …), where writing under a missing one fails late. The
+        clients answer "no" to any failed probe (a 5xx too), so "no" is asked `attempts` times,
+        `backoff`·2^k seconds apart, before it is believed."""
+        if self.protocol in ("memory", "file", "local"):
+            return
+        bucket = path.lstrip("/").split("/", 1)[0]
+        if not bucket:
+            return
+        for k in range(max(1, attempts)):
+            if k:
+                time.sleep(backoff * 2 ** (k - 1))
+            if self.fs.exists(bucket):
+                return
+        raise NoBucket(f"{self.url(bucket)}: no such bucket (or not one these credentials may see); create it "
+                       f"first (for example `aws s3 mb {self.url(bucket)}`, or "
+                       f"s3fs.S3FileSystem(...).mkdir({bucket!r}))")
+
+    def listdir(self, path: str) -> list:
+        # refresh: a listing cached by this client may predate another process's writes
+        return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(path, detail=False, refresh=True))
+
+    def replace(self, src: str, dst: str) -> None:
+        self.fs.mv(src, dst)
+
+    def remove(self, path: str) -> None:
+        self.fs.rm_file(path)
+
+    def glob(self, pattern: str) -> list:
+        return sorted(self.fs.glob(pattern))
+
+
+def store_key(fs, url: str) -> str:
+    """A hash of the store (`store_id`) and the URL: distinct stores or URLs never collide."""
+    return hashlib.sha256((fs.store_id() + "\n" + url).encode()).hexdigest()
