@@ -56,6 +56,24 @@ class CacheFull(RecordtoolError, OSError):
     shards that must be on disk at once, or every shard in it is in use)."""
 
 
+class ConfigError(RecordtoolError, ValueError):
+    """A parameter out of its range or of the wrong kind; the message names it and what is taken."""
+
+
+class DeviceUnavailable(RecordtoolError, RuntimeError):
+    """The device asked for cannot be used here: CuPy / nvJPEG not installed (the message says
+    what to install), or no GPU visible to this process."""
+
+
+class DatasetNotFound(RecordtoolError, FileNotFoundError):
+    """The dataset path does not exist, or is a file rather than a dataset directory."""
+
+
+class BadState(RecordtoolError, ValueError):
+    """A `Loader.load_state_dict` state that does not fit this loader: a missing key, a value of
+    the wrong type or out of range, or another run's seed / rank / world size / batch size."""
+
+
 class OnError(str, Enum):
     """What a stage does with one bad item (a file, a record, an image) — the same three words
     for `pack(on_error=)` / `--on-error`, `Loader(on_error=)`, `decode_crop_resize(on_error=)`

@@ -60,6 +60,7 @@ def main():
 
     from recordtool.decode.gpu import GPUDecoder, route
     from recordtool.decode.nvjpeg import HardwareDecoder, HybridDecoder
+    from recordtool.decode.spec import OutputSpec
 
     ap = argparse.ArgumentParser()
     ap.add_argument("photos")
@@ -69,7 +70,7 @@ def main():
     tj = R._turbojpeg()
     from turbojpeg import TJPF_RGB
 
-    dec = GPUDecoder(max_batch=a.windows, dtype="uint8", layout="NHWC", split="gpu")
+    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=a.windows, split="gpu")
     stream = cupy.cuda.Stream(non_blocking=True)
     hw = HardwareDecoder(1)
     hyb = HybridDecoder(stream.ptr)

@@ -13,6 +13,7 @@ from conftest import photo_like
 from recordtool.decode import decode_crop_resize, random_flips, random_windows
 from recordtool.decode.gpu import CPU, ENGINE, HYBRID, hardware_decodable, route
 from recordtool.decode.gpu_ref import resize_normalize
+from recordtool.decode.spec import OutputSpec
 from recordtool.format.jpeg import CHROMA_411, CHROMA_420, CHROMA_422, CHROMA_GRAY, CS_CMYK, CS_GRAY, CS_YCBCR
 
 
@@ -112,7 +113,7 @@ def test_gpu_matches_cpu_40db(split):
     ids = np.arange(len(bufs))
     win = random_windows(sizes[:, 0], sizes[:, 1], ids, 3, 0)
     flips = random_flips(ids, 3, 0)
-    dec = GPUDecoder(max_batch=32, dtype="uint8", layout="NHWC", split=split)
+    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=32, split=split)
     out = cupy.asnumpy(dec(bufs, win, flips, _hw(bufs)))
     ref = decode_crop_resize(bufs, win)
     ref[flips] = ref[flips, :, ::-1]
@@ -136,7 +137,7 @@ def test_hybrid_off_sends_progressive_and_gray_to_cpu():
 
     bufs, sizes = _jpegs(12)
     win = random_windows(sizes[:, 0], sizes[:, 1], np.arange(12), 1, 0)
-    dec = GPUDecoder(max_batch=16, dtype="uint8", layout="NHWC", split="gpu", hybrid=False)
+    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=16, split="gpu", hybrid=False)
     out = cupy.asnumpy(dec(bufs, win, np.zeros(12, bool), _hw(bufs)))
     assert dec.last.hybrid == 0 and dec.last.cpu_forced == int((_hw(bufs) != ENGINE).sum())
     ref = decode_crop_resize(bufs, win)
@@ -150,7 +151,7 @@ def test_output_ring_recycles_after_release_and_spills_when_held():
 
     bufs, sizes = _jpegs(8)
     win = random_windows(sizes[:, 0], sizes[:, 1], np.arange(8), 2, 0)
-    dec = GPUDecoder(max_batch=8, dtype="float32", layout="NCHW", split="gpu")
+    dec = GPUDecoder(OutputSpec(224, dtype="float32", layout="NCHW"), max_batch=8, split="gpu")
     ring = dec.ring = OutputRing(dec.output_shape(), "float32", 2)
     first = dec(bufs, win, np.zeros(8, bool), _hw(bufs))
     keep = cupy.asnumpy(first)
@@ -179,7 +180,7 @@ def test_auto_split_adapts_and_memory_is_steady():
 
     bufs, sizes = _jpegs(64)
     ids = np.arange(len(bufs))
-    dec = GPUDecoder(max_batch=64, split="auto")
+    dec = GPUDecoder(OutputSpec(224, dtype="float16"), max_batch=64, split="auto")
     dec.warmup([len(b) for b in bufs], sizes[:, 0], sizes[:, 1])
     pool = cupy.get_default_memory_pool()
     fractions = []
@@ -205,14 +206,14 @@ def test_bad_jpeg_in_batch_is_reported():
     bufs[2] = bufs[2][: len(bufs[2]) // 3]
     ids = np.arange(8)
     win = random_windows(sizes[:, 0], sizes[:, 1], ids, 0, 0)
-    on_cpu = GPUDecoder(max_batch=8, dtype="uint8", split="cpu")
+    on_cpu = GPUDecoder(OutputSpec(224, dtype="uint8"), max_batch=8, split="cpu")
     on_cpu(bufs, win, np.zeros(8, bool), hw)
     assert [i for i, _ in on_cpu.last.errors] == [2]  # the CPU path names it
     # Neither the engines nor the hybrid decoder report a truncated stream (seen on the H200):
     # a file not ending in EOI is sent to libjpeg, which names it
     bufs[4] = bufs[4][: len(bufs[4]) // 3]
     assert hw[4] == HYBRID
-    on_gpu = GPUDecoder(max_batch=8, dtype="uint8", layout="NHWC", split="gpu")
+    on_gpu = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=8, split="gpu")
     out = cupy.asnumpy(on_gpu(bufs, win, np.zeros(8, bool), hw))
     assert sorted(i for i, _ in on_gpu.last.errors) == [2, 4], on_gpu.last
     assert on_gpu.last.cpu == 2 + int((hw == CPU).sum())
@@ -228,7 +229,7 @@ def test_dlpack_to_torch():
 
     bufs, sizes = _jpegs(8)
     win = random_windows(sizes[:, 0], sizes[:, 1], np.arange(8), 0, 0)
-    dec = GPUDecoder(max_batch=8, dtype="float16")
+    dec = GPUDecoder(OutputSpec(224, dtype="float16"), max_batch=8)
     t = to_torch(dec(bufs, win, np.zeros(8, bool), _hw(bufs)), dec.stream)
     assert t.is_cuda and t.dtype == torch.float16 and tuple(t.shape) == (8, 3, 224, 224)
     assert torch.isfinite(t).all()
@@ -457,7 +458,7 @@ def test_gpu_vs_cpu_bound_on_sharp_chroma_edges(subsampling):
     sizes = np.array([[1200, 900]] * len(bufs))
     ids = np.arange(len(bufs))
     win = random_windows(sizes[:, 0], sizes[:, 1], ids, 5, 0)
-    dec = GPUDecoder(max_batch=8, dtype="uint8", layout="NHWC", split="gpu")
+    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=8, split="gpu")
     out = cupy.asnumpy(dec(bufs, win, np.zeros(len(bufs), bool), _hw(bufs)))
     ref = decode_crop_resize(bufs, win)
     assert dec.last.cpu == 0  # every image went through a GPU decoder
@@ -491,7 +492,7 @@ def test_hostile_multiscan_files_in_a_gpu_batch_are_named():
     sizes[1], sizes[3] = (512, 512), (8192, 8192)
     win = random_windows(sizes[:, 0], sizes[:, 1], np.arange(6), 0, 0)
     routes = _hw(bufs)
-    dec = GPUDecoder(max_batch=8, dtype="uint8", layout="NHWC", split="gpu")
+    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=8, split="gpu")
     dec(bufs, win, np.zeros(6, bool), routes)
     assert sorted(i for i, _ in dec.last.errors) == [1, 3], dec.last.errors
     dec.close()

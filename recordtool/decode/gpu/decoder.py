@@ -15,7 +15,8 @@ import numpy as np
 
 from ...format.jpeg import CHROMA_444, BadJPEG, NotJPEG, decode_refusal, probe
 from .. import cpu
-from ..ops import IMAGENET_MEAN, IMAGENET_STD
+from ...errors import ConfigError
+from ..spec import OutputSpec
 from . import kernel as K
 from .buffers import DecodeBuffers, OutputRing
 from .plan import CPU, ENGINE, HYBRID, Split, SplitPlanner, ends_with_eoi
@@ -48,37 +49,35 @@ class GPUDecoder:
     One instance per producer thread (nvJPEG states, streams and staging are per instance).
 
     Args:
-        size: output (h, w).
+        spec: the output (size, normalisation, dtype — "uint8" for pixels, not normalised —,
+            layout, memory format), validated by OutputSpec; default 224² float32 NCHW.
         max_batch: images per call at most.
-        layout: "NCHW" or "NHWC".
-        dtype: "float32", "float16" (normalized) or "uint8" (pixels, not normalized).
-        mean, std: normalization, in 0..1 units per channel (torchvision's).
         cpu_threads: native threads for the CPU share (default: cores - 1).
         split: how the engines' images are shared with the CPU (see plan.Split).
-        device: CUDA device id.
+        gpu_id: CUDA device id.
         pool: native CPU thread-pool id (distinct per decoder so producers do not queue).
         hybrid: send progressive and gray files to nvJPEG's hybrid decoder (else to the CPU).
         ring: the output ring to take batches from (shared by the producers of a Loader);
             None: warmup() makes one.
     """
 
-    def __init__(self, size=(224, 224), max_batch: int = 256, layout: K.Layout = "NCHW",
-                 dtype: K.DType = "float16", mean=IMAGENET_MEAN, std=IMAGENET_STD, cpu_threads: int | None = None,
-                 split: Split = "auto", device: int = 0, pool: int | None = None, hybrid: bool = True,
+    def __init__(self, spec: OutputSpec = OutputSpec(), max_batch: int = 256, cpu_threads: int | None = None,
+                 split: Split = "auto", gpu_id: int = 0, pool: int | None = None, hybrid: bool = True,
                  ring: OutputRing | None = None):
         import cupy
 
-        K.check(dtype, layout)
-        if not (0 < int(size[0]) <= cpu.MAX_SIDE and 0 < int(size[1]) <= cpu.MAX_SIDE) or max_batch < 1:
-            raise ValueError(f"size {size} (sides 1..{cpu.MAX_SIDE}) / max_batch {max_batch} (≥ 1) out of range")
+        if not isinstance(spec, OutputSpec):
+            raise ConfigError(f"spec must be an OutputSpec, not {type(spec).__name__}")
+        if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
+            raise ConfigError(f"max_batch must be an integer ≥ 1, not {max_batch!r}")
         self.cupy = cupy
-        self.device_id = device
-        self.device = cupy.cuda.Device(device)
-        self.size = (int(size[0]), int(size[1]))
-        self.max_batch = max_batch
-        self.layout, self.dtype = layout, dtype
-        self.mean = tuple(float(m) for m in mean)
-        self.std = tuple(float(s) for s in std)
+        self.spec, self.gpu_id = spec, int(gpu_id)
+        self.device = cupy.cuda.Device(self.gpu_id)
+        self.max_batch = int(max_batch)
+        # what the kernel writes, from the trusted spec: its size, normalisation, element type
+        # (bfloat16 bits in uint16) and memory order (NHWC for channels_last)
+        self.size, self.mean, self.std = spec.size, spec.mean, spec.std
+        self.layout, self.dtype = spec.buffer_layout, spec.storage_dtype
         self.cpu_threads = cpu_threads or max(1, cpu.cores() - 1)
         self._own_pool = pool is None
         self.pool = cpu.new_pool_id() if pool is None else pool
@@ -92,7 +91,7 @@ class GPUDecoder:
         self._workers = ThreadPoolExecutor(2, thread_name_prefix="recordtool-gpu")
         with self.device:
             self.stream = cupy.cuda.Stream(non_blocking=True)
-            self._kernel = K.kernel(dtype, layout)
+            self._kernel = K.kernel(spec.dtype, spec.buffer_layout)
             if self.planner.split != "cpu":
                 from ..nvjpeg import HardwareDecoder, HybridDecoder, NvjpegError
 
@@ -106,7 +105,7 @@ class GPUDecoder:
                         self.hybrid = HybridDecoder(self.hybrid_stream.ptr)
                     except (NvjpegError, OSError) as e:
                         self.hybrid_error = str(e)
-            self.buf = DecodeBuffers(cupy, max_batch, self.size, device)
+            self.buf = DecodeBuffers(cupy, self.max_batch, self.size, self.gpu_id)
         self.planner.engines = self.hw is not None
         self.planner.hybrid = self.hybrid is not None
 
@@ -123,9 +122,8 @@ class GPUDecoder:
         return self.buf.allocations
 
     def output_shape(self, n: int | None = None):
-        h, w = self.size
-        n = self.max_batch if n is None else n
-        return (n, 3, h, w) if self.layout == "NCHW" else (n, h, w, 3)
+        """The shape of the memory a batch of n is written into (spec.buffer_shape)."""
+        return self.spec.buffer_shape(self.max_batch if n is None else n)
 
     # ------------------------------------------------------------------ warm-up
     def warmup(self, jpeg_lengths, widths, heights, outputs: int = 3, routes=None) -> None:
@@ -142,7 +140,7 @@ class GPUDecoder:
         self.buf.allocations = 0
         cpu.reserve(widths, heights, self.cpu_threads, self.pool)  # the CPU share's decode buffers
         if self.ring is None and outputs > 0:
-            self.ring = OutputRing(self.output_shape(), self.dtype, outputs, self.device_id)
+            self.ring = OutputRing(self.output_shape(), self.dtype, outputs, self.gpu_id)
         routes = None if routes is None else np.asarray(routes)
         if self.hybrid is not None and routes is not None and (routes == HYBRID).any():
             sel = routes == HYBRID
@@ -181,8 +179,9 @@ class GPUDecoder:
 
     # ------------------------------------------------------------------ one batch
     def __call__(self, buffers, windows, flips, routes):
-        """Decode one batch. Returns a CuPy array (N, 3, h, w) or (N, h, w, 3), complete when
-        the call returns (from the ring when there is one).
+        """Decode one batch. Returns a CuPy array of spec.buffer_shape(N) and storage_dtype
+        (spec.arrange gives the handed-out view), complete when the call returns (from the ring
+        when there is one).
 
         Args:
             buffers: JPEG bytes-likes.
