@@ -12,6 +12,7 @@ from . import peers
 from .decode import decode_crop_resize, random_windows
 from .decode.cpu import cores
 from .loader import Loader
+from .loader.device import parse_device, resolve
 from .peers import best_of, pil_rrc_rate  # noqa: F401  (scripts import them from here)
 from .reader import Dataset
 
@@ -77,6 +78,8 @@ def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | No
         baseline: run the Pillow baseline.
         producers: Loader producer threads (default: the Loader's).
     """
+    if device != "cpu":  # before any work: a GPU this process cannot use is named at once
+        resolve(parse_device(device))
     ds = Dataset(path)
     threads = threads or cores()
     order = ds.sampler(seed=seed).indices(0)

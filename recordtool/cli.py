@@ -149,8 +149,8 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
     max_classes = max_classes or MAX_CLASSES
     source = None
     try:
-        if kind != "tfrecord" and len(src) != 1:
-            raise click.UsageError(f"--from {kind} takes one SRC folder")
+        if kind != "tfrecord" and (len(src) != 1 or not os.path.isdir(src[0])):
+            raise click.UsageError(_not_a_folder(kind, src))
         if kind == "folder":
             from .sources.imagefolder import ImageFolderSource
 
@@ -201,6 +201,19 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
         more = f", … {len(summary.reused) - 10} more" if len(summary.reused) > 10 else ""
         click.echo(f"reused {', '.join(summary.reused[:10])}{more} (finished by an earlier run)", err=True)
     click.echo(summary.line())
+
+
+def _not_a_folder(kind: str, src) -> str:
+    """Why SRC is refused for --from folder/ofrecord, with the option the user likely meant."""
+    what = src[0] if len(src) == 1 else f"{len(src)} paths"
+    if len(src) == 1 and not os.path.lexists(src[0]) and not any(ch in src[0] for ch in "*?["):
+        why = f"SRC {src[0]} does not exist"
+    else:
+        why = f"--from {kind} takes one SRC folder, not {what}"
+    if kind == "folder":
+        return (f"{why}. For TFRecord files (globs allowed: 'train-*'), add --from tfrecord --keys tf-slim|tfds; "
+                "for a folder of OFRecord part files, --from ofrecord")
+    return why
 
 
 def _transcode(preset, max_side, quality, hw_friendly):

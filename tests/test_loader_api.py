@@ -225,3 +225,22 @@ def test_torch_bfloat16_channels_last_without_a_copy(packed):
     x, _ = next(iter(ld))
     assert x.data_ptr() in {m.ctypes.data for m in ld.ring._mem}  # the ring's memory itself: no copy
     ld.close()
+
+
+def test_record_info_gives_filename_class_and_features(tmp_path):
+    src = tmp_path / "src"
+    names = {"cat": ["a.jpg", "b.JPEG"], "dog": ["sub/c.jpg"]}
+    for cls, files in names.items():
+        for f in files:
+            write(str(src / cls / f), jpeg_bytes(40, 30, seed=len(f)))
+    pack(str(src), str(tmp_path / "out"), progress=False)
+    ds = recordtool.open(str(tmp_path / "out"))
+    infos = [ds.info(i) for i in range(len(ds))]
+    assert sorted(r.filename for r in infos) == ["cat/a.jpg", "cat/b.JPEG", "dog/sub/c.jpg"]
+    for r in infos:
+        assert r.class_name == r.filename.split("/")[0] and r.label == ds.classes.index(r.class_name)
+        assert (r.width, r.height) == (40, 30) and r.shard == ds.shards[0]["name"]
+        assert r.features["encoded"][0] == bytes(ds[r.id][0]) and r.features["class/label"] == [r.label]
+    assert ds.info(-1) == infos[-1]
+    with pytest.raises(IndexError):
+        ds.info(3)
