@@ -306,7 +306,8 @@ def verify(root, decode, threads, cache_dir, cache_limit, quiet):
 @click.option("--images", type=int, default=None, help="Use only this many records (default: all).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write all numbers here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="Write a PNG of the stage throughputs side by side.")
+              help="Write a PNG of every pipeline's img/s side by side (needs matplotlib: pip install "
+              "'recordtool[plot]').")
 @click.option("--producers", type=int, default=None, help="Loader producer threads (default: the Loader's).")
 @click.option("--dali/--no-dali", default=True, show_default=True,
               help="Run NVIDIA DALI's pipeline on the same records when nvidia.dali imports.")
@@ -326,6 +327,10 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
     from .errors import RecordtoolError
 
     try:
+        if plot_path:
+            from .plots import require
+
+            require()  # before the measurement, not after it
         r = run(root, device=device, batch_size=batch_size, threads=threads, epochs=epochs, images=images,
                 progress=not quiet, dali=dali, dali_files=dali_files, baseline=baseline, producers=producers)
     except (RecordtoolError, OSError, ValueError) as e:
@@ -351,8 +356,9 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Loaders to time: auto = the CPU, and the GPU too when CuPy finds one.")
 @click.option("--batch-size", type=int, default=128, show_default=True, help="Loader batch size.")
-@click.option("--epochs", type=int, default=3, show_default=True,
-              help="Loader epochs per candidate; the first warms up, the best of the others counts.")
+@click.option("--epochs", type=int, default=5, show_default=True,
+              help="Loader epochs per candidate; the first warms up, the median of the others counts (their "
+              "spread is shown and taken into account by the recommendation).")
 @click.option("--threads", type=int, default=None, help="Decode threads (default: cores).")
 @click.option("--workers", type=int, default=None, help="Pack workers (default 2×cores).")
 @click.option("--work-dir", type=click.Path(file_okay=False), default=None,
@@ -360,7 +366,8 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
 @click.option("--keep", is_flag=True, help="Keep the packs (their folder is printed) instead of removing them.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write all numbers here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="Write a PNG of throughput against fidelity, the recommended point marked.")
+              help="Write a PNG of speed against fidelity, the recommended point marked (needs matplotlib: "
+              "pip install 'recordtool[plot]').")
 @click.option("--quiet", "-q", is_flag=True, help="No line per candidate.")
 def tune(src, images, seed, sides, qualities, min_psnr, device, batch_size, epochs, threads, workers, work_dir, keep,
          json_path, plot_path, quiet):
@@ -375,6 +382,10 @@ def tune(src, images, seed, sides, qualities, min_psnr, device, batch_size, epoc
     from .tune import candidates, gpu_available, parse_ints, plot, run, table
 
     try:
+        if plot_path:
+            from .plots import require
+
+            require()  # before the measurement, not after it
         cands = candidates(parse_ints(sides, "--sides"), parse_ints(qualities, "--qualities"))
         if device == "cuda" and not gpu_available():
             raise click.UsageError("--device cuda: CuPy finds no GPU here")

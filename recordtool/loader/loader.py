@@ -282,6 +282,7 @@ class EpochIterator:
             return batcher(batches[j], epoch, slot)
 
         self._prefetcher = Prefetcher(len(batches), make, loader.producers, loader.prefetch)
+        self._finished = False
 
     def __iter__(self):
         return self
@@ -294,9 +295,7 @@ class EpochIterator:
         try:
             made = next(self._prefetcher)
         except StopIteration:
-            if self._prefetcher.done == len(self.batches):
-                # a finished epoch moves on, as DataLoader users expect with set_epoch
-                ld.epoch, ld._yielded = self.epoch + 1, 0
+            self._finish()  # an epoch with nothing left to yield (resumed at its end)
             raise
         ids = self.batches[self._prefetcher.done - 1]
         if made.report is not None:
@@ -306,11 +305,21 @@ class EpochIterator:
         if made.errors:
             self._bad(ids, made.errors)
         ld._yielded += 1
+        if self._prefetcher.done == len(self.batches):
+            self._finish()
         images, labels = made.images, made.labels
         if ld.as_torch:
             images, labels = self._torch(images, labels)
         images = ld.spec.arrange(images)  # channels_last: the NCHW-shaped view of the NHWC batch
         return (images, labels, ids) if ld.with_ids else (images, labels)
+
+    def _finish(self) -> None:
+        """The epoch's last batch is out: the Loader moves on to the next epoch (as DataLoader
+        users expect with set_epoch), also for loops that stop after len(loader) batches without
+        asking for one more (Lightning's fit loop does), and state_dict() says so."""
+        if not self._finished and self._prefetcher.done == len(self.batches):
+            self._finished = True
+            self.loader.epoch, self.loader._yielded = self.epoch + 1, 0
 
     def _torch(self, images, labels):
         import torch
