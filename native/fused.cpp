@@ -21,6 +21,7 @@
 #include <functional>
 #include <malloc.h>
 #include <mutex>
+#include <pthread.h>
 #include <string>
 #include <thread>
 #include <vector>
@@ -501,13 +502,23 @@ class Pool {
 // Pools by id: callers that run batches at the same time (one per GPU producer thread) each
 // get their own threads instead of queueing on one pool. Never destroyed: threads must not be
 // joined at interpreter exit.
+static std::mutex* pools_mu = new std::mutex();
+static std::vector<Pool*>* pools = new std::vector<Pool*>();
+
 static Pool& pool(int id = 0) {
-    static std::mutex mu;
-    static std::vector<Pool*> pools;
-    std::lock_guard<std::mutex> g(mu);
+    std::lock_guard<std::mutex> g(*pools_mu);
     if (id < 0 || id > 64) throw std::invalid_argument("pool id must be in 0..64");
-    while ((int)pools.size() <= id) pools.push_back(new Pool());
-    return *pools[id];
+    while ((int)pools->size() <= id) pools->push_back(new Pool());
+    return *(*pools)[id];
+}
+
+// A forked child (a torch DataLoader worker, multiprocessing with fork) has none of its
+// parent's pool threads, and a pool's locks may have been held at the fork: the child starts
+// with new, empty pools (their threads made on first use) and leaves the old ones untouched —
+// waiting on them would hang, destroying them would join threads that do not exist.
+static void pools_after_fork_in_child() {
+    pools_mu = new std::mutex();
+    pools = new std::vector<Pool*>();
 }
 
 }  // namespace rt
@@ -751,6 +762,7 @@ static bool fix_mmap_threshold() {
 
 PYBIND11_MODULE(_native, m) {
     m.attr("MMAP_THRESHOLD_FIXED") = fix_mmap_threshold();
+    pthread_atfork(nullptr, nullptr, &pools_after_fork_in_child);
     m.def("normalize", &normalize_py, py::arg("src"), py::arg("flips"), py::arg("dst"), py::arg("scale"),
           py::arg("bias"), py::arg("nchw"), py::arg("threads"), py::arg("pool") = 0);
     m.def("gather", &gather, py::arg("buffers"), py::arg("dst"), py::arg("capacity"), py::arg("align") = 64);

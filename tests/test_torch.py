@@ -57,7 +57,12 @@ def _decode_batch(items):
 
 def test_dataloader_over_a_dataset(packed):
     ds = recordtool.open(packed)
-    dl = torch.utils.data.DataLoader(ds, batch_size=5, shuffle=False, num_workers=2, collate_fn=_decode_batch)
+    # the parent decodes first, so its native pool threads exist when the workers are forked: a
+    # child must not wait on them (they are not in the child; it hung before pools were renewed
+    # after fork). DataLoader's timeout turns a hung worker into a failure.
+    _decode_batch([ds[i] for i in range(4)])
+    dl = torch.utils.data.DataLoader(ds, batch_size=5, shuffle=False, num_workers=2, collate_fn=_decode_batch,
+                                     timeout=120)
     xs, ys = zip(*dl)
     assert [len(y) for y in ys] == [5] * 6 + [2]
     assert torch.cat(ys).tolist() == ds.labels.tolist() and xs[0].shape == (5, 3, 28, 28)
