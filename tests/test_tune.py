@@ -10,7 +10,7 @@ from click.testing import CliRunner
 import recordtool
 from conftest import jpeg_bytes, photo_like, write
 from recordtool.cli import main
-from recordtool.fidelity import PSNR_CAP, gaussian_window, psnr, ssim
+from recordtool.fidelity import PSNR_CAP, gaussian_window, psnr, ssim, ssim_numpy
 from recordtool.sources.image import SPEED_PRESETS, Transcode
 from recordtool.sources.imagefolder import ImageFolderSource
 from recordtool.tune import Candidate, SampleSource, candidates, preset_of, recommend, run
@@ -54,10 +54,11 @@ def test_ssim_matches_the_formula_written_out():
     c = np.full_like(a, 200)
     for x, y in ((a, b), (a, c), (b, a)):
         assert ssim(x, y) == pytest.approx(_ssim_loops(x, y), abs=2e-6)
+        assert ssim_numpy(x, y) == pytest.approx(_ssim_loops(x, y), abs=2e-6)
     assert ssim(a, a) == pytest.approx(1.0, abs=1e-6)
-    batch = ssim(np.stack([a, a, b]), np.stack([b, c, a]), chunk=2)
-    assert batch.shape == (3,) and batch[0] == pytest.approx(ssim(a, b), abs=1e-9)
-    assert batch[2] == pytest.approx(ssim(b, a), abs=1e-9)
+    batch = ssim_numpy(np.stack([a, a, b]), np.stack([b, c, a]), chunk=2)
+    assert batch.shape == (3,) and batch[0] == pytest.approx(ssim_numpy(a, b), abs=1e-9)
+    assert batch[2] == pytest.approx(ssim_numpy(b, a), abs=1e-9)
     assert np.isclose(gaussian_window().sum(), 1) and len(gaussian_window()) == 11
     with pytest.raises(ValueError):
         ssim(a[:10], b[:10])
