@@ -352,7 +352,7 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
 @click.option("--qualities", default=",".join(map(str, (75, 85, 90, 95))), show_default=True,
               help="--quality candidates, comma-separated (each side is tried with each quality).")
 @click.option("--min-psnr", type=float, default=35.0, show_default=True,
-              help="Recommend the fastest candidate whose median crop PSNR against the originals is at least this (dB).")
+              help="Recommend among candidates whose median crop PSNR against the originals is at least this (dB).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Loaders to time: auto = the CPU, and the GPU too when CuPy finds one.")
 @click.option("--batch-size", type=int, default=128, show_default=True, help="Loader batch size.")

@@ -104,7 +104,8 @@ def ssim(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out[0] if single else out
 
 
-def ssim_numpy(a: np.ndarray, b: np.ndarray, sigma: float = 1.5, size: int = 11, chunk: int | None = None) -> np.ndarray:
+def ssim_numpy(a: np.ndarray, b: np.ndarray, sigma: float = 1.5, size: int = 11,
+               chunk: int | None = None) -> np.ndarray:
     """Mean SSIM of the luma per image of two uint8 RGB batches (N, H, W, 3) (or one image
     (H, W, 3)).
 

@@ -29,7 +29,7 @@ import numpy as np
 from .decode import cpu, random_windows, reference
 from .decode.cpu import cores
 from .errors import RecordtoolError
-from .fidelity import psnr, ssim
+from .fidelity import IMPLEMENTATION, psnr, ssim
 from .sources.image import CONVERT_QUALITY, SPEED_PRESETS, Transcode
 
 DEFAULT_SIDES = (256, 320, 384, 448, 512)
@@ -283,6 +283,7 @@ def run(src, images: int = 1000, seed: int = 0, cands: list | None = None, min_p
                 except OSError:
                     pass
     r = {"source": source.describe(), "images": len(sample.items), "seed": seed, "size": size,
+         "fidelity": IMPLEMENTATION,
          "batch_size": batch_size, "epochs": epochs, "threads": threads, "cores": cores(),
          "devices": list(devices), "min_psnr": min_psnr, "candidates": rows, "peers": {}}
     if "cuda" in devices:
@@ -400,8 +401,9 @@ def table(r: dict) -> str:
                            if (c["name"] == r["recommended"] or c["preset"]) and "img_s" in c.get("cuda", {}))
         lines.append(f"peer {name} (on the original files): {v:,.0f} img/s; against it: {ratios}")
     if r["recommended"]:
-        lines.append(f"recommended: {r['recommended']} — median PSNR ≥ {r['min_psnr']:g} dB, as fast as the fastest "
-                     f"within its spread, then the most faithful (ranked by {measure_name(devs)}; 'vs as-is' too)")
+        lines.append(f"recommended: {r['recommended']} — median PSNR ≥ {r['min_psnr']:g} dB, as fast as the "
+                     f"fastest within its spread, then the most faithful (ranked by {measure_name(devs)}; "
+                     "'vs as-is' too)")
     else:
         lines.append(f"no candidate reaches median PSNR {r['min_psnr']:g} dB")
     return "\n".join(lines)

@@ -496,3 +496,68 @@ def test_hostile_multiscan_files_in_a_gpu_batch_are_named():
     dec(bufs, win, np.zeros(6, bool), routes)
     assert sorted(i for i, _ in dec.last.errors) == [1, 3], dec.last.errors
     dec.close()
+
+
+# ------------------------------------------------------------------ OutputSpec on the GPU (bfloat16, channels_last), devices
+
+@gpu
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_kernel_bfloat16_is_the_float32_result_rounded(layout):
+    """The bfloat16 variant writes exactly the float32 variant's values rounded to nearest even
+    (decode.spec.bfloat16_bits, the reference the native pass is tested against too)."""
+    from recordtool.decode.gpu import SAMPLE_DTYPE, kernel
+    from recordtool.decode.spec import bfloat16_bits
+
+    rng = np.random.default_rng(2)
+    regions = [cupy.asarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in [(120, 90), (64, 64)]]
+    samples = np.zeros(2, SAMPLE_DTYPE)
+    for k, r in enumerate(regions):
+        samples[k] = (r.data.ptr, r.shape[1] * 3, r.shape[1], r.shape[0], 1.5, 2.0, r.shape[1] - 3.0,
+                      r.shape[0] - 1.0, k)
+    H, W = 40, 56
+    shape = (2, 3, H, W) if layout == "NCHW" else (2, H, W, 3)
+    args = [np.int32(W), np.int32(H)] + [np.float32(v) for v in (0.485, 0.456, 0.406, 0.229, 0.224, 0.225)]
+    dev_samples = cupy.asarray(samples.view(np.uint8))
+    f32, bf = cupy.empty(shape, np.float32), cupy.empty(shape, np.uint16)
+    for dtype, out in (("float32", f32), ("bfloat16", bf)):
+        kernel(dtype, layout)(((W + 31) // 32, (H + 7) // 8, 2), (32, 8, 1), (dev_samples, out, *args))
+    assert np.array_equal(cupy.asnumpy(bf), bfloat16_bits(cupy.asnumpy(f32)))
+
+
+@gpu
+def test_gpu_decoder_channels_last_writes_nhwc_and_hands_out_nchw():
+    from recordtool.decode.gpu import GPUDecoder
+
+    bufs, sizes = _jpegs(6)
+    win = random_windows(sizes[:, 0], sizes[:, 1], np.arange(6), 0, 0)
+    nchw = GPUDecoder(OutputSpec(64, dtype="float32"), max_batch=8, split="gpu")
+    cl_spec = OutputSpec(64, dtype="float32", memory_format="channels_last")
+    cl = GPUDecoder(cl_spec, max_batch=8, split="gpu")
+    a = cupy.asnumpy(nchw(bufs, win, np.zeros(6, bool), _hw(bufs)))
+    b = cl(bufs, win, np.zeros(6, bool), _hw(bufs))
+    assert b.shape == (6, 64, 64, 3) and cl_spec.arrange(b).shape == (6, 3, 64, 64)
+    assert np.array_equal(cupy.asnumpy(cl_spec.arrange(b)), a)
+    nchw.close()
+    cl.close()
+
+
+@gpu
+def test_cuda_loader_bfloat16_channels_last_and_device_spellings(packed_mix):
+    torch = pytest.importorskip("torch")
+    from recordtool.errors import DeviceUnavailable
+    from recordtool.loader import Loader
+
+    kw = dict(batch_size=8, size=48, seed=1, split="gpu", train=False)
+    ref = [x.clone() for x, _ in Loader(packed_mix, device="cuda:0", **kw)]  # float32 NCHW
+    ld = Loader(packed_mix, device=torch.device("cuda", 0), dtype="bfloat16", memory_format="channels_last", **kw)
+    assert ld.gpu_id == 0
+    got = [x for x, _ in ld]
+    assert len(got) == len(ref) == 6  # 41 records, eval: nothing dropped
+    for x, r in zip(got, ref):
+        assert x.is_cuda and x.dtype == torch.bfloat16 and x.shape == r.shape
+        assert x.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(x, r.to(torch.bfloat16))
+    big = Loader(packed_mix, device=0, batch_size=4000, size=32, train=False, as_torch=False)
+    assert big.ring.shape[0] == 41 and len([x for x, _ in big]) == 1  # the ring holds the rank's share
+    with pytest.raises(DeviceUnavailable, match="sees"):
+        Loader(packed_mix, device=f"cuda:{_ngpu}", batch_size=8)

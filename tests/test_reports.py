@@ -51,8 +51,8 @@ def test_tune_plot_renders(tmp_path):
     from PIL import Image
 
     rows = [_row("as-is", None, 95, 100.0, [400, 410])] + [
-        _row(f"{s}px q{q}", s, q, 25 + s / 40 + q / 20, [3e5 / s + q, 3e5 / s + q * 1.02]) for s in (256, 320, 384, 448, 512)
-        for q in (75, 85, 90, 95)]
+        _row(f"{s}px q{q}", s, q, 25 + s / 40 + q / 20, [3e5 / s + q, 3e5 / s + q * 1.02])
+        for s in (256, 320, 384, 448, 512) for q in (75, 85, 90, 95)]
     plots.tune(_result(rows, min_psnr=33), str(tmp_path / "t.png"))
     im = np.asarray(Image.open(tmp_path / "t.png").convert("RGB"))
     assert im.shape[:2] == (572, 935) and (im < 100).any() and (im > 250).mean() > 0.5  # drawn, mostly white
