@@ -498,7 +498,7 @@ def test_hostile_multiscan_files_in_a_gpu_batch_are_named():
     dec.close()
 
 
-# ------------------------------------------------------------------ OutputSpec on the GPU (bfloat16, channels_last), devices
+# ---------------------------------------------------------------- OutputSpec on the GPU: bfloat16, channels_last
 
 @gpu
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
