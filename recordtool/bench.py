@@ -245,9 +245,3 @@ def table(r: dict) -> str:
             f"{r['device']}, {r['threads']} threads, batch {r['batch_size']}")
     return head + "\n" + "\n".join(f"  {a:<30} {b:>18}  {c}" for a, b, c in rows)
 
-
-def plot(r: dict, path: str) -> None:
-    """The throughputs side by side as a PNG (recordtool.plots; needs matplotlib: [plot])."""
-    from . import plots
-
-    plots.bench(r, path)

@@ -323,14 +323,13 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
     0.65/0.75/0.9) and the Pillow baseline (decode + RandomResizedCrop + ToTensor, one process per
     thread) run on the same records, batch and threads in the same run; the table gives ratios.
     """
-    from .bench import plot, run, table
+    from . import plots
+    from .bench import run, table
     from .errors import RecordtoolError
 
     try:
         if plot_path:
-            from .plots import require
-
-            require()  # before the measurement, not after it
+            plots.require()  # before the measurement, not after it
         r = run(root, device=device, batch_size=batch_size, threads=threads, epochs=epochs, images=images,
                 progress=not quiet, dali=dali, dali_files=dali_files, baseline=baseline, producers=producers)
     except (RecordtoolError, OSError, ValueError) as e:
@@ -340,7 +339,7 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
         with open(json_path, "w") as f:
             json.dump(r, f, indent=1, default=str)
     if plot_path:
-        plot(r, plot_path)
+        plots.bench(r, plot_path)
 
 
 @main.command()
@@ -379,13 +378,12 @@ def tune(src, images, seed, sides, qualities, min_psnr, device, batch_size, epoc
     a table and the fastest candidate within --min-psnr; `pack --preset` names measured settings.
     """
     from .errors import RecordtoolError
-    from .tune import candidates, gpu_available, parse_ints, plot, run, table
+    from . import plots
+    from .tune import candidates, gpu_available, parse_ints, run, table
 
     try:
         if plot_path:
-            from .plots import require
-
-            require()  # before the measurement, not after it
+            plots.require()  # before the measurement, not after it
         cands = candidates(parse_ints(sides, "--sides"), parse_ints(qualities, "--qualities"))
         if device == "cuda" and not gpu_available():
             raise click.UsageError("--device cuda: CuPy finds no GPU here")
@@ -402,7 +400,7 @@ def tune(src, images, seed, sides, qualities, min_psnr, device, batch_size, epoc
         with open(json_path, "w") as f:
             json.dump(r, f, indent=1, default=str)
     if plot_path:
-        plot(r, plot_path)
+        plots.tune(r, plot_path)
 
 
 if __name__ == "__main__":

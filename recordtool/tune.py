@@ -409,14 +409,6 @@ def table(r: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(r: dict, path: str) -> None:
-    """The recommendation's measure against median PSNR as a PNG (recordtool.plots; needs
-    matplotlib: [plot])."""
-    from . import plots
-
-    plots.tune(r, path)
-
-
 def parse_ints(text: str, what: str) -> list:
     try:
         vals = [int(v) for v in text.split(",") if v.strip()]
