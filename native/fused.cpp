@@ -21,6 +21,7 @@
 #include <functional>
 #include <malloc.h>
 #include <mutex>
+#include <pthread.h>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -178,17 +179,36 @@ struct Params {
 };
 
 // The fused output pass: one resampled uint8 image (h × w × 3, RGB) → mirrored if asked,
-// x · scale + bias per channel, float32 or float16, NCHW or NHWC — what the GPU kernel does
+// x · scale + bias per channel, float32, float16 or bfloat16, NCHW or NHWC — what the GPU kernel does
 // after its resample. Runs on the decode thread right after the resample, while the tile is in
 // cache. Python reference: recordtool.decode.ops.normalize_reference.
+enum OutKind { OUT_F32 = 0, OUT_F16 = 1, OUT_BF16 = 2 };
+
 struct Emit {
     bool on = false;
-    bool half = false;
+    int kind = OUT_F32;
     bool nchw = true;
     float scale[3], bias[3];
     const bool* flips = nullptr;
-    void* out = nullptr;  // N × 3 × h × w (or N × h × w × 3) elements of float or half
+    void* out = nullptr;  // N × 3 × h × w (or N × h × w × 3) elements of float, half or bfloat16
 };
+
+// float → bfloat16 bits, round to nearest even (as torch's .to(torch.bfloat16)); finite inputs only.
+static inline uint16_t to_bf16(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    x += 0x7FFFu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+// The output element type from the array's dtype: float32, float16, or uint16 holding bfloat16
+// bits (numpy has no bfloat16; recordtool.decode.spec hands such arrays out as bfloat16).
+static int out_kind(const py::array& a, const char* what) {
+    if (a.dtype().is(py::dtype::of<float>())) return OUT_F32;
+    if (a.dtype().is(py::dtype("float16"))) return OUT_F16;
+    if (a.dtype().is(py::dtype::of<uint16_t>())) return OUT_BF16;
+    throw std::invalid_argument(std::string(what) + " must be float32, float16 or uint16 (bfloat16 bits)");
+}
 
 // float → IEEE half, round to nearest even (as numpy's astype(float16)); finite inputs only.
 static inline uint16_t to_half(float f) {
@@ -214,11 +234,11 @@ static inline uint16_t to_half(float f) {
 }
 
 
-static Emit make_emit(bool half, bool nchw, const std::vector<float>& scale, const std::vector<float>& bias,
+static Emit make_emit(int kind, bool nchw, const std::vector<float>& scale, const std::vector<float>& bias,
                       const bool* flips, void* out) {
     Emit e;
     e.on = true;
-    e.half = half;
+    e.kind = kind;
     e.nchw = nchw;
     for (int c = 0; c < 3; c++) {
         e.scale[c] = scale[c];
@@ -239,7 +259,8 @@ static void emit_one(const Emit& e, const uint8_t* img, int H, int W, size_t n) 
             for (int c = 0; c < 3; c++) {
                 const float v = q[c] * e.scale[c] + e.bias[c];
                 const size_t o = e.nchw ? base + c * plane + (size_t)y * W + x : base + ((size_t)y * W + x) * 3 + c;
-                if (e.half) static_cast<uint16_t*>(e.out)[o] = to_half(v);
+                if (e.kind == OUT_F16) static_cast<uint16_t*>(e.out)[o] = to_half(v);
+                else if (e.kind == OUT_BF16) static_cast<uint16_t*>(e.out)[o] = to_bf16(v);
                 else static_cast<float*>(e.out)[o] = v;
             }
         }
@@ -506,13 +527,23 @@ class Pool {
 // Pools by id: callers that run batches at the same time (one per GPU producer thread) each
 // get their own threads instead of queueing on one pool. Never destroyed: threads must not be
 // joined at interpreter exit.
+static std::mutex* pools_mu = new std::mutex();
+static std::vector<Pool*>* pools = new std::vector<Pool*>();
+
 static Pool& pool(int id = 0) {
-    static std::mutex mu;
-    static std::vector<Pool*> pools;
-    std::lock_guard<std::mutex> g(mu);
+    std::lock_guard<std::mutex> g(*pools_mu);
     if (id < 0 || id > 64) throw std::invalid_argument("pool id must be in 0..64");
-    while ((int)pools.size() <= id) pools.push_back(new Pool());
-    return *pools[id];
+    while ((int)pools->size() <= id) pools->push_back(new Pool());
+    return *(*pools)[id];
+}
+
+// A forked child (a torch DataLoader worker, multiprocessing with fork) has none of its
+// parent's pool threads, and a pool's locks may have been held at the fork: the child starts
+// with new, empty pools (their threads made on first use) and leaves the old ones untouched —
+// waiting on them would hang, destroying them would join threads that do not exist.
+static void pools_after_fork_in_child() {
+    pools_mu = new std::mutex();
+    pools = new std::vector<Pool*>();
 }
 
 }  // namespace rt
@@ -630,7 +661,7 @@ static py::list decode_crop_resize(py::sequence buffers, py::array_t<double, py:
     return run_batch(tasks, p, threads, pool_id, Emit{});
 }
 
-// The same, with the fused output pass: out is float32 or float16, (N, 3, H, W) when nchw else
+// The same, with the fused output pass: out is float32, float16 or bfloat16 bits (uint16), (N, 3, H, W) when nchw else
 // (N, H, W, 3); image n is mirrored where flips[n]; value = pixel · scale[c] + bias[c].
 // Reference: ops.normalize_reference(decode_crop_resize(...)). Failed images come out as the
 // normalised zero image; their (index, reason) are returned.
@@ -641,8 +672,7 @@ static py::list decode_crop_resize_normalize(py::sequence buffers, py::array_t<d
     const size_t n = buffers.size();
     if (out.ndim() != 4 || (size_t)out.shape(0) != n) throw std::invalid_argument("out must have shape (N, ...)");
     if (!(out.flags() & py::array::c_style)) throw std::invalid_argument("out must be C-contiguous");
-    const bool half = out.dtype().is(py::dtype("float16"));
-    if (!half && !out.dtype().is(py::dtype::of<float>())) throw std::invalid_argument("out must be float32 or float16");
+    const int kind = out_kind(out, "out");
     const int H = side(nchw ? out.shape(2) : out.shape(1)), W = side(nchw ? out.shape(3) : out.shape(2));
     if ((nchw ? out.shape(1) : out.shape(3)) != 3) throw std::invalid_argument("out must have 3 channels");
     if ((size_t)flips.size() != n) throw std::invalid_argument("flips must have N entries");
@@ -651,7 +681,7 @@ static py::list decode_crop_resize_normalize(py::sequence buffers, py::array_t<d
     check_params(p);
     std::vector<py::buffer_info> keep;
     std::vector<Task> tasks = make_tasks(buffers, windows, keep);
-    const Emit e = make_emit(half, nchw, scale, bias, flips.data(), out.mutable_data());
+    const Emit e = make_emit(kind, nchw, scale, bias, flips.data(), out.mutable_data());
     return run_batch(tasks, p, threads, pool_id, e);
 }
 
@@ -715,7 +745,7 @@ static void reserve(size_t bytes, int threads, int pool_id) {
 // ------------------------------------------------------------------ normalize
 
 // uint8 NHWC batch → (x · scale + bias) per channel, mirrored where flips[n], into float32 or
-// float16, NCHW or NHWC. One image per task on the pool. Reference: recordtool.decode.ops.normalize.
+// float16 or bfloat16 bits (uint16), NCHW or NHWC. One image per task on the pool. Reference: recordtool.decode.ops.normalize.
 static void normalize_py(py::array_t<uint8_t, py::array::c_style> src, py::array_t<bool, py::array::c_style> flips,
                          py::array dst, std::vector<float> scale, std::vector<float> bias, bool nchw, int threads,
                          int pool_id) {
@@ -723,11 +753,10 @@ static void normalize_py(py::array_t<uint8_t, py::array::c_style> src, py::array
     const int n = (int)src.shape(0), H = (int)src.shape(1), W = (int)src.shape(2);
     if (flips.size() != n) throw std::invalid_argument("flips must have N entries");
     if (scale.size() != 3 || bias.size() != 3) throw std::invalid_argument("scale and bias need 3 values");
-    const bool half = dst.dtype().is(py::dtype("float16"));
-    if (!half && !dst.dtype().is(py::dtype::of<float>())) throw std::invalid_argument("dst must be float32 or float16");
+    const int kind = out_kind(dst, "dst");
     if (!(dst.flags() & py::array::c_style) || dst.size() != (py::ssize_t)n * H * W * 3)
         throw std::invalid_argument("dst must be C-contiguous with N*H*W*3 elements");
-    const Emit e = make_emit(half, nchw, scale, bias, flips.data(), dst.mutable_data());  // the fused pass
+    const Emit e = make_emit(kind, nchw, scale, bias, flips.data(), dst.mutable_data());  // the fused pass
     const uint8_t* s = src.data();
     std::atomic<int> next{0};
     py::gil_scoped_release release;
@@ -761,6 +790,7 @@ PYBIND11_MODULE(_native, m) {
     py::register_exception<ThreadStartError>(m, "ThreadStartError",
                                              py::module_::import("recordtool.errors").attr("ThreadStartError"));
     m.attr("MMAP_THRESHOLD_FIXED") = fix_mmap_threshold();
+    pthread_atfork(nullptr, nullptr, &pools_after_fork_in_child);
     m.def("normalize", &normalize_py, py::arg("src"), py::arg("flips"), py::arg("dst"), py::arg("scale"),
           py::arg("bias"), py::arg("nchw"), py::arg("threads"), py::arg("pool") = 0);
     m.def("gather", &gather, py::arg("buffers"), py::arg("dst"), py::arg("capacity"), py::arg("align") = 64);

@@ -1,11 +1,13 @@
 // One kernel for the whole batch after decode: antialiased bilinear resample of each decoded
 // window (Pillow's BILINEAR filter: triangle widened by the downscale factor), optional
-// horizontal mirror, mean/std normalisation, NCHW or NHWC, float / half / uint8 output.
+// horizontal mirror, mean/std normalisation, NCHW or NHWC, float / half / bfloat16 / uint8 output.
 // A sample is interleaved RGB (the engines' RGBI output, the CPU share) or, with
 // chroma="interpolate", nvJPEG's planar YCbCr / Y: the kernel then makes libjpeg-turbo's RGB
 // pixels itself (fancy upsampling, jdsample.c, and jdcolor.c's fixed-point conversion).
 // Compiled by CuPy (RawModule) at first use. Python reference: recordtool/decode/gpu_ref.py.
+// bfloat16 goes into a uint16 CuPy array (CuPy has no bfloat16): the bits, round to nearest even.
 #include <cuda_fp16.h>
+#include <cuda_bf16.h>
 
 #define FMT_RGB 0    // interleaved RGB at src
 #define FMT_YCC 1    // planar Y (src, pitch), Cb (cb, cpitch), Cr (cr, cpitch) subsampled by hs x vs
@@ -72,6 +74,7 @@ __device__ __forceinline__ void planar_rgb(const Sample& s, int x, int y, float&
 template <typename T> __device__ __forceinline__ T convert_out(float v);
 template <> __device__ __forceinline__ float convert_out<float>(float v) { return v; }
 template <> __device__ __forceinline__ __half convert_out<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 convert_out<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ unsigned char convert_out<unsigned char>(float v) {
     return (unsigned char)fminf(fmaxf(rintf(v), 0.0f), 255.0f);
 }

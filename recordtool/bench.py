@@ -12,15 +12,17 @@ from . import peers
 from .decode import decode_crop_resize, random_windows
 from .util import cores
 from .loader import Loader
+from .loader.device import parse_device, resolve
 from .peers import best_of, pil_rrc_rate  # noqa: F401  (scripts import them from here)
 from .datasets import open_dataset
 
 
 def loader_epochs(ld: Loader, epochs: int, images: int | None = None) -> dict:
     """Run `epochs` epochs of a Loader; rate of the timed ones (all after the first, which warms
-    up threads, buffers and the kernel build), batch latencies, CPU cores busy, stage seconds."""
+    up threads, buffers and the kernel build) in images per wall second and per second of this
+    process's CPU time, each epoch's too, batch latencies, CPU cores busy, stage seconds."""
     device = ld.device
-    lat, rates, done, dt, cpu_s = [], [], 0, 0.0, 0.0
+    lat, rates, per_cpu, done, dt, cpu_s = [], [], [], 0, 0.0, 0.0
     limit = -(-images // ld.batch_size) if images else None
     for epoch in range(epochs):
         ld.set_epoch(epoch)
@@ -41,13 +43,15 @@ def loader_epochs(ld: Loader, epochs: int, images: int | None = None) -> dict:
             if limit and k + 1 >= limit:
                 break
         if timed:
-            t = time.perf_counter() - t0
+            t, c = time.perf_counter() - t0, time.process_time() - c0
             done += count
             dt += t
-            cpu_s += time.process_time() - c0
+            cpu_s += c
             rates.append(count / t)
+            per_cpu.append(count / c if c > 0 else float("nan"))
     lat = np.array(lat) if lat else np.zeros(1)
-    r = {"img_s": done / dt, "best_epoch_img_s": max(rates), "epochs_img_s": rates, "batches": int(len(lat)),
+    r = {"img_s": done / dt, "best_epoch_img_s": max(rates), "epochs_img_s": rates,
+         "epochs_img_per_cpu_s": per_cpu, "batches": int(len(lat)),
          "timed_epochs": len(rates), "p50_ms": float(np.percentile(lat, 50) * 1e3),
          "p99_ms": float(np.percentile(lat, 99) * 1e3), "cores_busy": cpu_s / dt,
          "stage_ms_per_image": {k: 1e3 * v / max(done, 1) for k, v in ld.stage_seconds.items()},
@@ -77,6 +81,8 @@ def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | No
         baseline: run the Pillow baseline.
         producers: Loader producer threads (default: the Loader's).
     """
+    if device != "cpu":  # before any work: a GPU this process cannot use is named at once
+        resolve(parse_device(device))
     ds = open_dataset(path)
     threads = threads or cores()
     order = ds.sampler(seed=seed).indices(0)
@@ -239,27 +245,3 @@ def table(r: dict) -> str:
             f"{r['device']}, {r['threads']} threads, batch {r['batch_size']}")
     return head + "\n" + "\n".join(f"  {a:<30} {b:>18}  {c}" for a, b, c in rows)
 
-
-def plot(r: dict, path: str) -> None:
-    """Throughputs side by side, as a PNG (Pillow only: no plotting dependency)."""
-    from PIL import Image, ImageDraw
-
-    bars = [("read (rec/s)", r["read"]["records_s"]), ("decode (img/s)", r["decode"]["img_s"]),
-            ("loader (img/s)", r["loader"]["img_s"])]
-    for key, name in (("dali", "DALI"), ("dali_files", "DALI files"), ("baseline_pil", "Pillow")):
-        if "img_s" in r.get(key, {}):
-            bars.append((name, r[key]["img_s"]))
-    W, H, pad = 120 * len(bars) + 80, 360, 40
-    im = Image.new("RGB", (W, H), "white")
-    d = ImageDraw.Draw(im)
-    top = max(v for _, v in bars)
-    bw = (W - 2 * pad) // len(bars)
-    for k, (name, v) in enumerate(bars):
-        x0 = pad + k * bw + 10
-        h = int((H - 3 * pad) * np.log10(v + 1) / np.log10(top + 1))
-        d.rectangle([x0, H - pad - h, x0 + bw - 20, H - pad], fill=(70, 110, 180) if k < 3 else (180, 120, 60))
-        d.text((x0, H - pad + 5), name, fill="black")
-        d.text((x0, H - pad - h - 14), f"{v:,.0f}", fill="black")
-    d.text((pad, 10), f"recordtool bench: {r['records']} records, {r['device']}, {r['threads']} threads "
-           "(log scale)", fill="black")
-    im.save(path)

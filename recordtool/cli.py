@@ -212,8 +212,8 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
     max_classes = max_classes or MAX_CLASSES
     source = None
     try:
-        if kind != "tfrecord" and len(src) != 1:
-            raise click.UsageError(f"--from {kind} takes one SRC folder")
+        if kind != "tfrecord" and (len(src) != 1 or not os.path.isdir(src[0])):
+            raise click.UsageError(_not_a_folder(kind, src))
         if kind == "folder":
             from .sources.imagefolder import ImageFolderSource
 
@@ -260,6 +260,19 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
         more = f", … {len(summary.reused) - 10} more" if len(summary.reused) > 10 else ""
         click.echo(f"reused {', '.join(summary.reused[:10])}{more} (finished by an earlier run)", err=True)
     click.echo(summary.line())
+
+
+def _not_a_folder(kind: str, src) -> str:
+    """Why SRC is refused for --from folder/ofrecord, with the option the user likely meant."""
+    what = src[0] if len(src) == 1 else f"{len(src)} paths"
+    if len(src) == 1 and not os.path.lexists(src[0]) and not any(ch in src[0] for ch in "*?["):
+        why = f"SRC {src[0]} does not exist"
+    else:
+        why = f"--from {kind} takes one SRC folder, not {what}"
+    if kind == "folder":
+        return (f"{why}. For TFRecord files (globs allowed: 'train-*'), add --from tfrecord --keys tf-slim|tfds; "
+                "for a folder of OFRecord part files, --from ofrecord")
+    return why
 
 
 def _transcode(preset, max_side, quality, hw_friendly):
@@ -345,7 +358,8 @@ def verify(root, decode, threads, cache_dir, cache_limit, quiet):
 @click.option("--images", type=click.IntRange(1), default=None, help="Use only this many records (default: all).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write all numbers here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="Write a PNG of the stage throughputs side by side.")
+              help="Write a PNG of every pipeline's img/s side by side (needs matplotlib: pip install "
+              "'recordtool[plot]').")
 @click.option("--producers", type=_THREADS, default=None, help="Loader producer threads (default: the Loader's).")
 @click.option("--dali/--no-dali", default=True, show_default=True,
               help="Run NVIDIA DALI's pipeline on the same records when nvidia.dali imports.")
@@ -378,7 +392,8 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
     data, the Loader, DALI and torchvision's DataLoader (the last two on --dali-files) in turn,
     each --repeats times; img/s, ratios to synthetic and DALI, the host's wait per step.
     """
-    from .bench import plot, run, table
+    from . import plots
+    from .bench import run, table
 
     if train_arch is not None:
         from . import train_bench
@@ -393,6 +408,8 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
             train_bench.write_json(res, json_path)
         return
 
+    if plot_path:
+        plots.require()  # before the measurement, not after it
     r = run(root, device=device, batch_size=batch_size, threads=threads, epochs=epochs, images=images,
             progress=not quiet, dali=dali, dali_files=dali_files, baseline=baseline, producers=producers)
     click.echo(table(r))
@@ -400,7 +417,7 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
         with open(json_path, "w") as f:
             json.dump(r, f, indent=1, default=str)
     if plot_path:
-        plot(r, plot_path)
+        plots.bench(r, plot_path)
 
 
 @main.command()
@@ -415,12 +432,13 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
 @click.option("--qualities", type=_Ints(1, 100), default=",".join(map(str, (75, 85, 90, 95))), show_default=True,
               help="--quality candidates, comma-separated (each side is tried with each quality).")
 @click.option("--min-psnr", type=_Finite(0, 200), default=35.0, show_default=True,
-              help="Recommend the fastest candidate whose median crop PSNR against the originals is at least this (dB).")
+              help="Recommend among candidates whose median crop PSNR against the originals is at least this (dB).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Loaders to time: auto = the CPU, and the GPU too when CuPy finds one.")
 @click.option("--batch-size", type=_BATCH, default=128, show_default=True, help="Loader batch size.")
-@click.option("--epochs", type=_EPOCHS, default=3, show_default=True,
-              help="Loader epochs per candidate; the first warms up, the best of the others counts.")
+@click.option("--epochs", type=_EPOCHS, default=5, show_default=True,
+              help="Loader epochs per candidate; the first warms up, the median of the others counts (their "
+              "spread is shown and taken into account by the recommendation).")
 @click.option("--threads", type=_THREADS, default=None, help="Decode threads (default: cores).")
 @click.option("--workers", type=_THREADS, default=None, help="Pack workers (default 2×cores).")
 @click.option("--work-dir", type=click.Path(file_okay=False), default=None,
@@ -428,7 +446,8 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
 @click.option("--keep", is_flag=True, help="Keep the packs (their folder is printed) instead of removing them.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write all numbers here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="Write a PNG of throughput against fidelity, the recommended point marked.")
+              help="Write a PNG of speed against fidelity, the recommended point marked (needs matplotlib: "
+              "pip install 'recordtool[plot]').")
 @click.option("--quiet", "-q", is_flag=True, help="No line per candidate.")
 @_errors
 def tune(src, images, seed, sides, qualities, min_psnr, device, batch_size, epochs, threads, workers, work_dir, keep,
@@ -440,8 +459,11 @@ def tune(src, images, seed, sides, qualities, min_psnr, device, batch_size, epoc
     outputs with Pillow's from the original files under the same windows (PSNR, SSIM). Prints
     a table and the fastest candidate within --min-psnr; `pack --preset` names measured settings.
     """
-    from .tune import candidates, gpu_available, plot, run, table
+    from . import plots
+    from .tune import candidates, gpu_available, run, table
 
+    if plot_path:
+        plots.require()  # before the measurement, not after it
     cands = candidates(sides, qualities)
     if device == "cuda" and not gpu_available():
         raise click.UsageError("--device cuda: CuPy finds no GPU here")
@@ -456,7 +478,7 @@ def tune(src, images, seed, sides, qualities, min_psnr, device, batch_size, epoc
         with open(json_path, "w") as f:
             json.dump(r, f, indent=1, default=str)
     if plot_path:
-        plot(r, plot_path)
+        plots.tune(r, plot_path)
 
 
 if __name__ == "__main__":

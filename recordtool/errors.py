@@ -109,6 +109,25 @@ class ThreadStartError(RecordtoolError, OSError):
     stay usable."""
 
 
+# one class for a bad parameter, whichever layer checks it (the Loader's arguments, pack's and
+# tune's numbers): ConfigError is the Loader's name for it
+ConfigError = OptionError
+
+
+class DeviceUnavailable(RecordtoolError, RuntimeError):
+    """The device asked for cannot be used here: CuPy / nvJPEG not installed (the message says
+    what to install), or no GPU visible to this process."""
+
+
+class DatasetNotFound(RecordtoolError, FileNotFoundError):
+    """The dataset path does not exist, or is a file rather than a dataset directory."""
+
+
+class BadState(RecordtoolError, ValueError):
+    """A `Loader.load_state_dict` state that does not fit this loader: a missing key, a value of
+    the wrong type or out of range, or another run's seed / rank / world size / batch size."""
+
+
 class OnError(str, Enum):
     """What a stage does with one bad item (a file, a record, an image) — the same three words
     for `pack(on_error=)` / `--on-error`, `Loader(on_error=)`, `decode_crop_resize(on_error=)`

@@ -3,10 +3,13 @@
 SSIM follows Wang, Bovik, Sheikh & Simoncelli (2004), a grayscale measure: an 11×11
 Gaussian window of σ 1.5, K1 0.01, K2 0.03, dynamic range 255, population (not sample)
 variances, the map averaged over the positions where the window fits entirely ("valid"),
-computed on luma (ITU-R BT.601 Y = 0.299 R + 0.587 G + 0.114 B, unrounded) — scikit-image's
-`structural_similarity(gaussian_weights=True, use_sample_covariance=False, data_range=255)` on
-that Y gives the same numbers. Colour loss (4:2:0 chroma) shows in the PSNR, taken over all
-three RGB channels. These numpy routines are the implementation; there is no native one.
+computed on luma (ITU-R BT.601 Y = 0.299 R + 0.587 G + 0.114 B, unrounded). Colour loss
+(4:2:0 chroma) shows in the PSNR, taken over all three RGB channels.
+
+`psnr` and `ssim` are scikit-image's `peak_signal_noise_ratio` and `structural_similarity`
+(gaussian_weights=True, sigma 1.5, use_sample_covariance=False, data_range=255, on that Y) where
+scikit-image is installed — the well-kept implementation —, else `psnr_numpy` / `ssim_numpy`,
+the same measures in numpy (tested equal to scikit-image's). `IMPLEMENTATION` says which.
 """
 from __future__ import annotations
 
@@ -32,7 +35,40 @@ def _filter(a: np.ndarray, g: np.ndarray) -> np.ndarray:
     return sliding_window_view(a, k, axis=-2) @ g
 
 
+def _skimage():
+    try:
+        from skimage import __version__
+        from skimage.metrics import peak_signal_noise_ratio, structural_similarity
+    except ImportError:
+        return None
+    return __version__, peak_signal_noise_ratio, structural_similarity
+
+
+_SK = _skimage()
+IMPLEMENTATION = f"scikit-image {_SK[0]}" if _SK else "numpy"
+
+
+def _pairs(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        raise ValueError(f"shapes differ: {a.shape} and {b.shape}")
+    single = a.ndim == 3
+    return (a[None], b[None], single) if single else (a, b, single)
+
+
 def psnr(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """PSNR in dB per image of two uint8 batches (N, H, W, C) (or one image (H, W, C)), peak 255,
+    over all pixels and channels; capped at PSNR_CAP for identical images. scikit-image's where
+    installed, else psnr_numpy."""
+    if _SK is None:
+        return psnr_numpy(a, b)
+    a, b, single = _pairs(a, b)
+    out = np.array([PSNR_CAP if np.array_equal(x, y) else min(_SK[1](x, y, data_range=_RANGE), PSNR_CAP)
+                    for x, y in zip(a, b)], np.float64)
+    return out[0] if single else out
+
+
+def psnr_numpy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """PSNR in dB per image of two uint8 batches (N, H, W, C) (or one image (H, W, C)), peak 255,
     over all pixels and channels; capped at PSNR_CAP for identical images."""
     a, b = np.asarray(a), np.asarray(b)
@@ -55,7 +91,21 @@ def luma(a: np.ndarray) -> np.ndarray:
     return np.asarray(a, np.float32) @ _LUMA
 
 
-def ssim(a: np.ndarray, b: np.ndarray, sigma: float = 1.5, size: int = 11, chunk: int | None = None) -> np.ndarray:
+def ssim(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Mean SSIM of the luma per image of two uint8 RGB batches (N, H, W, 3) (or one image
+    (H, W, 3)): scikit-image's where installed, else ssim_numpy. Sides must be at least 11."""
+    if _SK is None:
+        return ssim_numpy(a, b)
+    a, b, single = _pairs(a, b)
+    if min(a.shape[1:3]) < 11:
+        raise ValueError(f"images of {a.shape[1]}x{a.shape[2]} are smaller than the 11x11 window")
+    out = np.array([_SK[2](luma(x).astype(np.float64), luma(y).astype(np.float64), gaussian_weights=True, sigma=1.5,
+                           use_sample_covariance=False, data_range=_RANGE) for x, y in zip(a, b)], np.float64)
+    return out[0] if single else out
+
+
+def ssim_numpy(a: np.ndarray, b: np.ndarray, sigma: float = 1.5, size: int = 11,
+               chunk: int | None = None) -> np.ndarray:
     """Mean SSIM of the luma per image of two uint8 RGB batches (N, H, W, 3) (or one image
     (H, W, 3)).
 

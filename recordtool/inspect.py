@@ -42,6 +42,8 @@ def _summary(ds: Dataset) -> dict:
         "path": ds.root,
         "records": n,
         "classes": len(ds.classes),
+        "class_names": list(ds.classes),  # label k's name is class_names[k]
+        "records_per_class": [int(v) for v in per_class],
         "per_class": {"min": int(per_class.min()) if len(per_class) else 0,
                       "max": int(per_class.max()) if len(per_class) else 0,
                       "empty": [ds.classes[i] for i in np.nonzero(per_class == 0)[0]]},
@@ -64,11 +66,15 @@ def _summary(ds: Dataset) -> dict:
     }
 
 
-def render(s: dict, max_shards: int = 20) -> str:
+def render(s: dict, max_shards: int = 20, max_classes: int = 12) -> str:
     out = []
     w = out.append
     w(f"{s['path']}: {s['records']} records, {s['classes']} classes, {len(s['shards'])} shards, "
       f"{s['bytes'] / 1e6:.1f} MB")
+    names, counts = s["class_names"], s["records_per_class"]
+    shown = ", ".join(f"{k} {n!r} ({c})" for k, (n, c) in enumerate(zip(names[:max_classes], counts)))
+    more = f", … {len(names) - max_classes} more (--json lists all)" if len(names) > max_classes else ""
+    w(f"  classes: {shown}{more}")
     pc = s["per_class"]
     w(f"  per class: min {pc['min']}, max {pc['max']}" + (f", empty: {pc['empty']}" if pc["empty"] else ""))
     for key, unit in (("jpeg_bytes", "B"), ("width", "px"), ("height", "px")):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -114,6 +115,32 @@ class Dataset:
         c = self.index.columns
         return self._slice(int(c["shard"][i]), int(c["offset"][i]) + 8, int(c["length"][i]))
 
+    def info(self, i: int) -> "RecordInfo":
+        """What record i holds besides its pixels: label, class name, file name, size, shard, and
+        every feature of its OFRecord (FORMAT.md) — parsed from the record's bytes on each call
+        (random access for inspection and evaluation reports, not for the training loop)."""
+        from .format.ofrecord import BYTES_LIST, decode_ofrecord
+
+        n = len(self.index)
+        if not -n <= i < n:
+            raise IndexError(f"record {i} out of range for {n} records")
+        i = int(i) % n
+        c = self.index.columns
+        buf = self.record(i)
+        shard = self.shards[int(c["shard"][i])]["name"]
+        try:
+            parsed = decode_ofrecord(buf)
+        except ValueError as e:
+            raise FormatError(f"{os.path.join(self.root, shard)}: record {i} at offset {int(c['offset'][i])}: "
+                              f"{e}") from None
+        features = {k: [bytes(buf[a:b]) for a, b in v] if kind == BYTES_LIST else list(v)
+                    for k, (kind, v) in parsed.items()}
+        name = features.get("filename", [b""])
+        label = int(c["label"][i])
+        return RecordInfo(id=i, label=label, class_name=self.classes[label],
+                          filename=(name[0] if name else b"").decode("utf-8", "surrogateescape"),
+                          width=int(c["width"][i]), height=int(c["height"][i]), shard=shard, features=features)
+
     def prefetch(self, indices) -> None:
         """Ask the kernel to read these records' bytes ahead (madvise WILLNEED)."""
         if not hasattr(mmap, "MADV_WILLNEED"):
@@ -175,6 +202,21 @@ class Dataset:
 def _reopen(cls, root: str, options: dict):
     """Unpickling a dataset: open it again where it was opened."""
     return cls(root, **options)
+
+
+@dataclass(frozen=True)
+class RecordInfo:
+    """One record's metadata (`Dataset.info(i)`)."""
+
+    id: int
+    label: int
+    class_name: str
+    filename: str  # as packed (the source's relative path); undecodable bytes as surrogates
+    width: int
+    height: int
+    shard: str  # the part file holding it
+    features: dict  # every OFRecord feature: key → list of bytes / ints / floats (the image included)
+
 
 
 def check_rows(index, shards: list, where: str, classes: int | None = None) -> None:

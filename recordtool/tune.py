@@ -9,8 +9,11 @@ same windows: windows are drawn in the original image's pixels (`random_windows`
 sample position) and scaled with the image for a shrunk record; the candidate's crops come from
 the CPU decoder the Loader runs (`decode_crop_resize`), the references from
 `decode.reference.truth` (Pillow decode → crop → resize) on the original bytes. PSNR and SSIM
-(`recordtool.fidelity`), median and 5th percentile over the sample. The recommendation is the
-fastest candidate whose median PSNR is at least `min_psnr`.
+(`recordtool.fidelity`), median and 5th percentile over the sample. Speed is the median over
+the timed epochs, with their spread: images per CPU-second for the CPU Loader (stable when
+other work shares the cores), images per second for the GPU Loader. The recommendation: among
+candidates with median PSNR ≥ `min_psnr`, those within the fastest one's spread, then the most
+faithful of them — so runs that measure the same costs recommend the same candidate.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from .decode import cpu, random_windows, reference
 from .checks import MAX_BATCH, MAX_EPOCHS, MAX_SEED, MAX_SIDE, MAX_THREADS, bounded_float, bounded_int
 from .errors import RecordtoolError
 from .util import cores
-from .fidelity import psnr, ssim
+from .fidelity import IMPLEMENTATION, psnr, ssim
 from .pack.transcode import CONVERT_QUALITY, SPEED_PRESETS, Transcode
 
 DEFAULT_SIDES = (256, 320, 384, 448, 512)
@@ -181,8 +184,8 @@ def _fidelity(ds, dims, win, refs, ok, size: int, threads: int, chunk: int = 64)
 
 
 def _loader_rate(path, device: str, batch_size: int, threads: int, epochs: int, seed: int) -> dict:
-    """The real Loader through `bench.loader_epochs`: best timed epoch (the first warms up), and
-    images per second of this process's CPU time over the timed epochs."""
+    """The real Loader through `bench.loader_epochs`: per timed epoch (the first warms up) images
+    per wall second and per second of this process's CPU time; their medians and spreads."""
     from .bench import loader_epochs
     from .loader import Loader
 
@@ -192,9 +195,17 @@ def _loader_rate(path, device: str, batch_size: int, threads: int, epochs: int, 
         r = loader_epochs(ld, max(2, epochs))
     finally:
         ld.close()
-    busy = r["cores_busy"]  # CPU seconds per wall second over the timed epochs
-    return {"img_s": r["best_epoch_img_s"], "epochs_img_s": r["epochs_img_s"],
-            "img_per_cpu_s": r["img_s"] / busy if busy > 0 else float("nan"), "cores_busy": busy}
+    wall, cpu_rate = r["epochs_img_s"], r["epochs_img_per_cpu_s"]
+    return {"img_s": float(np.median(wall)), "img_s_spread": _spread(wall), "epochs_img_s": wall,
+            "img_per_cpu_s": float(np.median(cpu_rate)), "img_per_cpu_s_spread": _spread(cpu_rate),
+            "epochs_img_per_cpu_s": cpu_rate, "cores_busy": r["cores_busy"]}
+
+
+def _spread(v) -> float:
+    """(max − min) / median of repeated measurements: how far apart the epochs were."""
+    v = np.asarray(v, np.float64)
+    med = float(np.median(v)) if len(v) else float("nan")
+    return float((v.max() - v.min()) / med) if len(v) and med > 0 else float("nan")
 
 
 def run(src, images: int = 1000, seed: int = 0, cands: list | None = None, min_psnr: float = DEFAULT_MIN_PSNR,
@@ -211,7 +222,7 @@ def run(src, images: int = 1000, seed: int = 0, cands: list | None = None, min_p
         min_psnr: the recommendation is the fastest candidate with median PSNR ≥ this (dB).
         devices: loaders to time: "cpu" and/or "cuda".
         batch_size: Loader batch size (drop_last: keep it well under `images`).
-        epochs: Loader epochs per candidate, the first a warm-up; the best other one counts.
+        epochs: Loader epochs per candidate, the first a warm-up; the median of the others counts.
         threads: decode threads (default: cores).
         workers: pack workers (default: pack's).
         size: output side of the RandomResizedCrop (224).
@@ -285,6 +296,7 @@ def run(src, images: int = 1000, seed: int = 0, cands: list | None = None, min_p
                 except OSError:
                     pass
     r = {"source": source.describe(), "images": len(sample.items), "seed": seed, "size": size,
+         "fidelity": IMPLEMENTATION,
          "batch_size": batch_size, "epochs": epochs, "threads": threads, "cores": cores(),
          "devices": list(devices), "min_psnr": min_psnr, "candidates": rows, "peers": {}}
     if "cuda" in devices:
@@ -320,32 +332,70 @@ def _dali_peer(sample: SampleSource, batch_size, threads, epochs):
         return f"not run: {type(e).__name__}: {e}"
 
 
+def _measure(devices) -> tuple:
+    """(device, row key) the recommendation ranks by: on the GPU (when measured) its Loader's
+    images per second; on the CPU its images per CPU-second — the work an image costs, which
+    holds still when other processes share the cores (wall-clock img/s does not)."""
+    dev = list(devices)[-1]
+    return (dev, "img_s") if dev == "cuda" else (dev, "img_per_cpu_s")
+
+
+def measure_name(devices) -> str:
+    dev, key = _measure(devices)
+    return f"{dev} Loader images per second" if key == "img_s" else f"{dev} Loader images per CPU-second"
+
+
+def values(row: dict, devices) -> list:
+    """The per-epoch values of the measure (their median is `speed`)."""
+    dev, key = _measure(devices)
+    return row.get(dev, {}).get("epochs_" + key, [])
+
+
 def speed(row: dict, devices) -> float:
-    """The candidate's Loader rate on the last device of `devices` (the GPU when measured); NaN
-    when that loader failed (such a candidate is never recommended)."""
-    return row.get(list(devices)[-1], {}).get("img_s", float("nan"))
+    """The candidate's measure (median over the timed epochs, see _measure); NaN when that
+    loader failed (such a candidate is never recommended)."""
+    dev, key = _measure(devices)
+    return row.get(dev, {}).get(key, float("nan"))
+
+
+def spread(row: dict, devices) -> float:
+    dev, key = _measure(devices)
+    return row.get(dev, {}).get(key + "_spread", float("nan"))
 
 
 def recommend(r: dict) -> str | None:
-    """Name of the fastest candidate with median PSNR ≥ r["min_psnr"] (None when none is)."""
-    ok = [c for c in r["candidates"] if c["psnr_median"] >= r["min_psnr"] and speed(c, r["devices"]) > 0]
+    """Of the candidates with median PSNR ≥ r["min_psnr"], those as fast as the fastest within
+    its spread over the epochs (measurements that close do not tell the candidates apart), and
+    of those the most faithful (highest median PSNR). None when no candidate reaches min_psnr."""
+    devs = r["devices"]
+    ok = [c for c in r["candidates"] if c["psnr_median"] >= r["min_psnr"] and speed(c, devs) > 0]
     if not ok:
         return None
-    return max(ok, key=lambda c: speed(c, r["devices"]))["name"]
+    best = max(ok, key=lambda c: speed(c, devs))
+    noise = spread(best, devs)
+    floor = speed(best, devs) * (1 - (noise if np.isfinite(noise) else 0.0))
+    near = [c for c in ok if speed(c, devs) >= floor]
+    return max(near, key=lambda c: (c["psnr_median"], speed(c, devs)))["name"]
 
 
 def table(r: dict) -> str:
     devs = r["devices"]
     base = r["candidates"][0] if r["candidates"] and r["candidates"][0]["max_side"] is None else None
     head = (f"{'candidate':<12} {'preset':<9} {'shrunk':>6} {'MB':>7} {'pack rec/s':>10} "
-            + " ".join(f"{d + ' img/s':>11}" for d in devs) + f" {'img/CPU-s':>9}"
+            + " ".join(f"{d + ' img/s':>16}" for d in devs) + f" {'img/CPU-s':>15}"
             + f" {'vs as-is':>8} {'PSNR med':>8} {'PSNR p5':>7} {'SSIM med':>8} {'SSIM p5':>7}")
     lines = [f"recordtool tune: {r['images']} images, {r['size']}² RandomResizedCrop, batch {r['batch_size']}, "
-             f"{r['threads']} threads, best of {max(1, r['epochs'] - 1)} epochs after a warm-up; img/CPU-s: "
-             f"images per second of this process's CPU time, {devs[0]} loader", head]
+             f"{r['threads']} threads; rates: median of {max(1, r['epochs'] - 1)} epochs after a warm-up, ± their "
+             f"range / 2; img/CPU-s: images per second of this process's CPU time, {devs[0]} loader", head]
+
+    def rate(m: dict, key: str, width: int) -> str:
+        if key not in m:
+            return f"{'failed':>{width}}"
+        sp = m.get(key + "_spread", float("nan"))
+        return f"{m[key]:>{width - 6},.0f} ±{50 * sp:>3.0f}%" if np.isfinite(sp) else f"{m[key]:>{width},.0f}"
+
     for c in r["candidates"]:
-        rates = " ".join(f"{c[d]['img_s']:>11,.0f}" if "img_s" in c[d] else f"{'failed':>11}" for d in devs)
-        rates += f" {c[devs[0]].get('img_per_cpu_s', float('nan')):>9,.0f}"
+        rates = " ".join(rate(c[d], "img_s", 16) for d in devs) + " " + rate(c[devs[0]], "img_per_cpu_s", 15)
         gain = speed(c, devs) / speed(base, devs) if base else float("nan")
         mark = " <- recommended" if c["name"] == r["recommended"] else ""
         lines.append(f"{c['name']:<12} {c['preset'] or '':<9} {c['converted']:>6} {c['bytes'] / 1e6:>7.1f} "
@@ -359,57 +409,16 @@ def table(r: dict) -> str:
         if isinstance(v, str):
             lines.append(f"peer {name}: {v[:120]}")
             continue
-        ratios = ", ".join(f"{c['name']}{' (' + c['preset'] + ')' if c['preset'] else ''} {speed(c, devs) / v:.2f}x"
-                           for c in r["candidates"] if c["name"] == r["recommended"] or c["preset"])
+        ratios = ", ".join(f"{c['name']}{' (' + c['preset'] + ')' if c['preset'] else ''} "
+                           f"{c['cuda']['img_s'] / v:.2f}x" for c in r["candidates"]
+                           if (c["name"] == r["recommended"] or c["preset"]) and "img_s" in c.get("cuda", {}))
         lines.append(f"peer {name} (on the original files): {v:,.0f} img/s; against it: {ratios}")
     if r["recommended"]:
-        lines.append(f"recommended: {r['recommended']} — the fastest with median PSNR ≥ {r['min_psnr']:g} dB "
-                     f"(speed: {devs[-1]} loader)")
+        lines.append(f"recommended: {r['recommended']} — median PSNR ≥ {r['min_psnr']:g} dB, as fast as the "
+                     f"fastest within its spread, then the most faithful (ranked by {measure_name(devs)}; "
+                     "'vs as-is' too)")
     else:
         lines.append(f"no candidate reaches median PSNR {r['min_psnr']:g} dB")
     return "\n".join(lines)
 
 
-def plot(r: dict, path: str) -> None:
-    """Throughput against median PSNR, one point per candidate, the recommended one ringed
-    (Pillow only: no plotting dependency)."""
-    from PIL import Image, ImageDraw
-
-    devs = r["devices"]
-    pts = [(c["psnr_median"], speed(c, devs), c["name"]) for c in r["candidates"]]
-    pts = [p for p in pts if np.isfinite(p[0]) and np.isfinite(p[1])]
-    W, H, pad = 820, 520, 60
-    im = Image.new("RGB", (W, H), "white")
-    d = ImageDraw.Draw(im)
-    if not pts:
-        d.text((pad, pad), "no candidate measured", fill="black")
-        im.save(path)
-        return
-    xs, ys = [p[0] for p in pts] + [r["min_psnr"]], [p[1] for p in pts]
-    # near-lossless points (as-is: 60-100 dB) would squeeze the rest: drawn at the right edge
-    x0, x1 = min(xs) - 1, min(max(xs) + 1, max(55.0, r["min_psnr"] + 15))
-    y0, y1 = 0.0, max(ys) * 1.1
-
-    def at(x, y):
-        return pad + (x - x0) / (x1 - x0) * (W - 2 * pad), H - pad - (y - y0) / (y1 - y0) * (H - 2 * pad)
-
-    d.line([(pad, H - pad), (W - pad, H - pad)], fill="black")
-    d.line([(pad, pad), (pad, H - pad)], fill="black")
-    for k in range(5):  # axis ticks
-        xv, yv = x0 + (x1 - x0) * k / 4, y0 + (y1 - y0) * k / 4
-        d.text((at(xv, 0)[0] - 10, H - pad + 6), f"{xv:.0f}", fill="black")
-        d.text((4, at(x0, yv)[1] - 6), f"{yv:,.0f}", fill="black")
-    lx = at(r["min_psnr"], 0)[0]
-    d.line([(lx, pad), (lx, H - pad)], fill=(200, 200, 200))
-    d.text((lx + 4, pad), f"min PSNR {r['min_psnr']:g} dB", fill=(120, 120, 120))
-    for x, y, name in pts:
-        px, py = at(min(x, x1), y)
-        best = name == r["recommended"]
-        d.ellipse([px - 4, py - 4, px + 4, py + 4], fill=(200, 40, 40) if best else (70, 110, 180))
-        if best:
-            d.ellipse([px - 9, py - 9, px + 9, py + 9], outline=(200, 40, 40), width=2)
-        label = name + (f" ({x:.0f} dB)" if x > x1 else "") + (" (recommended)" if best else "")
-        d.text((px + 7, py - 6) if px < W - 2 * pad else (px - 7 - 6 * len(label), py - 6), label, fill="black")
-    d.text((pad, 12), f"recordtool tune: {r['images']} images, {devs[-1]} Loader img/s (y) against median PSNR "
-           f"of {r['size']}x{r['size']} crops vs the originals, dB (x)", fill="black")
-    im.save(path)

@@ -131,6 +131,7 @@ def main():
     from recordtool.decode.gpu.plan import CHROMA_MODES
     from recordtool.decode.gpu_ref import SUBSAMPLING, planes_to_rgb
     from recordtool.decode.nvjpeg import HardwareDecoder, HybridDecoder
+    from recordtool.decode.spec import OutputSpec
 
     ap = argparse.ArgumentParser()
     ap.add_argument("photos", nargs="?")
@@ -151,7 +152,8 @@ def main():
     from turbojpeg import TJPF_RGB
 
     stream = cupy.cuda.Stream(non_blocking=True)
-    decs = {c: GPUDecoder(max_batch=a.windows, dtype="uint8", layout="NHWC", split="gpu", chroma=c) for c in chromas}
+    spec = OutputSpec(224, dtype="uint8", layout="NHWC")
+    decs = {c: GPUDecoder(spec, max_batch=a.windows, split="gpu", chroma=c) for c in chromas}
     raw_dec = {}  # chroma → (engine decoder, hybrid decoder) for the raw pixels
     for c in chromas:
         try:

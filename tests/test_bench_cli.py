@@ -30,7 +30,7 @@ def test_bench_cli(tmp_path):
         assert r["dali"]["img_s"] > 0 and r["loader_over_dali"] > 0, r["dali"]
     else:
         assert "error" in r["dali"]
-    assert Image.open(tmp_path / "b.png").size[1] == 360
+    assert Image.open(tmp_path / "b.png").size[0] == 880  # matplotlib's figure: 8 in at 110 dpi
     h = subprocess.run([sys.executable, "-m", "recordtool.cli", "bench", "--help"], capture_output=True, text=True)
     for flag in ("--device", "--batch-size", "--threads", "--epochs", "--json", "--plot", "--dali-files"):
         assert flag in h.stdout

@@ -13,6 +13,7 @@ from conftest import photo_like
 from recordtool.decode import decode_crop_resize, random_flips, random_windows
 from recordtool.decode.gpu import CPU, ENGINE, HYBRID, hardware_decodable, route
 from recordtool.decode.gpu_ref import resize_normalize
+from recordtool.decode.spec import OutputSpec
 from recordtool.format.jpeg import CHROMA_411, CHROMA_420, CHROMA_422, CHROMA_GRAY, CS_CMYK, CS_GRAY, CS_YCBCR
 
 
@@ -115,7 +116,7 @@ def test_gpu_matches_cpu_40db(split):
     ids = np.arange(len(bufs))
     win = random_windows(sizes[:, 0], sizes[:, 1], ids, 3, 0)
     flips = random_flips(ids, 3, 0)
-    dec = GPUDecoder(max_batch=32, dtype="uint8", layout="NHWC", split=split)
+    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=32, split=split)
     out = cupy.asnumpy(dec(bufs, win, flips, _hw(bufs)))
     ref = decode_crop_resize(bufs, win)
     ref[flips] = ref[flips, :, ::-1]
@@ -146,7 +147,7 @@ def test_native_submit_matches_the_ctypes_loop():
     flips = random_flips(ids, 5, 0)
     outs = []
     for native in (False, True):
-        dec = GPUDecoder(max_batch=32, dtype="uint8", layout="NHWC", split="gpu")
+        dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=32, split="gpu")
         if dec.hw is None:
             pytest.skip(f"no NVJPG engines: {dec.hw_error}")
         assert dec.native_submit == (nvjpeg._nvsubmit is not None)
@@ -164,7 +165,7 @@ def test_hybrid_off_sends_progressive_and_gray_to_cpu():
 
     bufs, sizes = _jpegs(12)
     win = random_windows(sizes[:, 0], sizes[:, 1], np.arange(12), 1, 0)
-    dec = GPUDecoder(max_batch=16, dtype="uint8", layout="NHWC", split="gpu", hybrid=False)
+    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=16, split="gpu", hybrid=False)
     out = cupy.asnumpy(dec(bufs, win, np.zeros(12, bool), _hw(bufs)))
     assert dec.last.hybrid == 0 and dec.last.cpu_forced == int((_hw(bufs) != ENGINE).sum())
     ref = decode_crop_resize(bufs, win)
@@ -178,7 +179,7 @@ def test_output_ring_recycles_after_release_and_spills_when_held():
 
     bufs, sizes = _jpegs(8)
     win = random_windows(sizes[:, 0], sizes[:, 1], np.arange(8), 2, 0)
-    dec = GPUDecoder(max_batch=8, dtype="float32", layout="NCHW", split="gpu")
+    dec = GPUDecoder(OutputSpec(224, dtype="float32", layout="NCHW"), max_batch=8, split="gpu")
     ring = dec.ring = OutputRing(dec.output_shape(), "float32", 2)
     first = dec(bufs, win, np.zeros(8, bool), _hw(bufs))
     keep = cupy.asnumpy(first)
@@ -207,7 +208,7 @@ def test_auto_split_adapts_and_memory_is_steady():
 
     bufs, sizes = _jpegs(64)
     ids = np.arange(len(bufs))
-    dec = GPUDecoder(max_batch=64, split="auto")
+    dec = GPUDecoder(OutputSpec(224, dtype="float16"), max_batch=64, split="auto")
     dec.warmup([len(b) for b in bufs], sizes[:, 0], sizes[:, 1])
     pool = cupy.get_default_memory_pool()
     fractions = []
@@ -233,14 +234,14 @@ def test_bad_jpeg_in_batch_is_reported():
     bufs[2] = bufs[2][: len(bufs[2]) // 3]
     ids = np.arange(8)
     win = random_windows(sizes[:, 0], sizes[:, 1], ids, 0, 0)
-    on_cpu = GPUDecoder(max_batch=8, dtype="uint8", split="cpu")
+    on_cpu = GPUDecoder(OutputSpec(224, dtype="uint8"), max_batch=8, split="cpu")
     on_cpu(bufs, win, np.zeros(8, bool), hw)
     assert [i for i, _ in on_cpu.last.errors] == [2]  # the CPU path names it
     # Neither the engines nor the hybrid decoder report a truncated stream (seen on the H200):
     # a file not ending in EOI is sent to libjpeg, which names it
     bufs[4] = bufs[4][: len(bufs[4]) // 3]
     assert hw[4] == HYBRID
-    on_gpu = GPUDecoder(max_batch=8, dtype="uint8", layout="NHWC", split="gpu")
+    on_gpu = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=8, split="gpu")
     out = cupy.asnumpy(on_gpu(bufs, win, np.zeros(8, bool), hw))
     assert sorted(i for i, _ in on_gpu.last.errors) == [2, 4], on_gpu.last
     assert on_gpu.last.cpu == 2 + int((hw == CPU).sum())
@@ -256,7 +257,7 @@ def test_dlpack_to_torch():
 
     bufs, sizes = _jpegs(8)
     win = random_windows(sizes[:, 0], sizes[:, 1], np.arange(8), 0, 0)
-    dec = GPUDecoder(max_batch=8, dtype="float16")
+    dec = GPUDecoder(OutputSpec(224, dtype="float16"), max_batch=8)
     t = to_torch(dec(bufs, win, np.zeros(8, bool), _hw(bufs)), dec.stream)
     assert t.is_cuda and t.dtype == torch.float16 and tuple(t.shape) == (8, 3, 224, 224)
     assert torch.isfinite(t).all()
@@ -531,7 +532,7 @@ def test_gpu_vs_cpu_bound_on_sharp_chroma_edges(subsampling):
     sizes = np.array([[1200, 900]] * len(bufs))
     ids = np.arange(len(bufs))
     win = random_windows(sizes[:, 0], sizes[:, 1], ids, 5, 0)
-    dec = GPUDecoder(max_batch=8, dtype="uint8", layout="NHWC", split="gpu")
+    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=8, split="gpu")
     out = cupy.asnumpy(dec(bufs, win, np.zeros(len(bufs), bool), _hw(bufs)))
     ref = decode_crop_resize(bufs, win)
     assert dec.last.cpu == 0  # every image went through a GPU decoder
@@ -565,7 +566,7 @@ def test_hostile_multiscan_files_in_a_gpu_batch_are_named():
     sizes[1], sizes[3] = (512, 512), (8192, 8192)
     win = random_windows(sizes[:, 0], sizes[:, 1], np.arange(6), 0, 0)
     routes = _hw(bufs)
-    dec = GPUDecoder(max_batch=8, dtype="uint8", layout="NHWC", split="gpu")
+    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=8, split="gpu")
     dec(bufs, win, np.zeros(6, bool), routes)
     assert sorted(i for i, _ in dec.last.errors) == [1, 3], dec.last.errors
     dec.close()
@@ -897,7 +898,7 @@ def test_gpu_interpolate_matches_cpu_on_sharp_chroma(layout):
     ids = np.arange(len(bufs))
     win = random_windows(sizes[:, 0], sizes[:, 1], ids, 5, 0)
     flips = random_flips(ids, 5, 0)
-    dec = GPUDecoder(max_batch=8, dtype="uint8", layout="NHWC", split="gpu", chroma="interpolate")
+    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=8, split="gpu", chroma="interpolate")
     out = cupy.asnumpy(dec(bufs, win, flips, _hw(bufs)))
     ref = decode_crop_resize(bufs, win)
     ref[flips] = ref[flips, :, ::-1]
@@ -918,7 +919,7 @@ def test_chroma_modes_on_the_mixed_batch(chroma):
     bufs, sizes = _jpegs()
     ids = np.arange(len(bufs))
     win = random_windows(sizes[:, 0], sizes[:, 1], ids, 3, 0)
-    dec = GPUDecoder(max_batch=32, dtype="uint8", layout="NHWC", split="gpu", chroma=chroma)
+    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=32, split="gpu", chroma=chroma)
     out = cupy.asnumpy(dec(bufs, win, np.zeros(len(bufs), bool), _hw(bufs)))
     ref = decode_crop_resize(bufs, win)
     assert not dec.last.errors and dec.last.cpu == dec.last.cpu_forced, dec.last
@@ -935,7 +936,7 @@ def test_interpolate_memory_is_steady_and_loader_matches_cpu(packed_mix):
 
     bufs, sizes = _jpegs(48)
     ids = np.arange(len(bufs))
-    dec = GPUDecoder(max_batch=48, split="auto", chroma="interpolate")
+    dec = GPUDecoder(OutputSpec(224), max_batch=48, split="auto", chroma="interpolate")
     dec.warmup([len(b) for b in bufs], sizes[:, 0], sizes[:, 1], routes=_hw(bufs))
     pool = cupy.get_default_memory_pool()
     for epoch in range(4):
@@ -979,7 +980,7 @@ def test_interpolate_sends_headers_that_disagree_with_the_index_to_the_cpu():
     bufs[eng[0]] = with_size(bufs[eng[0]], 9000, 9000)
     bufs[eng[1]] = with_size(bufs[eng[1]], 16, 16)
     win[eng[1]] = (0, 0, 200, 200)
-    dec = GPUDecoder(max_batch=8, dtype="uint8", layout="NHWC", split="gpu", chroma="interpolate")
+    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=8, split="gpu", chroma="interpolate")
     dec.warmup([len(b) for b in bufs], sizes[:, 0], sizes[:, 1], outputs=0, routes=routes)  # the index's sizes
     out = cupy.asnumpy(dec(bufs, win, np.zeros(8, bool), routes))
     assert dec.last.gpu == int((routes == ENGINE).sum()) - 2 and dec.last.cpu == 2 + int((routes == CPU).sum())
@@ -989,3 +990,71 @@ def test_interpolate_sends_headers_that_disagree_with_the_index_to_the_cpu():
         assert psnr(out[k], ref[k]) >= SCALED_DB
     assert dec.allocations == 0  # nothing was sized by the lying headers
     dec.close()
+
+
+# ---------------------------------------------------------------- OutputSpec on the GPU: bfloat16, channels_last
+
+@gpu
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_kernel_bfloat16_is_the_float32_result_rounded(layout):
+    """The bfloat16 variant writes exactly the float32 variant's values rounded to nearest even
+    (decode.spec.bfloat16_bits, the reference the native pass is tested against too)."""
+    from recordtool.decode.gpu import SAMPLE_DTYPE, kernel
+    from recordtool.decode.spec import bfloat16_bits
+
+    rng = np.random.default_rng(2)
+    regions = [cupy.asarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in [(120, 90), (64, 64)]]
+    samples = np.zeros(2, SAMPLE_DTYPE)
+    for k, r in enumerate(regions):  # by field: the struct has more fields (planar sources)
+        samples["src"][k], samples["pitch"][k], samples["rw"][k], samples["rh"][k] = \
+            r.data.ptr, r.shape[1] * 3, r.shape[1], r.shape[0]
+        samples["x0"][k], samples["y0"][k], samples["x1"][k], samples["y1"][k] = \
+            1.5, 2.0, r.shape[1] - 3.0, r.shape[0] - 1.0
+        samples["mirror"][k] = k
+    H, W = 40, 56
+    shape = (2, 3, H, W) if layout == "NCHW" else (2, H, W, 3)
+    args = [np.int32(W), np.int32(H)] + [np.float32(v) for v in (0.485, 0.456, 0.406, 0.229, 0.224, 0.225)]
+    dev_samples = cupy.asarray(samples.view(np.uint8))
+    f32, bf = cupy.empty(shape, np.float32), cupy.empty(shape, np.uint16)
+    for dtype, out in (("float32", f32), ("bfloat16", bf)):
+        kernel(dtype, layout)(((W + 31) // 32, (H + 7) // 8, 2), (32, 8, 1), (dev_samples, out, *args))
+    assert np.array_equal(cupy.asnumpy(bf), bfloat16_bits(cupy.asnumpy(f32)))
+
+
+@gpu
+def test_gpu_decoder_channels_last_writes_nhwc_and_hands_out_nchw():
+    from recordtool.decode.gpu import GPUDecoder
+
+    bufs, sizes = _jpegs(6)
+    win = random_windows(sizes[:, 0], sizes[:, 1], np.arange(6), 0, 0)
+    nchw = GPUDecoder(OutputSpec(64, dtype="float32"), max_batch=8, split="gpu")
+    cl_spec = OutputSpec(64, dtype="float32", memory_format="channels_last")
+    cl = GPUDecoder(cl_spec, max_batch=8, split="gpu")
+    a = cupy.asnumpy(nchw(bufs, win, np.zeros(6, bool), _hw(bufs)))
+    b = cl(bufs, win, np.zeros(6, bool), _hw(bufs))
+    assert b.shape == (6, 64, 64, 3) and cl_spec.arrange(b).shape == (6, 3, 64, 64)
+    assert np.array_equal(cupy.asnumpy(cl_spec.arrange(b)), a)
+    nchw.close()
+    cl.close()
+
+
+@gpu
+def test_cuda_loader_bfloat16_channels_last_and_device_spellings(packed_mix):
+    torch = pytest.importorskip("torch")
+    from recordtool.errors import DeviceUnavailable
+    from recordtool.loader import Loader
+
+    kw = dict(batch_size=8, size=48, seed=1, split="gpu", train=False)
+    ref = [x.clone() for x, _ in Loader(packed_mix, device="cuda:0", **kw)]  # float32 NCHW
+    ld = Loader(packed_mix, device=torch.device("cuda", 0), dtype="bfloat16", memory_format="channels_last", **kw)
+    assert ld.gpu_id == 0
+    got = [x for x, _ in ld]
+    assert len(got) == len(ref) == 6  # 41 records, eval: nothing dropped
+    for x, r in zip(got, ref):
+        assert x.is_cuda and x.dtype == torch.bfloat16 and x.shape == r.shape
+        assert x.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(x, r.to(torch.bfloat16))
+    big = Loader(packed_mix, device=0, batch_size=4000, size=32, train=False, as_torch=False)
+    assert big.ring.shape[0] == 41 and len([x for x, _ in big]) == 1  # the ring holds the rank's share
+    with pytest.raises(DeviceUnavailable, match="sees"):
+        Loader(packed_mix, device=f"cuda:{_ngpu}", batch_size=8)

@@ -13,6 +13,7 @@ from ..errors import DecodeError, OnError, on_error as _on_error
 from ..format.jpeg import DEFAULT_MAX_PIXELS  # noqa: F401  (callers import it from here too)
 from ..util import cores  # noqa: F401  (cpu.cores: the default thread count)
 from . import reference
+from .spec import MAX_SIDE  # noqa: F401  (callers import it from here too)
 
 try:
     from .. import _native
@@ -20,7 +21,6 @@ except ImportError as e:  # extension not built: same API through PyTurboJPEG + 
     _native = None
     _IMPORT_ERROR = str(e)
 
-MAX_SIDE = 16384  # output sides above this are refused (the batch would not fit in memory anyway)
 _warned = False
 
 
@@ -213,6 +213,7 @@ def decode_crop_resize_normalize(buffers, windows, flips=None, size=(224, 224), 
     """`normalize(decode_crop_resize(...), flips=flips)` in one native pass: each image is
     decoded, resampled, mirrored, normalised and written as float32/float16 NCHW/NHWC by the
     same thread while it is in cache — no uint8 batch, no second pass (what the GPU kernel does).
+    bfloat16 is written as its bit patterns into a uint16 array (numpy has no bfloat16).
 
     Args:
         buffers, windows, size, threads, on_error, fallback, max_pixels, errors, scale_margin, pool:
@@ -220,11 +221,11 @@ def decode_crop_resize_normalize(buffers, windows, flips=None, size=(224, 224), 
         flips: bool (N,) horizontal mirror per image (default none).
         mean, std: per channel in 0..1 units (default ImageNet's): value = (p / 255 - mean) / std.
         layout: "NCHW" or "NHWC".
-        dtype: float32 or float16.
-        out: a preallocated C-contiguous output of that shape and dtype to fill.
+        dtype: "float32", "float16" or "bfloat16".
+        out: a preallocated C-contiguous output of that shape and dtype (uint16 for bfloat16) to fill.
     A failed image (after the Pillow fallback, when asked) is the normalised zero image.
     """
-    from .ops import IMAGENET_MEAN, IMAGENET_STD, normalize, scale_bias
+    from .ops import IMAGENET_MEAN, IMAGENET_STD, normalize, out_dtype, scale_bias
 
     on_error = _on_error(on_error)
     n = len(buffers)
@@ -233,9 +234,7 @@ def decode_crop_resize_normalize(buffers, windows, flips=None, size=(224, 224), 
         raise ValueError(f"output size {oh}x{ow}: each side must be in 1..{MAX_SIDE}")
     if layout not in ("NCHW", "NHWC"):
         raise ValueError("layout must be NCHW or NHWC")
-    dtype = np.dtype(dtype)
-    if dtype not in (np.float32, np.float16):
-        raise ValueError(f"dtype must be float32 or float16, not {dtype}")
+    name, dtype = out_dtype(dtype)
     shape = (n, 3, oh, ow) if layout == "NCHW" else (n, oh, ow, 3)
     if out is None:
         out = np.empty(shape, dtype)
@@ -252,7 +251,7 @@ def decode_crop_resize_normalize(buffers, windows, flips=None, size=(224, 224), 
         errs: list = []
         img = decode_crop_resize(buffers, win, size, threads, on_error="skip", fallback=fallback, max_pixels=max_pixels,
                                  errors=errs, scale_margin=scale_margin)
-        normalize(img, mean, std, layout, dtype, flips=flips, out=out)
+        normalize(img, mean, std, layout, name, flips=flips, out=out)
         failures = errs
         fallback = False
     else:
@@ -261,7 +260,7 @@ def decode_crop_resize_normalize(buffers, windows, flips=None, size=(224, 224), 
                                                         int(max_pixels), float(scale_margin), int(pool))
     if failures and fallback:
         def write(i, img):
-            out[i] = normalize(np.ascontiguousarray(img[None]), mean, std, layout, dtype, flips=flips[i:i + 1])[0]
+            out[i] = normalize(np.ascontiguousarray(img[None]), mean, std, layout, name, flips=flips[i:i + 1])[0]
 
         failures = _retry(failures, buffers, win, ow, oh, max_pixels, write)
     _settle(failures, errors, on_error)

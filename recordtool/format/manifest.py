@@ -10,7 +10,7 @@ import json
 import os
 import re
 
-from ..errors import FormatError, UnsafePath
+from ..errors import DatasetNotFound, FormatError, UnsafePath
 from ..io import files
 
 MANIFEST_FILE = "manifest.json"
@@ -74,7 +74,13 @@ def write(root: str, manifest: dict) -> None:
 
 
 def load(root: str) -> dict:
-    """The validated manifest of the dataset at root; FormatError says what is wrong and where."""
+    """The validated manifest of the dataset at root; FormatError says what is wrong and where,
+    DatasetNotFound that root does not exist or is a file."""
+    if not os.path.isdir(root):
+        if not os.path.lexists(root):
+            raise DatasetNotFound(f"{root}: no such dataset directory (it does not exist)")
+        raise DatasetNotFound(f"{root} is a file, not a dataset directory: give the folder `recordtool pack` "
+                              "wrote (it holds manifest.json)")
     path = os.path.join(root, MANIFEST_FILE)
     try:
         raw = files.read_bounded(path, MAX_BYTES, "manifest")

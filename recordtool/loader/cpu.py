@@ -75,25 +75,23 @@ class CPUBatcher:
     """Makes the batches of a CPU Loader.
 
     Args:
-        recipe: what a batch is (windows, flips, labels from seed, epoch and ids).
+        recipe: what a batch is (windows, flips, labels from seed, epoch and ids) and its
+            output (recipe.spec: size, normalisation, dtype, layout, memory format).
         threads: native decode threads per call.
-        mean, std, dtype, layout: the normalisation and output format.
         user_op: optional op on the uint8 NHWC batch before normalisation (see user_ops).
         slots: output batches alive at once (queued + being made + held by the consumer).
-        max_batch: images per batch.
+        max_batch: images per batch at most.
         producers: producer slots; each gets its own native thread pool.
     """
 
-    def __init__(self, recipe: Recipe, threads: int, mean, std, dtype: str, layout: str, user_op, slots: int,
-                 max_batch: int, producers: int = 1):
+    def __init__(self, recipe: Recipe, *, threads: int, user_op, slots: int, max_batch: int, producers: int = 1):
         self.recipe, self.threads = recipe, threads
-        self.mean, self.std, self.dtype, self.layout = mean, std, np.dtype(dtype), layout
+        self.spec = spec = recipe.spec
         self.user_op = user_op
         s = recipe.size
-        shape = (max_batch, 3, s, s) if layout == "NCHW" else (max_batch, s, s, 3)
-        self.ring = HostRing(shape, dtype, slots)
+        self.ring = HostRing(spec.buffer_shape(max_batch), spec.storage_dtype, slots)
         # producer slot → its uint8 batch for the user op (each producer writes only its own)
-        self._scratch = [np.empty((max_batch, recipe.size, recipe.size, 3), np.uint8) for _ in range(producers)] \
+        self._scratch = [np.empty((max_batch, s, s, 3), np.uint8) for _ in range(producers)] \
             if user_op is not None else []
         # one native pool per producer slot: batches of different producers decode at the same
         # time, so one batch's tail (its last, largest images) overlaps the next one's start
@@ -109,11 +107,11 @@ class CPUBatcher:
         t1 = time.perf_counter()
         errors: list = []
         out = self.ring.acquire(len(ids))
-        s = self.recipe.size
+        spec, s = self.spec, self.recipe.size
         pool = self._pools[slot]
         if self.user_op is None:
-            cpu.decode_crop_resize_normalize(b.buffers, b.windows, b.flips, (s, s), self.mean, self.std,
-                                             self.layout, self.dtype, out=out, threads=self.threads,
+            cpu.decode_crop_resize_normalize(b.buffers, b.windows, b.flips, spec.size, spec.mean, spec.std,
+                                             spec.buffer_layout, spec.dtype, out=out, threads=self.threads,
                                              on_error="skip", fallback=True, errors=errors, pool=pool)
             t2 = t3 = time.perf_counter()
         else:
@@ -123,7 +121,7 @@ class CPUBatcher:
             t2 = time.perf_counter()
             raw = call_user_op(self.user_op, raw, b.keys)
             t3 = time.perf_counter()
-            normalize(raw, self.mean, self.std, self.layout, self.dtype, threads=self.threads, out=out)
+            normalize(raw, spec.mean, spec.std, spec.buffer_layout, spec.dtype, threads=self.threads, out=out)
         return Made(out, b.labels, errors, {"inputs": t1 - t0, "decode": t2 - t1, "user_op": t3 - t2,
                                             "normalize": time.perf_counter() - t3})
 

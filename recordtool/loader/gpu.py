@@ -1,8 +1,9 @@
 """The GPU batcher: one GPUDecoder per producer slot (nvJPEG states are per thread), one output
-ring shared by all slots, routes from the index, the caller's CUDA device, and — with a user
+ring shared by all slots, routes from the index, the Loader's CUDA device, and — with a user
 op — a uint8 ring plus a second pass of the same kernel that normalises into the output ring."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -16,26 +17,25 @@ class GPUBatcher:
     """Makes the batches of a cuda Loader.
 
     Args:
-        recipe: what a batch is.
-        device: CUDA device id (producer threads do not inherit the caller's current device).
+        recipe: what a batch is, and its output (recipe.spec).
+        gpu_id: CUDA device id (producer threads do not inherit the caller's current device).
         producers: producer slots (one GPUDecoder each).
         threads: CPU threads in all (shared by the slots' CPU shares).
-        mean, std, dtype, layout: the normalisation and output format.
         user_op: optional op on the uint8 NHWC CuPy batch before normalisation.
         split, hybrid, chroma: see GPUDecoder.
         slots: output batches alive at once.
-        max_batch: images per batch.
+        max_batch: images per batch at most.
     """
 
-    def __init__(self, recipe: Recipe, device: int, producers: int, threads: int, mean, std, dtype: str,
-                 layout: str, user_op, split, hybrid: bool, slots: int, max_batch: int, chroma: str | None = None):
+    def __init__(self, recipe: Recipe, *, gpu_id: int, producers: int, threads: int, user_op, split, hybrid: bool,
+                 slots: int, max_batch: int, chroma: str | None = None):
         from ..decode.gpu import OutputRing, route
         from ..decode.gpu.kernel import kernel
         from ..decode.gpu.plan import DEFAULT_CHROMA
 
-        self.recipe, self.device, self.producers = recipe, device, producers
+        self.recipe, self.gpu_id, self.producers = recipe, gpu_id, producers
+        self.spec = spec = recipe.spec
         self.threads = threads
-        self.mean, self.std, self.dtype, self.layout = mean, std, dtype, layout
         self.user_op, self.split, self.hybrid = user_op, split, hybrid
         self.chroma = DEFAULT_CHROMA if chroma is None else chroma
         self.max_batch = max_batch
@@ -48,12 +48,12 @@ class GPUBatcher:
         s = recipe.size
         self._decoders: dict = {}
         self._lock = threading.Lock()
-        shape = (max_batch, 3, s, s) if layout == "NCHW" else (max_batch, s, s, 3)
-        self.ring = OutputRing(shape, dtype, slots, device)
+        self.ring = OutputRing(spec.buffer_shape(max_batch), spec.storage_dtype, slots, gpu_id)
         # with a user op the decoders write uint8 NHWC here; the op runs on it; the kernel then
         # normalises it into `ring` (a 1:1 resample is an exact copy)
-        self.raw_ring = OutputRing((max_batch, s, s, 3), "uint8", slots, device) if user_op is not None else None
-        self._normalize = kernel(dtype, layout) if user_op is not None else None
+        self.raw_ring = OutputRing((max_batch, s, s, 3), "uint8", slots, gpu_id) if user_op is not None else None
+        self._raw_spec = dataclasses.replace(spec, dtype="uint8", layout="NHWC", memory_format="contiguous")
+        self._normalize = kernel(spec.dtype, spec.buffer_layout) if user_op is not None else None
         from ..decode.gpu.plan import Demand
 
         # engines first: the CPU takes a share of their images only while the consumer waits
@@ -72,12 +72,10 @@ class GPUBatcher:
             with self._lock:
                 ix = self.recipe.ds.index
                 raw = self.user_op is not None
-                s = self.recipe.size
-                dec = GPUDecoder((s, s), max_batch=self.max_batch, layout="NHWC" if raw else self.layout,
-                                 dtype="uint8" if raw else self.dtype, mean=self.mean, std=self.std,
-                                 device=self.device, split=self.split, hybrid=self.hybrid, chroma=self.chroma,
-                                 cpu_threads=self.cpu_threads,
-                                 ring=self.raw_ring if raw else self.ring, demand=self.demand)
+                dec = GPUDecoder(self._raw_spec if raw else self.spec, max_batch=self.max_batch,
+                                 gpu_id=self.gpu_id, split=self.split, hybrid=self.hybrid, chroma=self.chroma,
+                                 cpu_threads=self.cpu_threads, ring=self.raw_ring if raw else self.ring,
+                                 demand=self.demand)
                 dec.warmup(ix.jpeg_length, ix.width, ix.height, routes=self.routes)
                 self._decoders[slot] = dec
         return dec
@@ -93,7 +91,7 @@ class GPUBatcher:
         images = dec(b.buffers, b.windows, b.flips, self.routes[ids])
         t2 = t3 = time.perf_counter()
         if self.user_op is not None:
-            with cupy.cuda.Device(self.device), dec.stream:
+            with cupy.cuda.Device(self.gpu_id), dec.stream:
                 images = call_user_op(self.user_op, images, b.keys)
                 t3 = time.perf_counter()
                 images = self._normalise(images, dec)
@@ -113,7 +111,7 @@ class GPUBatcher:
         samples["mirror"] = 0
         dec.buf.samples_dev[: samples.nbytes].set(samples.view(np.uint8), stream=dec.stream)
         out = self.ring.acquire(n, dec.stream)
-        launch(self._normalize, dec.buf.samples_dev, n, out, (s, s), self.mean, self.std, dec.stream)
+        launch(self._normalize, dec.buf.samples_dev, n, out, (s, s), self.spec.mean, self.spec.std, dec.stream)
         dec.sync()
         return out
 

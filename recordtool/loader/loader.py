@@ -12,24 +12,29 @@ import os
 import time
 import warnings
 import weakref
-from typing import Literal
+from typing import Literal, Union
 
 import numpy as np
 
 from ..datasets import open_dataset
-from ..decode.cpu import MAX_SIDE, cores
-from ..decode.ops import IMAGENET_MEAN, IMAGENET_STD
-from ..errors import OnError, RecordError, on_error as _on_error
+from ..decode.cpu import cores
+from ..decode.spec import IMAGENET_MEAN, IMAGENET_STD, OutputSpec
+from ..errors import BadState, ConfigError, OnError, RecordError, on_error as _on_error
 from ..reader import Dataset
+from .device import parse_device, resolve
 from .prefetch import Prefetcher
 from .recipe import Recipe
 
-Device = Literal["cpu", "cuda"]
+DeviceLike = Union[Literal["cpu", "cuda"], str, int, object]  # also "cuda:1", torch.device, cupy Device
+
+# The output ring's memory at most, as a share of this machine's RAM (host ring) or of the GPU's
+# memory (device ring): past it the Loader refuses to start and says what to lower.
+RING_MEMORY_SHARE = 0.5
 
 
 def _dist_defaults(rank, world_size):
     if rank is not None and world_size is not None:
-        return int(rank), int(world_size)
+        return rank, world_size
     try:
         import torch.distributed as dist
 
@@ -42,19 +47,29 @@ def _dist_defaults(rank, world_size):
             int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size)
 
 
-def _current_gpu() -> int:
-    """The caller's current CUDA device (torch.cuda.set_device / cupy Device.use)."""
-    import cupy
+def _count(value, what: str, low: int = 0) -> int:
+    """An integer argument (not a bool, not a string) ≥ low, or ConfigError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ConfigError(f"{what} must be an integer ≥ {low}, not {value!r}")
+    return int(value)
 
-    dev = cupy.cuda.runtime.getDevice()
-    try:
-        import torch
 
-        if torch.cuda.is_initialized():
-            dev = torch.cuda.current_device()
-    except ImportError:
-        pass
-    return dev
+def _flag(value, what: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ConfigError(f"{what} must be True or False, not {value!r}")
+    return bool(value)
+
+
+def _memory_bound(gpu_id: int | None) -> int:
+    """Bytes the output ring may take: RING_MEMORY_SHARE of RAM, or of the GPU's memory."""
+    if gpu_id is None:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    else:
+        import cupy
+
+        with cupy.cuda.Device(gpu_id):
+            total = cupy.cuda.runtime.memGetInfo()[1]
+    return int(total * RING_MEMORY_SHARE)
 
 
 class Loader:
@@ -63,17 +78,25 @@ class Loader:
     Args:
         path: dataset directory, dataset URL (s3://bucket/prefix, any fsspec URL), or an open `Dataset`.
         batch_size: images per batch (≥ 1).
-        device: "cpu" (native CPU decoder) or "cuda" (NVJPG engines + hybrid decoder + CPU share,
-            on the caller's current CUDA device).
+        device: "cpu" (native CPU decoder), or a GPU (NVJPG engines + hybrid decoder + CPU share):
+            "cuda" (the caller's current CUDA device), "cuda:1", torch.device("cuda", 1), or 1.
         train: RandomResizedCrop windows + random horizontal flip, keyed by (seed, epoch, sample
             id); False: resize to size·256/224 + centre crop.
+        shuffle: a new order every epoch (keyed by seed and epoch); default: `train`. False:
+            record order, the same every epoch (evaluation).
+        drop_last: drop the last partial batch (and cut the epoch to equal rank shares); default:
+            `train`. False: every sample once (ranks padded to equal shares, as torch's
+            DistributedSampler does).
         size: output side (1..16384).
         mean, std: normalisation per channel, 0..1 units (torchvision's).
-        dtype: "float32" or "float16" output.
-        layout: "NCHW" or "NHWC".
+        dtype: "float32", "float16" or "bfloat16" (torch dtypes too). bfloat16 comes as a
+            torch.bfloat16 tensor; with as_torch=False as its bits in a uint16 array.
+        layout: the batch's shape, "NCHW" or "NHWC".
+        memory_format: "contiguous", or "channels_last" (NCHW shape in NHWC memory: what a
+            model in torch.channels_last takes without a copy); torch.channels_last too. Every
+            combination is written directly, none costs a copy (decode.spec).
         seed: keys the shuffle, windows, flips and keyed user ops.
         rank, world_size: this process's share; default from torch.distributed or RANK/WORLD_SIZE.
-        drop_last: drop the last partial batch (and cut the epoch to equal rank shares).
         prefetch: batches each producer makes ahead.
         threads: CPU decode threads (default: cores).
         user_op: op(batch) or KeyedOp op(batch, keys) on each uint8 NHWC batch before
@@ -94,48 +117,58 @@ class Loader:
         cache_dir, cache_limit, storage_options: for a dataset URL (s3://…): its local shard cache and the
             fsspec options that reach the store, as `recordtool.open` takes them (recordtool.remote).
         block_shards: `Dataset.sampler`'s — None: block shuffle for URLs, global permutation for local data.
+
+    Errors (all RecordtoolError): ConfigError for a bad argument, DeviceUnavailable for a GPU
+    this process cannot use, DatasetNotFound / FormatError for the path.
     """
 
-    def __init__(self, path, batch_size: int, device: Device = "cpu", train: bool = True, size: int = 224,
-                 mean=IMAGENET_MEAN, std=IMAGENET_STD, dtype: Literal["float32", "float16"] = "float32",
+    def __init__(self, path, batch_size: int, device: DeviceLike = "cpu", train: bool = True, size: int = 224,
+                 mean=IMAGENET_MEAN, std=IMAGENET_STD, dtype: Literal["float32", "float16", "bfloat16"] = "float32",
                  layout: Literal["NCHW", "NHWC"] = "NCHW", seed: int = 0, rank: int | None = None,
-                 world_size: int | None = None, drop_last: bool = True, prefetch: int = 2, threads: int | None = None,
-                 user_op=None, as_torch: bool | None = None, producers: int | None = None, with_ids: bool = False,
-                 split="auto", hybrid: bool = True, on_error: OnError | str = "raise", cache_dir: str | None = None,
-                 cache_limit: int | None = None, block_shards: int | None = None, chroma: str | None = None,
+                 world_size: int | None = None, drop_last: bool | None = None, prefetch: int = 2,
+                 threads: int | None = None, user_op=None, as_torch: bool | None = None, producers: int | None = None,
+                 with_ids: bool = False, split="auto", hybrid: bool = True, on_error: OnError | str = "raise",
+                 cache_dir: str | None = None, cache_limit: int | None = None, block_shards: int | None = None,
+                 shuffle: bool | None = None, memory_format: str = "contiguous", chroma: str | None = None,
                  storage_options: dict | None = None):
-        if device not in ("cpu", "cuda"):
-            raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
-        if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer ≥ 1, not {batch_size!r}")
-        if not isinstance(size, (int, np.integer)) or not 1 <= size <= MAX_SIDE:
-            raise ValueError(f"size must be an integer in 1..{MAX_SIDE}, not {size!r}")
-        if dtype not in ("float32", "float16") or layout not in ("NCHW", "NHWC"):
-            raise ValueError(f"dtype float32|float16 and layout NCHW|NHWC, not {dtype!r}, {layout!r}")
-        if len(mean) != 3 or len(std) != 3 or not all(float(s) > 0 for s in std):
-            raise ValueError("mean and std need 3 values each, std > 0")
+        # every argument checked here, once, into frozen values (OutputSpec, Device) or ints
         from ..decode.gpu.plan import DEFAULT_CHROMA, check_chroma, check_split  # pure NumPy
 
-        if device == "cuda":
+        dev = parse_device(device)
+        self.batch_size = _count(batch_size, "batch_size", 1)
+        self.spec = OutputSpec(size, mean, std, dtype, layout, memory_format)
+        if not self.spec.normalized:
+            raise ConfigError("dtype must be float32, float16 or bfloat16 (the Loader normalises)")
+        self.train = _flag(train, "train")
+        self.shuffle = self.train if shuffle is None else _flag(shuffle, "shuffle")
+        self.drop_last = self.train if drop_last is None else _flag(drop_last, "drop_last")
+        self.seed = _count(seed, "seed")
+        self.prefetch = _count(prefetch, "prefetch", 1)
+        self.threads = cores() if threads is None else _count(threads, "threads", 1)
+        self.producers = (4 if dev.type == "cuda" else 2) if producers is None else _count(producers, "producers", 1)
+        if dev.type == "cuda":
             split = check_split(split)
         self.chroma = chroma = check_chroma(DEFAULT_CHROMA if chroma is None else chroma)
         self.on_error = _on_error(on_error)
+        self.device = dev.type  # "cpu" or "cuda"
+        self.gpu_id = resolve(dev) if dev.type == "cuda" else None
         self.ds = path if isinstance(path, Dataset) else open_dataset(path, cache_dir=cache_dir, cache_limit=cache_limit,
                                                                       storage_options=storage_options)
-        self.batch_size = int(batch_size)
-        self.device, self.train, self.size = device, bool(train), int(size)
-        self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
-        self.dtype, self.layout = dtype, layout
-        self.seed, self.drop_last, self.prefetch = seed, drop_last, max(1, int(prefetch))
-        self.threads = max(1, int(threads or cores()))
+        self.size, self.mean, self.std = self.spec.size[0], self.spec.mean, self.spec.std
+        self.dtype, self.layout, self.memory_format = self.spec.dtype, self.spec.layout, self.spec.memory_format
         self.user_op, self.with_ids, self.split, self.hybrid = user_op, with_ids, split, hybrid
-        # producer threads, batches dealt round-robin and handed out in order. On the GPU several
-        # keep the NVJPG engines fed while one stages the next batch (BENCHMARKS.md: 4 best); on
-        # the CPU two, so one's Python work and user op overlap the other's decode on the pool.
-        self.producers = max(1, int(producers or (4 if device == "cuda" else 2)))
-        self.rank, self.world_size = _dist_defaults(rank, world_size)
-        self.sampler = self.ds.sampler(seed=seed, rank=self.rank, world_size=self.world_size, drop_last=drop_last,
-                                       block_shards=block_shards)
+        rank, world_size = _dist_defaults(rank, world_size)
+        self.world_size = _count(world_size, "world_size", 1)
+        self.rank = _count(rank, "rank")
+        if self.rank >= self.world_size:
+            raise ConfigError(f"rank {self.rank} not in [0, world_size={self.world_size})")
+        self.sampler = self.ds.sampler(seed=self.seed, rank=self.rank, world_size=self.world_size,
+                                       drop_last=self.drop_last, shuffle=self.shuffle, block_shards=block_shards)
+        share = len(self.sampler)
+        if self.drop_last and share < self.batch_size:
+            raise ConfigError(f"batch_size {self.batch_size} is more than the {share} records of this rank's share "
+                              f"of {self.ds.root}: with drop_last every epoch would have no batch; lower batch_size "
+                              "or pass drop_last=False")
         if as_torch is None:
             try:
                 import torch  # noqa: F401
@@ -151,21 +184,28 @@ class Loader:
         self.bad_records: dict = {}  # record id → reason (on_error "warn" / "skip")
         self.last_split = None  # cuda: the last yielded batch's BatchReport
         self.stage_seconds: dict = {}  # producer-side seconds per stage, summed over yielded batches
-        self.gpu_id = _current_gpu() if device == "cuda" else 0
-        recipe = Recipe(self.ds, self.train, self.size, seed)
+        recipe = Recipe(self.ds, self.train, self.spec, self.seed)
         # batches alive at once: queued (producers × prefetch), being made (producers), and the
-        # consumer's current and previous one
+        # consumer's current and previous one; each as large as the largest batch this rank makes
         slots = self.producers * (self.prefetch + 1) + 2
-        if device == "cpu":
+        max_batch = max(1, min(self.batch_size, share))
+        need, bound = slots * self.spec.nbytes(max_batch), _memory_bound(self.gpu_id)
+        if need > bound:
+            where = "RAM" if self.gpu_id is None else f"GPU {self.gpu_id}'s memory"
+            raise ConfigError(f"the output ring would take {need / 2**30:.1f} GiB ({slots} batches of {max_batch} "
+                              f"{self.spec.dtype} images of {self.size}²), more than {RING_MEMORY_SHARE:.0%} of "
+                              f"{where} ({bound / 2**30:.1f} GiB): lower batch_size, size, prefetch or producers")
+        if self.device == "cpu":
             from .cpu import CPUBatcher
 
-            self.batcher = CPUBatcher(recipe, self.threads, self.mean, self.std, dtype, layout, user_op, slots,
-                                      self.batch_size, self.producers)
+            self.batcher = CPUBatcher(recipe, threads=self.threads, user_op=user_op, slots=slots, max_batch=max_batch,
+                                      producers=self.producers)
         else:
             from .gpu import GPUBatcher
 
-            self.batcher = GPUBatcher(recipe, self.gpu_id, self.producers, self.threads, self.mean, self.std, dtype,
-                                      layout, user_op, split, hybrid, slots, self.batch_size, chroma=chroma)
+            self.batcher = GPUBatcher(recipe, gpu_id=self.gpu_id, producers=self.producers, threads=self.threads,
+                                      user_op=user_op, split=split, hybrid=hybrid, slots=slots, max_batch=max_batch,
+                                      chroma=chroma)
 
     # ------------------------------------------------------------------ epoch bookkeeping
     def __len__(self) -> int:
@@ -181,9 +221,25 @@ class Loader:
                 "world_size": self.world_size, "batch_size": self.batch_size}
 
     def load_state_dict(self, state: dict) -> None:
-        for key in ("seed", "world_size", "batch_size"):
-            if state[key] != getattr(self, key):
-                raise ValueError(f"state_dict {key}={state[key]} does not match this loader's {getattr(self, key)}")
+        """Resume where `state` (from `state_dict()` of a loader with the same seed, rank,
+        world_size and batch_size) stood. Every field is checked first: BadState names a
+        missing key, a value of the wrong type or out of range, or another run's setting."""
+        if not isinstance(state, dict):
+            raise BadState(f"state must be a dict from Loader.state_dict(), not {type(state).__name__}")
+        missing = [k for k in ("epoch", "batch", "seed", "rank", "world_size", "batch_size") if k not in state]
+        if missing:
+            raise BadState(f"state_dict lacks {', '.join(repr(k) for k in missing)} (keys of Loader.state_dict())")
+        for key, value in state.items():
+            if key in ("epoch", "batch", "seed", "rank", "world_size", "batch_size") and \
+                    (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0):
+                raise BadState(f"state_dict {key}={value!r}: an integer ≥ 0 expected")
+        for key in ("seed", "rank", "world_size", "batch_size"):
+            if int(state[key]) != getattr(self, key):
+                raise BadState(f"state_dict {key}={state[key]} does not match this loader's {getattr(self, key)}: "
+                               "resume with the settings of the run that saved it")
+        batches = len(self)
+        if not 0 <= int(state["batch"]) <= batches:
+            raise BadState(f"state_dict batch={state['batch']} is outside this loader's epoch of {batches} batches")
         self.epoch, self._start_batch = int(state["epoch"]), int(state["batch"])
 
     def batch_ids(self, epoch: int) -> list:
@@ -237,6 +293,7 @@ class EpochIterator:
 
         self._prefetcher = Prefetcher(len(batches), make, loader.producers, loader.prefetch)
         self._last = None  # when the previous batch was handed out
+        self._finished = False
 
     def __iter__(self):
         return self
@@ -250,9 +307,7 @@ class EpochIterator:
         try:
             made = next(self._prefetcher)
         except StopIteration:
-            if self._prefetcher.done == len(self.batches):
-                # a finished epoch moves on, as DataLoader users expect with set_epoch
-                ld.epoch, ld._yielded = self.epoch + 1, 0
+            self._finish()  # an epoch with nothing left to yield (resumed at its end)
             raise
         ids = self.batches[self._prefetcher.done - 1]
         now = time.perf_counter()
@@ -267,21 +322,36 @@ class EpochIterator:
         if made.errors:
             self._bad(ids, made.errors)
         ld._yielded += 1
+        if self._prefetcher.done == len(self.batches):
+            self._finish()
         images, labels = made.images, made.labels
         if ld.as_torch:
             images, labels = self._torch(images, labels)
+        images = ld.spec.arrange(images)  # channels_last: the NCHW-shaped view of the NHWC batch
         return (images, labels, ids) if ld.with_ids else (images, labels)
+
+    def _finish(self) -> None:
+        """The epoch's last batch is out: the Loader moves on to the next epoch (as DataLoader
+        users expect with set_epoch), also for loops that stop after len(loader) batches without
+        asking for one more (Lightning's fit loop does), and state_dict() says so."""
+        if not self._finished and self._prefetcher.done == len(self.batches):
+            self._finished = True
+            self.loader.epoch, self.loader._yielded = self.epoch + 1, 0
 
     def _torch(self, images, labels):
         import torch
 
         ld = self.loader
         if ld.device == "cpu":
-            return torch.from_numpy(images), torch.from_numpy(labels)
-        from ..decode.gpu import to_torch
+            x, y = torch.from_numpy(images), torch.from_numpy(labels)
+        else:
+            from ..decode.gpu import to_torch
 
-        with torch.cuda.device(ld.gpu_id):  # the producer synchronised its stream: the batch is complete
-            return to_torch(images), torch.from_numpy(labels).cuda(ld.gpu_id, non_blocking=True)
+            with torch.cuda.device(ld.gpu_id):  # the producer synchronised its stream: the batch is complete
+                x, y = to_torch(images), torch.from_numpy(labels).cuda(ld.gpu_id, non_blocking=True)
+        if ld.spec.dtype == "bfloat16":
+            x = x.view(torch.bfloat16)  # the uint16 bits as what they are (no copy)
+        return x, y
 
     def _bad(self, ids, errors) -> None:
         ld = self.loader

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..decode import center_windows, random_flips, random_windows
+from ..decode.spec import OutputSpec
 from ..reader import Dataset
 
 
@@ -34,14 +35,19 @@ class Recipe:
     """Args:
         ds: the dataset.
         train: RandomResizedCrop windows + random flips (else resize 256/224 × size + centre crop).
-        size: output side.
+        spec: the output (square: size × size), validated; the batchers write what it says.
         seed: keys the windows, flips and keyed user ops (with epoch and sample id).
     """
 
     ds: Dataset
     train: bool
-    size: int
+    spec: OutputSpec
     seed: int
+
+    @property
+    def size(self) -> int:
+        """The output side (the Loader's specs are square)."""
+        return self.spec.size[0]
 
     def inputs(self, ids: np.ndarray, epoch: int) -> BatchInputs:
         ix = self.ds.index

@@ -16,7 +16,8 @@ import numpy as np
 
 from ...format.jpeg import CHROMA_444, DEFAULT_MAX_PIXELS, BadJPEG, NotJPEG, decode_refusal, probe
 from .. import cpu
-from ..ops import IMAGENET_MEAN, IMAGENET_STD
+from ...errors import ConfigError
+from ..spec import OutputSpec
 from . import kernel as K
 from .buffers import DecodeBuffers, OutputRing, planar_bytes
 from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, Chroma, Demand, Split, SplitPlanner, check_chroma,
@@ -53,14 +54,12 @@ class GPUDecoder:
     One instance per producer thread (nvJPEG states, streams and staging are per instance).
 
     Args:
-        size: output (h, w).
+        spec: the output (size, normalisation, dtype — "uint8" for pixels, not normalised —,
+            layout, memory format), validated by OutputSpec; default 224² float32 NCHW.
         max_batch: images per call at most.
-        layout: "NCHW" or "NHWC".
-        dtype: "float32", "float16" (normalized) or "uint8" (pixels, not normalized).
-        mean, std: normalization, in 0..1 units per channel (torchvision's).
         cpu_threads: native threads for the CPU share (default: cores - 1).
         split: how the engines' images are shared with the CPU (see plan.Split).
-        device: CUDA device id.
+        gpu_id: CUDA device id.
         pool: native CPU thread-pool id (distinct per decoder so producers do not queue).
         hybrid: send progressive and gray files to nvJPEG's hybrid decoder (else to the CPU).
         ring: the output ring to take batches from (shared by the producers of a Loader);
@@ -71,28 +70,28 @@ class GPUDecoder:
             the CPU path's (libjpeg-turbo's) pixels; "replicate" nvJPEG's RGBI as it is.
     """
 
-    def __init__(self, size=(224, 224), max_batch: int = 256, layout: K.Layout = "NCHW",
-                 dtype: K.DType = "float16", mean=IMAGENET_MEAN, std=IMAGENET_STD, cpu_threads: int | None = None,
-                 split: Split = "auto", device: int = 0, pool: int | None = None, hybrid: bool = True,
+    def __init__(self, spec: OutputSpec = OutputSpec(), max_batch: int = 256, cpu_threads: int | None = None,
+                 split: Split = "auto", gpu_id: int = 0, pool: int | None = None, hybrid: bool = True,
                  ring: OutputRing | None = None, demand: Demand | None = None, chroma: Chroma = DEFAULT_CHROMA):
         import cupy
 
-        K.check(dtype, layout)
+        if not isinstance(spec, OutputSpec):
+            raise ConfigError(f"spec must be an OutputSpec, not {type(spec).__name__}")
+        if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
+            raise ConfigError(f"max_batch must be an integer ≥ 1, not {max_batch!r}")
         self.chroma = check_chroma(chroma)
         # "interpolate": whole images as planes, our kernel upsamples (no ROI: the planes' edges
         # are the image's, as libjpeg sees them); "nvjpeg": nvJPEG's own interpolation flag
         self.planar = chroma == "interpolate"
         nvjpeg_interp = chroma == "nvjpeg"
-        if not (0 < int(size[0]) <= cpu.MAX_SIDE and 0 < int(size[1]) <= cpu.MAX_SIDE) or max_batch < 1:
-            raise ValueError(f"size {size} (sides 1..{cpu.MAX_SIDE}) / max_batch {max_batch} (≥ 1) out of range")
         self.cupy = cupy
-        self.device_id = device
-        self.device = cupy.cuda.Device(device)
-        self.size = (int(size[0]), int(size[1]))
-        self.max_batch = max_batch
-        self.layout, self.dtype = layout, dtype
-        self.mean = tuple(float(m) for m in mean)
-        self.std = tuple(float(s) for s in std)
+        self.spec, self.gpu_id = spec, int(gpu_id)
+        self.device = cupy.cuda.Device(self.gpu_id)
+        self.max_batch = int(max_batch)
+        # what the kernel writes, from the trusted spec: its size, normalisation, element type
+        # (bfloat16 bits in uint16) and memory order (NHWC for channels_last)
+        self.size, self.mean, self.std = spec.size, spec.mean, spec.std
+        self.layout, self.dtype = spec.buffer_layout, spec.storage_dtype
         self.cpu_threads = cpu_threads or max(1, cpu.cores() - 1)
         # engines' batch submitted in one GIL-free call; RECORDTOOL_GPU_SUBMIT=python: the ctypes loop
         self.native_submit = _setting("SUBMIT", "native") == "native"
@@ -109,7 +108,7 @@ class GPUDecoder:
         with self.device:
             self.stream = _stream(cupy)
             self._done = _Waiter(cupy)
-            self._kernel = K.kernel(dtype, layout)
+            self._kernel = K.kernel(spec.dtype, spec.buffer_layout)
             if self.planner.split != "cpu":
                 from ..nvjpeg import HardwareDecoder, HybridDecoder, NvjpegError
 
@@ -124,7 +123,7 @@ class GPUDecoder:
                         self.hybrid = HybridDecoder(self.hybrid_stream.ptr, interpolate=nvjpeg_interp)
                     except (NvjpegError, OSError) as e:
                         self.hybrid_error = str(e)
-            self.buf = DecodeBuffers(cupy, max_batch, self.size, device)
+            self.buf = DecodeBuffers(cupy, self.max_batch, self.size, self.gpu_id)
         self.planner.engines = self.hw is not None
         self.planner.hybrid = self.hybrid is not None
 
@@ -145,9 +144,8 @@ class GPUDecoder:
         return self.buf.allocations
 
     def output_shape(self, n: int | None = None):
-        h, w = self.size
-        n = self.max_batch if n is None else n
-        return (n, 3, h, w) if self.layout == "NCHW" else (n, h, w, 3)
+        """The shape of the memory a batch of n is written into (spec.buffer_shape)."""
+        return self.spec.buffer_shape(self.max_batch if n is None else n)
 
     # ------------------------------------------------------------------ warm-up
     def warmup(self, jpeg_lengths, widths, heights, outputs: int = 3, routes=None) -> None:
@@ -167,7 +165,7 @@ class GPUDecoder:
         self.buf.allocations = 0
         cpu.reserve(widths, heights, self.cpu_threads, self.pool)  # the CPU share's decode buffers
         if self.ring is None and outputs > 0:
-            self.ring = OutputRing(self.output_shape(), self.dtype, outputs, self.device_id)
+            self.ring = OutputRing(self.output_shape(), self.dtype, outputs, self.gpu_id)
         routes = None if routes is None else np.asarray(routes)
         if self.hybrid is not None and routes is not None and (routes == HYBRID).any():
             sel = routes == HYBRID
@@ -206,8 +204,9 @@ class GPUDecoder:
 
     # ------------------------------------------------------------------ one batch
     def __call__(self, buffers, windows, flips, routes):
-        """Decode one batch. Returns a CuPy array (N, 3, h, w) or (N, h, w, 3), complete when
-        the call returns (from the ring when there is one).
+        """Decode one batch. Returns a CuPy array of spec.buffer_shape(N) and storage_dtype
+        (spec.arrange gives the handed-out view), complete when the call returns (from the ring
+        when there is one).
 
         Args:
             buffers: JPEG bytes-likes.

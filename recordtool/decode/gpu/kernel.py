@@ -19,12 +19,14 @@ SAMPLE_DTYPE = np.dtype([("src", "<u8"), ("pitch", "<i8"), ("rw", "<i4"), ("rh",
                          ("cw", "<i4"), ("ch", "<i4")], align=True)  # = struct Sample in gpu_resize.cu
 FMT_RGB, FMT_YCC, FMT_GRAY = 0, 1, 2
 
-DType = Literal["float32", "float16", "uint8"]
+DType = Literal["float32", "float16", "bfloat16", "uint8"]  # bfloat16: bits in a uint16 array
 Layout = Literal["NCHW", "NHWC"]
 _NAMES = {("float32", "NCHW"): "resize_normalize<float, true, true>",
           ("float32", "NHWC"): "resize_normalize<float, false, true>",
           ("float16", "NCHW"): "resize_normalize<__half, true, true>",
           ("float16", "NHWC"): "resize_normalize<__half, false, true>",
+          ("bfloat16", "NCHW"): "resize_normalize<__nv_bfloat16, true, true>",
+          ("bfloat16", "NHWC"): "resize_normalize<__nv_bfloat16, false, true>",
           ("uint8", "NCHW"): "resize_normalize<unsigned char, true, false>",
           ("uint8", "NHWC"): "resize_normalize<unsigned char, false, false>"}
 _module = None
@@ -32,7 +34,7 @@ _module = None
 
 def check(dtype: str, layout: str) -> None:
     if (dtype, layout) not in _NAMES:
-        raise ValueError(f"dtype float32|float16|uint8 and layout NCHW|NHWC, not {dtype!r}, {layout!r}")
+        raise ValueError(f"dtype float32|float16|bfloat16|uint8 and layout NCHW|NHWC, not {dtype!r}, {layout!r}")
 
 
 def _source() -> str:
