@@ -53,7 +53,7 @@ class OpError(RecordtoolError, RuntimeError):
     code) on some images; `.failures` is a list of (batch index, status)."""
 
     def __init__(self, failures, name: str = "user op", where: str = ""):
-        self.failures = failures
+        self.failures, self.name = failures, name
         codes = "; ".join(f"#{i}: {OP_STATUS.get(c, f'returned {c}')}" for i, c in failures[:5])
         more = f" (+{len(failures) - 5} more)" if len(failures) > 5 else ""
         super().__init__(f"{name} failed on {len(failures)} image(s){where}: {codes}{more}")
