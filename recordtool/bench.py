@@ -57,9 +57,29 @@ def loader_epochs(ld: Loader, epochs: int, images: int | None = None) -> dict:
     return r
 
 
+OPS = ("grayscale", "cutout", "jitter")
+
+
+def bench_ops(name: str):
+    """(compiled per-image op, the same op as a batch op) for `--op`: grayscale — RandomGrayscale(0.2),
+    cutout — Cutout(56) (batch ops: recordtool.user_ops'), jitter — ColorJitter(0.4, 0.4, 0.4)
+    (batch op: its NumPy reference on the whole batch)."""
+    from . import ops, user_ops
+
+    if name == "grayscale":
+        return ops.RandomGrayscale(0.2), user_ops.RandomGrayscale(0.2)
+    if name == "cutout":
+        return ops.Cutout(56), user_ops.Cutout(56)
+    if name == "jitter":
+        op = ops.ColorJitter(0.4, 0.4, 0.4)
+        return op, ops.ReferenceOp(op)
+    raise ValueError(f"op must be one of {', '.join(OPS)}, not {name!r}")
+
+
 def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | None = None, epochs: int = 2,
         images: int | None = None, seed: int = 0, progress: bool = True, dali: bool = True,
-        dali_files: str | None = None, baseline: bool = True, producers: int | None = None) -> dict:
+        dali_files: str | None = None, baseline: bool = True, producers: int | None = None,
+        op: str | None = None) -> dict:
     """Measure read, the decode stage alone, the full Loader, and the peers.
 
     Args:
@@ -76,6 +96,8 @@ def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | No
             original files, e.g. before a transcoding pack).
         baseline: run the Pillow baseline.
         producers: Loader producer threads (default: the Loader's).
+        op: also run the Loader with this op (OPS) compiled (recordtool.ops) and as a batch op,
+            right after the Loader without it, and DALI with its counterpart (peers.dali_op).
     """
     ds = Dataset(path)
     threads = threads or cores()
@@ -108,6 +130,17 @@ def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | No
                 dtype="float16" if device == "cuda" else "float32")
     r["loader"] = loader_epochs(ld, epochs, images)
     r["loader"]["producers"] = ld.producers
+    if op:
+        compiled, batch_op = bench_ops(op)
+        r["op"] = {"name": op}
+        for key, user_op in (("compiled", compiled), ("batch", batch_op)):
+            with_op = Loader(ds, batch_size=batch_size, device=device, threads=threads, seed=seed,
+                             producers=producers, dtype="float16" if device == "cuda" else "float32",
+                             user_op=user_op)
+            r["op"][key] = loader_epochs(with_op, epochs, images)
+            r["op"][key + "_cost"] = 1 - r["op"][key]["img_s"] / r["loader"]["img_s"]
+            with_op.close()
+            del with_op
     step("loader")
 
     # 3. the decode stage alone, on the same objects: CPU — the fused decode at all threads
@@ -145,6 +178,13 @@ def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | No
                 r["dali"] = peers.dali_best(ds, device, batch_size, threads, epochs)
             except Exception as e:  # a failing peer is reported, not fatal
                 r["dali"] = {"error": f"{type(e).__name__}: {e}"}
+            if op:
+                try:
+                    r["dali_op"] = peers.dali_best(ds, device, batch_size, threads, epochs, op=op)
+                    if "img_s" in r["dali"]:
+                        r["dali_op"]["cost"] = 1 - r["dali_op"]["img_s"] / r["dali"]["img_s"]
+                except Exception as e:
+                    r["dali_op"] = {"error": f"{type(e).__name__}: {e}"}
             if dali_files:
                 try:
                     r["dali_files"] = peers.dali_best(peers.jpeg_files(dali_files), device, batch_size, threads,
@@ -217,6 +257,17 @@ def table(r: dict) -> str:
         ("decode stage alone", f"{r['decode']['img_s']:,.0f} img/s",
          f"loader = {100 * ours / r['decode']['img_s']:.0f} % of it"),
     ]
+    if "op" in r:
+        o = r["op"]
+        for key, what in (("compiled", "compiled per-image op"), ("batch", "batch op")):
+            rows.append((f"  + {o['name']}: {what}", f"{o[key]['img_s']:,.0f} img/s",
+                         f"costs {100 * o[key + '_cost']:.1f} % of the Loader's rate"))
+        d = r.get("dali_op", {})
+        if "img_s" in d:
+            cost = f"costs {100 * d['cost']:.1f} % of DALI's rate" if "cost" in d else ""
+            rows.append((f"  DALI + {o['name']} (its own op)", f"{d['img_s']:,.0f} img/s", cost))
+        elif d:
+            rows.append((f"  DALI + {o['name']}", "not run", d["error"][:70]))
     stages = r["loader"].get("stage_ms_per_image", {})
     if stages:
         rows.append(("  producer ms/image", " ".join(f"{k} {v:.3f}" for k, v in stages.items()), ""))

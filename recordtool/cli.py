@@ -300,9 +300,12 @@ def verify(root, decode, threads, cache_dir, cache_limit, quiet):
 @click.option("--dali-files", type=click.Path(exists=True, file_okay=False), default=None,
               help="Also run DALI reading this ImageNet-style folder's JPEG files (the original files).")
 @click.option("--baseline/--no-baseline", default=True, show_default=True, help="Run the Pillow baseline.")
+@click.option("--op", type=click.Choice(["grayscale", "cutout", "jitter"]), default=None,
+              help="Also run the Loader with this user op compiled (recordtool.ops, needs recordtool[numba]) and as "
+                   "a batch op, and DALI with its own counterpart (fn.hsv, fn.erase, fn.color_twist).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def bench(root, device, batch_size, threads, epochs, images, json_path, plot_path, producers, dali, dali_files,
-          baseline, quiet):
+          baseline, op, quiet):
     """Measure read, the decode stage and the full Loader on ROOT, against DALI and Pillow.
 
     DALI (RandomResizedCrop → resize → flip → normalize; on cuda the best of hw_decoder_load
@@ -314,7 +317,7 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
 
     try:
         r = run(root, device=device, batch_size=batch_size, threads=threads, epochs=epochs, images=images,
-                progress=not quiet, dali=dali, dali_files=dali_files, baseline=baseline, producers=producers)
+                progress=not quiet, dali=dali, dali_files=dali_files, baseline=baseline, producers=producers, op=op)
     except (RecordtoolError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(table(r))

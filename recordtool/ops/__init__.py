@@ -6,7 +6,7 @@ Write one by subclassing `ImageOp` (see recordtool.ops.base and the examples). N
 optional extra `recordtool[numba]`, imported only when an op is first compiled; batch ops
 (recordtool.user_ops) need none of this.
 """
-from .base import ImageOp
+from .base import ImageOp, ReferenceOp
 from .examples import ColorJitter, Cutout, RandomGrayscale
 
-__all__ = ["ImageOp", "RandomGrayscale", "Cutout", "ColorJitter"]
+__all__ = ["ImageOp", "ReferenceOp", "RandomGrayscale", "Cutout", "ColorJitter"]

@@ -88,3 +88,27 @@ class ImageOp(KeyedOp):
         from ..decode.cpu import apply_op
 
         return apply_op(batch, self.native(p))
+
+
+class ReferenceOp(KeyedOp):
+    """An ImageOp's NumPy reference as a batch op — the op as array code on the whole batch, as
+    it is written without Numba (`recordtool bench --op` measures it beside the compiled op).
+    A CuPy batch goes to the host and back.
+
+    Args:
+        op: the ImageOp.
+    """
+
+    def __init__(self, op: ImageOp):
+        super().__init__(op.seed)
+        self.op = op
+
+    def __call__(self, batch, keys=None):
+        n, h, w = batch.shape[:3]
+        p = self.op.batch_params(n, keys, h, w)
+        if _xp(batch) is np:
+            return self.op.reference(batch, p)
+        import cupy
+
+        batch[...] = cupy.asarray(self.op.reference(cupy.asnumpy(batch), p))
+        return batch
