@@ -58,3 +58,46 @@ def test_dali_peer_reads_records_and_files(tmp_path):
     files = peers.jpeg_files(str(src))
     assert len(files) == 24 and all(not p.endswith("png.JPEG") for p, _ in files)
     assert peers.dali_rate(files, "cpu", 8, 2, epochs=2)["img_s"] > 0
+
+
+def test_bench_op_runs_the_compiled_and_the_batch_op_beside_the_loader(tmp_path):
+    """`bench --op`: the Loader with the compiled op and with the batch op, right after the Loader
+    without one, and DALI with its own counterpart; costs against the op-less rates."""
+    import pytest
+
+    pytest.importorskip("numba")
+    src = tmp_path / "src"
+    for i in range(24):
+        write(str(src / f"c{i % 2}" / f"{i}.jpg"), jpeg_bytes(160, 120, seed=i))
+    pack(str(src), str(tmp_path / "out"), shards=1, progress=False)
+    p = subprocess.run([sys.executable, "-m", "recordtool.cli", "bench", str(tmp_path / "out"), "--batch-size", "8",
+                        "--epochs", "2", "--threads", "2", "--op", "jitter", "--no-baseline", "--json",
+                        str(tmp_path / "b.json"), "-q"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert "jitter: compiled per-image op" in p.stdout and "jitter: batch op" in p.stdout
+    r = json.loads((tmp_path / "b.json").read_text())
+    for key in ("compiled", "batch"):
+        assert r["op"][key]["img_s"] > 0 and r["op"][key]["batches"] >= 3
+        assert r["op"][key + "_cost"] < 1
+    assert r["op"]["compiled"]["stage_ms_per_image"]["user_op"] == 0  # inside the decode pass
+    assert r["op"]["batch"]["stage_ms_per_image"]["user_op"] > 0
+    if peers.dali_available():
+        assert r["dali_op"]["img_s"] > 0 and r["dali_op"]["op"] == "jitter", r["dali_op"]
+
+
+def test_dali_counterparts_of_the_bench_ops_build_and_run(tmp_path):
+    import pytest
+
+    if not peers.dali_available():
+        pytest.skip("nvidia.dali does not import")
+    import recordtool
+
+    src = tmp_path / "src"
+    for i in range(16):
+        write(str(src / f"c{i % 2}" / f"{i}.jpg"), jpeg_bytes(120, 90, seed=i))
+    pack(str(src), str(tmp_path / "out"), shards=1, progress=False)
+    ds = recordtool.open(str(tmp_path / "out"))
+    for op in ("grayscale", "cutout"):
+        assert peers.dali_rate(ds, "cpu", 8, 2, epochs=2, op=op)["img_s"] > 0
+    with pytest.raises(ValueError, match="no DALI op"):
+        peers.dali_rate(ds, "cpu", 8, 2, epochs=2, op="nope")
