@@ -156,28 +156,27 @@ class ColorJitter(ImageOp):
 
     @staticmethod
     def image(img, p):
-        h, w = img.shape[0], img.shape[1]
-        fb, fc, fs = np.int64(p[0]), np.int64(p[1]), np.int64(p[2])
+        # int32 arithmetic and the per-channel steps as loops over the flat bytes: Numba (LLVM)
+        # vectorises those; only the luma steps go pixel by pixel
+        n = img.shape[0] * img.shape[1]
+        flat, px = img.reshape(n * 3), img.reshape(n, 3)
+        fb, fc, fs = np.int32(p[0]), np.int32(p[1]), np.int32(p[2])
+        lo, hi, half = np.int32(0), np.int32(255), np.int32(512)
+        for i in range(n * 3):  # brightness
+            flat[i] = min(hi, (np.int32(flat[i]) * fb + half) >> 10)
         total = np.int64(0)
-        for y in range(h):  # brightness; the mean luma of the result
-            for x in range(w):
-                r = min(255, (np.int64(img[y, x, 0]) * fb + 512) >> 10)
-                g = min(255, (np.int64(img[y, x, 1]) * fb + 512) >> 10)
-                b = min(255, (np.int64(img[y, x, 2]) * fb + 512) >> 10)
-                img[y, x, 0] = r
-                img[y, x, 1] = g
-                img[y, x, 2] = b
-                total += (r * 19595 + g * 38470 + b * 7471 + 32768) >> 16
-        m = (total + (h * w) // 2) // (h * w)
-        for y in range(h):  # contrast, then saturation
-            for x in range(w):
-                r = max(0, min(255, (m * 1024 + (np.int64(img[y, x, 0]) - m) * fc + 512) >> 10))
-                g = max(0, min(255, (m * 1024 + (np.int64(img[y, x, 1]) - m) * fc + 512) >> 10))
-                b = max(0, min(255, (m * 1024 + (np.int64(img[y, x, 2]) - m) * fc + 512) >> 10))
-                gray = (r * 19595 + g * 38470 + b * 7471 + 32768) >> 16
-                img[y, x, 0] = max(0, min(255, (gray * 1024 + (r - gray) * fs + 512) >> 10))
-                img[y, x, 1] = max(0, min(255, (gray * 1024 + (g - gray) * fs + 512) >> 10))
-                img[y, x, 2] = max(0, min(255, (gray * 1024 + (b - gray) * fs + 512) >> 10))
+        for i in range(n):  # the mean luma after it
+            total += (np.int32(px[i, 0]) * 19595 + np.int32(px[i, 1]) * 38470 + np.int32(px[i, 2]) * 7471
+                      + 32768) >> 16
+        m = np.int32((total + n // 2) // n)
+        for i in range(n * 3):  # contrast: blend with the mean
+            flat[i] = max(lo, min(hi, (m * 1024 + (np.int32(flat[i]) - m) * fc + half) >> 10))
+        for i in range(n):  # saturation: blend with the pixel's luma
+            r, g, b = np.int32(px[i, 0]), np.int32(px[i, 1]), np.int32(px[i, 2])
+            gray = (r * 19595 + g * 38470 + b * 7471 + 32768) >> 16
+            px[i, 0] = max(lo, min(hi, (gray * 1024 + (r - gray) * fs + half) >> 10))
+            px[i, 1] = max(lo, min(hi, (gray * 1024 + (g - gray) * fs + half) >> 10))
+            px[i, 2] = max(lo, min(hi, (gray * 1024 + (b - gray) * fs + half) >> 10))
 
     def reference(self, batch, params):
         f = params.astype(np.int64)[:, None, None, None, :]  # (n, 1, 1, 1, 3)
