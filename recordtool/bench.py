@@ -76,6 +76,40 @@ def bench_ops(name: str):
     raise ValueError(f"op must be one of {', '.join(OPS)}, not {name!r}")
 
 
+def op_costs(plain: Loader, name: str, epochs: int, images: int | None = None) -> dict:
+    """The Loader `plain` beside the same Loader with the op `name` compiled and as a batch op:
+    after a warm-up epoch each, the timed epochs go round-robin over the three (none, compiled,
+    batch), so a change in machine load hits all three alike; a cost per round (1 − rate with
+    the op / rate without it, of that round) gives the spread."""
+    compiled, batch_op = bench_ops(name)
+    ds, kw = plain.ds, dict(batch_size=plain.batch_size, device=plain.device, threads=plain.threads, seed=plain.seed,
+                            producers=plain.producers, dtype=plain.dtype)
+    loaders = {"none": plain, "compiled": Loader(ds, user_op=compiled, **kw), "batch": Loader(ds, user_op=batch_op, **kw)}
+    try:
+        for ld in loaders.values():
+            loader_epochs(ld, 1, images)  # warm-up
+        rounds = {k: [] for k in loaders}
+        for _ in range(max(1, epochs - 1)):
+            for k, ld in loaders.items():
+                rounds[k].append(loader_epochs(ld, 1, images))
+    finally:
+        for k in ("compiled", "batch"):
+            loaders[k].close()
+    out: dict = {"name": name, "rounds": len(rounds["none"])}
+    for k, rs in rounds.items():
+        rates = [x["img_s"] for x in rs]
+        cpu_ms = [1e3 * x["cores_busy"] / x["img_s"] for x in rs]
+        out[k] = {"img_s": float(np.mean(rates)), "epochs_img_s": rates, "cpu_ms_per_image": cpu_ms,
+                  "stage_ms_per_image": rs[-1]["stage_ms_per_image"]}
+    for k in ("compiled", "batch"):
+        cost = [1 - a / b for a, b in zip(out[k]["epochs_img_s"], out["none"]["epochs_img_s"])]
+        cpu = [a / b - 1 for a, b in zip(out[k]["cpu_ms_per_image"], out["none"]["cpu_ms_per_image"])]
+        out[k + "_cost"] = float(np.median(cost))
+        out[k + "_cost_range"] = [float(min(cost)), float(max(cost))]
+        out[k + "_cpu_cost"] = float(np.median(cpu))
+    return out
+
+
 def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | None = None, epochs: int = 2,
         images: int | None = None, seed: int = 0, progress: bool = True, dali: bool = True,
         dali_files: str | None = None, baseline: bool = True, producers: int | None = None,
@@ -97,7 +131,8 @@ def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | No
         baseline: run the Pillow baseline.
         producers: Loader producer threads (default: the Loader's).
         op: also run the Loader with this op (OPS) compiled (recordtool.ops) and as a batch op,
-            right after the Loader without it, and DALI with its counterpart (peers.dali_op).
+            epochs interleaved with the Loader without it (op_costs), and DALI with its
+            counterpart (peers.dali_op).
     """
     ds = Dataset(path)
     threads = threads or cores()
@@ -131,16 +166,7 @@ def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | No
     r["loader"] = loader_epochs(ld, epochs, images)
     r["loader"]["producers"] = ld.producers
     if op:
-        compiled, batch_op = bench_ops(op)
-        r["op"] = {"name": op}
-        for key, user_op in (("compiled", compiled), ("batch", batch_op)):
-            with_op = Loader(ds, batch_size=batch_size, device=device, threads=threads, seed=seed,
-                             producers=producers, dtype="float16" if device == "cuda" else "float32",
-                             user_op=user_op)
-            r["op"][key] = loader_epochs(with_op, epochs, images)
-            r["op"][key + "_cost"] = 1 - r["op"][key]["img_s"] / r["loader"]["img_s"]
-            with_op.close()
-            del with_op
+        r["op"] = op_costs(ld, op, epochs, images)
     step("loader")
 
     # 3. the decode stage alone, on the same objects: CPU — the fused decode at all threads
@@ -260,8 +286,10 @@ def table(r: dict) -> str:
     if "op" in r:
         o = r["op"]
         for key, what in (("compiled", "compiled per-image op"), ("batch", "batch op")):
+            lo, hi = o[key + "_cost_range"]
             rows.append((f"  + {o['name']}: {what}", f"{o[key]['img_s']:,.0f} img/s",
-                         f"costs {100 * o[key + '_cost']:.1f} % of the Loader's rate"))
+                         f"costs {100 * o[key + '_cost']:.1f} % of the rate without it (rounds {100 * lo:.1f}.."
+                         f"{100 * hi:.1f} %; CPU time per image +{100 * o[key + '_cpu_cost']:.1f} %)"))
         d = r.get("dali_op", {})
         if "img_s" in d:
             cost = f"costs {100 * d['cost']:.1f} % of DALI's rate" if "cost" in d else ""

@@ -76,9 +76,11 @@ def test_bench_op_runs_the_compiled_and_the_batch_op_beside_the_loader(tmp_path)
     assert p.returncode == 0, p.stderr
     assert "jitter: compiled per-image op" in p.stdout and "jitter: batch op" in p.stdout
     r = json.loads((tmp_path / "b.json").read_text())
+    assert r["op"]["rounds"] == 1 and r["op"]["none"]["img_s"] > 0
     for key in ("compiled", "batch"):
-        assert r["op"][key]["img_s"] > 0 and r["op"][key]["batches"] >= 3
-        assert r["op"][key + "_cost"] < 1
+        assert r["op"][key]["img_s"] > 0 and len(r["op"][key]["epochs_img_s"]) == 1
+        lo, hi = r["op"][key + "_cost_range"]
+        assert lo <= r["op"][key + "_cost"] <= hi < 1
     assert r["op"]["compiled"]["stage_ms_per_image"]["user_op"] == 0  # inside the decode pass
     assert r["op"]["batch"]["stage_ms_per_image"]["user_op"] > 0
     if peers.dali_available():

@@ -267,3 +267,23 @@ def test_cuda_kernel_source_emulated_on_the_cpu_equals_the_numpy_reference(op, s
     b = _batch(n, h, w, seed=h)
     p = op.batch_params(n, BatchKeys(np.arange(n) + 3, 1, 2), h, w)
     assert np.array_equal(run(b.copy(), p), op.reference(b.copy(), p))
+
+
+def test_without_the_native_extension_the_op_runs_through_ctypes(monkeypatch):
+    import warnings
+
+    bufs, sizes = _jpegs(6)
+    win = np.array([[0, 0, 50, 50]] * 6)
+    flips = np.array([1, 0, 1, 0, 0, 1], bool)
+    op = ColorJitter()
+    p = op.batch_params(6, None, 20, 20)
+    monkeypatch.setattr(cpu, "_native", None)
+    monkeypatch.setattr(cpu, "_IMPORT_ERROR", "test", raising=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        raw = decode_crop_resize(bufs, win, (20, 20))
+        ref = op.reference(raw.copy(), p)
+        assert np.array_equal(decode_crop_resize(bufs, win, (20, 20), op=op.native(p)), ref)
+        got = cpu.decode_crop_resize_normalize(bufs, win, flips, (20, 20), op=op.native(p))
+        assert np.array_equal(apply_op(raw.copy(), op.native(p)), ref)
+    assert np.array_equal(got, normalize(mirror(ref, flips)))
