@@ -287,3 +287,35 @@ def test_without_the_native_extension_the_op_runs_through_ctypes(monkeypatch):
         got = cpu.decode_crop_resize_normalize(bufs, win, flips, (20, 20), op=op.native(p))
         assert np.array_equal(apply_op(raw.copy(), op.native(p)), ref)
     assert np.array_equal(got, normalize(mirror(ref, flips)))
+
+
+def test_a_pillow_retried_image_gets_the_op_after_its_retry(monkeypatch):
+    """fallback=True: an image libjpeg failed on is decoded by Pillow, then the op runs on it
+    (with its own params row), then mirror and normalize — as for every other image."""
+    from recordtool.decode import reference as R
+
+    bufs, sizes = _jpegs(4)
+    win = np.array([[0, 0, 50, 50]] * 4)
+    flips = np.array([0, 1, 0, 1], bool)
+    op = ColorJitter()
+    p = op.batch_params(4, BatchKeys(np.arange(4), 0, 0), 20, 20)
+    real = cpu._native
+
+    class FailsImage1:  # the native decoder as if libjpeg had refused image 1
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def decode_crop_resize(self, *a):
+            real.decode_crop_resize(*a)
+            return [(1, "forced failure")]
+
+        def decode_crop_resize_normalize(self, *a):
+            real.decode_crop_resize_normalize(*a)
+            return [(1, "forced failure")]
+
+    monkeypatch.setattr(cpu, "_native", FailsImage1())
+    pil = op.reference(R.truth(bufs[1], win[1], 20, 20)[None].copy(), p[1:2])
+    u8 = decode_crop_resize(bufs, win, (20, 20), fallback=True, op=op.native(p))
+    assert np.array_equal(u8[1], pil[0])
+    got = cpu.decode_crop_resize_normalize(bufs, win, flips, (20, 20), fallback=True, op=op.native(p))
+    assert np.array_equal(got[1], normalize(mirror(pil, flips[1:2]))[0])

@@ -366,7 +366,7 @@ def decode_crop_resize_normalize(buffers, windows, flips=None, size=(224, 224), 
             op.check(status)
     if failures and fallback:
         def write(i, img):
-            img = np.ascontiguousarray(img[None])
+            img = np.array(img[None], np.uint8, order="C")  # Pillow's array is read-only; the op writes
             if op is not None:
                 apply_op(img, op.rows(i, i + 1), threads=1, pool=-1)
             out[i] = normalize(img, mean, std, layout, dtype, flips=flips[i:i + 1])[0]
