@@ -101,6 +101,7 @@ def op_costs(plain: Loader, name: str, epochs: int, images: int | None = None) -
         cpu_ms = [1e3 * x["cores_busy"] / x["img_s"] for x in rs]
         out[k] = {"img_s": float(np.mean(rates)), "epochs_img_s": rates, "cpu_ms_per_image": cpu_ms,
                   "stage_ms_per_image": rs[-1]["stage_ms_per_image"]}
+    out["fused_pass"] = fused_pass_cost(ds, compiled, plain.seed)
     for k in ("compiled", "batch"):
         cost = [1 - a / b for a, b in zip(out[k]["epochs_img_s"], out["none"]["epochs_img_s"])]
         cpu = [a / b - 1 for a, b in zip(out[k]["cpu_ms_per_image"], out["none"]["cpu_ms_per_image"])]
@@ -108,6 +109,29 @@ def op_costs(plain: Loader, name: str, epochs: int, images: int | None = None) -
         out[k + "_cost_range"] = [float(min(cost)), float(max(cost))]
         out[k + "_cpu_cost"] = float(np.median(cpu))
     return out
+
+
+def fused_pass_cost(ds, op, seed: int, n: int = 256, repeat: int = 3) -> dict:
+    """CPU time per image of the fused decode pass the CPU Loader runs (decode → resize → op →
+    mirror → normalize, `decode_crop_resize_normalize`) on one thread, with and without the
+    compiled op, alternated `repeat` times (best of each): the thread's own CPU time, which
+    other processes on the machine change much less than they change a rate."""
+    from .decode.cpu import decode_crop_resize_normalize
+    from .loader.recipe import Recipe
+
+    ids = ds.sampler(seed=seed).indices(0)[:n]
+    b = Recipe(ds, True, 224, seed).inputs(ids, 0)
+    params = op.batch_params(len(ids), b.keys, 224, 224)
+    out = np.empty((len(ids), 3, 224, 224), np.float32)
+    best = {"none": float("inf"), "compiled": float("inf")}
+    for _ in range(repeat):
+        for key, native in (("none", None), ("compiled", op.native(params))):
+            t = time.thread_time()
+            decode_crop_resize_normalize(b.buffers, b.windows, b.flips, out=out, threads=1, pool=-1,
+                                         on_error="skip", op=native)
+            best[key] = min(best[key], time.thread_time() - t)
+    return {"images": len(ids), "none_ms_per_image": 1e3 * best["none"] / len(ids),
+            "compiled_ms_per_image": 1e3 * best["compiled"] / len(ids), "cost": best["compiled"] / best["none"] - 1}
 
 
 def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | None = None, epochs: int = 2,
@@ -290,6 +314,9 @@ def table(r: dict) -> str:
             rows.append((f"  + {o['name']}: {what}", f"{o[key]['img_s']:,.0f} img/s",
                          f"costs {100 * o[key + '_cost']:.1f} % of the rate without it (rounds {100 * lo:.1f}.."
                          f"{100 * hi:.1f} %; CPU time per image +{100 * o[key + '_cpu_cost']:.1f} %)"))
+        f = o["fused_pass"]
+        rows.append(("  fused pass, 1 thread (CPU time)", f"{f['none_ms_per_image']:.3f} ms/img",
+                     f"with the compiled op {f['compiled_ms_per_image']:.3f} ms/img: +{100 * f['cost']:.1f} %"))
         d = r.get("dali_op", {})
         if "img_s" in d:
             cost = f"costs {100 * d['cost']:.1f} % of DALI's rate" if "cost" in d else ""

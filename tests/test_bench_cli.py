@@ -77,6 +77,8 @@ def test_bench_op_runs_the_compiled_and_the_batch_op_beside_the_loader(tmp_path)
     assert "jitter: compiled per-image op" in p.stdout and "jitter: batch op" in p.stdout
     r = json.loads((tmp_path / "b.json").read_text())
     assert r["op"]["rounds"] == 1 and r["op"]["none"]["img_s"] > 0
+    f = r["op"]["fused_pass"]
+    assert f["images"] == 24 and f["none_ms_per_image"] > 0 and f["compiled_ms_per_image"] > 0
     for key in ("compiled", "batch"):
         assert r["op"][key]["img_s"] > 0 and len(r["op"][key]["epochs_img_s"]) == 1
         lo, hi = r["op"][key + "_cost_range"]
