@@ -267,6 +267,26 @@ static void emit_one(const Emit& e, const uint8_t* img, int H, int W, size_t n) 
     }
 }
 
+// A per-image user op compiled by Numba (recordtool.ops): called by the decode thread on each
+// resampled image while it is in cache — after the resize, before mirror and normalize — without
+// the GIL. ABI: int32 op(uint8* img, int64 height, int64 width, int64 row_stride_bytes,
+// const double* params), img RGB HWC edited in place, params this image's row of the (N, k)
+// array of keyed draws the caller computed; 0 = ok, anything else is reported back in
+// status[n]. Plain C (a Numba cfunc): it cannot throw. Python reference:
+// recordtool.decode.cpu.apply_op_reference (the same function through ctypes).
+using OpFn = int32_t (*)(uint8_t*, int64_t, int64_t, int64_t, const double*);
+
+struct UserOp {
+    OpFn fn = nullptr;
+    const double* params = nullptr;  // N × k, row n for image n
+    int64_t k = 0;
+    int32_t* status = nullptr;       // N: what the op returned per image
+};
+
+static inline void run_op(const UserOp& op, uint8_t* img, int H, int W, size_t n) {
+    op.status[n] = op.fn(img, H, W, (int64_t)W * 3, op.params + n * op.k);
+}
+
 // Decode the window of one JPEG and resample it into task.out. Returns false with a reason.
 // libjpeg errors come back through longjmp to the setjmp below; C++ exceptions (allocation
 // of the region buffer, …) are caught here: every failure is this image's, never the process's.
@@ -593,9 +613,11 @@ static void check_params(const Params& p) {
 }
 
 // Decode every task on the pool (pool_id -1: on the calling thread), largest first; a failed
-// image's slot is zeros (before Emit).
+// image's slot is zeros (before the op and Emit).
+// With a user op, it runs on each image (failed ones too: zeros) right after its resample.
 // With Emit on, each image goes through the thread's tile and the fused output pass.
-static py::list run_batch(std::vector<Task>& tasks, const Params& p, int threads, int pool_id, const Emit& emit) {
+static py::list run_batch(std::vector<Task>& tasks, const Params& p, int threads, int pool_id, const Emit& emit,
+                          const UserOp& op) {
     const size_t n = tasks.size();
     const size_t slot = (size_t)p.out_w * p.out_h * 3;
     std::vector<size_t> sizes(n);
@@ -624,6 +646,7 @@ static py::list run_batch(std::vector<Task>& tasks, const Params& p, int threads
                     t.status = 1;
                     std::memset(t.out, 0, slot);
                 }
+                if (op.fn) run_op(op, t.out, p.out_h, p.out_w, order[k]);
                 if (emit.on) emit_one(emit, t.out, p.out_h, p.out_w, order[k]);
             }
             if (s.region.capacity() > kKeepBytes) {  // after a huge image, give the memory back
@@ -642,12 +665,36 @@ static py::list run_batch(std::vector<Task>& tasks, const Params& p, int threads
     return failures;
 }
 
+// The user op of a batch of n images from Python: address (0: none), params (n, k) float64
+// C-contiguous, status (n,) int32 C-contiguous, written. The arrays must outlive the call.
+static UserOp make_op(uintptr_t address, const py::object& params, const py::object& status, size_t n) {
+    UserOp op;
+    if (address == 0) return op;
+    // numpy arrays only (a converted copy would die with this function, its pointer kept)
+    if (!py::isinstance<py::array>(params) || !py::isinstance<py::array>(status))
+        throw std::invalid_argument("a user op needs op_params and op_status numpy arrays");
+    auto par = py::reinterpret_borrow<py::array>(params);
+    auto st = py::reinterpret_borrow<py::array>(status);
+    if (!par.dtype().is(py::dtype::of<double>()) || par.ndim() != 2 || (size_t)par.shape(0) != n ||
+        !(par.flags() & py::array::c_style))
+        throw std::invalid_argument("op_params must be C-contiguous float64 (N, k)");
+    if (!st.dtype().is(py::dtype::of<int32_t>()) || st.ndim() != 1 || (size_t)st.shape(0) != n ||
+        !(st.flags() & py::array::c_style) || !st.writeable())
+        throw std::invalid_argument("op_status must be a writeable C-contiguous int32 (N,)");
+    op.fn = reinterpret_cast<OpFn>(address);
+    op.params = static_cast<const double*>(par.data());
+    op.k = par.shape(1);
+    op.status = static_cast<int32_t*>(st.mutable_data());
+    return op;
+}
+
 // buffers: sequence of bytes-like; windows: (N, 4) float64 (y, x, h, w);
 // out: (N, H, W, 3) uint8 C-contiguous; pool_id: a pool, or -1 for the calling thread.
 // Returns list of (index, reason) for failed images.
 static py::list decode_crop_resize(py::sequence buffers, py::array_t<double, py::array::c_style> windows,
                                    py::array_t<uint8_t, py::array::c_style> out, int threads, long long max_pixels,
-                                   int force_scale, double margin, int pool_id) {
+                                   int force_scale, double margin, int pool_id, uintptr_t op_address,
+                                   py::object op_params, py::object op_status) {
     const size_t n = buffers.size();
     if (out.ndim() != 4 || (size_t)out.shape(0) != n || out.shape(3) != 3)
         throw std::invalid_argument("out must have shape (N, H, W, 3)");
@@ -658,7 +705,8 @@ static py::list decode_crop_resize(py::sequence buffers, py::array_t<double, py:
     uint8_t* base = out.mutable_data();
     const size_t slot = (size_t)p.out_w * p.out_h * 3;
     for (size_t i = 0; i < n; i++) tasks[i].out = base + i * slot;
-    return run_batch(tasks, p, threads, pool_id, Emit{});
+    const UserOp op = make_op(op_address, op_params, op_status, n);
+    return run_batch(tasks, p, threads, pool_id, Emit{}, op);
 }
 
 // The same, with the fused output pass: out is float32, float16 or bfloat16 bits (uint16), (N, 3, H, W) when nchw else
@@ -668,7 +716,8 @@ static py::list decode_crop_resize(py::sequence buffers, py::array_t<double, py:
 static py::list decode_crop_resize_normalize(py::sequence buffers, py::array_t<double, py::array::c_style> windows,
                                              py::array_t<bool, py::array::c_style> flips, py::array out,
                                              std::vector<float> scale, std::vector<float> bias, bool nchw,
-                                             int threads, long long max_pixels, double margin, int pool_id) {
+                                             int threads, long long max_pixels, double margin, int pool_id,
+                                             uintptr_t op_address, py::object op_params, py::object op_status) {
     const size_t n = buffers.size();
     if (out.ndim() != 4 || (size_t)out.shape(0) != n) throw std::invalid_argument("out must have shape (N, ...)");
     if (!(out.flags() & py::array::c_style)) throw std::invalid_argument("out must be C-contiguous");
@@ -682,7 +731,8 @@ static py::list decode_crop_resize_normalize(py::sequence buffers, py::array_t<d
     std::vector<py::buffer_info> keep;
     std::vector<Task> tasks = make_tasks(buffers, windows, keep);
     const Emit e = make_emit(kind, nchw, scale, bias, flips.data(), out.mutable_data());
-    return run_batch(tasks, p, threads, pool_id, e);
+    const UserOp op = make_op(op_address, op_params, op_status, n);
+    return run_batch(tasks, p, threads, pool_id, e, op);
 }
 
 // The resampler alone, for its tests against PIL: src (H, W, 3) uint8, box (x0, y0, x1, y1).
@@ -769,6 +819,29 @@ static void normalize_py(py::array_t<uint8_t, py::array::c_style> src, py::array
     });
 }
 
+// A user op over a uint8 NHWC batch in place, one image per task on the pool (a Pillow-retried
+// image, the op as a batch op). Reference: recordtool.decode.cpu.apply_op_reference.
+static void apply_op_py(py::array_t<uint8_t, py::array::c_style> batch, uintptr_t op_address, py::object op_params,
+                        py::object op_status, int threads, int pool_id) {
+    if (batch.ndim() != 4 || batch.shape(3) != 3) throw std::invalid_argument("batch must be (N, H, W, 3) uint8");
+    if (op_address == 0) throw std::invalid_argument("op address is 0");
+    const size_t n = (size_t)batch.shape(0);
+    const int H = side(batch.shape(1)), W = side(batch.shape(2));
+    const UserOp op = make_op(op_address, op_params, op_status, n);
+    uint8_t* b = batch.mutable_data();
+    std::atomic<size_t> next{0};
+    auto job = [&](int) {
+        for (;;) {
+            const size_t k = next.fetch_add(1);
+            if (k >= n) break;
+            run_op(op, b + k * (size_t)H * W * 3, H, W, k);
+        }
+    };
+    py::gil_scoped_release release;
+    if (pool_id == -1) job(0);
+    else pool(pool_id).run(std::max(1, std::min<int>(threads, (int)n)), job);
+}
+
 // libjpeg mallocs its per-image buffers (progressive coefficient arrays: megabytes for a large
 // image) on whichever decode thread runs the image. glibc's dynamic mmap threshold rises after
 // the first such block is freed, so later ones come from the threads' arenas, and freed arena
@@ -796,10 +869,14 @@ PYBIND11_MODULE(_native, m) {
     m.def("gather", &gather, py::arg("buffers"), py::arg("dst"), py::arg("capacity"), py::arg("align") = 64);
     m.doc() = "recordtool native decode: fused libjpeg-turbo crop decode + Pillow-exact bilinear resample";
     m.def("decode_crop_resize", &decode_crop_resize, py::arg("buffers"), py::arg("windows"), py::arg("out"),
-          py::arg("threads"), py::arg("max_pixels"), py::arg("force_scale") = 0, py::arg("margin") = 1.1, py::arg("pool") = 0);
+          py::arg("threads"), py::arg("max_pixels"), py::arg("force_scale") = 0, py::arg("margin") = 1.1, py::arg("pool") = 0,
+          py::arg("op") = 0, py::arg("op_params") = py::none(), py::arg("op_status") = py::none());
     m.def("decode_crop_resize_normalize", &decode_crop_resize_normalize, py::arg("buffers"), py::arg("windows"),
           py::arg("flips"), py::arg("out"), py::arg("scale"), py::arg("bias"), py::arg("nchw"), py::arg("threads"),
-          py::arg("max_pixels"), py::arg("margin") = 1.1, py::arg("pool") = 0);
+          py::arg("max_pixels"), py::arg("margin") = 1.1, py::arg("pool") = 0, py::arg("op") = 0,
+          py::arg("op_params") = py::none(), py::arg("op_status") = py::none());
+    m.def("apply_op", &apply_op_py, py::arg("batch"), py::arg("op"), py::arg("op_params"), py::arg("op_status"),
+          py::arg("threads"), py::arg("pool") = 0);
     m.def("resample", &resample_py, py::arg("src"), py::arg("box"), py::arg("out_w"), py::arg("out_h"));
     m.def("choose_scale", &choose_scale, py::arg("win_w"), py::arg("win_h"), py::arg("out_w"), py::arg("out_h"),
           py::arg("margin"), py::arg("min_m"));

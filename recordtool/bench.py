@@ -61,9 +61,87 @@ def loader_epochs(ld: Loader, epochs: int, images: int | None = None) -> dict:
     return r
 
 
+OPS = ("grayscale", "cutout", "jitter")
+
+
+def bench_ops(name: str):
+    """(compiled per-image op, the same op as a batch op) for `--op`: grayscale — RandomGrayscale(0.2),
+    cutout — Cutout(56) (batch ops: recordtool.user_ops'), jitter — ColorJitter(0.4, 0.4, 0.4)
+    (batch op: its NumPy reference on the whole batch)."""
+    from . import ops, user_ops
+
+    if name == "grayscale":
+        return ops.RandomGrayscale(0.2), user_ops.RandomGrayscale(0.2)
+    if name == "cutout":
+        return ops.Cutout(56), user_ops.Cutout(56)
+    if name == "jitter":
+        op = ops.ColorJitter(0.4, 0.4, 0.4)
+        return op, ops.ReferenceOp(op)
+    raise ValueError(f"op must be one of {', '.join(OPS)}, not {name!r}")
+
+
+def op_costs(plain: Loader, name: str, epochs: int, images: int | None = None) -> dict:
+    """The Loader `plain` beside the same Loader with the op `name` compiled and as a batch op:
+    after a warm-up epoch each, the timed epochs go round-robin over the three (none, compiled,
+    batch), so a change in machine load hits all three alike; a cost per round (1 − rate with
+    the op / rate without it, of that round) gives the spread."""
+    compiled, batch_op = bench_ops(name)
+    ds, kw = plain.ds, dict(batch_size=plain.batch_size, device=plain.device, threads=plain.threads, seed=plain.seed,
+                            producers=plain.producers, dtype=plain.dtype)
+    loaders = {"none": plain, "compiled": Loader(ds, user_op=compiled, **kw), "batch": Loader(ds, user_op=batch_op, **kw)}
+    try:
+        for ld in loaders.values():
+            loader_epochs(ld, 1, images)  # warm-up
+        rounds = {k: [] for k in loaders}
+        for _ in range(max(1, epochs - 1)):
+            for k, ld in loaders.items():
+                rounds[k].append(loader_epochs(ld, 1, images))
+    finally:
+        for k in ("compiled", "batch"):
+            loaders[k].close()
+    out: dict = {"name": name, "rounds": len(rounds["none"])}
+    for k, rs in rounds.items():
+        rates = [x["img_s"] for x in rs]
+        cpu_ms = [1e3 * x["cores_busy"] / x["img_s"] for x in rs]
+        out[k] = {"img_s": float(np.mean(rates)), "epochs_img_s": rates, "cpu_ms_per_image": cpu_ms,
+                  "stage_ms_per_image": rs[-1]["stage_ms_per_image"]}
+    out["fused_pass"] = fused_pass_cost(ds, compiled, plain.seed)
+    for k in ("compiled", "batch"):
+        cost = [1 - a / b for a, b in zip(out[k]["epochs_img_s"], out["none"]["epochs_img_s"])]
+        cpu = [a / b - 1 for a, b in zip(out[k]["cpu_ms_per_image"], out["none"]["cpu_ms_per_image"])]
+        out[k + "_cost"] = float(np.median(cost))
+        out[k + "_cost_range"] = [float(min(cost)), float(max(cost))]
+        out[k + "_cpu_cost"] = float(np.median(cpu))
+    return out
+
+
+def fused_pass_cost(ds, op, seed: int, n: int = 256, repeat: int = 3) -> dict:
+    """CPU time per image of the fused decode pass the CPU Loader runs (decode → resize → op →
+    mirror → normalize, `decode_crop_resize_normalize`) on one thread, with and without the
+    compiled op, alternated `repeat` times (best of each): the thread's own CPU time, which
+    other processes on the machine change much less than they change a rate."""
+    from .decode.cpu import decode_crop_resize_normalize
+    from .loader.recipe import Recipe
+
+    ids = ds.sampler(seed=seed).indices(0)[:n]
+    b = Recipe(ds, True, 224, seed).inputs(ids, 0)
+    params = op.batch_params(len(ids), b.keys, 224, 224)
+    out = np.empty((len(ids), 3, 224, 224), np.float32)
+    best = {"none": float("inf"), "compiled": float("inf")}
+    for _ in range(repeat):
+        for key, native in (("none", None), ("compiled", op.native(params))):
+            t = time.thread_time()
+            decode_crop_resize_normalize(b.buffers, b.windows, b.flips, out=out, threads=1, pool=-1,
+                                         on_error="skip", op=native)
+            best[key] = min(best[key], time.thread_time() - t)
+    return {"images": len(ids), "none_ms_per_image": 1e3 * best["none"] / len(ids),
+            "compiled_ms_per_image": 1e3 * best["compiled"] / len(ids), "cost": best["compiled"] / best["none"] - 1}
+
+
 def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | None = None, epochs: int = 2,
         images: int | None = None, seed: int = 0, progress: bool = True, dali: bool = True,
-        dali_files: str | None = None, baseline: bool = True, producers: int | None = None) -> dict:
+        dali_files: str | None = None, baseline: bool = True, producers: int | None = None,
+        op: str | None = None) -> dict:
     """Measure read, the decode stage alone, the full Loader, and the peers.
 
     Args:
@@ -80,6 +158,9 @@ def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | No
             original files, e.g. before a transcoding pack).
         baseline: run the Pillow baseline.
         producers: Loader producer threads (default: the Loader's).
+        op: also run the Loader with this op (OPS) compiled (recordtool.ops) and as a batch op,
+            epochs interleaved with the Loader without it (op_costs), and DALI with its
+            counterpart (peers.dali_op).
     """
     if device != "cpu":  # before any work: a GPU this process cannot use is named at once
         resolve(parse_device(device))
@@ -114,6 +195,8 @@ def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | No
                 dtype="float16" if device == "cuda" else "float32")
     r["loader"] = loader_epochs(ld, epochs, images)
     r["loader"]["producers"] = ld.producers
+    if op:
+        r["op"] = op_costs(ld, op, epochs, images)
     step("loader")
 
     # 3. the decode stage alone, on the same objects: CPU — the fused decode at all threads
@@ -151,6 +234,13 @@ def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | No
                 r["dali"] = peers.dali_best(ds, device, batch_size, threads, epochs)
             except Exception as e:  # a failing peer is reported, not fatal
                 r["dali"] = {"error": f"{type(e).__name__}: {e}"}
+            if op:
+                try:
+                    r["dali_op"] = peers.dali_best(ds, device, batch_size, threads, epochs, op=op)
+                    if "img_s" in r["dali"]:
+                        r["dali_op"]["cost"] = 1 - r["dali_op"]["img_s"] / r["dali"]["img_s"]
+                except Exception as e:
+                    r["dali_op"] = {"error": f"{type(e).__name__}: {e}"}
             if dali_files:
                 try:
                     r["dali_files"] = peers.dali_best(peers.jpeg_files(dali_files), device, batch_size, threads,
@@ -223,6 +313,22 @@ def table(r: dict) -> str:
         ("decode stage alone", f"{r['decode']['img_s']:,.0f} img/s",
          f"loader = {100 * ours / r['decode']['img_s']:.0f} % of it"),
     ]
+    if "op" in r:
+        o = r["op"]
+        for key, what in (("compiled", "compiled per-image op"), ("batch", "batch op")):
+            lo, hi = o[key + "_cost_range"]
+            rows.append((f"  + {o['name']}: {what}", f"{o[key]['img_s']:,.0f} img/s",
+                         f"costs {100 * o[key + '_cost']:.1f} % of the rate without it (rounds {100 * lo:.1f}.."
+                         f"{100 * hi:.1f} %; CPU time per image +{100 * o[key + '_cpu_cost']:.1f} %)"))
+        f = o["fused_pass"]
+        rows.append(("  fused pass, 1 thread (CPU time)", f"{f['none_ms_per_image']:.3f} ms/img",
+                     f"with the compiled op {f['compiled_ms_per_image']:.3f} ms/img: +{100 * f['cost']:.1f} %"))
+        d = r.get("dali_op", {})
+        if "img_s" in d:
+            cost = f"costs {100 * d['cost']:.1f} % of DALI's rate" if "cost" in d else ""
+            rows.append((f"  DALI + {o['name']} (its own op)", f"{d['img_s']:,.0f} img/s", cost))
+        elif d:
+            rows.append((f"  DALI + {o['name']}", "not run", d["error"][:70]))
     stages = r["loader"].get("stage_ms_per_image", {})
     if stages:
         rows.append(("  producer ms/image", " ".join(f"{k} {v:.3f}" for k, v in stages.items()), ""))

@@ -378,10 +378,13 @@ def verify(root, decode, threads, cache_dir, cache_limit, quiet):
 @click.option("--compile", "compile_", is_flag=True, help="--train: torch.compile the model.")
 @click.option("--consumer-ms", type=click.FloatRange(0, 10000), default=60.0, show_default=True,
               help="--train with --device cpu: CPU milliseconds the consumer spends per batch (no model).")
+@click.option("--op", type=click.Choice(["grayscale", "cutout", "jitter"]), default=None,
+              help="Also run the Loader with this user op compiled (recordtool.ops, needs recordtool[numba]) and as "
+                   "a batch op, and DALI with its own counterpart (fn.hsv, fn.erase, fn.color_twist).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_errors
 def bench(root, device, batch_size, threads, epochs, images, json_path, plot_path, producers, dali, dali_files,
-          baseline, train_arch, steps, repeats, pipelines, compile_, consumer_ms, quiet):
+          baseline, op, train_arch, steps, repeats, pipelines, compile_, consumer_ms, quiet):
     """Measure read, the decode stage and the full Loader on ROOT, against DALI and Pillow.
 
     DALI (RandomResizedCrop → resize → flip → normalize; on cuda the best of hw_decoder_load
@@ -411,7 +414,7 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
     if plot_path:
         plots.require()  # before the measurement, not after it
     r = run(root, device=device, batch_size=batch_size, threads=threads, epochs=epochs, images=images,
-            progress=not quiet, dali=dali, dali_files=dali_files, baseline=baseline, producers=producers)
+            progress=not quiet, dali=dali, dali_files=dali_files, baseline=baseline, producers=producers, op=op)
     click.echo(table(r))
     if json_path:
         with open(json_path, "w") as f:

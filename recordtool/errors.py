@@ -70,6 +70,29 @@ class DecodeError(RecordtoolError, RuntimeError):
         super().__init__(f"{len(failures)} image(s) failed to decode: {head}{more}")
 
 
+class OpCompileError(RecordtoolError, TypeError):
+    """A per-image user op (recordtool.ops) cannot be compiled: Numba is missing, or Numba's
+    nopython mode refuses the function — the message names the file and line and carries
+    Numba's reason."""
+
+
+class OpError(RecordtoolError, RuntimeError):
+    """A compiled per-image user op returned a non-zero status (it raised, or returned an error
+    code) on some images; `.failures` is a list of (batch index, status)."""
+
+    def __init__(self, failures, name: str = "user op", where: str = ""):
+        self.failures, self.name = failures, name
+        codes = "; ".join(f"#{i}: {OP_STATUS.get(c, f'returned {c}')}" for i, c in failures[:5])
+        more = f" (+{len(failures) - 5} more)" if len(failures) > 5 else ""
+        super().__init__(f"{name} failed on {len(failures)} image(s){where}: {codes}{more}")
+
+
+# statuses the compiled-op wrapper (recordtool.ops.compile) returns itself
+OP_RAISED, OP_BAD_STRIDE = -1, -2
+OP_STATUS = {OP_RAISED: "raised an exception (run op.image on a copy of the image, uncompiled, to see it)",
+             OP_BAD_STRIDE: "called with a row stride other than width × 3"}
+
+
 class RecordError(RecordtoolError, RuntimeError):
     """A record's image could not be decoded; the message names the shard file and byte offset."""
 

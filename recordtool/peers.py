@@ -46,8 +46,28 @@ def is_jpeg(data) -> bool:
     return len(data) > 3 and data[0] == 0xFF and data[1] == 0xD8
 
 
+def dali_op(name: str, images):
+    """DALI's own op closest to recordtool.ops' `name` (bench --op), on uint8 HWC images after
+    the resize: grayscale — fn.hsv with saturation 0 on a coin flip (p 0.2); cutout — fn.erase of
+    a 56×56 square at a uniform anchor; jitter — fn.color_twist with brightness, contrast and
+    saturation uniform in [0.6, 1.4] (DALI's contrast pivots on mid-grey, not the image mean)."""
+    from nvidia.dali import fn, types
+
+    if name == "grayscale":
+        keep = fn.cast(fn.random.coin_flip(probability=0.8), dtype=types.FLOAT)
+        return fn.hsv(images, saturation=keep)
+    if name == "cutout":
+        return fn.erase(images, anchor=fn.random.uniform(range=[0.0, 1.0], shape=[2]), shape=[56.0, 56.0],
+                        axis_names="HW", normalized_anchor=True, normalized_shape=False, fill_value=0)
+    if name == "jitter":
+        return fn.color_twist(images, brightness=fn.random.uniform(range=[0.6, 1.4]),
+                              contrast=fn.random.uniform(range=[0.6, 1.4]),
+                              saturation=fn.random.uniform(range=[0.6, 1.4]))
+    raise ValueError(f"no DALI op for {name!r}")
+
+
 def dali_rate(source, device: str, batch: int, threads: int, epochs: int = 2, hw_decoder_load: float = 0.75,
-              size: int = 224, device_id: int = 0, seed: int = 0) -> dict:
+              size: int = 224, device_id: int = 0, seed: int = 0, op: str | None = None) -> dict:
     """DALI's RandomResizedCrop pipeline; img/s of the best timed epoch (the first warms up).
 
     Args:
@@ -63,6 +83,7 @@ def dali_rate(source, device: str, batch: int, threads: int, epochs: int = 2, hw
         size: output side.
         device_id: CUDA device.
         seed: DALI's seed.
+        op: also run DALI's counterpart of this `recordtool bench --op` op after the resize (dali_op).
     """
     from nvidia.dali import fn, pipeline_def, types
 
@@ -100,6 +121,8 @@ def dali_rate(source, device: str, batch: int, threads: int, epochs: int = 2, hw
                                                random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3],
                                                num_attempts=10, **kw)
         images = fn.resize(images, resize_x=size, resize_y=size, interp_type=types.INTERP_LINEAR)
+        if op is not None:
+            images = dali_op(op, images)
         images = fn.crop_mirror_normalize(images, dtype=types.FLOAT16 if gpu else types.FLOAT, output_layout="CHW",
                                           mean=mean, std=std, mirror=fn.random.coin_flip(probability=0.5))
         return images, label
@@ -117,16 +140,17 @@ def dali_rate(source, device: str, batch: int, threads: int, epochs: int = 2, hw
         if e > 0:
             rates.append(steps * batch / dt)
     del p
-    return {"img_s": max(rates), "epochs": rates, "hw_decoder_load": hw_decoder_load if gpu else None,
+    return {"img_s": max(rates), "epochs": rates, "hw_decoder_load": hw_decoder_load if gpu else None, "op": op,
             "images": steps * batch, "input": "files" if files else "recordtool records (external_source)"}
 
 
-def dali_best(source, device: str, batch: int, threads: int, epochs: int = 2, device_id: int = 0) -> dict:
+def dali_best(source, device: str, batch: int, threads: int, epochs: int = 2, device_id: int = 0,
+              op: str | None = None) -> dict:
     """dali_rate at each of DALI_LOADS (cuda) or once (cpu); the best, with every try."""
     loads = DALI_LOADS if device == "cuda" else (None,)
     tries = []
     for load in loads:
-        tries.append(dali_rate(source, device, batch, threads, epochs, load or 0.0, device_id=device_id))
+        tries.append(dali_rate(source, device, batch, threads, epochs, load or 0.0, device_id=device_id, op=op))
     best = max(tries, key=lambda r: r["img_s"])
     return dict(best, tries=[{"hw_decoder_load": t["hw_decoder_load"], "img_s": t["img_s"]} for t in tries])
 

@@ -73,3 +73,50 @@ def test_demo_shows_results_not_goals():
     for name in scripts:
         text = open(os.path.join(root, "scripts", name)).read()
         assert not re.search(r"goal\s*[<>=]", text), f"scripts/{name} prints a goal"
+
+
+def test_bench_op_runs_the_compiled_and_the_batch_op_beside_the_loader(tmp_path):
+    """`bench --op`: the Loader with the compiled op and with the batch op, right after the Loader
+    without one, and DALI with its own counterpart; costs against the op-less rates."""
+    import pytest
+
+    pytest.importorskip("numba")
+    src = tmp_path / "src"
+    for i in range(24):
+        write(str(src / f"c{i % 2}" / f"{i}.jpg"), jpeg_bytes(160, 120, seed=i))
+    pack(str(src), str(tmp_path / "out"), shards=1, progress=False)
+    p = subprocess.run([sys.executable, "-m", "recordtool.cli", "bench", str(tmp_path / "out"), "--batch-size", "8",
+                        "--epochs", "2", "--threads", "2", "--op", "jitter", "--no-baseline", "--json",
+                        str(tmp_path / "b.json"), "-q"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert "jitter: compiled per-image op" in p.stdout and "jitter: batch op" in p.stdout
+    r = json.loads((tmp_path / "b.json").read_text())
+    assert r["op"]["rounds"] == 1 and r["op"]["none"]["img_s"] > 0
+    f = r["op"]["fused_pass"]
+    assert f["images"] == 24 and f["none_ms_per_image"] > 0 and f["compiled_ms_per_image"] > 0
+    for key in ("compiled", "batch"):
+        assert r["op"][key]["img_s"] > 0 and len(r["op"][key]["epochs_img_s"]) == 1
+        lo, hi = r["op"][key + "_cost_range"]
+        assert lo <= r["op"][key + "_cost"] <= hi < 1
+    assert r["op"]["compiled"]["stage_ms_per_image"]["user_op"] == 0  # inside the decode pass
+    assert r["op"]["batch"]["stage_ms_per_image"]["user_op"] > 0
+    if peers.dali_available():
+        assert r["dali_op"]["img_s"] > 0 and r["dali_op"]["op"] == "jitter", r["dali_op"]
+
+
+def test_dali_counterparts_of_the_bench_ops_build_and_run(tmp_path):
+    import pytest
+
+    if not peers.dali_available():
+        pytest.skip("nvidia.dali does not import")
+    import recordtool
+
+    src = tmp_path / "src"
+    for i in range(16):
+        write(str(src / f"c{i % 2}" / f"{i}.jpg"), jpeg_bytes(120, 90, seed=i))
+    pack(str(src), str(tmp_path / "out"), shards=1, progress=False)
+    ds = recordtool.open(str(tmp_path / "out"))
+    for op in ("grayscale", "cutout"):
+        assert peers.dali_rate(ds, "cpu", 8, 2, epochs=2, op=op)["img_s"] > 0
+    with pytest.raises(ValueError, match="no DALI op"):
+        peers.dali_rate(ds, "cpu", 8, 2, epochs=2, op="nope")

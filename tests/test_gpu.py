@@ -458,6 +458,68 @@ def test_cuda_keyed_user_op_same_for_any_producers_and_normalised_by_the_kernel(
     assert (x == 0).all(axis=1).any()  # the cutout squares are there
 
 
+def _image_ops():
+    # the GPU form needs no Numba (only the CPU form is compiled by it)
+    from recordtool.ops import ColorJitter, Cutout, RandomGrayscale
+
+    return [RandomGrayscale(0.5), Cutout(9), ColorJitter(0.4, 0.4, 0.4), ColorJitter(0.9, 0.0, 2.0, seed=3)]
+
+
+@gpu
+@pytest.mark.parametrize("shape", [(5, 29, 23), (1, 16, 16), (3, 7, 300), (64, 224, 224)])
+def test_image_op_cuda_kernels_equal_their_numpy_reference(shape):
+    """Each compiled op's CUDA kernel (one launch over the batch) gives the NumPy reference's
+    pixels exactly (integer arithmetic), with the params computed on the host as on the CPU."""
+    from recordtool.loader import BatchKeys
+    from recordtool.ops.cuda import launch
+
+    n, h, w = shape
+    rng = np.random.default_rng(h)
+    for op in _image_ops():
+        b = rng.integers(0, 256, (n, h, w, 3), dtype=np.uint8)
+        b[0] = 255
+        p = op.batch_params(n, BatchKeys(np.arange(n) + 3, 1, 2), h, w)
+        d = cupy.asarray(b)
+        launch(op, d, p)
+        assert np.array_equal(cupy.asnumpy(d), op.reference(b.copy(), p)), op.name
+        d = cupy.asarray(b)  # as a batch op on a CuPy batch: the same kernel
+        assert np.array_equal(cupy.asnumpy(op(d, BatchKeys(np.arange(n) + 3, 1, 2))), op.reference(b.copy(), p))
+
+
+@gpu
+def test_cuda_loader_with_a_compiled_op_same_for_any_producers_and_equal_to_the_host_reference(packed_mix):
+    """Loader(device="cuda", user_op=ImageOp): the kernel runs on the unmirrored uint8 batch, the
+    normalising pass mirrors. Pointwise ops commute with the mirror, so the batches equal those
+    of the op's NumPy reference run as a batch op on the host (ReferenceOp); Cutout is checked
+    without flips (train=False)."""
+    from recordtool.loader import Loader
+    from recordtool.ops import ReferenceOp
+
+    for op in _image_ops()[:3]:
+        kw = dict(batch_size=8, size=48, seed=2, split="gpu", as_torch=False, dtype="float32", layout="NCHW",
+                  train=op.name != "Cutout")
+        one = [cupy.asnumpy(x) for x, _ in Loader(packed_mix, device="cuda", producers=1, user_op=op, **kw)]
+        four = [cupy.asnumpy(x) for x, _ in Loader(packed_mix, device="cuda", producers=4, user_op=op, **kw)]
+        ref = [cupy.asnumpy(x) for x, _ in Loader(packed_mix, device="cuda", producers=2, user_op=ReferenceOp(op),
+                                                  **kw)]
+        assert len(one) == len(ref) > 0
+        assert all(np.array_equal(a, b) for a, b in zip(one, four)), op.name
+        assert all(np.array_equal(a, b) for a, b in zip(one, ref)), op.name
+
+
+@gpu
+def test_cuda_kernel_that_nvrtc_refuses_is_a_clear_error():
+    from recordtool.errors import OpCompileError
+    from recordtool.ops import Cutout
+    from recordtool.ops.cuda import kernel
+
+    class Broken(Cutout):
+        cuda_source = Cutout.cuda_source.replace("q[0] = 0;", "q[0] = undefined_name;")
+
+    with pytest.raises(OpCompileError, match="rt_cutout of Broken"):
+        kernel(Broken(4))
+
+
 # ------------------------------------------------------------------ the GPU/CPU fidelity bound
 # nvJPEG's decoders (engines and hybrid) upsample 4:2:0 / 4:2:2 chroma by replication; libjpeg-turbo
 # (our CPU path, and Pillow) by its "fancy" triangle filter. On the H200 the raw decoded regions

@@ -6,10 +6,11 @@ import os
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import DecodeError, OnError, on_error as _on_error
+from ..errors import DecodeError, OnError, OpError, on_error as _on_error
 from ..format.jpeg import DEFAULT_MAX_PIXELS  # noqa: F401  (callers import it from here too)
 from ..util import cores  # noqa: F401  (cpu.cores: the default thread count)
 from . import reference
@@ -79,6 +80,76 @@ def refusal(data, max_pixels: int = DEFAULT_MAX_PIXELS) -> str | None:
     return decode_refusal(info, len(data), max_pixels)
 
 
+@dataclass(frozen=True)
+class NativeOp:
+    """A compiled per-image op as the decoder runs it (made by recordtool.ops): the address of
+    `int32 op(uint8* img, int64 h, int64 w, int64 stride, const double* params)` (a Numba cfunc,
+    kept alive by its maker) and this batch's params, row n for image n. It runs on each image
+    after the resize, before mirror and normalize (failed images too: zeros).
+
+    Args:
+        address: the C function pointer.
+        params: float64 (N, k), C-contiguous.
+        name: for error messages.
+    """
+
+    address: int
+    params: np.ndarray
+    name: str = "user op"
+
+    def checked(self, n: int) -> "NativeOp":
+        p = self.params
+        if not (isinstance(p, np.ndarray) and p.dtype == np.float64 and p.ndim == 2 and p.shape[0] == n
+                and p.flags.c_contiguous):
+            raise ValueError(f"{self.name}: params must be C-contiguous float64 ({n}, k), got "
+                             f"{getattr(p, 'dtype', type(p))} {getattr(p, 'shape', '')}")
+        if not self.address:
+            raise ValueError(f"{self.name}: null op address")
+        return self
+
+    def rows(self, i: int, j: int) -> "NativeOp":
+        return NativeOp(self.address, np.ascontiguousarray(self.params[i:j]), self.name)
+
+    def check(self, status: np.ndarray) -> None:
+        bad = np.nonzero(status)[0]
+        if len(bad):
+            raise OpError([(int(i), int(status[i])) for i in bad], self.name)
+
+
+def apply_op(batch: np.ndarray, op: NativeOp, threads: int | None = None, pool: int = 0) -> np.ndarray:
+    """Run a compiled per-image op on each image of a uint8 NHWC batch, in place, on the native
+    pool (or through ctypes without the extension); OpError if it fails on any image."""
+    if batch.ndim != 4 or batch.shape[3] != 3 or batch.dtype != np.uint8 or not batch.flags.c_contiguous:
+        raise ValueError(f"batch must be C-contiguous uint8 (N, H, W, 3), got {batch.dtype} {batch.shape}")
+    n = batch.shape[0]
+    op = op.checked(n)
+    status = np.zeros(n, np.int32)
+    if n == 0:
+        return batch
+    if _native is not None:
+        _native.apply_op(batch, int(op.address), op.params, status, int(threads or cores()), int(pool))
+    else:
+        status[:] = apply_op_reference(batch, op)
+    op.check(status)
+    return batch
+
+
+def apply_op_reference(batch: np.ndarray, op: NativeOp) -> np.ndarray:
+    """Python reference of the native op call (and the path without the extension): the same C
+    function through ctypes, image by image, with the ABI's arguments; returns the statuses."""
+    import ctypes
+
+    fn = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.POINTER(ctypes.c_uint8), ctypes.c_int64, ctypes.c_int64,
+                          ctypes.c_int64, ctypes.POINTER(ctypes.c_double))(int(op.address))
+    n, h, w = batch.shape[:3]
+    status = np.zeros(n, np.int32)
+    for i in range(n):
+        img, par = batch[i], op.params[i]
+        status[i] = fn(img.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), h, w, w * 3,
+                       par.ctypes.data_as(ctypes.POINTER(ctypes.c_double)))
+    return status
+
+
 class _StillFailed(Exception):
     """The Pillow retry did not help; str() is the reason for the failure list."""
 
@@ -132,7 +203,8 @@ def _python_batch(buffers, windows, out, threads, max_pixels, margin):
 def decode_crop_resize(buffers, windows, size=(224, 224), threads: int | None = None, out=None,
                        on_error: OnError | str = "raise", fallback: bool = False,
                        max_pixels: int = DEFAULT_MAX_PIXELS, errors: list | None = None,
-                       scale_margin: float = reference.SCALE_MARGIN, pool: int = 0) -> np.ndarray:
+                       scale_margin: float = reference.SCALE_MARGIN, pool: int = 0,
+                       op: NativeOp | None = None) -> np.ndarray:
     """Decode each JPEG's crop window and resize it to `size` (h, w): uint8 (N, h, w, 3) RGB.
 
     Args:
@@ -154,9 +226,12 @@ def decode_crop_resize(buffers, windows, size=(224, 224), threads: int | None = 
             -1: decode on the calling thread, no pool (`threads` unused) — for many threads each
             decoding a few images at once (pack's transcoding workers), which would otherwise
             queue on one pool (a pool serves one call at a time).
+        op: a compiled per-image op run by the decode thread on each resized image (failed ones
+            too, and Pillow-retried ones after their retry); OpError when it fails on any.
     """
     on_error = _on_error(on_error)
     n = len(buffers)
+    op = op.checked(n) if op is not None else None
     oh, ow = int(size[0]), int(size[1])
     if not (0 < oh <= MAX_SIDE and 0 < ow <= MAX_SIDE):
         raise ValueError(f"output size {oh}x{ow}: each side must be in 1..{MAX_SIDE}")
@@ -168,14 +243,25 @@ def decode_crop_resize(buffers, windows, size=(224, 224), threads: int | None = 
     threads = 1 if pool == -1 else threads or cores()
     if n == 0:
         return out
+    status = np.zeros(n, np.int32)
     if _native is not None:
         failures = _native.decode_crop_resize(list(buffers), win, out, int(threads), int(max_pixels),
-                                              0, float(scale_margin), int(pool))
+                                              0, float(scale_margin), int(pool),
+                                              *((op.address, op.params, status) if op else ()))
     else:
         _fallback_warning()
         failures = _python_batch(buffers, win, out, threads, max_pixels, scale_margin)
+        if op is not None:
+            status[:] = apply_op_reference(out, op)
+    if op is not None:
+        op.check(status)
     if failures and fallback:  # a failed slot is zeros already (native and Python paths)
-        failures = _retry(failures, buffers, win, ow, oh, max_pixels, out.__setitem__)
+        def write(i, img):
+            out[i] = img
+            if op is not None:  # the op ran on the zero slot; now on the retried image
+                apply_op(out[i:i + 1], op.rows(i, i + 1), threads=1, pool=-1)
+
+        failures = _retry(failures, buffers, win, ow, oh, max_pixels, write)
     _settle(failures, errors, on_error)
     return out
 
@@ -209,8 +295,9 @@ def decode_crop_resize_normalize(buffers, windows, flips=None, size=(224, 224), 
                                  layout: str = "NCHW", dtype="float32", out=None, threads: int | None = None,
                                  on_error: OnError | str = "raise", fallback: bool = False,
                                  max_pixels: int = DEFAULT_MAX_PIXELS, errors: list | None = None,
-                                 scale_margin: float = reference.SCALE_MARGIN, pool: int = 0) -> np.ndarray:
-    """`normalize(decode_crop_resize(...), flips=flips)` in one native pass: each image is
+                                 scale_margin: float = reference.SCALE_MARGIN, pool: int = 0,
+                                 op: NativeOp | None = None) -> np.ndarray:
+    """`normalize(decode_crop_resize(..., op=op), flips=flips)` in one native pass: each image is
     decoded, resampled, mirrored, normalised and written as float32/float16 NCHW/NHWC by the
     same thread while it is in cache — no uint8 batch, no second pass (what the GPU kernel does).
     bfloat16 is written as its bit patterns into a uint16 array (numpy has no bfloat16).
@@ -223,6 +310,8 @@ def decode_crop_resize_normalize(buffers, windows, flips=None, size=(224, 224), 
         layout: "NCHW" or "NHWC".
         dtype: "float32", "float16" or "bfloat16".
         out: a preallocated C-contiguous output of that shape and dtype (uint16 for bfloat16) to fill.
+        op: a compiled per-image op (see decode_crop_resize): it runs on each image after the
+            resize, before the mirror and normalize, on the same thread while the image is in cache.
     A failed image (after the Pillow fallback, when asked) is the normalised zero image.
     """
     from .ops import IMAGENET_MEAN, IMAGENET_STD, normalize, out_dtype, scale_bias
@@ -244,23 +333,31 @@ def decode_crop_resize_normalize(buffers, windows, flips=None, size=(224, 224), 
     mean = IMAGENET_MEAN if mean is None else mean
     std = IMAGENET_STD if std is None else std
     scale, bias = scale_bias(mean, std)
+    op = op.checked(n) if op is not None else None
     if n == 0:
         return out
     win = np.ascontiguousarray(np.asarray(windows, dtype=np.float64).reshape(n, 4))
     if _native is None:  # the reference: decode, then normalize
         errs: list = []
         img = decode_crop_resize(buffers, win, size, threads, on_error="skip", fallback=fallback, max_pixels=max_pixels,
-                                 errors=errs, scale_margin=scale_margin)
+                                 errors=errs, scale_margin=scale_margin, op=op)
         normalize(img, mean, std, layout, name, flips=flips, out=out)
         failures = errs
         fallback = False
     else:
+        status = np.zeros(n, np.int32)
         failures = _native.decode_crop_resize_normalize(list(buffers), win, flips, out, scale.tolist(),
                                                         bias.tolist(), layout == "NCHW", int(threads or cores()),
-                                                        int(max_pixels), float(scale_margin), int(pool))
+                                                        int(max_pixels), float(scale_margin), int(pool),
+                                                        *((op.address, op.params, status) if op else ()))
+        if op is not None:
+            op.check(status)
     if failures and fallback:
         def write(i, img):
-            out[i] = normalize(np.ascontiguousarray(img[None]), mean, std, layout, name, flips=flips[i:i + 1])[0]
+            img = np.array(img[None], np.uint8, order="C")  # Pillow's array is read-only; the op writes
+            if op is not None:
+                apply_op(img, op.rows(i, i + 1), threads=1, pool=-1)
+            out[i] = normalize(img, mean, std, layout, name, flips=flips[i:i + 1])[0]
 
         failures = _retry(failures, buffers, win, ow, oh, max_pixels, write)
     _settle(failures, errors, on_error)

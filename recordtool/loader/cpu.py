@@ -1,5 +1,6 @@
 """The CPU batcher: a batch's JPEGs → fused native decode + crop + resize + mirror + normalize
-straight into a recycled output array (or, with a user op, uint8 first, then normalize)."""
+straight into a recycled output array — with a compiled per-image op (recordtool.ops) inside
+that pass; with a batch user op, uint8 first, then the op, then normalize."""
 from __future__ import annotations
 
 import collections
@@ -11,6 +12,7 @@ import numpy as np
 
 from ..decode import cpu
 from ..decode.ops import normalize
+from ..errors import OpError
 from .recipe import Made, Recipe
 
 
@@ -78,7 +80,8 @@ class CPUBatcher:
         recipe: what a batch is (windows, flips, labels from seed, epoch and ids) and its
             output (recipe.spec: size, normalisation, dtype, layout, memory format).
         threads: native decode threads per call.
-        user_op: optional op on the uint8 NHWC batch before normalisation (see user_ops).
+        user_op: optional op on the uint8 NHWC batch before normalisation (see user_ops), or a
+            compiled per-image op (recordtool.ops.ImageOp) run inside the fused pass.
         slots: output batches alive at once (queued + being made + held by the consumer).
         max_batch: images per batch at most.
         producers: producer slots; each gets its own native thread pool.
@@ -88,11 +91,14 @@ class CPUBatcher:
         self.recipe, self.threads = recipe, threads
         self.spec = spec = recipe.spec
         self.user_op = user_op
+        self.image_op = image_op(user_op)
+        if self.image_op is not None:
+            self.image_op.compiled()  # compile now: a refused function fails the Loader, not a batch
         s = recipe.size
         self.ring = HostRing(spec.buffer_shape(max_batch), spec.storage_dtype, slots)
         # producer slot → its uint8 batch for the user op (each producer writes only its own)
         self._scratch = [np.empty((max_batch, s, s, 3), np.uint8) for _ in range(producers)] \
-            if user_op is not None else []
+            if user_op is not None and self.image_op is None else []
         # one native pool per producer slot: batches of different producers decode at the same
         # time, so one batch's tail (its last, largest images) overlaps the next one's start
         self._pools = [cpu.new_pool_id() for _ in range(producers)]
@@ -109,10 +115,18 @@ class CPUBatcher:
         out = self.ring.acquire(len(ids))
         spec, s = self.spec, self.recipe.size
         pool = self._pools[slot]
-        if self.user_op is None:
-            cpu.decode_crop_resize_normalize(b.buffers, b.windows, b.flips, spec.size, spec.mean, spec.std,
-                                             spec.buffer_layout, spec.dtype, out=out, threads=self.threads,
-                                             on_error="skip", fallback=True, errors=errors, pool=pool)
+        if self.user_op is None or self.image_op is not None:
+            op = None
+            if self.image_op is not None:
+                h, w = spec.size
+                op = self.image_op.native(self.image_op.batch_params(len(ids), b.keys, h, w))
+            try:
+                cpu.decode_crop_resize_normalize(b.buffers, b.windows, b.flips, spec.size, spec.mean, spec.std,
+                                                 spec.buffer_layout, spec.dtype, out=out, threads=self.threads,
+                                                 on_error="skip", fallback=True, errors=errors, pool=pool, op=op)
+            except OpError as e:
+                raise OpError(e.failures, e.name,
+                              f" (sample ids {[int(ids[i]) for i, _ in e.failures[:5]]}, epoch {epoch})") from None
             t2 = t3 = time.perf_counter()
         else:
             raw = cpu.decode_crop_resize(b.buffers, b.windows, (s, s), self.threads, self._scratch[slot][:len(ids)],
@@ -130,6 +144,15 @@ class CPUBatcher:
             cpu.release_pool_id(pool)
         self._pools = []
         self._scratch = []
+
+
+def image_op(op):
+    """`op` when it is a compiled per-image op (recordtool.ops.ImageOp), else None."""
+    if op is None:
+        return None
+    from ..ops import ImageOp
+
+    return op if isinstance(op, ImageOp) else None
 
 
 def call_user_op(op, batch, keys):

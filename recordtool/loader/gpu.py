@@ -1,6 +1,8 @@
 """The GPU batcher: one GPUDecoder per producer slot (nvJPEG states are per thread), one output
 ring shared by all slots, routes from the index, the Loader's CUDA device, and — with a user
-op — a uint8 ring plus a second pass of the same kernel that normalises into the output ring."""
+op — a uint8 ring plus a second pass of the same kernel that normalises into the output ring.
+A compiled per-image op (recordtool.ops.ImageOp) runs there as its CUDA kernel, one launch per
+batch, on the unmirrored images (the mirror is done by the normalising pass, as on the CPU)."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,7 +11,7 @@ import time
 
 import numpy as np
 
-from .cpu import call_user_op
+from .cpu import call_user_op, image_op
 from .recipe import Made, Recipe
 
 
@@ -21,7 +23,8 @@ class GPUBatcher:
         gpu_id: CUDA device id (producer threads do not inherit the caller's current device).
         producers: producer slots (one GPUDecoder each).
         threads: CPU threads in all (shared by the slots' CPU shares).
-        user_op: optional op on the uint8 NHWC CuPy batch before normalisation.
+        user_op: optional op on the uint8 NHWC CuPy batch before normalisation, or a compiled
+            per-image op (recordtool.ops.ImageOp: its CUDA kernel).
         split, hybrid, chroma: see GPUDecoder.
         slots: output batches alive at once.
         max_batch: images per batch at most.
@@ -38,6 +41,14 @@ class GPUBatcher:
         self.threads = threads
         self.user_op, self.split, self.hybrid = user_op, split, hybrid
         self.chroma = DEFAULT_CHROMA if chroma is None else chroma
+        self.image_op = image_op(user_op)
+        if self.image_op is not None:
+            import cupy
+
+            from ..ops.cuda import kernel as op_kernel
+
+            with cupy.cuda.Device(gpu_id):
+                op_kernel(self.image_op)  # compile now: a refused kernel fails the Loader, not a batch
         self.max_batch = max_batch
         # native threads of each decoder's CPU share: the cores left by the producers, shared out.
         # Measured on the H200 (BENCHMARKS.md): every core per producer's pool (64 threads on 16
@@ -88,9 +99,21 @@ class GPUBatcher:
         b = self.recipe.inputs(ids, epoch)
         t1 = time.perf_counter()
         dec = self.decoder(slot)
-        images = dec(b.buffers, b.windows, b.flips, self.routes[ids])
+        op = self.image_op
+        # a compiled op sees the image before the mirror (as on the CPU): the normalising pass mirrors
+        images = dec(b.buffers, b.windows, np.zeros(len(ids), bool) if op is not None else b.flips,
+                     self.routes[ids])
         t2 = t3 = time.perf_counter()
-        if self.user_op is not None:
+        if op is not None:
+            from ..ops.cuda import launch as op_launch
+
+            h, w = self.spec.size
+            with cupy.cuda.Device(self.gpu_id), dec.stream:
+                images = cupy.ascontiguousarray(images)
+                op_launch(op, images, op.batch_params(len(ids), b.keys, h, w))
+                t3 = time.perf_counter()
+                images = self._normalise(images, dec, b.flips)
+        elif self.user_op is not None:
             with cupy.cuda.Device(self.gpu_id), dec.stream:
                 images = call_user_op(self.user_op, images, b.keys)
                 t3 = time.perf_counter()
@@ -99,8 +122,9 @@ class GPUBatcher:
         stages.update({"gpu." + k: v for k, v in dec.last.stages.items()})
         return Made(images, b.labels, dec.last.errors, stages, dec.last)
 
-    def _normalise(self, raw, dec):
-        """uint8 NHWC (n, s, s, 3) → the output format, through the resize kernel at 1:1."""
+    def _normalise(self, raw, dec, flips=None):
+        """uint8 NHWC (n, s, s, 3) → the output format, through the resize kernel at 1:1, mirrored
+        where flips (default none)."""
         from ..decode.gpu.kernel import launch
 
         cupy = dec.cupy
@@ -108,7 +132,7 @@ class GPUBatcher:
         raw = cupy.ascontiguousarray(raw)
         dec.buf.place_whole(np.arange(n), (s, s), raw.data.ptr)
         samples = dec.buf.samples[:n]
-        samples["mirror"] = 0
+        samples["mirror"] = 0 if flips is None else np.asarray(flips, np.int32)
         dec.buf.samples_dev[: samples.nbytes].set(samples.view(np.uint8), stream=dec.stream)
         out = self.ring.acquire(n, dec.stream)
         launch(self._normalize, dec.buf.samples_dev, n, out, (s, s), self.spec.mean, self.spec.std, dec.stream)

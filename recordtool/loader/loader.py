@@ -100,7 +100,10 @@ class Loader:
         prefetch: batches each producer makes ahead.
         threads: CPU decode threads (default: cores).
         user_op: op(batch) or KeyedOp op(batch, keys) on each uint8 NHWC batch before
-            normalisation (numpy on CPU, CuPy on GPU); returns the batch.
+            normalisation (numpy on CPU, CuPy on GPU); returns the batch. Or a compiled per-image
+            op (recordtool.ops.ImageOp, needs recordtool[numba]): run by the native decode threads
+            on each image after the resize, before mirror and normalize (on cuda: its CUDA
+            kernel, one launch per batch); compiled here, OpCompileError if it cannot be.
         as_torch: torch tensors (DLPack on the GPU); default: when torch imports.
         producers: producer threads (default 2 on CPU, 4 on cuda).
         with_ids: also yield each batch's sample ids.

@@ -1,0 +1,12 @@
+"""Per-image user ops at native speed: plain Python compiled by Numba, run by the native decode
+threads on each image while it is in cache (after resize, before mirror and normalize, without
+the GIL), and as one CUDA kernel launch per batch on the GPU. Pass one as `Loader(user_op=...)`.
+
+Write one by subclassing `ImageOp` (see recordtool.ops.base and the examples). Numba is the
+optional extra `recordtool[numba]`, imported only when an op is first compiled; batch ops
+(recordtool.user_ops) need none of this.
+"""
+from .base import ImageOp, ReferenceOp
+from .examples import ColorJitter, Cutout, RandomGrayscale
+
+__all__ = ["ImageOp", "ReferenceOp", "RandomGrayscale", "Cutout", "ColorJitter"]

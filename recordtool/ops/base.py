@@ -1,0 +1,114 @@
+"""`ImageOp`: a per-image user op written in plain Python, run at native speed.
+
+Three parts, so the CPU, the GPU and the tests agree on every value:
+
+- `params(n, keys, h, w)` (NumPy, once per batch): everything random about each image — the
+  keyed draws of `BatchKeys` (a pure function of seed, epoch, sample id) turned into an (n, k)
+  float64 array. Computed the same way whatever the device, threads or producers.
+- `image(img, p)` (a static function, plain Python): one (h, w, 3) uint8 RGB image edited in
+  place from its params row. Compiled by Numba (recordtool.ops.compile) and called by the
+  native decode threads on each image while it is in cache — after the resize, before mirror
+  and normalize — without the GIL.
+- `cuda_source` / `cuda_name`: the same op as a CUDA C kernel over the whole uint8 batch, one
+  launch per batch on the GPU loader (`extern "C" __global__ void NAME(unsigned char* batch,
+  int n, int h, int w, const double* params, int k)`); `cuda_block_per_image` picks the grid.
+
+`reference(batch, params)` is its NumPy reference (tests). An ImageOp is also a batch op
+(`op(batch, keys)`), so it works wherever `user_op=` takes one.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..user_ops import KeyedOp, _xp
+
+
+class ImageOp(KeyedOp):
+    """Base of compiled per-image ops; subclasses set `nparams` and define `params`, `image`,
+    `reference` and (for device="cuda") `cuda_source`/`cuda_name`.
+
+    The op object holds only its configuration: producers call it concurrently, and all
+    per-batch state is in the params array.
+
+    Args:
+        seed: mixed into the op's draws (beside the loader's seed in the keys).
+    """
+
+    nparams = 0
+    cuda_source: str | None = None
+    cuda_name: str | None = None
+    cuda_block_per_image = False  # True: one block of 256 threads per image (per-image reductions)
+
+    def params(self, n: int, keys, h: int, w: int) -> np.ndarray:
+        """float64 (n, nparams): each image's parameters from its keyed draws (`self.draws`)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def image(img, p) -> None:
+        """Edit one uint8 (h, w, 3) image in place from its params row `p` (compiled by Numba)."""
+        raise NotImplementedError
+
+    def reference(self, batch: np.ndarray, params: np.ndarray) -> np.ndarray:
+        """NumPy reference over a uint8 NHWC batch (in place; returned)."""
+        raise NotImplementedError
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def batch_params(self, n: int, keys, h: int, w: int) -> np.ndarray:
+        """`params`, checked: C-contiguous float64 (n, nparams)."""
+        p = np.ascontiguousarray(self.params(n, keys, h, w), np.float64)
+        if p.shape != (n, self.nparams):
+            raise ValueError(f"{self.name}.params gave shape {p.shape}, expected ({n}, {self.nparams})")
+        return p
+
+    def compiled(self):
+        """The Numba-compiled C function (compiled on first use, cached per class)."""
+        from .compile import compile_image
+
+        return compile_image(type(self).image, self.nparams, f"{self.name}.image")
+
+    def native(self, params: np.ndarray):
+        """This op with a batch's params, as the CPU decoder runs it."""
+        from ..decode.cpu import NativeOp
+
+        return NativeOp(self.compiled().address, params, self.name)
+
+    def __call__(self, batch, keys=None):
+        """The op as a batch op on a uint8 NHWC batch (numpy: the compiled function on the native
+        pool; CuPy: the CUDA kernel, one launch)."""
+        n, h, w = batch.shape[:3]
+        p = self.batch_params(n, keys, h, w)
+        if _xp(batch) is not np:
+            from .cuda import launch
+
+            launch(self, batch, p)
+            return batch
+        from ..decode.cpu import apply_op
+
+        return apply_op(batch, self.native(p))
+
+
+class ReferenceOp(KeyedOp):
+    """An ImageOp's NumPy reference as a batch op — the op as array code on the whole batch, as
+    it is written without Numba (`recordtool bench --op` measures it beside the compiled op).
+    A CuPy batch goes to the host and back.
+
+    Args:
+        op: the ImageOp.
+    """
+
+    def __init__(self, op: ImageOp):
+        super().__init__(op.seed)
+        self.op = op
+
+    def __call__(self, batch, keys=None):
+        n, h, w = batch.shape[:3]
+        p = self.op.batch_params(n, keys, h, w)
+        if _xp(batch) is np:
+            return self.op.reference(batch, p)
+        import cupy
+
+        batch[...] = cupy.asarray(self.op.reference(cupy.asnumpy(batch), p))
+        return batch

@@ -1,0 +1,321 @@
+"""Compiled per-image user ops (recordtool.ops): each op's Numba function, its native call inside
+the fused decode pass and its ctypes reference against the op's NumPy reference (bit-exact:
+integer arithmetic); keyed draws the same whatever the threads and producers; compile errors
+that name the line; Numba optional."""
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from conftest import jpeg_bytes, write
+from recordtool import user_ops
+from recordtool.decode import cpu, decode_crop_resize, normalize, random_flips, random_windows
+from recordtool.decode.cpu import NativeOp, apply_op, apply_op_reference
+from recordtool.decode.ops import mirror
+from recordtool.errors import OpCompileError, OpError, RecordtoolError
+from recordtool.loader import BatchKeys, Loader
+from recordtool.pack import pack
+
+pytest.importorskip("numba")
+
+from recordtool.ops import ColorJitter, Cutout, ImageOp, RandomGrayscale  # noqa: E402
+
+OPS = [RandomGrayscale(0.5), Cutout(9), ColorJitter(0.4, 0.4, 0.4), ColorJitter(0.9, 0.0, 2.0, seed=3)]
+IDS = [f"{type(o).__name__}-{k}" for k, o in enumerate(OPS)]
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ops")
+    src = root / "src"
+    for i in range(32):
+        write(str(src / f"c{i % 2}" / f"{i}.jpg"), jpeg_bytes(72 + 8 * (i % 4), 56 + 4 * (i % 5), seed=i))
+    pack(str(src), str(root / "out"), shards=2, progress=False)
+    return str(root / "out")
+
+
+def _batch(n=12, h=29, w=23, seed=0):
+    rng = np.random.default_rng(seed)
+    b = rng.integers(0, 256, (n, h, w, 3), dtype=np.uint8)
+    b[0] = 255  # saturated and flat images: the clamps and the contrast mean
+    if n > 2:
+        b[1] = 7
+    return b
+
+
+@pytest.mark.parametrize("op", OPS, ids=IDS)
+def test_compiled_op_equals_its_numpy_reference(op):
+    b = _batch()
+    p = op.batch_params(len(b), BatchKeys(np.arange(len(b)) * 5 + 1, 2, 7), b.shape[1], b.shape[2])
+    ref = op.reference(b.copy(), p)
+    assert not np.array_equal(ref, b)  # the op did something
+    native = apply_op(b.copy(), op.native(p), threads=3)
+    assert np.array_equal(native, ref)
+    by_ctypes = b.copy()  # the Python reference of the native call: the same C function, image by image
+    assert not apply_op_reference(by_ctypes, op.native(p)).any()
+    assert np.array_equal(by_ctypes, ref)
+    plain = b.copy()  # the uncompiled function is the same op
+    for i in range(len(b)):
+        type(op).image(plain[i], p[i])
+    assert np.array_equal(plain, ref)
+
+
+def test_params_are_keyed_by_seed_epoch_and_sample_id():
+    op = ColorJitter(seed=1)
+    ids = np.array([5, 9, 2, 40])
+    a = op.batch_params(4, BatchKeys(ids, 3, 0), 32, 32)
+    # the same sample gets the same draws in any batch, at any position
+    b = op.batch_params(2, BatchKeys(ids[[2, 0]], 3, 0), 32, 32)
+    assert np.array_equal(a[[2, 0]], b)
+    assert not np.array_equal(a, op.batch_params(4, BatchKeys(ids, 4, 0), 32, 32))  # epoch
+    assert not np.array_equal(a, op.batch_params(4, BatchKeys(ids, 3, 1), 32, 32))  # loader seed
+    assert not np.array_equal(a, ColorJitter(seed=2).batch_params(4, BatchKeys(ids, 3, 0), 32, 32))
+    lo, hi = np.rint(0.6 * 1024), np.rint(1.4 * 1024)
+    assert ((a >= lo) & (a <= hi)).all()
+
+
+def test_cutout_squares_are_the_batch_ops_squares():
+    """Same draws as user_ops.Cutout: on unflipped images the compiled op equals the batch op."""
+    b = _batch(16, 40, 36)
+    keys = BatchKeys(np.arange(16) * 3, 1, 4)
+    assert np.array_equal(Cutout(12, seed=2)(b.copy(), keys), user_ops.Cutout(12, seed=2)(b.copy(), keys))
+
+
+def test_grayscale_within_one_level_of_the_float_batch_op():
+    b = _batch(8, 20, 20)
+    keys = BatchKeys(np.arange(8), 0, 0)
+    a = RandomGrayscale(1.0)(b.copy(), keys).astype(int)
+    f = user_ops.RandomGrayscale(1.0)(b.copy(), keys).astype(int)
+    assert np.abs(a - f).max() <= 1
+
+
+def _jpegs(n=10):
+    sizes = [(90, 70), (64, 96), (120, 80), (77, 51)]
+    return [jpeg_bytes(*sizes[k % 4], seed=k) for k in range(n)], sizes
+
+
+@pytest.mark.parametrize("op", OPS, ids=IDS)
+@pytest.mark.parametrize("threads", [1, 3])
+def test_op_inside_the_fused_pass_equals_decode_then_reference_then_mirror_and_normalize(op, threads):
+    bufs, sizes = _jpegs()
+    n = len(bufs)
+    ids = np.arange(n) + 100
+    w = np.array([sizes[k % 4][0] for k in range(n)])
+    h = np.array([sizes[k % 4][1] for k in range(n)])
+    win = random_windows(w, h, ids, 1, 0)
+    flips = random_flips(ids, 1, 0)
+    assert flips.any() and not flips.all()
+    p = op.batch_params(n, BatchKeys(ids, 0, 1), 24, 20)
+    raw = decode_crop_resize(bufs, win, (24, 20), threads=threads)
+    ref_u8 = op.reference(raw.copy(), p)
+    assert np.array_equal(decode_crop_resize(bufs, win, (24, 20), threads=threads, op=op.native(p)), ref_u8)
+    for layout, dtype in (("NCHW", "float32"), ("NHWC", "float16")):
+        ref = normalize(mirror(ref_u8.copy(), flips), layout=layout, dtype=dtype)
+        got = cpu.decode_crop_resize_normalize(bufs, win, flips, (24, 20), layout=layout, dtype=dtype,
+                                               threads=threads, op=op.native(p))
+        assert np.array_equal(got, ref), (layout, dtype)
+
+
+def test_op_runs_on_a_failed_image_too(packed):
+    """A failed image is zeros before the op (as a batch op sees it); the failure is still listed."""
+    bufs, sizes = _jpegs(4)
+    bufs[2] = b"\xff\xd8 not a jpeg"
+    win = np.array([[0, 0, 40, 40]] * 4)
+    op = ColorJitter(0, 0, 0)  # factors 1: zeros stay zeros
+    p = op.batch_params(4, None, 16, 16)
+    errors = []
+    out = decode_crop_resize(bufs, win, (16, 16), op=op.native(p), on_error="skip", errors=errors)
+    assert [i for i, _ in errors] == [2] and not out[2].any() and out[0].any()
+
+
+def _loader_batches(packed, op, producers, threads, **kw):
+    ld = Loader(packed, batch_size=6, size=24, seed=5, user_op=op, producers=producers, threads=threads,
+                as_torch=False, with_ids=True, **kw)
+    out = []
+    for epoch in range(2):
+        ld.set_epoch(epoch)
+        out += [(x.copy(), ids.copy(), epoch) for x, _, ids in ld]
+    return out, ld
+
+
+@pytest.mark.parametrize("op", OPS[:3], ids=IDS[:3])
+def test_loader_with_a_compiled_op_same_batches_any_threads_producers_and_equal_to_the_reference(packed, op):
+    ref, ld = _loader_batches(packed, op, 1, 1)
+    for producers, threads in ((2, 2), (3, 1)):
+        got, _ = _loader_batches(packed, op, producers, threads)
+        assert len(got) == len(ref) and all(np.array_equal(a[0], b[0]) for a, b in zip(ref, got))
+    recipe = ld.batcher.recipe  # the reference: decode, NumPy op, mirror, normalize
+    for x, ids, epoch in ref[::3]:
+        b = recipe.inputs(ids, epoch)
+        raw = decode_crop_resize(b.buffers, b.windows, (24, 24), fallback=True)
+        raw = op.reference(raw, op.batch_params(len(ids), b.keys, 24, 24))
+        assert np.array_equal(x, normalize(mirror(raw, b.flips)))
+
+
+def test_loader_compiled_op_equals_the_batch_op_where_they_agree(packed):
+    """No flips (train=False): compiled Cutout == user_ops.Cutout in the Loader (same keyed squares)."""
+    a, _ = _loader_batches(packed, Cutout(10, seed=1), 2, 2, train=False)
+    b, _ = _loader_batches(packed, user_ops.Cutout(10, seed=1), 2, 2, train=False)
+    assert all(np.array_equal(x[0], y[0]) for x, y in zip(a, b))
+    plain, _ = _loader_batches(packed, None, 2, 2, train=False)
+    assert not all(np.array_equal(x[0], y[0]) for x, y in zip(a, plain))
+
+
+class _Refused(ImageOp):
+    nparams = 1
+
+    def params(self, n, keys, h, w):
+        return np.zeros((n, 1))
+
+    @staticmethod
+    def image(img, p):
+        table = {"gain": p[0]}  # fine in Numba
+        img[0, 0, 0] = table["gain"]
+        img[0, 0, 1] = undefined_helper(img)  # noqa: F821  (the line Numba refuses)
+
+
+def test_a_function_numba_cannot_compile_gives_a_clear_error_naming_the_line(packed):
+    with pytest.raises(OpCompileError) as e:
+        _Refused().compiled()
+    msg = str(e.value)
+    assert isinstance(e.value, RecordtoolError)
+    assert "_Refused.image" in msg and "test_ops.py" in msg and "undefined_helper(img)" in msg
+    assert "line " in msg and "undefined_helper" in msg.split("\n", 1)[1]  # Numba's reason follows
+    with pytest.raises(OpCompileError):  # the Loader compiles at construction: no batch is made
+        Loader(packed, batch_size=4, size=16, user_op=_Refused(), as_torch=False)
+
+
+class _Raises(ImageOp):
+    nparams = 1
+
+    def params(self, n, keys, h, w):
+        return (np.asarray(keys.ids) % 7 == 3).astype(np.float64)[:, None]
+
+    @staticmethod
+    def image(img, p):
+        if p[0] > 0:
+            raise ValueError("bad image")
+        img[0, 0, 0] = 1
+
+
+def test_an_op_that_raises_surfaces_as_op_error_naming_the_samples(packed):
+    ld = Loader(packed, batch_size=32, size=16, user_op=_Raises(), as_torch=False, producers=1)
+    with pytest.raises(OpError) as e:
+        next(iter(ld))
+    assert "_Raises" in str(e.value) and "raised an exception" in str(e.value) and "sample ids" in str(e.value)
+    assert all(status == -1 for _, status in e.value.failures)
+    ld.close()
+
+
+def test_native_op_arguments_checked_at_the_edge():
+    op = Cutout(4)
+    b = _batch(3, 8, 8)
+    with pytest.raises(ValueError, match="params"):
+        apply_op(b, NativeOp(op.compiled().address, np.zeros((2, 4))))
+    with pytest.raises(ValueError, match="params"):
+        apply_op(b, NativeOp(op.compiled().address, np.zeros((3, 4), np.float32)))
+    with pytest.raises(ValueError, match="null"):
+        apply_op(b, NativeOp(0, np.zeros((3, 4))))
+
+    class Wrong(Cutout):
+        def params(self, n, keys, h, w):
+            return np.zeros((n, 2))
+
+    with pytest.raises(ValueError, match=r"expected \(3, 4\)"):
+        Wrong(4)(b)
+
+
+_NO_NUMBA = textwrap.dedent("""
+    import sys
+    sys.modules["numba"] = None  # as if recordtool[numba] were not installed
+    import numpy as np
+    import recordtool, recordtool.ops
+    from recordtool.errors import OpCompileError
+    from recordtool.user_ops import Cutout
+    ld = recordtool.Loader(sys.argv[1], batch_size=4, size=16, user_op=Cutout(8), as_torch=False)
+    x, _ = next(iter(ld))
+    assert x.shape == (4, 3, 16, 16)
+    ld.close()
+    try:
+        recordtool.Loader(sys.argv[1], batch_size=4, size=16, user_op=recordtool.ops.Cutout(8), as_torch=False)
+    except OpCompileError as e:
+        assert "recordtool[numba]" in str(e), e
+        print("clear error")
+""")
+
+
+def test_numba_is_optional_and_imported_lazily(packed):
+    p = subprocess.run([sys.executable, "-c", _NO_NUMBA, packed], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "clear error" in p.stdout, p.stderr[-2000:]
+    lazy = subprocess.run([sys.executable, "-c", "import sys, recordtool, recordtool.ops, recordtool.loader; "
+                           "print('numba' in sys.modules)"], capture_output=True, text=True, timeout=300)
+    assert lazy.stdout.strip() == "False", lazy.stderr
+
+
+@pytest.mark.skipif(not __import__("cuda_emu").available(), reason="no g++ to emulate the CUDA kernels")
+@pytest.mark.parametrize("op", OPS, ids=IDS)
+@pytest.mark.parametrize("shape", [(5, 29, 23), (1, 16, 16), (3, 7, 300)])
+def test_cuda_kernel_source_emulated_on_the_cpu_equals_the_numpy_reference(op, shape, tmp_path_factory):
+    """The GPU form of each op (its CUDA C, the launch grid of recordtool.ops.cuda) run on CPU
+    threads; tests/test_gpu.py runs the same comparison on a GPU."""
+    import cuda_emu
+
+    run = cuda_emu.build(op, str(tmp_path_factory.getbasetemp()))
+    n, h, w = shape
+    b = _batch(n, h, w, seed=h)
+    p = op.batch_params(n, BatchKeys(np.arange(n) + 3, 1, 2), h, w)
+    assert np.array_equal(run(b.copy(), p), op.reference(b.copy(), p))
+
+
+def test_without_the_native_extension_the_op_runs_through_ctypes(monkeypatch):
+    import warnings
+
+    bufs, sizes = _jpegs(6)
+    win = np.array([[0, 0, 50, 50]] * 6)
+    flips = np.array([1, 0, 1, 0, 0, 1], bool)
+    op = ColorJitter()
+    p = op.batch_params(6, None, 20, 20)
+    monkeypatch.setattr(cpu, "_native", None)
+    monkeypatch.setattr(cpu, "_IMPORT_ERROR", "test", raising=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        raw = decode_crop_resize(bufs, win, (20, 20))
+        ref = op.reference(raw.copy(), p)
+        assert np.array_equal(decode_crop_resize(bufs, win, (20, 20), op=op.native(p)), ref)
+        got = cpu.decode_crop_resize_normalize(bufs, win, flips, (20, 20), op=op.native(p))
+        assert np.array_equal(apply_op(raw.copy(), op.native(p)), ref)
+    assert np.array_equal(got, normalize(mirror(ref, flips)))
+
+
+def test_a_pillow_retried_image_gets_the_op_after_its_retry(monkeypatch):
+    """fallback=True: an image libjpeg failed on is decoded by Pillow, then the op runs on it
+    (with its own params row), then mirror and normalize — as for every other image."""
+    from recordtool.decode import reference as R
+
+    bufs, sizes = _jpegs(4)
+    win = np.array([[0, 0, 50, 50]] * 4)
+    flips = np.array([0, 1, 0, 1], bool)
+    op = ColorJitter()
+    p = op.batch_params(4, BatchKeys(np.arange(4), 0, 0), 20, 20)
+    real = cpu._native
+
+    class FailsImage1:  # the native decoder as if libjpeg had refused image 1
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def decode_crop_resize(self, *a):
+            real.decode_crop_resize(*a)
+            return [(1, "forced failure")]
+
+        def decode_crop_resize_normalize(self, *a):
+            real.decode_crop_resize_normalize(*a)
+            return [(1, "forced failure")]
+
+    monkeypatch.setattr(cpu, "_native", FailsImage1())
+    pil = op.reference(R.truth(bufs[1], win[1], 20, 20)[None].copy(), p[1:2])
+    u8 = decode_crop_resize(bufs, win, (20, 20), fallback=True, op=op.native(p))
+    assert np.array_equal(u8[1], pil[0])
+    got = cpu.decode_crop_resize_normalize(bufs, win, flips, (20, 20), fallback=True, op=op.native(p))
+    assert np.array_equal(got[1], normalize(mirror(pil, flips[1:2]))[0])
