@@ -142,8 +142,9 @@ class DeviceUnavailable(RecordtoolError, RuntimeError):
     what to install), or no GPU visible to this process."""
 
 
-class DatasetNotFound(RecordtoolError, FileNotFoundError):
-    """The dataset path does not exist, or is a file rather than a dataset directory."""
+class DatasetNotFound(FormatError, FileNotFoundError):
+    """The dataset path does not exist, or is a file rather than a dataset directory (a
+    FormatError too: "not a finished dataset", as a folder without a manifest is)."""
 
 
 class BadState(RecordtoolError, ValueError):

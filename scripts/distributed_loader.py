@@ -68,7 +68,8 @@ def main():
     cpus = sorted(os.sched_getaffinity(0))
     if a.pin and local_world > 1:
         share = len(cpus) // local_world
-        cpus = cpus[local * share:(local + 1) * share]
+        # more ranks than cores (a 2-core CI machine, 3 ranks): each rank gets one core, shared
+        cpus = cpus[local * share:(local + 1) * share] if share else [cpus[local % len(cpus)]]
         os.sched_setaffinity(0, cpus)
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()

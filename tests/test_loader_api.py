@@ -110,6 +110,7 @@ def test_missing_path_and_a_file_are_named(tmp_path):
     with pytest.raises(DatasetNotFound, match="is a file, not a dataset directory"):
         Loader(str(f), batch_size=4)
     assert issubclass(DatasetNotFound, RecordtoolError) and issubclass(DatasetNotFound, FileNotFoundError)
+    assert issubclass(DatasetNotFound, recordtool.errors.FormatError)
 
 
 def test_batch_larger_than_the_share(packed):
@@ -168,7 +169,8 @@ def test_output_spec_is_validated_once_and_frozen():
 
 
 def test_loader_arguments_raise_config_errors(packed):
-    for kw in ({"batch_size": 0}, {"batch_size": "8"}, {"size": 0}, {"dtype": "float64"}, {"layout": "CHW"},
+    for kw in ({"batch_size": 0}, {"batch_size": "8"}, {"size": 0}, {"size": (16, 24)}, {"dtype": "float64"},
+               {"layout": "CHW"},
                {"prefetch": 0}, {"threads": 0}, {"rank": 2, "world_size": 2}, {"seed": -1}):
         with pytest.raises(ConfigError):
             Loader(packed, **dict({"batch_size": 4}, **kw))

@@ -139,7 +139,7 @@ class Loader:
 
         dev = parse_device(device)
         self.batch_size = _count(batch_size, "batch_size", 1)
-        self.spec = OutputSpec(size, mean, std, dtype, layout, memory_format)
+        self.spec = OutputSpec(_count(size, "size", 1), mean, std, dtype, layout, memory_format)  # square
         if not self.spec.normalized:
             raise ConfigError("dtype must be float32, float16 or bfloat16 (the Loader normalises)")
         self.train = _flag(train, "train")
@@ -148,6 +148,9 @@ class Loader:
         self.seed = _count(seed, "seed")
         self.prefetch = _count(prefetch, "prefetch", 1)
         self.threads = cores() if threads is None else _count(threads, "threads", 1)
+        # producer threads, batches dealt round-robin and handed out in order. On the GPU several
+        # keep the NVJPG engines fed while one stages the next batch (BENCHMARKS.md: 4 best); on
+        # the CPU two, so one's Python work and user op overlap the other's decode on the pool.
         self.producers = (4 if dev.type == "cuda" else 2) if producers is None else _count(producers, "producers", 1)
         if dev.type == "cuda":
             split = check_split(split)
