@@ -2,9 +2,12 @@
 // window (Pillow's BILINEAR filter: triangle widened by the downscale factor), optional
 // horizontal mirror, mean/std normalisation, NCHW or NHWC, float / half / bfloat16 / uint8 output.
 // Compiled by CuPy (RawModule) at first use. Python reference: recordtool/decode/gpu_ref.py.
-// bfloat16 goes into a uint16 CuPy array (CuPy has no bfloat16): the bits, round to nearest even.
+// bfloat16 goes into a uint16 CuPy array (CuPy has no bfloat16): the bits, round to nearest even;
+// compiled apart (RECORDTOOL_BF16), so a toolkit without cuda_bf16.h costs only that variant.
 #include <cuda_fp16.h>
+#ifdef RECORDTOOL_BF16
 #include <cuda_bf16.h>
+#endif
 
 struct Sample {
     const unsigned char* src;  // interleaved RGB, `pitch` bytes per row
@@ -17,7 +20,9 @@ struct Sample {
 template <typename T> __device__ __forceinline__ T convert_out(float v);
 template <> __device__ __forceinline__ float convert_out<float>(float v) { return v; }
 template <> __device__ __forceinline__ __half convert_out<__half>(float v) { return __float2half_rn(v); }
+#ifdef RECORDTOOL_BF16
 template <> __device__ __forceinline__ __nv_bfloat16 convert_out<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+#endif
 template <> __device__ __forceinline__ unsigned char convert_out<unsigned char>(float v) {
     return (unsigned char)fminf(fmaxf(rintf(v), 0.0f), 255.0f);
 }
