@@ -5,9 +5,12 @@
 // chroma="interpolate", nvJPEG's planar YCbCr / Y: the kernel then makes libjpeg-turbo's RGB
 // pixels itself (fancy upsampling, jdsample.c, and jdcolor.c's fixed-point conversion).
 // Compiled by CuPy (RawModule) at first use. Python reference: recordtool/decode/gpu_ref.py.
-// bfloat16 goes into a uint16 CuPy array (CuPy has no bfloat16): the bits, round to nearest even.
+// bfloat16 goes into a uint16 CuPy array (CuPy has no bfloat16): the bits, round to nearest even;
+// compiled apart (RECORDTOOL_BF16), so a toolkit without cuda_bf16.h costs only that variant.
 #include <cuda_fp16.h>
+#ifdef RECORDTOOL_BF16
 #include <cuda_bf16.h>
+#endif
 
 #define FMT_RGB 0    // interleaved RGB at src
 #define FMT_YCC 1    // planar Y (src, pitch), Cb (cb, cpitch), Cr (cr, cpitch) subsampled by hs x vs
@@ -74,7 +77,9 @@ __device__ __forceinline__ void planar_rgb(const Sample& s, int x, int y, float&
 template <typename T> __device__ __forceinline__ T convert_out(float v);
 template <> __device__ __forceinline__ float convert_out<float>(float v) { return v; }
 template <> __device__ __forceinline__ __half convert_out<__half>(float v) { return __float2half_rn(v); }
+#ifdef RECORDTOOL_BF16
 template <> __device__ __forceinline__ __nv_bfloat16 convert_out<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+#endif
 template <> __device__ __forceinline__ unsigned char convert_out<unsigned char>(float v) {
     return (unsigned char)fminf(fmaxf(rintf(v), 0.0f), 255.0f);
 }

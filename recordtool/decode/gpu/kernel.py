@@ -29,7 +29,7 @@ _NAMES = {("float32", "NCHW"): "resize_normalize<float, true, true>",
           ("bfloat16", "NHWC"): "resize_normalize<__nv_bfloat16, false, true>",
           ("uint8", "NCHW"): "resize_normalize<unsigned char, true, false>",
           ("uint8", "NHWC"): "resize_normalize<unsigned char, false, false>"}
-_module = None
+_modules: dict = {}  # False / True (the bfloat16 variants, compiled apart) → RawModule
 
 
 def check(dtype: str, layout: str) -> None:
@@ -49,13 +49,15 @@ def _source() -> str:
 
 def kernel(dtype: DType, layout: Layout):
     """The compiled resize_normalize<T, NCHW, NORMALIZE> for this output type."""
-    global _module
     import cupy
 
     check(dtype, layout)
-    if _module is None:
-        _module = cupy.RawModule(code=_source(), options=("-std=c++17",), name_expressions=list(_NAMES.values()))
-    return _module.get_function(_NAMES[(dtype, layout)])
+    bf16 = dtype == "bfloat16"
+    if bf16 not in _modules:
+        names = [v for (d, _), v in _NAMES.items() if (d == "bfloat16") == bf16]
+        options = ("-std=c++17",) + (("-DRECORDTOOL_BF16",) if bf16 else ())
+        _modules[bf16] = cupy.RawModule(code=_source(), options=options, name_expressions=names)
+    return _modules[bf16].get_function(_NAMES[(dtype, layout)])
 
 
 def launch(fn, samples_dev, n: int, out, size, mean, std, stream) -> None:
