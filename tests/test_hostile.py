@@ -782,7 +782,8 @@ def test_one_decodable_rule_refuses_a_tiny_baseline_file_declaring_8192_squared(
     # any decoder starts, here under a 400 MB cap.
     from recordtool.decode.gpu.decoder import _refused
     from recordtool.format.scan import index_parts
-    from recordtool.sources.image import Rejected, prepare
+    from recordtool.errors import Rejected
+    from recordtool.pack.transcode import prepare
 
     data = hd.tiny_baseline_declaring(8192, 8192)
     with pytest.raises(Rejected, match="at least a bit each"):

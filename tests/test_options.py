@@ -78,7 +78,7 @@ def test_sizes_parse():
 def test_api_edges_raise_option_error(src, tmp_path):
     from recordtool.format.scan import index_parts
     from recordtool.pack import pack
-    from recordtool.sources.image import Transcode
+    from recordtool.pack.transcode import Transcode
     from recordtool.sources.imagefolder import ImageFolderSource
     from recordtool.tune import Candidate, run
 

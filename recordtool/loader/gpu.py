@@ -6,6 +6,7 @@ batch, on the unmirrored images (the mirror is done by the normalising pass, as 
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 
@@ -68,11 +69,13 @@ class GPUBatcher:
         from ..decode.gpu.plan import Demand
 
         # engines first: the CPU takes a share of their images only while the consumer waits
-        self.demand = Demand()
+        # (RECORDTOOL_GPU_DEMAND=off: the share follows measured rates alone, for measurements)
+        self.demand = None if os.environ.get("RECORDTOOL_GPU_DEMAND") == "off" else Demand()
 
     def consumer_waited(self, wait: float, interval: float) -> None:
         """The consumer's wait for its last batch (EpochIterator), steering the CPU share."""
-        self.demand.observe(wait, interval)
+        if self.demand is not None:
+            self.demand.observe(wait, interval)
 
     def decoder(self, slot: int):
         """The GPUDecoder of a producer slot, made and warmed up on first use, kept across epochs."""
