@@ -94,6 +94,7 @@ def test_bench_op_runs_the_compiled_and_the_batch_op_beside_the_loader(tmp_path)
     assert r["op"]["rounds"] == 1 and r["op"]["none"]["img_s"] > 0
     f = r["op"]["fused_pass"]
     assert f["images"] == 24 and f["none_ms_per_image"] > 0 and f["compiled_ms_per_image"] > 0
+    assert 0 < f["op_alone_ms_per_image"] < f["compiled_ms_per_image"]
     for key in ("compiled", "batch"):
         assert r["op"][key]["img_s"] > 0 and len(r["op"][key]["epochs_img_s"]) == 1
         lo, hi = r["op"][key + "_cost_range"]
