@@ -243,6 +243,9 @@ class _Beside:
 
     def __init__(self, it):
         self.it, self.stop, self.batches = it, threading.Event(), 0
+        # its first batch before the training starts: the pipeline's start-up (decoders made and
+        # warmed up, kernels compiled) is not what a training step pays in steady state
+        next(self.it)
         self.ticks = threading.Semaphore(2)  # the loader may run 2 batches ahead, as a consumer lets it
         self.thread = threading.Thread(target=self._run, daemon=True, name="bench-beside")
         self.thread.start()
