@@ -66,6 +66,25 @@ def dali_op(name: str, images):
     raise ValueError(f"no DALI op for {name!r}")
 
 
+def dali_random_resized_crop(jpegs, gpu: bool, size: int, hw_decoder_load: float = 0.75, op: str | None = None):
+    """DALI's stages of what our Loader makes, inside a pipeline definition: RandomResizedCrop
+    decode (mixed on the GPU, with `hw_decoder_load` on its hardware decoder) → size² linear
+    resize → the op's DALI counterpart (dali_op) → coin-flip mirror + mean/std normalise, CHW,
+    fp16 on the GPU / float32 on the CPU. Shared by every DALI peer (bench, tune, train_bench)."""
+    from nvidia.dali import fn, types
+
+    kw = {"hw_decoder_load": hw_decoder_load} if gpu else {}
+    images = fn.decoders.image_random_crop(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB,
+                                           random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3],
+                                           num_attempts=10, **kw)
+    images = fn.resize(images, resize_x=size, resize_y=size, interp_type=types.INTERP_LINEAR)
+    if op is not None:
+        images = dali_op(op, images)
+    return fn.crop_mirror_normalize(images, dtype=types.FLOAT16 if gpu else types.FLOAT, output_layout="CHW",
+                                    mean=[m * 255 for m in IMAGENET_MEAN], std=[s * 255 for s in IMAGENET_STD],
+                                    mirror=fn.random.coin_flip(probability=0.5))
+
+
 def dali_rate(source, device: str, batch: int, threads: int, epochs: int = 2, hw_decoder_load: float = 0.75,
               size: int = 224, device_id: int = 0, seed: int = 0, op: str | None = None) -> dict:
     """DALI's RandomResizedCrop pipeline; img/s of the best timed epoch (the first warms up).
@@ -87,8 +106,6 @@ def dali_rate(source, device: str, batch: int, threads: int, epochs: int = 2, hw
     """
     from nvidia.dali import fn, pipeline_def, types
 
-    mean = [m * 255 for m in IMAGENET_MEAN]
-    std = [s * 255 for s in IMAGENET_STD]
     files = not isinstance(source, Dataset)
     n = len(source)
     steps = n // batch
@@ -116,16 +133,7 @@ def dali_rate(source, device: str, batch: int, threads: int, epochs: int = 2, hw
         else:
             jpegs, label = fn.external_source(source=feed, num_outputs=2, batch=True, batch_info=True,
                                               dtype=[types.UINT8, types.INT32])
-        kw = {"hw_decoder_load": hw_decoder_load} if gpu else {}
-        images = fn.decoders.image_random_crop(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB,
-                                               random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3],
-                                               num_attempts=10, **kw)
-        images = fn.resize(images, resize_x=size, resize_y=size, interp_type=types.INTERP_LINEAR)
-        if op is not None:
-            images = dali_op(op, images)
-        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT16 if gpu else types.FLOAT, output_layout="CHW",
-                                          mean=mean, std=std, mirror=fn.random.coin_flip(probability=0.5))
-        return images, label
+        return dali_random_resized_crop(jpegs, gpu, size, hw_decoder_load, op), label
 
     p = pipe()
     p.build()

@@ -276,10 +276,9 @@ class _Beside:
 
 def _dali(files: str, batch: int, size: int, threads: int, hw_decoder_load: float, device: str, shard: int = 0,
           shards: int = 1, device_id: int = 0):
-    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali import fn, pipeline_def
 
-    from .decode.ops import IMAGENET_MEAN, IMAGENET_STD
-    from .peers import jpeg_files
+    from .peers import dali_random_resized_crop, jpeg_files
 
     items = jpeg_files(files)
     gpu = device == "cuda"
@@ -289,14 +288,7 @@ def _dali(files: str, batch: int, size: int, threads: int, hw_decoder_load: floa
     def pipe():
         jpegs, label = fn.readers.file(files=[p for p, _ in items], labels=[int(y) for _, y in items],
                                        random_shuffle=True, name="reader", shard_id=shard, num_shards=shards)
-        kw = {"hw_decoder_load": hw_decoder_load} if gpu else {}
-        images = fn.decoders.image_random_crop(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB,
-                                               random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3],
-                                               num_attempts=10, **kw)
-        images = fn.resize(images, resize_x=size, resize_y=size, interp_type=types.INTERP_LINEAR)
-        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT16 if gpu else types.FLOAT, output_layout="CHW",
-                                          mean=[m * 255 for m in IMAGENET_MEAN], std=[s * 255 for s in IMAGENET_STD],
-                                          mirror=fn.random.coin_flip(probability=0.5))
+        images = dali_random_resized_crop(jpegs, gpu, size, hw_decoder_load)
         return images, label.gpu() if gpu else label
 
     p = pipe()
@@ -472,7 +464,7 @@ def write_json(res: Result, path: str) -> None:
 
 # ---------------------------------------------------------------- DDP: one rank per GPU (torchrun)
 
-def _digest(x) -> tuple:
+def digest(x) -> tuple:
     """Exact integer checksum of a batch's bits (on its device)."""
     import torch
 
@@ -480,6 +472,55 @@ def _digest(x) -> tuple:
     v = v.view(torch.int16 if v.element_size() == 2 else torch.int32).to(torch.int64).flatten()
     w = torch.arange(v.numel(), device=v.device, dtype=torch.int64) % 65521 + 1
     return int(v.sum().item()), int((v * w).sum().item())
+
+
+def batches_of(loader, limit=None) -> list:
+    """(ids, labels, digest) of each batch of a `with_ids` Loader's epoch (the first `limit`)."""
+    import numpy as np
+    import torch
+
+    out = []
+    for k, (x, y, ids) in enumerate(loader):
+        out.append((np.asarray(ids).tolist(), torch.as_tensor(y).cpu().tolist(), digest(x)))
+        if limit is not None and k + 1 >= limit:
+            break
+    return out
+
+
+def cover(id_lists, n: int, pad: int) -> tuple:
+    """(exact, ok, counts) for the sample ids every rank saw in one epoch: exact = each of the n
+    samples once; ok = exact, or DistributedSampler-style padding of `pad` repeats with none
+    missing; counts = how often each sample was seen."""
+    import numpy as np
+
+    union = np.concatenate([np.asarray(x, np.int64) for x in id_lists]) if id_lists else np.zeros(0, np.int64)
+    counts = np.bincount(union, minlength=n)
+    exact = bool((counts == 1).all())
+    return exact, bool(exact or (pad > 0 and (counts >= 1).all() and counts.sum() == n + pad)), counts
+
+
+def resume_matches(packed: str, epoch: int, **kw) -> tuple:
+    """A Loader(packed, **kw) stopped a third into `epoch`, its state_dict loaded into a new
+    Loader: (the batches equal an uninterrupted run's, batches in the epoch, batches before
+    the stop). kw must include with_ids=True and a bit-identical split."""
+    from .loader import Loader
+
+    def run(limit=None, state=None):
+        ld = Loader(packed, **kw)
+        ld.set_epoch(epoch)
+        if state is not None:
+            ld.load_state_dict(state)
+        out = batches_of(ld, limit)
+        st = ld.state_dict()
+        ld.close()
+        ld.batcher.close()
+        return out, st
+
+    ref, _ = run()
+    k = max(1, len(ref) // 3)
+    got, state = run(k)
+    rest, _ = run(state=state)
+    return got + rest == ref, len(ref), k
 
 
 def ddp_run(packed: str, files: str | None, arch: str, size: int | None, batch: int, steps: int, warmup: int,
@@ -511,7 +552,7 @@ def ddp_run(packed: str, files: str | None, arch: str, size: int | None, batch: 
     backend = "nccl" if cuda and local_world <= torch.cuda.device_count() else "gloo"
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
-    threads = threads or len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (threads or 1)
+    threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
     size = size or ARCH_SIZES.get(arch, 224)
     report: dict = {"world": world, "backend": backend, "device": device, "arch": arch, "size": size, "batch": batch,
                     "threads_per_rank": threads, "runs": []}
@@ -556,42 +597,14 @@ def ddp_run(packed: str, files: str | None, arch: str, size: int | None, batch: 
               dtype="float16" if cuda else "float32", split="gpu" if cuda else "auto")
     ld = Loader(packed, **kw)
     ids = np.concatenate([np.asarray(i) for _, _, i in ld]) if len(ld) else np.zeros(0, np.int64)
-    n = len(ld.ds)
-    pad = world * len(ld.sampler) - n  # DistributedSampler-style padding when n % world
+    n, pad = len(ld.ds), world * len(ld.sampler) - len(ld.ds)  # DistributedSampler-style padding
     ld.close()
     ld.batcher.close()
     gathered = [None] * world
     dist.all_gather_object(gathered, ids.tolist())
-    counts = np.bincount(np.concatenate([np.asarray(g, np.int64) for g in gathered]), minlength=n)
-    covered = bool((counts == 1).all() or (pad > 0 and (counts >= 1).all() and counts.sum() == n + pad))
-
-    def batches_of(loader, limit=None):
-        out = []
-        for k, (x, y, i) in enumerate(loader):
-            out.append((np.asarray(i).tolist(), torch.as_tensor(y).cpu().tolist(), _digest(x)))
-            if limit is not None and k + 1 >= limit:
-                break
-        return out
-
-    full = Loader(packed, **kw)
-    full.set_epoch(1)
-    ref = batches_of(full)
-    full.close()
-    full.batcher.close()
-    part = Loader(packed, **kw)
-    part.set_epoch(1)
-    k = max(1, len(ref) // 3)
-    got = batches_of(part, k)
-    state = part.state_dict()
-    part.close()
-    part.batcher.close()
-    resumed = Loader(packed, **kw)
-    resumed.load_state_dict(state)
-    got += batches_of(resumed)
-    resumed.close()
-    resumed.batcher.close()
+    covered = cover(gathered, n, pad)[1]
     flags = [None] * world
-    dist.all_gather_object(flags, got == ref)
+    dist.all_gather_object(flags, resume_matches(packed, 1, **kw)[0])
     report["every_sample_once"] = covered
     report["resume_identical"] = [bool(f) for f in flags]
     dist.barrier()

@@ -27,23 +27,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import recordtool  # noqa: E402
-
-
-def digest(x) -> tuple:
-    """Exact integer checksum of a batch's bits (on its device)."""
-    v = torch.as_tensor(x)
-    v = v.contiguous().view(torch.int16 if v.element_size() == 2 else torch.int32).to(torch.int64).flatten()
-    w = torch.arange(v.numel(), device=v.device, dtype=torch.int64) % 65521 + 1
-    return int(v.sum().item()), int((v * w).sum().item())
-
-
-def batches_of(loader, limit=None):
-    out = []
-    for k, (x, y, ids) in enumerate(loader):
-        out.append((np.asarray(ids).tolist(), torch.as_tensor(y).cpu().tolist(), digest(x)))
-        if limit is not None and k + 1 >= limit:
-            break
-    return out
+from recordtool.train_bench import cover, resume_matches  # noqa: E402
 
 
 def main():
@@ -105,11 +89,9 @@ def main():
         dist.all_gather_object(rates, (len(mine), dt, busy))
         dist.all_gather_object(all_ids, mine.tolist())
         if rank == 0:
-            union = np.concatenate([np.asarray(x, np.int64) for x in all_ids])
-            counts = np.bincount(union, minlength=n)
-            exact = bool((counts == 1).all())
             pad = world * len(loader.sampler) - n  # DistributedSampler-style padding when n % world
-            ok = ok and bool(exact or (pad > 0 and (counts >= 1).all() and counts.sum() == n + pad))
+            exact, covered, counts = cover(all_ids, n, pad)
+            ok = ok and covered
             epochs.append({"epoch": epoch, "ranks": [{"images": cnt, "seconds": s, "img_s": cnt / s, "cores_busy": b}
                                                      for cnt, s, b in rates],
                            "total_img_s": sum(r[0] for r in rates) / max(r[1] for r in rates), "exact_cover": exact})
@@ -127,25 +109,9 @@ def main():
     if a.resume_check:
         kw["split"] = "gpu" if cuda else "auto"
         e = a.epochs
-        full = recordtool.Loader(a.packed, **kw)
-        full.set_epoch(e)
-        ref = batches_of(full)
-        full.close()
-        full.batcher.close()
-        part = recordtool.Loader(a.packed, **kw)
-        part.set_epoch(e)
-        k = max(1, len(ref) // 3)
-        got = batches_of(part, k)
-        state = part.state_dict()
-        part.close()
-        part.batcher.close()
-        resumed = recordtool.Loader(a.packed, **kw)
-        resumed.load_state_dict(state)
-        got += batches_of(resumed)
-        resumed.close()
-        same = got == ref
+        same, n_ref, k = resume_matches(a.packed, e, **kw)
         flags = [None] * world
-        dist.all_gather_object(flags, (same, len(ref), k))
+        dist.all_gather_object(flags, (same, n_ref, k))
         resume_ok = bool(all(f[0] for f in flags))
         ok = ok and resume_ok
         if rank == 0:
