@@ -10,6 +10,10 @@ Pipelines (same model, batch, output side, optimiser and threads):
                    (mixed) → resize → crop_mirror_normalize (fp16) → DALIGenericIterator
   torchvision      ImageFolder + RandomResizedCrop + DataLoader(threads workers)
 
+A pipeline's options after ':' are the Loader's keywords, plus two for measurements:
+`env.NAME=VALUE` sets an environment variable for that run (the loader's RECORDTOOL_GPU_*
+switches) and `switch=SECONDS` the interpreter's GIL switch interval.
+
 Each pipeline is run `repeats` times, interleaved (all pipelines once, then again), so a drift
 of the machine shows in every pipeline's spread instead of favouring one. A run: a fresh model
 and optimiser, `warmup` untimed steps, then `steps` timed steps; img/s = images / wall time of
@@ -242,7 +246,7 @@ class _Beside:
     data, so what changes is only the pipeline's cost to the process."""
 
     def __init__(self, it):
-        self.it, self.stop, self.batches = it, threading.Event(), 0
+        self.it, self.stop, self.batches, self.error = it, threading.Event(), 0, None
         # its first batch before the training starts: the pipeline's start-up (decoders made and
         # warmed up, kernels compiled) is not what a training step pays in steady state
         next(self.it)
@@ -259,8 +263,6 @@ class _Beside:
                 self.batches += 1
         except BaseException as e:  # reported by close(): a run whose loader failed is no measurement
             self.error = e
-
-    error = None
 
     def paced(self, batches):
         for b in batches:
