@@ -11,7 +11,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <csetjmp>
 #include <cstdio>
@@ -22,6 +24,9 @@
 #include <malloc.h>
 #include <mutex>
 #include <pthread.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -487,6 +492,18 @@ class Pool {
 
     size_t size() const { return threads_.size(); }
 
+    // This pool's threads run at `increment` over the nice value they started with (a GPU
+    // loader's CPU share gives the cores to the training loop when both want them); each
+    // thread applies it before its next job. Raising nice needs no privilege; lowering it again
+    // may be refused, so the Python side never reuses a raised pool as a normal one.
+    void set_nice(int increment) { nice_.store(increment); }
+
+    // The kernel thread ids of this pool's threads (started so far).
+    std::vector<long> thread_ids() {
+        std::lock_guard<std::mutex> g(mu_);
+        return tids_;
+    }
+
   private:
     // std::thread throws std::system_error when the system will not start one (no memory for
     // its stack under a cap, a thread limit): ThreadStartError, recordtool.errors'
@@ -510,6 +527,14 @@ class Pool {
     }
 
     void loop(int id, unsigned long seen) {
+        const long tid = syscall(SYS_gettid);
+        errno = 0;
+        const int base = getpriority(PRIO_PROCESS, (id_t)tid);
+        int applied = 0;
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            tids_.push_back(tid);
+        }
         for (;;) {
             const std::function<void(int)>* job;
             {
@@ -519,6 +544,11 @@ class Pool {
                 seen = generation_;
                 if (id > active_) continue;  // not needed for this call
                 job = job_;
+            }
+            const int want = nice_.load();
+            if (want != applied) {  // refused (lowering without privilege): left as it is
+                setpriority(PRIO_PROCESS, (id_t)tid, std::min(19, std::max(-20, base + want)));
+                applied = want;
             }
             std::exception_ptr err;
             try {
@@ -535,6 +565,8 @@ class Pool {
     }
 
     std::vector<std::thread> threads_;
+    std::vector<long> tids_;
+    std::atomic<int> nice_{0};
     std::mutex mu_, call_mu_;
     std::condition_variable cv_, done_cv_;
     const std::function<void(int)>* job_ = nullptr;
@@ -552,7 +584,7 @@ static std::vector<Pool*>* pools = new std::vector<Pool*>();
 
 static Pool& pool(int id = 0) {
     std::lock_guard<std::mutex> g(*pools_mu);
-    if (id < 0 || id > 64) throw std::invalid_argument("pool id must be in 0..64");
+    if (id < 0 || id > 128) throw std::invalid_argument("pool id must be in 0..128");
     while ((int)pools->size() <= id) pools->push_back(new Pool());
     return *(*pools)[id];
 }
@@ -883,6 +915,9 @@ PYBIND11_MODULE(_native, m) {
     m.def("largest_first", &largest_first, py::arg("sizes"));
     m.def("reserve", &reserve, py::arg("bytes"), py::arg("threads"), py::arg("pool") = 0);
     m.def("pool_size", [] { return pool().size(); });
+    m.def("set_pool_nice", [](int id, int increment) { pool(id).set_nice(increment); }, py::arg("pool"),
+          py::arg("increment"));
+    m.def("pool_thread_ids", [](int id) { return pool(id).thread_ids(); }, py::arg("pool"));
     m.attr("LIBJPEG_VERSION") = JPEG_LIB_VERSION;
     m.attr("MAX_SCANS") = kMaxScans;
     m.attr("COEF_RATIO") = kCoefRatio;

@@ -268,3 +268,33 @@ def test_mirror_and_normalize_against_numpy():
     assert nhwc.dtype == np.float32 and np.allclose(nhwc, ref, atol=1e-5)
     assert nchw.shape == (4, 3, 5, 6) and nchw.dtype == np.float16
     assert np.allclose(nchw.astype(np.float32), ref.transpose(0, 3, 1, 2), atol=2e-3)
+
+
+@pytest.mark.skipif(not cpu.native_available(), reason="native decoder not built")
+def test_background_pools_run_their_threads_at_lower_priority(photos):
+    """A GPU loader's CPU share decodes on background pools: their threads' nice is raised by
+    BACKGROUND_NICE before their first job; normal pools' threads keep the process's; a released
+    background pool goes back to its own kind, never to a normal caller."""
+    from recordtool import _native
+
+    data = [encode(photos[(640, 480)])] * 4
+    win = np.array([[0, 0, 480, 640]] * 4, np.float64)
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    bg, normal = cpu.new_pool_id(background=True), cpu.new_pool_id()
+    try:
+        assert bg >= 64 and 1 <= normal < 64
+        for pool in (bg, normal):
+            decode_crop_resize(data, win, (32, 32), threads=3, pool=pool)
+        nice = {pool: {os.getpriority(os.PRIO_PROCESS, t) for t in _native.pool_thread_ids(pool)}
+                for pool in (bg, normal)}
+        assert nice[bg] == {min(19, base + cpu.BACKGROUND_NICE)} and nice[normal] == {base}
+        assert cpu.BACKGROUND_NICE > 0  # the default
+    finally:
+        cpu.release_pool_id(bg)
+        cpu.release_pool_id(normal)
+    again = [cpu.new_pool_id() for _ in range(63)]  # every normal pool: none of them background
+    try:
+        assert all(1 <= p < 64 for p in again) and bg not in again
+    finally:
+        for p in again:
+            cpu.release_pool_id(p)

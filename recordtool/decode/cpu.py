@@ -31,24 +31,36 @@ def native_available() -> bool:
 
 _pool_lock = threading.Lock()
 _free_pools = list(range(1, 64))  # native pool ids not in use (0 is the default pool)
+_free_background = list(range(64, 128))  # pools whose threads run at BACKGROUND_NICE
 _shared_pools = itertools.count()
 
+# The nice increment of background pools' threads: a GPU loader's CPU share, which helps the
+# engines only while a core is free and must give it up to the training loop when both want it.
+# RECORDTOOL_CPU_SHARE_NICE (read when a pool is handed out) overrides it, for measurements.
+BACKGROUND_NICE = 10
 
-def new_pool_id() -> int:
+
+def new_pool_id(background: bool = False) -> int:
     """A native thread-pool id for a caller that decodes while others do: each pool serves one
     call at a time, so concurrent callers (the producers of a Loader) get their own threads
     instead of queueing. Give it back with release_pool_id: a pool's threads and buffers live
     for the process, so ids are reused rather than new pools made (past 63 in use, pools are
-    shared in turn)."""
+    shared in turn). background: a pool whose threads run at BACKGROUND_NICE (never handed to
+    a normal caller: a thread's nice, once raised, may not come down again)."""
     with _pool_lock:
-        return _free_pools.pop() if _free_pools else 1 + next(_shared_pools) % 63
+        free, first = (_free_background, 64) if background else (_free_pools, 1)
+        pool = free.pop() if free else first + next(_shared_pools) % 63
+    if background and _native is not None:
+        _native.set_pool_nice(pool, int(os.environ.get("RECORDTOOL_CPU_SHARE_NICE", BACKGROUND_NICE)))
+    return pool
 
 
 def release_pool_id(pool: int) -> None:
-    """The pool is free for the next new_pool_id (its threads stay, idle)."""
+    """The pool is free for the next new_pool_id of its kind (its threads stay, idle)."""
     with _pool_lock:
-        if 1 <= pool <= 63 and pool not in _free_pools:
-            _free_pools.append(pool)
+        free = _free_background if pool >= 64 else _free_pools
+        if 1 <= pool <= 127 and pool not in free:
+            free.append(pool)
 
 
 def reserve(widths, heights, threads: int, pool: int = 0) -> None:

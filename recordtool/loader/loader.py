@@ -1,10 +1,12 @@
 """`Loader`: the configuration of a training input pipeline; iterating it runs one epoch.
 
 Composition (FFCV's shape): the Loader holds the settings, the dataset, the sampler and a
-batcher (CPUBatcher or GPUBatcher, kept across epochs); `iter(loader)` starts an `EpochIterator`
-— an ordered Prefetcher whose producer threads call the batcher for the epoch's batches. A
-batch is a pure function of (seed, epoch, rank, world_size, batch index), so `state_dict()` is
-just where the epoch stands, and resuming yields exactly the batches an uninterrupted run would.
+batcher (CPUBatcher or GPUBatcher, kept across epochs); `iter(loader)` gives an `EpochIterator`
+over the epoch's share of a `BatchStream` — ordered producer threads that call the batcher and,
+by default, run on into the next epoch while this one's last batches are consumed (the next
+`iter(loader)` takes up the stream where it stands; any other start begins a new one). A batch is
+a pure function of (seed, epoch, rank, world_size, batch index), so `state_dict()` is just where
+the epoch stands, and resuming yields exactly the batches an uninterrupted run would.
 """
 from __future__ import annotations
 
@@ -22,8 +24,8 @@ from ..decode.spec import IMAGENET_MEAN, IMAGENET_STD, OutputSpec
 from ..errors import BadState, ConfigError, OnError, RecordError, on_error as _on_error
 from ..reader import Dataset
 from .device import parse_device, resolve
-from .prefetch import Prefetcher
 from .recipe import Recipe
+from .stream import BatchStream, epoch_batches
 
 DeviceLike = Union[Literal["cpu", "cuda"], str, int, object]  # also "cuda:1", torch.device, cupy Device
 
@@ -98,6 +100,12 @@ class Loader:
         seed: keys the shuffle, windows, flips and keyed user ops.
         rank, world_size: this process's share; default from torch.distributed or RANK/WORLD_SIZE.
         prefetch: batches each producer makes ahead.
+        continuous: the producers go on into the next epoch's first batches while the training
+            loop takes this epoch's last ones (as DALI's pipeline does), so an epoch does not
+            start from idle producers; the next `iter(loader)` takes them up when it starts
+            where the stream stands (the next epoch, batch 0), any other start (set_epoch to
+            another epoch, load_state_dict, a loop left early) discards them. False: nothing is
+            made before it is asked for (each epoch starts from idle producers).
         threads: CPU decode threads (default: cores).
         user_op: op(batch) or KeyedOp op(batch, keys) on each uint8 NHWC batch before
             normalisation (numpy on CPU, CuPy on GPU); returns the batch. Or a compiled per-image
@@ -133,7 +141,7 @@ class Loader:
                  with_ids: bool = False, split="auto", hybrid: bool = True, on_error: OnError | str = "raise",
                  cache_dir: str | None = None, cache_limit: int | None = None, block_shards: int | None = None,
                  shuffle: bool | None = None, memory_format: str = "contiguous", chroma: str | None = None,
-                 storage_options: dict | None = None):
+                 storage_options: dict | None = None, continuous: bool = True):
         # every argument checked here, once, into frozen values (OutputSpec, Device) or ints
         from ..decode.gpu.plan import DEFAULT_CHROMA, check_chroma, check_split  # pure NumPy
 
@@ -147,6 +155,7 @@ class Loader:
         self.drop_last = self.train if drop_last is None else _flag(drop_last, "drop_last")
         self.seed = _count(seed, "seed")
         self.prefetch = _count(prefetch, "prefetch", 1)
+        self.continuous = _flag(continuous, "continuous")
         self.threads = cores() if threads is None else _count(threads, "threads", 1)
         # producer threads, batches dealt round-robin and handed out in order. On the GPU several
         # keep the NVJPG engines fed while one stages the next batch (BENCHMARKS.md: 4 best); on
@@ -187,6 +196,7 @@ class Loader:
         self._start_batch = 0  # set by load_state_dict: first batch of the next iteration
         self._yielded = 0
         self._iterator = None  # weakref to the running EpochIterator
+        self._stream = None  # the BatchStream the next iteration may take up
         self.bad_records: dict = {}  # record id → reason (on_error "warn" / "skip")
         self.last_split = None  # cuda: the last yielded batch's BatchReport
         self.stage_seconds: dict = {}  # producer-side seconds per stage, summed over yielded batches
@@ -250,10 +260,7 @@ class Loader:
 
     def batch_ids(self, epoch: int) -> list:
         """The sample ids of each batch of `epoch` for this rank."""
-        order = self.sampler.indices(epoch)
-        b = self.batch_size
-        stop = len(order) // b * b if self.drop_last else len(order)
-        return [order[s:s + b] for s in range(0, stop, b)]
+        return epoch_batches(self.sampler, self.batch_size, self.drop_last, epoch)
 
     @property
     def ring(self):
@@ -262,18 +269,24 @@ class Loader:
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> "EpochIterator":
-        self.close()
-        it = EpochIterator(self, self.epoch, self._start_batch)
+        start = (self.epoch, self._start_batch)
+        it = self._iterator() if self._iterator is not None else None
+        stream = self._stream
+        if stream is None or stream.closed or stream.position != start or (it is not None and not it.finished):
+            self.close()  # a new start: what the producers made ahead is not this
+            stream = self._stream = BatchStream(self.batcher, self.sampler, self.batch_size, self.drop_last, len(self),
+                                                *start, producers=self.producers, depth=self.prefetch,
+                                                continuous=self.continuous)
+        it = EpochIterator(self, stream, *start)
         self._start_batch = 0
         self._iterator = weakref.ref(it)
         return it
 
     def close(self) -> None:
-        """Stop the running epoch's producer threads (also done by a new iteration and `del`)."""
-        it = self._iterator() if self._iterator is not None else None
-        if it is not None:
-            it.close()
-        self._iterator = None
+        """Stop the producer threads (also done by a new start and `del`)."""
+        if self._stream is not None:
+            self._stream.close()
+        self._stream = self._iterator = None
 
     def __del__(self):
         try:
@@ -284,38 +297,37 @@ class Loader:
 
 
 class EpochIterator:
-    """One epoch of a Loader: the Prefetcher over the epoch's batches, in order; records where
-    the epoch stands (for state_dict) and applies the on_error policy to bad records, in the
-    consumer's thread."""
+    """One epoch of a Loader: its batches from the BatchStream, in order; records where the
+    epoch stands (for state_dict) and applies the on_error policy to bad records, in the
+    consumer's thread. Left before its end (or collected so), it stops the stream."""
 
-    def __init__(self, loader: Loader, epoch: int, start: int):
-        self.loader, self.epoch = loader, epoch
-        self.batches = loader.batch_ids(epoch)[start:]
+    def __init__(self, loader: Loader, stream: BatchStream, epoch: int, start: int):
+        self.loader, self.epoch, self._stream = loader, epoch, stream
+        self._next, self._count = start, len(loader)
         loader._yielded = start
-        batches, batcher = self.batches, loader.batcher
-
-        def make(j, slot):
-            return batcher(batches[j], epoch, slot)
-
-        self._prefetcher = Prefetcher(len(batches), make, loader.producers, loader.prefetch)
         self._last = None  # when the previous batch was handed out
-        self._finished = False
+        self.finished = False
 
     def __iter__(self):
         return self
 
     def __len__(self) -> int:
-        return len(self.batches) - self._prefetcher.done
+        return self._count - self._next
 
     def __next__(self):
         ld = self.loader
+        if self._next >= self._count:
+            self._finish()  # the epoch is out (or had nothing left to yield: resumed at its end)
+            raise StopIteration
         t = time.perf_counter()
         try:
-            made = next(self._prefetcher)
+            epoch, j, ids, made = self._stream.take()
         except StopIteration:
-            self._finish()  # an epoch with nothing left to yield (resumed at its end)
-            raise
-        ids = self.batches[self._prefetcher.done - 1]
+            raise RuntimeError("recordtool: the loader's producers were stopped (Loader.close() or a "
+                               "new iteration) while this epoch was being iterated") from None
+        if (epoch, j) != (self.epoch, self._next):  # an invariant of BatchStream
+            raise RuntimeError(f"recordtool: batch {j} of epoch {epoch} came for batch {self._next} of {self.epoch}")
+        self._next += 1
         now = time.perf_counter()
         steer = getattr(ld.batcher, "consumer_waited", None)
         if steer is not None and self._last is not None:  # how long the training loop waited
@@ -328,7 +340,7 @@ class EpochIterator:
         if made.errors:
             self._bad(ids, made.errors)
         ld._yielded += 1
-        if self._prefetcher.done == len(self.batches):
+        if self._next == self._count:
             self._finish()
         images, labels = made.images, made.labels
         if ld.as_torch:
@@ -340,8 +352,8 @@ class EpochIterator:
         """The epoch's last batch is out: the Loader moves on to the next epoch (as DataLoader
         users expect with set_epoch), also for loops that stop after len(loader) batches without
         asking for one more (Lightning's fit loop does), and state_dict() says so."""
-        if not self._finished and self._prefetcher.done == len(self.batches):
-            self._finished = True
+        if not self.finished and self._next == self._count:
+            self.finished = True
             self.loader.epoch, self.loader._yielded = self.epoch + 1, 0
 
     def _torch(self, images, labels):
@@ -378,8 +390,10 @@ class EpochIterator:
                 warnings.warn(f"recordtool: {line}; the sample is zeros this time", RuntimeWarning, stacklevel=3)
 
     def close(self) -> None:
-        """Stop this epoch's producers (also on garbage collection and at interpreter exit)."""
-        self._prefetcher.close()
+        """Stop the producers unless this epoch is out (then they run on into the next one for
+        the loader's next iteration). Also on garbage collection; interpreter exit stops them."""
+        if not self.finished:
+            self._stream.close()
 
     def __del__(self):
         try:

@@ -10,6 +10,7 @@ active exception").
 from __future__ import annotations
 
 import atexit
+import itertools
 import queue
 import threading
 import weakref
@@ -29,7 +30,7 @@ def _close_all() -> None:
         p.close()
 
 
-def _produce(k: int, tasks: int, producers: int, make, out: queue.Queue, stop: threading.Event) -> None:
+def _produce(k: int, tasks: int | None, producers: int, make, out: queue.Queue, stop: threading.Event) -> None:
     def put(item) -> bool:
         while not stop.is_set():
             try:
@@ -40,7 +41,7 @@ def _produce(k: int, tasks: int, producers: int, make, out: queue.Queue, stop: t
         return False
 
     try:
-        for j in range(k, tasks, producers):
+        for j in (itertools.count(k, producers) if tasks is None else range(k, tasks, producers)):
             if stop.is_set():
                 return
             if not put(make(j, k)):
@@ -53,7 +54,7 @@ class Prefetcher:
     """Iterate make(j, slot) for j in range(tasks), in order, made ahead on producer threads.
 
     Args:
-        tasks: number of items.
+        tasks: number of items; None: no end (the producers stop at close()).
         make: make(j, slot) → item; slot (0..producers-1) is the producer's id, so per-producer
             state (a GPU decoder, scratch buffers) is indexed by it — never shared.
         producers: threads; task j runs on producer j % producers.
@@ -61,9 +62,9 @@ class Prefetcher:
         name: thread name.
     """
 
-    def __init__(self, tasks: int, make, producers: int = 1, depth: int = 2, name: str = "recordtool-loader"):
-        self.tasks = int(tasks)
-        self.producers = max(1, min(int(producers), max(1, self.tasks)))
+    def __init__(self, tasks: int | None, make, producers: int = 1, depth: int = 2, name: str = "recordtool-loader"):
+        self.tasks = None if tasks is None else int(tasks)
+        self.producers = max(1, int(producers) if tasks is None else min(int(producers), max(1, self.tasks)))
         self._queues = [queue.Queue(maxsize=max(1, int(depth))) for _ in range(self.producers)]
         self._stop = threading.Event()
         self._next = 0
@@ -78,7 +79,7 @@ class Prefetcher:
         return self
 
     def __next__(self):
-        if self._next >= self.tasks:
+        if self.tasks is not None and self._next >= self.tasks:
             self.close()
             raise StopIteration
         k = self._next % self.producers
@@ -103,6 +104,10 @@ class Prefetcher:
     def done(self) -> int:
         """Items handed out so far."""
         return self._next
+
+    @property
+    def closed(self) -> bool:
+        return self._stop.is_set()
 
     def close(self, timeout: float = 60.0) -> None:
         """Stop the producers and wait for them (a producer finishes the item it is making)."""

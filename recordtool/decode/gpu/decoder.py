@@ -96,7 +96,7 @@ class GPUDecoder:
         # engines' batch submitted in one GIL-free call; RECORDTOOL_GPU_SUBMIT=python: the ctypes loop
         self.native_submit = _setting("SUBMIT", "native") == "native"
         self._own_pool = pool is None
-        self.pool = cpu.new_pool_id() if pool is None else pool
+        self.pool = cpu.new_pool_id(background=True) if pool is None else pool  # a CPU share: at low priority
         self.planner = SplitPlanner(split, demand=demand)
         self.last = BatchReport()
         self.ring = ring

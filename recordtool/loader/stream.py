@@ -1,0 +1,87 @@
+"""The Loader's batches as one stream across epoch ends, as DALI's pipeline runs: the producer
+threads go on into the next epoch's first batches while the training loop consumes this epoch's
+last ones, so an epoch starts with its batches made instead of from idle producers.
+
+Invariants:
+- task t of a stream that starts at (epoch e0, batch s) is batch s + t of e0 while t < n − s, then
+  batch (t − n + s) mod n of epoch e0 + 1 + (t − n + s) // n, n = batches per epoch: the same
+  (epoch, batch) → same ids → same batch, whatever the producers (a batch is a pure function of
+  seed, epoch, rank, world_size and batch index).
+- a stream runs ahead by at most what the Prefetcher holds (producers × (depth + 1) batches), so
+  the output ring's slot count is the same as for one epoch.
+- producer threads hold the batcher and the sampler, never the Loader: an abandoned Loader is
+  garbage-collected and closes its stream.
+"""
+from __future__ import annotations
+
+import threading
+
+from .prefetch import Prefetcher
+
+
+def epoch_batches(sampler, batch_size: int, drop_last: bool, epoch: int) -> list:
+    """The sample ids of each batch of `epoch` (a rank's share, in order)."""
+    order = sampler.indices(epoch)
+    stop = len(order) // batch_size * batch_size if drop_last else len(order)
+    return [order[s:s + batch_size] for s in range(0, stop, batch_size)]
+
+
+class BatchStream:
+    """Batches from (epoch, start) on; across epoch ends when `continuous`, else to the end of
+    this epoch only. `take()` gives (epoch, batch index, ids, made) in order.
+
+    Args:
+        batcher: batcher(ids, epoch, slot) → Made.
+        sampler, batch_size, drop_last: what each epoch's batches are (epoch_batches).
+        per_epoch: batches in an epoch (the Loader's len).
+        epoch, start: where the stream starts.
+        producers, depth: the Prefetcher's threads and their queue depth.
+        continuous: run on into the following epochs.
+    """
+
+    def __init__(self, batcher, sampler, batch_size: int, drop_last: bool, per_epoch: int, epoch: int, start: int,
+                 producers: int, depth: int, continuous: bool):
+        self.per_epoch, self.epoch0, self.start = per_epoch, epoch, start
+        first = per_epoch - start
+        self.continuous = continuous and per_epoch > 0
+        lock, cache = threading.Lock(), {}
+
+        def where(t: int):
+            if t < first:
+                return epoch, start + t
+            e, j = divmod(t - first, per_epoch)
+            return epoch + 1 + e, j
+
+        def batches(e: int) -> list:
+            with lock:  # each epoch's order computed once, by whichever producer needs it first
+                if e not in cache:
+                    for old in [k for k in cache if k < e - 1]:
+                        del cache[old]
+                    cache[e] = epoch_batches(sampler, batch_size, drop_last, e)
+                return cache[e]
+
+        def make(t: int, slot: int):
+            e, j = where(t)
+            ids = batches(e)[j]
+            return e, j, ids, batcher(ids, e, slot)
+
+        self._where = where
+        self._prefetcher = Prefetcher(None if self.continuous else first, make, producers, depth)
+
+    @property
+    def position(self) -> tuple:
+        """(epoch, batch index) of the next batch `take()` gives; None past the end of a stream
+        that is not continuous."""
+        t = self._prefetcher.done
+        return None if not self.continuous and t >= self.per_epoch - self.start else self._where(t)
+
+    @property
+    def closed(self) -> bool:
+        return self._prefetcher.closed
+
+    def take(self):
+        """The next (epoch, batch index, ids, made); StopIteration at the end of a stream that is not continuous."""
+        return next(self._prefetcher)
+
+    def close(self) -> None:
+        self._prefetcher.close()

@@ -1,0 +1,159 @@
+"""The Loader's batch stream across epoch ends (loader/stream.py): the producers run on into the
+next epoch, the next iteration takes their batches up, any other start discards them, and the
+batches are those of a loader that starts every epoch from idle producers."""
+import gc
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest import jpeg_bytes, write
+from recordtool.loader import Loader
+from recordtool.pack import pack
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stream")
+    src = root / "src"
+    for i in range(40):
+        write(str(src / f"c{i % 2}" / f"{i}.jpg"), jpeg_bytes(56 + 8 * (i % 3), 48 + 4 * (i % 4), seed=i))
+    pack(str(src), str(root / "out"), shards=2, progress=False)
+    return str(root / "out")
+
+
+KW = dict(batch_size=8, size=32, seed=3, as_torch=False, with_ids=True)
+
+
+def epoch_of(loader):
+    return [(np.asarray(x).copy(), np.asarray(y).copy(), np.asarray(i).copy()) for x, y, i in loader]
+
+
+def same(a, b):
+    assert len(a) == len(b)
+    for (x, y, i), (u, v, k) in zip(a, b):
+        assert np.array_equal(i, k) and np.array_equal(y, v) and np.array_equal(x, u)
+
+
+def fresh(epoch, start=0, **kw):
+    ld = Loader(**{"path": kw.pop("path"), **KW, **kw, "continuous": False})
+    ld.set_epoch(epoch)
+    got = epoch_of(ld)[start:]
+    ld.close()
+    return got
+
+
+class Counting:
+    """A batch op that counts its calls (made on the producer threads: a lock guards the count)."""
+
+    def __init__(self):
+        self.calls, self.lock = 0, threading.Lock()
+
+    def __call__(self, batch):
+        with self.lock:
+            self.calls += 1
+        return batch
+
+
+def wait_for(cond, seconds=20.0):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+@pytest.mark.parametrize("producers", [1, 3])
+def test_epochs_run_on_into_each_other_with_the_batches_of_fresh_starts(packed, producers):
+    ld = Loader(packed, producers=producers, threads=2, **KW)
+    for epoch in range(3):  # the loop leaves the loader at the next epoch; set_epoch agrees with it
+        if epoch == 1:
+            ld.set_epoch(1)
+        same(epoch_of(ld), fresh(epoch, path=packed))
+    assert ld.state_dict()["epoch"] == 3 and ld.state_dict()["batch"] == 0
+    ld.close()
+
+
+@pytest.mark.parametrize("continuous", [True, False])
+def test_the_next_epoch_is_made_while_this_one_is_consumed(packed, continuous):
+    """Each producer runs at most its queue's depth + the batch it holds ahead of the consumer:
+    2 producers × (prefetch 1 + 1) = 4 batches of the next epoch, taken up by the next
+    iteration (not made again); without `continuous` none."""
+    op = Counting()
+    ld = Loader(packed, producers=2, prefetch=1, user_op=op, continuous=continuous, **KW)
+    n, lead = len(ld), (4 if continuous else 0)
+    assert n == 5
+    for epoch in range(2):
+        same(epoch_of(ld), fresh(epoch, path=packed, user_op=Counting()))
+        want = (epoch + 1) * n + lead
+        assert wait_for(lambda: op.calls >= want), op.calls
+        time.sleep(0.3)
+        assert op.calls == want  # no more than the lead, and what was made ahead was not made again
+    ld.close()
+
+
+def test_any_other_start_discards_what_was_made_ahead(packed):
+    ld = Loader(packed, producers=2, **KW)
+    epoch_of(ld)  # epoch 0; the producers are now in epoch 1
+    ld.set_epoch(5)
+    same(epoch_of(ld), fresh(5, path=packed))
+    it = iter(ld)  # epoch 6, left after two batches
+    next(it), next(it)
+    same(epoch_of(ld), fresh(6, path=packed))  # a new iteration starts the epoch again
+    state = ld.state_dict()
+    assert state["epoch"] == 7 and state["batch"] == 0
+    it = iter(ld)
+    next(it)
+    mid = ld.state_dict()
+    ld.load_state_dict(mid)  # resume where it stands: batches 1.. of epoch 7
+    same(epoch_of(ld), fresh(7, start=1, path=packed))
+    ld.close()
+
+
+def test_resume_at_an_epoch_end_goes_on_with_the_next_epoch(packed):
+    ld = Loader(packed, producers=2, **KW)
+    it = iter(ld)
+    for _ in range(len(ld)):
+        next(it)
+    state = ld.state_dict()  # the epoch is out: the next one is where it stands
+    ld.close()
+    resumed = Loader(packed, producers=3, **KW)
+    resumed.load_state_dict(state)
+    same(epoch_of(resumed), fresh(1, path=packed))
+    resumed.close()
+
+
+def test_two_iterators_the_second_restarts_and_the_first_stops(packed):
+    ld = Loader(packed, producers=2, **KW)
+    a = iter(ld)
+    next(a)
+    b = iter(ld)  # a new start of epoch 0: the first iterator's producers are stopped
+    with pytest.raises(RuntimeError, match="stopped"):
+        next(a)
+    same(list(b), fresh(0, path=packed))
+    ld.close()
+
+
+def _loader_threads():
+    return [t for t in threading.enumerate() if t.name == "recordtool-loader"]
+
+
+def test_a_loader_dropped_after_an_epoch_stops_its_producers(packed):
+    """The producers that ran on into the next epoch hold the batcher, not the Loader: dropping
+    the Loader (no close()) collects it, and its stream's threads end."""
+    before = len(_loader_threads())
+    ld = Loader(packed, producers=3, **KW)
+    epoch_of(ld)
+    assert wait_for(lambda: len(_loader_threads()) == before + 3)  # blocked on their full queues
+    del ld
+    gc.collect()
+    assert wait_for(lambda: len(_loader_threads()) == before), _loader_threads()
+
+
+def test_continuous_is_checked(packed):
+    from recordtool.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="continuous"):
+        Loader(packed, batch_size=8, continuous="yes")
