@@ -368,7 +368,7 @@ def verify(root, decode, threads, cache_dir, cache_limit, quiet):
 @click.option("--baseline/--no-baseline", default=True, show_default=True, help="Run the Pillow baseline.")
 @click.option("--train", "train_arch", default=None, metavar="ARCH",
               help="Train this torchvision model (resnet50, resnet18, …) with each pipeline instead: "
-                   "synthetic, the Loader, DALI and torchvision on --dali-files (recordtool.train_bench).")
+                   "synthetic, the Loader, DALI and torchvision on --dali-files (recordtool.tools.train_bench).")
 @click.option("--steps", type=click.IntRange(1, 100000), default=50, show_default=True,
               help="--train: timed steps per run (after 15 warm-up steps).")
 @click.option("--repeats", type=click.IntRange(1, 100), default=3, show_default=True,
@@ -395,11 +395,11 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
     data, the Loader, DALI and torchvision's DataLoader (the last two on --dali-files) in turn,
     each --repeats times; img/s, ratios to synthetic and DALI, the host's wait per step.
     """
-    from . import plots
-    from .bench import run, table
+    from .tools import plots
+    from .tools.bench import run, table
 
     if train_arch is not None:
-        from . import train_bench
+        from .tools import train_bench
 
         names = [p for p in pipelines.split(";") if p]
         if dali_files is None:
@@ -462,8 +462,8 @@ def tune(src, images, seed, sides, qualities, min_psnr, device, batch_size, epoc
     outputs with Pillow's from the original files under the same windows (PSNR, SSIM). Prints
     a table and the fastest candidate within --min-psnr; `pack --preset` names measured settings.
     """
-    from . import plots
-    from .tune import candidates, gpu_available, run, table
+    from .tools import plots
+    from .tools.tune import candidates, gpu_available, run, table
 
     if plot_path:
         plots.require()  # before the measurement, not after it

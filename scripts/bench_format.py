@@ -32,7 +32,7 @@ from recordtool.pack import pack  # noqa: E402
 
 
 def best(fn, repeat=3):
-    from recordtool.bench import best_of
+    from recordtool.tools.bench import best_of
 
     return best_of(fn, repeat)
 

@@ -29,8 +29,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import recordtool  # noqa: E402
-from recordtool import peers  # noqa: E402
-from recordtool.bench import loader_epochs  # noqa: E402
+from recordtool.tools import peers  # noqa: E402
+from recordtool.tools.bench import loader_epochs  # noqa: E402
 from recordtool.decode import random_windows  # noqa: E402
 from recordtool.decode.gpu import device_memory_used, hardware_decodable  # noqa: E402
 

@@ -13,7 +13,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import recordtool  # noqa: E402
-from recordtool.user_ops import Cutout, RandomGrayscale  # noqa: E402
+from recordtool.ops.batch import Cutout, RandomGrayscale  # noqa: E402
 
 
 def rss_mb():

@@ -156,11 +156,11 @@ if has train && fits train 150; then
   done
 fi
 if has trainbench && fits trainbench 150; then
-  # end-to-end training throughput (recordtool.train_bench): each TRAIN_CONFIGS entry arch:batch
+  # end-to-end training throughput (recordtool.tools.train_bench): each TRAIN_CONFIGS entry arch:batch
   for cfg in ${TRAIN_CONFIGS:-resnet18:512 resnet50:256}; do
     a=${cfg%%:*}; b=${cfg##*:}
     fits "trainbench $a" 60 || break
-    one_gpu timeout ${TRAIN_TIMEOUT:-300} python3 -m recordtool.train_bench ${TRAIN_DATA:-/tmp/bench-packed} --files /tmp/bench \
+    one_gpu timeout ${TRAIN_TIMEOUT:-300} python3 -m recordtool.tools.train_bench ${TRAIN_DATA:-/tmp/bench-packed} --files /tmp/bench \
       --arch "$a" --batch "$b" --repeats ${TRAIN_REPEATS:-3} --steps ${TRAIN_STEPS:-50} --warmup ${TRAIN_WARMUP:-15} \
       --pipelines "${TRAIN_PIPELINES:-synthetic;recordtool;synthetic+recordtool;dali;torchvision}" ${TRAIN_ARGS:-} \
       --json "$OUT/train_bench_${a}_${b}${TRAIN_TAG:-}.json" > "$OUT/train_bench_${a}_${b}${TRAIN_TAG:-}.log" 2>&1
@@ -168,7 +168,7 @@ if has trainbench && fits trainbench 150; then
 fi
 if has traincpu && fits traincpu 60; then
   # the CPU form on 2 of the cores (the dev machine's shape): a consumer spending CPU_MS of CPU per batch of 128
-  taskset -c 0-1 timeout 240 python3 -m recordtool.train_bench /tmp/bench-packed --files /tmp/bench --device cpu \
+  taskset -c 0-1 timeout 240 python3 -m recordtool.tools.train_bench /tmp/bench-packed --files /tmp/bench --device cpu \
     --batch 128 --size 224 --threads 2 --consumer-ms ${CPU_MS:-60} --repeats ${TRAIN_REPEATS:-3} --steps ${CPU_STEPS:-20} \
     --warmup 4 --pipelines "${CPU_PIPELINES:-synthetic;recordtool;dali}" --json "$OUT/train_bench_cpu2.json" \
     > "$OUT/train_bench_cpu2.log" 2>&1
@@ -178,7 +178,7 @@ if has trainddp && fits trainddp 120; then
   G=${GPUS:-$NGPU}
   for g in 1 "$G"; do
     taskset -c 0-$((CPG * g - 1)) timeout 300 python3 -m torch.distributed.run --standalone --nproc_per_node=$g \
-      -m recordtool.train_bench ${TRAIN_DATA:-/tmp/bench-packed} --files /tmp/bench --ddp --arch ${DDP_ARCH:-resnet18} \
+      -m recordtool.tools.train_bench ${TRAIN_DATA:-/tmp/bench-packed} --files /tmp/bench --ddp --arch ${DDP_ARCH:-resnet18} \
       --batch ${DDP_BATCH:-512} --repeats ${TRAIN_REPEATS:-2} --steps ${TRAIN_STEPS:-50} --warmup ${TRAIN_WARMUP:-15} \
       --pipelines "${DDP_PIPELINES:-synthetic;recordtool;dali}" --json "$OUT/train_ddp_$g.json" > "$OUT/train_ddp_$g.log" 2>&1
     [ "$g" = "$G" ] && break

@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from recordtool import _native  # noqa: E402
 from recordtool.decode import decode_crop_resize, random_windows  # noqa: E402
 from recordtool.decode import reference as R  # noqa: E402
-from recordtool.fidelity import psnr as _psnr  # noqa: E402
+from recordtool.tools.fidelity import psnr as _psnr  # noqa: E402
 from recordtool.format.jpeg import probe  # noqa: E402
 
 

@@ -6,7 +6,7 @@ import sys
 from PIL import Image
 
 from conftest import jpeg_bytes, write
-from recordtool import peers
+from recordtool.tools import peers
 from recordtool.pack import pack
 
 

@@ -446,7 +446,7 @@ def test_cuda_keyed_user_op_same_for_any_producers_and_normalised_by_the_kernel(
     op returns is normalised by the resize kernel at 1:1 into the output ring — the same values
     as normalising it on the host."""
     from recordtool.loader import Loader
-    from recordtool.user_ops import Cutout
+    from recordtool.ops.batch import Cutout
 
     kw = dict(batch_size=8, size=48, seed=2, split="gpu", as_torch=False, dtype="float32", layout="NCHW",
               user_op=Cutout(16))

@@ -9,7 +9,7 @@ import recordtool
 from conftest import jpeg_bytes, write
 from recordtool.loader import BatchKeys, Loader
 from recordtool.pack import pack
-from recordtool.user_ops import Cutout, RandomGrayscale
+from recordtool.ops.batch import Cutout, RandomGrayscale
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import jpeg_bytes, write
-from recordtool import user_ops
+from recordtool.ops import batch as user_ops
 from recordtool.decode import cpu, decode_crop_resize, normalize, random_flips, random_windows
 from recordtool.decode.cpu import NativeOp, apply_op, apply_op_reference
 from recordtool.decode.ops import mirror
@@ -233,7 +233,7 @@ _NO_NUMBA = textwrap.dedent("""
     import numpy as np
     import recordtool, recordtool.ops
     from recordtool.errors import OpCompileError
-    from recordtool.user_ops import Cutout
+    from recordtool.ops.batch import Cutout
     ld = recordtool.Loader(sys.argv[1], batch_size=4, size=16, user_op=Cutout(8), as_torch=False)
     x, _ = next(iter(ld))
     assert x.shape == (4, 3, 16, 16)

@@ -80,7 +80,7 @@ def test_api_edges_raise_option_error(src, tmp_path):
     from recordtool.pack import pack
     from recordtool.pack.transcode import Transcode
     from recordtool.sources.imagefolder import ImageFolderSource
-    from recordtool.tune import Candidate, run
+    from recordtool.tools.tune import Candidate, run
 
     assert issubclass(OptionError, RecordtoolError) and issubclass(OptionError, ValueError)
     for kw in ({"max_side": -5}, {"max_side": 0}, {"quality": 0}, {"quality": 101}, {"max_side": 2.5}):

@@ -7,8 +7,8 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import photo_like
-from recordtool import fidelity, plots
-from recordtool.tune import recommend, table
+from recordtool.tools import fidelity, plots
+from recordtool.tools.tune import recommend, table
 
 
 def _row(name, side, q, psnr, per_cpu, wall=None):

@@ -1,4 +1,4 @@
-"""`recordtool bench --train` (recordtool.train_bench) in its CPU form on a tiny dataset: every
+"""`recordtool bench --train` (recordtool.tools.train_bench) in its CPU form on a tiny dataset: every
 pipeline runs through the CLI, the table and JSON report what was measured, a failing pipeline
 is reported as failed (never as a number), and the per-thread CPU accounting adds up."""
 import json
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import jpeg_bytes, write
-from recordtool import peers, train_bench
+from recordtool.tools import peers, train_bench
 from recordtool.pack import pack
 
 
@@ -81,7 +81,7 @@ def test_ddp_form_two_ranks_on_cpu(data, tmp_path):
     once per epoch across ranks, and a mid-epoch resume is identical on each rank."""
     pytest.importorskip("torch")
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                        "-m", "recordtool.train_bench", str(data / "out"), "--ddp", "--device", "cpu", "--arch",
+                        "-m", "recordtool.tools.train_bench", str(data / "out"), "--ddp", "--device", "cpu", "--arch",
                         "tiny", "--size", "32", "--batch", "4", "--steps", "3", "--warmup", "1", "--repeats", "1",
                         "--threads", "1", "--pipelines", "synthetic;recordtool", "--json", str(tmp_path / "d.json")],
                        capture_output=True, text=True, timeout=600)

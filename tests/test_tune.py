@@ -10,10 +10,10 @@ from click.testing import CliRunner
 import recordtool
 from conftest import jpeg_bytes, photo_like, write
 from recordtool.cli import main
-from recordtool.fidelity import PSNR_CAP, gaussian_window, psnr, ssim, ssim_numpy
+from recordtool.tools.fidelity import PSNR_CAP, gaussian_window, psnr, ssim, ssim_numpy
 from recordtool.pack.transcode import SPEED_PRESETS, Transcode
 from recordtool.sources.imagefolder import ImageFolderSource
-from recordtool.tune import Candidate, SampleSource, candidates, preset_of, recommend, run
+from recordtool.tools.tune import Candidate, SampleSource, candidates, preset_of, recommend, run
 
 
 # ---------------------------------------------------------------- fidelity

@@ -4,7 +4,7 @@ the GIL), and as one CUDA kernel launch per batch on the GPU. Pass one as `Loade
 
 Write one by subclassing `ImageOp` (see recordtool.ops.base and the examples). Numba is the
 optional extra `recordtool[numba]`, imported only when an op is first compiled; batch ops
-(recordtool.user_ops) need none of this.
+(recordtool.ops.batch) need none of this.
 """
 from .base import ImageOp, ReferenceOp
 from .examples import ColorJitter, Cutout, RandomGrayscale

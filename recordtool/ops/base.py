@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..user_ops import KeyedOp, _xp
+from .batch import KeyedOp, _xp
 
 
 class ImageOp(KeyedOp):

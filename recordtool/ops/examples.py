@@ -1,4 +1,4 @@
-"""Three compiled per-image ops: RandomGrayscale, Cutout (the batch examples of user_ops, per
+"""Three compiled per-image ops: RandomGrayscale, Cutout (the batch examples of ops.batch, per
 image) and ColorJitter (brightness, contrast, saturation) — what a user writes with `ImageOp`.
 
 All three use integer arithmetic only (luma and factors in fixed point), so the Numba function,
@@ -23,7 +23,7 @@ def _luma(batch: np.ndarray) -> np.ndarray:
 
 class RandomGrayscale(ImageOp):
     """With probability p, an image becomes its luma in all 3 channels (Pillow's integer ITU-R
-    601 luma; user_ops.RandomGrayscale rounds a float32 luma instead: at most 1 level apart).
+    601 luma; batch.RandomGrayscale rounds a float32 luma instead: at most 1 level apart).
 
     Args:
         p: probability per image.
@@ -76,7 +76,7 @@ extern "C" __global__ void rt_grayscale(unsigned char* batch, int n, int h, int 
 
 class Cutout(ImageOp):
     """Zero one size×size square per image, centre uniform over the image (DeVries & Taylor),
-    clipped at the edges — the draws of user_ops.Cutout, so the same squares (here before the
+    clipped at the edges — the draws of batch.Cutout, so the same squares (here before the
     mirror: a flipped image's square is mirrored with it).
 
     Args:

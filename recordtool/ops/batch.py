@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .decode.windows import uniforms
+from ..decode.windows import uniforms
 
 
 def _xp(batch):

@@ -14,10 +14,10 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from .decode import random_windows
-from .decode.ops import IMAGENET_MEAN, IMAGENET_STD
-from .datasets import open_dataset
-from .reader import Dataset
+from ..decode import random_windows
+from ..decode.ops import IMAGENET_MEAN, IMAGENET_STD
+from ..datasets import open_dataset
+from ..reader import Dataset
 
 DALI_LOADS = (0.65, 0.75, 0.9)  # hw_decoder_load values tried; the best is reported
 
@@ -166,7 +166,7 @@ def dali_best(source, device: str, batch: int, threads: int, epochs: int = 2, de
 def jpeg_files(folder: str) -> list:
     """(path, label) of the JPEG files of an ImageNet-style folder, by their FF D8 magic (what
     DALI's decoders take), labels as ImageFolder gives them."""
-    from .sources.imagefolder import ImageFolderSource
+    from ..sources.imagefolder import ImageFolderSource
 
     src = ImageFolderSource(folder)
     out = []

@@ -232,7 +232,7 @@ def _synthetic(batch: int, size: int, device: str):
 
 
 def _loader(packed: str, batch: int, size: int, device: str, options: dict):
-    from .loader import Loader
+    from ..loader import Loader
 
     kw = dict(batch_size=batch, size=size, device=device, dtype="float16" if device == "cuda" else "float32",
               as_torch=device == "cuda")
@@ -316,7 +316,7 @@ def _torchvision(files: str, batch: int, size: int, threads: int):
     import torch
     from torchvision import datasets, transforms
 
-    from .decode.ops import IMAGENET_MEAN, IMAGENET_STD
+    from ..decode.ops import IMAGENET_MEAN, IMAGENET_STD
 
     tf = transforms.Compose([transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip(),
                              transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
@@ -505,7 +505,7 @@ def resume_matches(packed: str, epoch: int, **kw) -> tuple:
     """A Loader(packed, **kw) stopped a third into `epoch`, its state_dict loaded into a new
     Loader: (the batches equal an uninterrupted run's, batches in the epoch, batches before
     the stop). kw must include with_ids=True and a bit-identical split."""
-    from .loader import Loader
+    from ..loader import Loader
 
     def run(limit=None, state=None):
         ld = Loader(packed, **kw)
@@ -537,7 +537,7 @@ def ddp_run(packed: str, files: str | None, arch: str, size: int | None, batch: 
     import torch
     import torch.distributed as dist
 
-    from .loader import Loader
+    from ..loader import Loader
 
     cuda = device == "cuda"
     local = int(os.environ.get("LOCAL_RANK", 0))

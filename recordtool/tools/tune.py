@@ -9,7 +9,7 @@ same windows: windows are drawn in the original image's pixels (`random_windows`
 sample position) and scaled with the image for a shrunk record; the candidate's crops come from
 the CPU decoder the Loader runs (`decode_crop_resize`), the references from
 `decode.reference.truth` (Pillow decode → crop → resize) on the original bytes. PSNR and SSIM
-(`recordtool.fidelity`), median and 5th percentile over the sample. Speed is the median over
+(`recordtool.tools.fidelity`), median and 5th percentile over the sample. Speed is the median over
 the timed epochs, with their spread: images per CPU-second for the CPU Loader (stable when
 other work shares the cores), images per second for the GPU Loader. The recommendation: among
 candidates with median PSNR ≥ `min_psnr`, those within the fastest one's spread, then the most
@@ -26,12 +26,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .decode import cpu, random_windows, reference
-from .checks import MAX_BATCH, MAX_EPOCHS, MAX_SEED, MAX_SIDE, MAX_THREADS, bounded_float, bounded_int
-from .errors import RecordtoolError
-from .util import cores
+from ..decode import cpu, random_windows, reference
+from ..checks import MAX_BATCH, MAX_EPOCHS, MAX_SEED, MAX_SIDE, MAX_THREADS, bounded_float, bounded_int
+from ..errors import RecordtoolError
+from ..util import cores
 from .fidelity import IMPLEMENTATION, psnr, ssim
-from .pack.transcode import CONVERT_QUALITY, SPEED_PRESETS, Transcode
+from ..pack.transcode import CONVERT_QUALITY, SPEED_PRESETS, Transcode
 
 DEFAULT_SIDES = (256, 320, 384, 448, 512)
 DEFAULT_QUALITIES = (75, 85, 90, 95)
@@ -187,7 +187,7 @@ def _loader_rate(path, device: str, batch_size: int, threads: int, epochs: int, 
     """The real Loader through `bench.loader_epochs`: per timed epoch (the first warms up) images
     per wall second and per second of this process's CPU time; their medians and spreads."""
     from .bench import loader_epochs
-    from .loader import Loader
+    from ..loader import Loader
 
     ld = Loader(path, batch_size=batch_size, device=device, train=True, seed=seed, threads=threads,
                 as_torch=False, dtype="float16" if device == "cuda" else "float32")
@@ -230,8 +230,8 @@ def run(src, images: int = 1000, seed: int = 0, cands: list | None = None, min_p
         keep: keep the packs (their folder is in the result's "work_dir").
         progress: print a line per candidate.
     """
-    from .pack import pack
-    from .reader import Dataset
+    from ..pack import pack
+    from ..reader import Dataset
 
     images = bounded_int("images", images, 1)
     seed = bounded_int("seed", seed, 0, MAX_SEED)
@@ -243,7 +243,7 @@ def run(src, images: int = 1000, seed: int = 0, cands: list | None = None, min_p
     size = bounded_int("size", size, 1, cpu.MAX_SIDE)
     cands = list(cands) if cands else candidates()
     if isinstance(src, (str, os.PathLike)):
-        from .sources.imagefolder import ImageFolderSource
+        from ..sources.imagefolder import ImageFolderSource
 
         source = ImageFolderSource(os.fspath(src))
     else:

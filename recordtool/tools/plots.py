@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .errors import RecordtoolError
+from ..errors import RecordtoolError
 
 OURS, PEER, BASE = "#3465a4", "#ce5c00", "#888a85"
 

@@ -1,6 +1,6 @@
 """`recordtool bench`: throughput per stage and end to end of the code users run — the `Loader`
 — on the user's data, with DALI and a Pillow baseline measured in the same run on the same
-images, batch and threads (recordtool.peers)."""
+images, batch and threads (recordtool.tools.peers)."""
 from __future__ import annotations
 
 import resource
@@ -9,12 +9,12 @@ import time
 import numpy as np
 
 from . import peers
-from .decode import decode_crop_resize, random_windows
-from .util import cores
-from .loader import Loader
-from .loader.device import parse_device, resolve
+from ..decode import decode_crop_resize, random_windows
+from ..util import cores
+from ..loader import Loader
+from ..loader.device import parse_device, resolve
 from .peers import best_of, pil_rrc_rate  # noqa: F401  (scripts import them from here)
-from .datasets import open_dataset
+from ..datasets import open_dataset
 
 
 def loader_epochs(ld: Loader, epochs: int, images: int | None = None) -> dict:
@@ -66,14 +66,15 @@ OPS = ("grayscale", "cutout", "jitter")
 
 def bench_ops(name: str):
     """(compiled per-image op, the same op as a batch op) for `--op`: grayscale — RandomGrayscale(0.2),
-    cutout — Cutout(56) (batch ops: recordtool.user_ops'), jitter — ColorJitter(0.4, 0.4, 0.4)
+    cutout — Cutout(56) (batch ops: recordtool.ops.batch'), jitter — ColorJitter(0.4, 0.4, 0.4)
     (batch op: its NumPy reference on the whole batch)."""
-    from . import ops, user_ops
+    from .. import ops
+    from ..ops import batch as batch_ops
 
     if name == "grayscale":
-        return ops.RandomGrayscale(0.2), user_ops.RandomGrayscale(0.2)
+        return ops.RandomGrayscale(0.2), batch_ops.RandomGrayscale(0.2)
     if name == "cutout":
-        return ops.Cutout(56), user_ops.Cutout(56)
+        return ops.Cutout(56), batch_ops.Cutout(56)
     if name == "jitter":
         op = ops.ColorJitter(0.4, 0.4, 0.4)
         return op, ops.ReferenceOp(op)
@@ -120,8 +121,8 @@ def fused_pass_cost(ds, op, seed: int, n: int = 256, repeat: int = 3) -> dict:
     mirror → normalize, `decode_crop_resize_normalize`) on one thread, with and without the
     compiled op, alternated `repeat` times (best of each): the thread's own CPU time, which
     other processes on the machine change much less than they change a rate."""
-    from .decode.cpu import apply_op, decode_crop_resize, decode_crop_resize_normalize
-    from .loader.recipe import Recipe
+    from ..decode.cpu import apply_op, decode_crop_resize, decode_crop_resize_normalize
+    from ..loader.recipe import Recipe
 
     ids = ds.sampler(seed=seed).indices(0)[:n]
     b = Recipe(ds, True, 224, seed).inputs(ids, 0)
