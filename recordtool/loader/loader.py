@@ -105,7 +105,8 @@ class Loader:
             start from idle producers; the next `iter(loader)` takes them up when it starts
             where the stream stands (the next epoch, batch 0), any other start (set_epoch to
             another epoch, load_state_dict, a loop left early) discards them. False: nothing is
-            made before it is asked for (each epoch starts from idle producers).
+            made before it is asked for (each epoch starts from idle producers). Not for a
+            dataset URL: its shard cache follows one epoch's block plan at a time.
         threads: CPU decode threads (default: cores).
         user_op: op(batch) or KeyedOp op(batch, keys) on each uint8 NHWC batch before
             normalisation (numpy on CPU, CuPy on GPU); returns the batch. Or a compiled per-image
@@ -179,6 +180,8 @@ class Loader:
             raise ConfigError(f"rank {self.rank} not in [0, world_size={self.world_size})")
         self.sampler = self.ds.sampler(seed=self.seed, rank=self.rank, world_size=self.world_size,
                                        drop_last=self.drop_last, shuffle=self.shuffle, block_shards=block_shards)
+        if getattr(self.sampler, "on_plan", None) is not None:  # a remote dataset's cache plans one epoch
+            self.continuous = False
         share = len(self.sampler)
         if self.drop_last and share < self.batch_size:
             raise ConfigError(f"batch_size {self.batch_size} is more than the {share} records of this rank's share "
