@@ -1121,3 +1121,19 @@ def test_cuda_loader_bfloat16_channels_last_and_device_spellings(packed_mix):
     assert big.ring.shape[0] == 41 and len([x for x, _ in big]) == 1  # the ring holds the rank's share
     with pytest.raises(DeviceUnavailable, match="sees"):
         Loader(packed_mix, device=f"cuda:{_ngpu}", batch_size=8)
+
+
+@gpu
+def test_host_wait_policy_switch_sets_and_restores_the_context_flags(monkeypatch):
+    """RECORDTOOL_GPU_SCHEDULE (a measurement switch): the context's scheduling flags follow it."""
+    from recordtool.loader.gpu import host_wait_policy
+
+    monkeypatch.delenv("RECORDTOOL_GPU_SCHEDULE", raising=False)
+    assert host_wait_policy(0) is None  # unset: the context is left as it is
+    try:
+        assert host_wait_policy(0, "block") & 0x7 == 4
+        assert host_wait_policy(0, "spin") & 0x7 == 1
+    finally:
+        assert host_wait_policy(0, "auto") & 0x7 == 0
+    with pytest.raises(ValueError, match="RECORDTOOL_GPU_SCHEDULE"):
+        host_wait_policy(0, "fast")

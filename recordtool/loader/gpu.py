@@ -16,6 +16,34 @@ from .cpu import call_user_op, image_op
 from .recipe import Made, Recipe
 
 
+_SCHEDULES = {"auto": 0, "spin": 1, "yield": 2, "block": 4}  # CU_CTX_SCHED_*
+
+
+def host_wait_policy(gpu_id: int, mode: str | None = None) -> int | None:
+    """RECORDTOOL_GPU_SCHEDULE=auto|spin|yield|block, for measurements only: how every host
+    thread of this process waits for the GPU's context (cuCtxSetFlags: the CUDA scheduling
+    policy, process-wide — the training loop's waits too, which is why no default sets it).
+    Returns the context's flags after the call, None when the variable is unset."""
+    mode = os.environ.get("RECORDTOOL_GPU_SCHEDULE") if mode is None else mode
+    if mode is None:
+        return None
+    if mode not in _SCHEDULES:
+        raise ValueError(f"RECORDTOOL_GPU_SCHEDULE must be one of {', '.join(_SCHEDULES)}, not {mode!r}")
+    import ctypes
+
+    import cupy
+
+    with cupy.cuda.Device(gpu_id):
+        cupy.cuda.runtime.free(0)  # the device's primary context is current on this thread
+        lib = ctypes.CDLL("libcuda.so.1")
+        rc = lib.cuCtxSetFlags(ctypes.c_uint(_SCHEDULES[mode]))
+        flags = ctypes.c_uint(0)
+        rc = rc or lib.cuCtxGetFlags(ctypes.byref(flags))
+        if rc:
+            raise RuntimeError(f"cuCtxSetFlags / cuCtxGetFlags failed with CUDA error {rc}")
+        return flags.value
+
+
 class GPUBatcher:
     """Makes the batches of a cuda Loader.
 
@@ -51,6 +79,7 @@ class GPUBatcher:
             with cupy.cuda.Device(gpu_id):
                 op_kernel(self.image_op)  # compile now: a refused kernel fails the Loader, not a batch
         self.max_batch = max_batch
+        host_wait_policy(gpu_id)
         # native threads of each decoder's CPU share: the cores left by the producers, shared out.
         # Measured on the H200 (BENCHMARKS.md): every core per producer's pool (64 threads on 16
         # cores) ran 15-25 % slower than this, 8 per pool ~13 % slower.
