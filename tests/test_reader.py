@@ -101,3 +101,22 @@ def test_block_sampler_shuffles_by_seed_and_epoch():
     assert len(set(first.tolist())) == 2 and (np.diff(first) != 0).sum() > 10
     with pytest.raises(ValueError):
         BlockSampler(shard_of, 10, 0)
+
+
+def test_jpeg_views_are_the_records_bytes(tmp_path):
+    """Dataset.jpeg_views(ids) (a batch's bytes, columns gathered once) = [ds[i][0] for i in ids],
+    negative ids too; an id out of range is an IndexError naming it."""
+    import recordtool
+    from conftest import jpeg_bytes, write
+    from recordtool.pack import pack
+
+    for i in range(12):
+        write(str(tmp_path / "src" / f"c{i % 2}" / f"{i}.jpg"), jpeg_bytes(40 + i, 32, seed=i))
+    pack(str(tmp_path / "src"), str(tmp_path / "out"), shards=3, progress=False)
+    ds = recordtool.open(str(tmp_path / "out"))
+    ids = np.array([11, 0, 5, 5, -1, 3], np.int64)
+    views = ds.jpeg_views(ids)
+    assert [bytes(v) for v in views] == [bytes(ds[int(i)][0]) for i in ids]
+    assert all(isinstance(v, memoryview) for v in views) and ds.jpeg_views([]) == []
+    with pytest.raises(IndexError, match="record 12 out of range"):
+        ds.jpeg_views([1, 12])

@@ -52,7 +52,7 @@ class Recipe:
     def inputs(self, ids: np.ndarray, epoch: int) -> BatchInputs:
         ix = self.ds.index
         ds = self.ds
-        buffers = [ds[int(i)][0] for i in ids]
+        buffers = ds.jpeg_views(ids)
         w, h = ix.width[ids], ix.height[ids]
         if self.train:
             win = random_windows(w, h, ids, self.seed, epoch)
