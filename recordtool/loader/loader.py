@@ -114,7 +114,7 @@ class Loader:
             on each image after the resize, before mirror and normalize (on cuda: its CUDA
             kernel, one launch per batch); compiled here, OpCompileError if it cannot be.
         as_torch: torch tensors (DLPack on the GPU); default: when torch imports.
-        producers: producer threads (default 2 on CPU, 4 on cuda).
+        producers: producer threads (default 2).
         with_ids: also yield each batch's sample ids.
         split: cuda only — how the engines' images are shared with the CPU: "auto" (measured
             rates; an image may be decoded by engines in one run and libjpeg in another, see
@@ -158,10 +158,11 @@ class Loader:
         self.prefetch = _count(prefetch, "prefetch", 1)
         self.continuous = _flag(continuous, "continuous")
         self.threads = cores() if threads is None else _count(threads, "threads", 1)
-        # producer threads, batches dealt round-robin and handed out in order. On the GPU several
-        # keep the NVJPG engines fed while one stages the next batch (BENCHMARKS.md: 4 best); on
-        # the CPU two, so one's Python work and user op overlap the other's decode on the pool.
-        self.producers = (4 if dev.type == "cuda" else 2) if producers is None else _count(producers, "producers", 1)
+        # producer threads, batches dealt round-robin and handed out in order: two, so one's
+        # Python work (and user op) overlaps the other's decode. On the GPU, measured in training
+        # with epochs running into each other (BENCHMARKS.md), 4 producers took twice the
+        # producers' CPU for the same rate and cost the training loop more than 2.
+        self.producers = 2 if producers is None else _count(producers, "producers", 1)
         if dev.type == "cuda":
             split = check_split(split)
         self.chroma = chroma = check_chroma(DEFAULT_CHROMA if chroma is None else chroma)
