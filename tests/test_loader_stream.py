@@ -137,19 +137,20 @@ def test_two_iterators_the_second_restarts_and_the_first_stops(packed):
 
 
 def _loader_threads():
-    return [t for t in threading.enumerate() if t.name == "recordtool-loader"]
+    return {t for t in threading.enumerate() if t.name == "recordtool-loader"}
 
 
 def test_a_loader_dropped_after_an_epoch_stops_its_producers(packed):
     """The producers that ran on into the next epoch hold the batcher, not the Loader: dropping
     the Loader (no close()) collects it, and its stream's threads end."""
-    before = len(_loader_threads())
+    before = _loader_threads()  # other tests' loaders may still be ending: only new threads count
     ld = Loader(packed, producers=3, **KW)
     epoch_of(ld)
-    assert wait_for(lambda: len(_loader_threads()) == before + 3)  # blocked on their full queues
+    mine = _loader_threads() - before
+    assert len(mine) == 3 and all(t.is_alive() for t in mine)  # blocked on their full queues
     del ld
     gc.collect()
-    assert wait_for(lambda: len(_loader_threads()) == before), _loader_threads()
+    assert wait_for(lambda: not any(t.is_alive() for t in mine)), mine
 
 
 def test_continuous_is_checked(packed):
