@@ -979,17 +979,20 @@ def test_nvjpeg_region_planes_are_the_whole_images_planes(layout):
         nc, css, ws, hsz = d.image_info(view.ctypes.data, len(view))
         gray = lay == "gray"
 
-        def decode(roi, pw, ph):
+        def decode(roi, pw, ph, native=True):
             cc, cr = (chroma_dims([roi], hs, vs) if roi is not None else ((ws[1],), (hsz[1],)))
             shapes = [(ph, pw)] + ([] if gray else [(cr[0], cc[0])] * 2)
-            planes = [cupy.full((r + 2, c + 16), 7, np.uint8) for r, c in shapes]
+            # region pitches, in buffers big enough for the whole planes (a decoder ignoring the
+            # region writes inside them)
+            room = (hsz[0] + 2) * (ws[0] + 16)
+            planes = [cupy.full(room, 7, np.uint8)[: (r + 2) * (c + 16)].reshape(r + 2, c + 16) for r, c in shapes]
             ptrs = [p.data.ptr for p in planes] + [planes[0].data.ptr] * (3 - len(planes))
             pitches = [p.shape[1] for p in planes] + [planes[0].shape[1]] * (3 - len(planes))
             if hybrid:
                 d.decode_planes(pin.ptr, len(view), ptrs, pitches, gray, roi)
             else:
                 d.decode_planes([pin.ptr], [len(view)], [ptrs], [pitches], stream.ptr,
-                                None if roi is None else [roi])
+                                None if roi is None else [roi], native=native)
             stream.synchronize()
             return [cupy.asnumpy(p)[:r, :c] for p, (r, c) in zip(planes, shapes)]
 
@@ -999,6 +1002,8 @@ def test_nvjpeg_region_planes_are_the_whole_images_planes(layout):
         for roi in rois:
             rx, ry, rw, rh = (int(v) for v in roi)
             got = decode((rx, ry, rw, rh), rw, rh)
+            if not hybrid and rx == 0:  # the ctypes loop, the native submission's reference
+                assert all(np.array_equal(a, b) for a, b in zip(got, decode((rx, ry, rw, rh), rw, rh, False)))
             assert np.array_equal(got[0], whole[0][ry:ry + rh, rx:rx + rw]), (layout, w, h, roi, "Y")
             for c in (1, 2)[: 0 if gray else 2]:
                 want = whole[c][ry // vs:ry // vs + got[c].shape[0], rx // hs:rx // hs + got[c].shape[1]]
@@ -1033,6 +1038,8 @@ def test_windowed_interpolate_is_whole_image_interpolate(monkeypatch, split):
         dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=len(bufs), split=split,
                          chroma="interpolate")
         assert dec.planar_roi == (mode == "roi")
+        if mode == "roi":  # both decoders passed the region probe (probe.py) on this machine
+            assert dec.planar_regions == {"engines": True, "hybrid": True}, dec.planar_regions
         outs.append(cupy.asnumpy(dec(bufs, win, flips, _hw(bufs))))
         if split == "gpu":
             assert dec.last.cpu == 0 and not dec.last.errors, dec.last

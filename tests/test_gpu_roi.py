@@ -275,6 +275,7 @@ def _decoder_without_gpu(buffers, planar_roi):
     buf.reserve = lambda staging, arena: None
     dec = GPUDecoder.__new__(GPUDecoder)
     dec.buf, dec.size, dec.planar_roi, dec.hw, dec.hybrid = buf, (224, 224), planar_roi, _Headers(buffers), None
+    dec.planar_regions = {"engines": planar_roi, "hybrid": planar_roi}
     return dec
 
 
@@ -290,8 +291,9 @@ def test_planar_placement_plans_regions_and_refuses_what_the_kernel_does_not_tak
             b"\xff\xd8 not a jpeg \xff\xd9", _jpeg(40, 30, "gray", 5), _jpeg(50, 40, "420", 6)]
     win = np.array([[10, 20, 200, 250], [0, 0, 48, 64], [8, 16, 1, 1], [0, 0, 30, 40], [0, 0, 8, 8], [3, 4, 20, 20],
                     [0, 0, 41, 50]], np.float64)  # the last: a window the header (40 rows) does not hold
-    for planar_roi in (True, False):
+    for planar_roi, engines_regions in ((True, True), (False, False), (True, False)):
         dec = _decoder_without_gpu(bufs, planar_roi)
+        dec.planar_regions["engines"] = engines_regions  # (True, False): engines whole, hybrid regions
         plan = Plan(engine=np.array([0, 1, 2, 3, 6]), hybrid=np.array([4, 5]), cpu=np.zeros(0, np.int64), forced=0)
         places, refused = dec._place_planar(bufs, win, plan)
         assert sorted(refused) == [3, 4, 6] and plan.engine.tolist() == [0, 1, 2] and plan.hybrid.tolist() == [5]
@@ -299,7 +301,8 @@ def test_planar_placement_plans_regions_and_refuses_what_the_kernel_does_not_tak
         for i, (w, h, code) in {0: (333, 251, 2), 1: (64, 48, 1), 2: (17, 9, 0), 5: (40, 30, 6)}.items():
             planes, pitches, gray, roi = places[i]
             hs, vs = SUBSAMPLING[code]
-            want = tuple(plan_rois(win[i:i + 1], [w], [h], [code], (224, 224))[0]) if planar_roi else None
+            regions = engines_regions if i in (0, 1, 2) else planar_roi
+            want = tuple(plan_rois(win[i:i + 1], [w], [h], [code], (224, 224))[0]) if regions else None
             assert roi == want and gray == (code == 6)
             rx, ry, rw, rh = want or (0, 0, w, h)
             assert (s["ox"][i], s["oy"][i], s["rw"][i], s["rh"][i], s["pitch"][i]) == (rx, ry, w, h, rw)
@@ -310,3 +313,62 @@ def test_planar_placement_plans_regions_and_refuses_what_the_kernel_does_not_tak
                 (cc,), (cr,) = chroma_dims([(rx, ry, rw, rh)], hs, vs)
                 assert (s["cw"][i], s["ch"][i]) == chroma_size(w, h, hs, vs) and pitches[1] == pitches[2] == cc
                 assert planes[1] - planes[0] >= rw * rh and planes[2] - planes[1] >= cc * cr
+
+
+class _HostArray(np.ndarray):
+    """A host array standing in for a CuPy one: `.data.ptr` is its address."""
+
+    @property
+    def data(self):
+        return type("Ptr", (), {"ptr": self.ctypes.data})()
+
+
+class _HostCupy:
+    @staticmethod
+    def full(shape, value, dtype):
+        return np.full(shape, value, dtype).view(_HostArray)
+
+    @staticmethod
+    def asnumpy(a):
+        return np.array(a)
+
+
+def _write(ptr, pitch, plane):
+    for r, row in enumerate(np.ascontiguousarray(plane)):
+        ctypes.memmove(ptr + r * pitch, row.ctypes.data, len(row))
+
+
+def _stand_in(how):
+    """decode(data, ptrs, pitches, gray, roi) writing libjpeg's planes as a decoder would: "right"
+    (a region's planes at the given pointers), "ignores" (the whole image whatever the region),
+    "offset" (the region's planes where they lie in the whole image), "raises"."""
+    from recordtool.decode.gpu import probe
+
+    def decode(data, ptrs, pitches, gray, roi):
+        if how == "raises":
+            raise RuntimeError("NVJPEG_STATUS_INVALID_PARAMETER")
+        planes = _libjpeg_planes(data)
+        code = 6 if gray else {(28, 40): 2, (56, 40): 1, (56, 80): 0}[planes[1].shape]
+        shapes = probe.plane_shapes(code, None if how == "ignores" else roi)
+        hs, vs = SUBSAMPLING[code]
+        for c, (p, (r, k)) in enumerate(zip(planes, shapes)):
+            if roi is None or how == "ignores":
+                _write(ptrs[c], pitches[c], p[:r, :k])
+                continue
+            ox, oy = (roi[0], roi[1]) if c == 0 else (roi[0] // hs, roi[1] // vs)
+            cut = p[oy:oy + r, ox:ox + k]
+            at = ptrs[c] + (oy * pitches[c] + ox if how == "offset" else 0)
+            _write(at, pitches[c], cut)
+
+    return decode
+
+
+@pytest.mark.parametrize("how", ["right", "ignores", "offset", "raises"])
+def test_region_probe_trusts_only_a_decoder_that_writes_regions_right(how):
+    """probe.check (run once per GPUDecoder): a decoder writing each region's planes where asked
+    is trusted with regions; one that ignores the region, writes it at the whole image's offset
+    or refuses it is not (its images are then decoded whole)."""
+    from recordtool.decode.gpu import probe
+
+    layouts = ("420", "422", "444", "gray", "prog420")
+    assert probe.check(_stand_in(how), layouts, _HostCupy) == (how == "right")

@@ -109,7 +109,7 @@ class DecodeBuffers:
         s["x0"][idx], s["y0"][idx], s["x1"][idx], s["y1"][idx] = 0.0, 0.0, float(w), float(h)
         s["format"][idx], s["ox"][idx], s["oy"][idx] = FMT_RGB, 0, 0
 
-    def place_planar(self, windows, idx, dims, rois=None) -> dict:
+    def place_planar(self, windows, idx, dims, rois=None, regions=None) -> dict:
         """Place the planes of each image of `idx` in the arena (growing it if this batch needs
         more than warm-up planned) and fill its sample row: the window in image pixels, FMT_YCC
         or FMT_GRAY with the chroma planes' geometry, and where its planes start (ox, oy).
@@ -124,6 +124,8 @@ class DecodeBuffers:
             rois: per position of idx, the region (x, y, w, h) to decode (gpu.roi.plan_rois:
                 x a multiple of hs, y of vs); None: whole images. A region's planes are its
                 size (chroma: roi.chroma_dims) plus what nvJPEG's plane sizes exceed libjpeg's by.
+            regions: bool per position of idx, whether its region is used (else its whole
+                image); None: all of them.
         Returns {index: ((Y, Cb, Cr) pointers, (pitches), gray, roi or None)} for the decoders."""
         s = self.samples
         d = np.asarray(dims, np.int64).reshape(len(idx), 8)
@@ -135,10 +137,11 @@ class DecodeBuffers:
         # what nvJPEG's planes exceed libjpeg's by (0 on the files seen): room for it in either mode
         sy_w, sy_h = np.maximum(d[:, 4] - w, 0), np.maximum(d[:, 5] - h, 0)
         sc_w, sc_h = np.maximum(d[:, 6] - cw, 0), np.maximum(d[:, 7] - ch, 0)
-        if rois is None:
-            r = np.stack([np.zeros_like(w), np.zeros_like(w), w, h], 1)
-        else:
-            r = np.asarray(rois, np.int64).reshape(len(idx), 4)
+        r = np.stack([np.zeros_like(w), np.zeros_like(w), w, h], 1)
+        used = np.zeros(len(idx), bool) if rois is None else \
+            (np.ones(len(idx), bool) if regions is None else np.asarray(regions, bool).reshape(len(idx)))
+        if used.any():
+            r[used] = np.asarray(rois, np.int64).reshape(len(idx), 4)[used]
         ypitch, yrows = r[:, 2] + sy_w, r[:, 3] + sy_h
         cpitch = np.where(gray, 0, -(-r[:, 2] // hs1) + sc_w)
         crows = np.where(gray, 0, -(-r[:, 3] // vs1) + sc_h)
@@ -157,7 +160,7 @@ class DecodeBuffers:
         s["hs"][idx], s["vs"][idx], s["cw"][idx], s["ch"][idx] = hs1, vs1, cw, ch
         s["ox"][idx], s["oy"][idx] = r[:, 0], r[:, 1]
         return {i: ((int(base[k]), int(cb[k]), int(cr[k])), (int(ypitch[k]), int(cpitch[k]), int(cpitch[k])),
-                    bool(gray[k]), None if rois is None else tuple(int(v) for v in r[k]))
+                    bool(gray[k]), tuple(int(v) for v in r[k]) if used[k] else None)
                 for k, i in enumerate(idx.tolist())}
 
 
