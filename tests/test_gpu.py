@@ -758,53 +758,21 @@ def test_fidelity_with_interpolated_chroma_emulated(side, subsampling):
     assert worst >= (INTERPOLATED_DB if side == 500 else 42.0), worst  # 42: the 4:4:4 floor above
 
 
-_HOST_SHIM = r"""
-#include <cmath>
-#define __device__
-#define __global__
-#define __forceinline__ inline
-#define __restrict__
-struct __half { unsigned short x; };
-inline __half __float2half_rn(float) { return __half{0}; }
-struct Dim3 { int x, y, z; };
-static Dim3 blockIdx, threadIdx, blockDim;
-"""
-_HOST_DRIVER = r"""
-extern "C" void run(const Sample* samples, int n, unsigned char* out, int W, int H) {
-    blockDim = {32, 8, 1};
-    for (int z = 0; z < n; z++)
-        for (int by = 0; by < (H + 7) / 8; by++)
-            for (int bx = 0; bx < (W + 31) / 32; bx++)
-                for (int ty = 0; ty < 8; ty++)
-                    for (int tx = 0; tx < 32; tx++) {
-                        blockIdx = {bx, by, z};
-                        threadIdx = {tx, ty, 0};
-                        resize_normalize<unsigned char, false, false>(samples, out, W, H, 0, 0, 0, 1, 1, 1);
-                    }
-}
-"""
-
-
 def test_kernel_source_built_for_the_host_matches_reference(tmp_path):
     """native/gpu_resize.cu itself (CUDA qualifiers defined away, the grid run as loops on the
     CPU) on planar samples of every layout against gpu_ref: the kernel's upsampling and colour
     arithmetic and SAMPLE_DTYPE's layout, checked without a GPU."""
     import ctypes
-    import shutil
-    import subprocess
+
+    from host_kernel import build
 
     from recordtool.decode.gpu import SAMPLE_DTYPE
-    from recordtool.decode.gpu.kernel import FMT_GRAY, FMT_RGB, FMT_YCC, _source
+    from recordtool.decode.gpu.kernel import FMT_GRAY, FMT_RGB, FMT_YCC
     from recordtool.decode.gpu_ref import chroma_size, planes_to_rgb
 
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
+    lib = build(tmp_path)
+    if lib is None:
         pytest.skip("no C++ compiler")
-    (tmp_path / "cuda_fp16.h").write_text("")
-    (tmp_path / "k.cpp").write_text(_HOST_SHIM + _source() + _HOST_DRIVER)
-    subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-I", str(tmp_path), str(tmp_path / "k.cpp"),
-                    "-o", str(tmp_path / "k.so")], check=True)
-    lib = ctypes.CDLL(str(tmp_path / "k.so"))
     rng = np.random.default_rng(11)
     cases = [("420", (61, 83)), ("422", (40, 33)), ("440", (32, 17)), ("444", (20, 31)), ("gray", (25, 19)),
              ("420", (9, 3)), ("422", (7, 4)), ("rgb", (30, 20))]

@@ -4,8 +4,6 @@ and every chroma sample libjpeg's fancy upsampling takes beside them; from a reg
 (libjpeg's whole planes cut to it, what a region decode gives) the kernel's reference and the
 kernel's own source, built for the host, give the whole-image pixels bit for bit."""
 import ctypes
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -155,47 +153,14 @@ def test_region_planes_give_the_whole_image_pixels(layout, wh):
         assert np.array_equal(got, whole[np.ix_(ys, xs)]), (layout, wh, roi)
 
 
-_HOST_SHIM = r"""
-#include <cmath>
-#define __device__
-#define __global__
-#define __forceinline__ inline
-#define __restrict__
-struct __half { unsigned short x; };
-inline __half __float2half_rn(float) { return __half{0}; }
-struct Dim3 { int x, y, z; };
-static Dim3 blockIdx, threadIdx, blockDim;
-"""
-_HOST_DRIVER = r"""
-extern "C" void run(const Sample* samples, int n, unsigned char* out, int W, int H) {
-    blockDim = {32, 8, 1};
-    for (int z = 0; z < n; z++)
-        for (int by = 0; by < (H + 7) / 8; by++)
-            for (int bx = 0; bx < (W + 31) / 32; bx++)
-                for (int ty = 0; ty < 8; ty++)
-                    for (int tx = 0; tx < 32; tx++) {
-                        blockIdx = {bx, by, z};
-                        threadIdx = {tx, ty, 0};
-                        resize_normalize<unsigned char, false, false>(samples, out, W, H, 0, 0, 0, 1, 1, 1);
-                    }
-}
-"""
-
-
 @pytest.fixture(scope="module")
 def host_kernel(tmp_path_factory):
-    """native/gpu_resize.cu built for the host (CUDA qualifiers defined away, the grid as loops)."""
-    from recordtool.decode.gpu.kernel import _source
+    from host_kernel import build
 
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
+    lib = build(tmp_path_factory.mktemp("hostkernel"))
+    if lib is None:
         pytest.skip("no C++ compiler")
-    d = tmp_path_factory.mktemp("hostkernel")
-    (d / "cuda_fp16.h").write_text("")
-    (d / "k.cpp").write_text(_HOST_SHIM + _source() + _HOST_DRIVER)
-    subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-I", str(d), str(d / "k.cpp"), "-o",
-                    str(d / "k.so")], check=True)
-    return ctypes.CDLL(str(d / "k.so"))
+    return lib
 
 
 @pytest.mark.parametrize("layout", ["420", "422", "440", "444", "gray"])

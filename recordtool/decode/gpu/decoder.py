@@ -132,8 +132,10 @@ class GPUDecoder:
         # which decoders decode regions' planes right here (probe.py); the others whole images
         self.planar_regions = {"engines": False, "hybrid": False}
         if self.planar_roi:
+            from .probe import check_decoders
+
             with self.device:
-                self.planar_regions = self._check_regions()
+                self.planar_regions = check_decoders(self, cupy)
 
     def sync(self) -> None:
         """Wait for the work queued on this decoder's stream (sleeping, see _event)."""
@@ -191,30 +193,6 @@ class GPUDecoder:
                                             CHROMA_444)
                 except Exception as e:  # a sizing hint only: decoding works without it
                     self.prealloc_error = str(e)
-
-    def _check_regions(self) -> dict:
-        """probe.check for the engines (baseline 4:2:0 / 4:2:2 / 4:4:4) and the hybrid decoder
-        (gray, progressive 4:2:0 / 4:2:2), each decoding on its own stream and waiting."""
-        from . import probe
-
-        cupy, out = self.cupy, {"engines": False, "hybrid": False}
-        if self.hw is not None:
-            def engines(data, ptrs, pitches, gray, roi):
-                pin = cupy.cuda.alloc_pinned_memory(len(data))
-                np.frombuffer(pin, np.uint8, len(data))[:] = np.frombuffer(data, np.uint8)
-                self.hw.decode_planes([pin.ptr], [len(data)], [ptrs], [pitches], self.stream.ptr,
-                                      None if roi is None else [roi], native=self.native_submit)
-                self.stream.synchronize()
-
-            out["engines"] = probe.check(engines, ("420", "422", "444"), cupy)
-        if self.hybrid is not None:
-            def hybrid(data, ptrs, pitches, gray, roi):
-                view = np.frombuffer(data, np.uint8)
-                self.hybrid.decode_planes(view.ctypes.data, len(view), ptrs, pitches, gray, roi)
-                self.hybrid_stream.synchronize()
-
-            out["hybrid"] = probe.check(hybrid, ("gray", "prog420", "prog422"), cupy)
-        return out
 
     def _prime_hybrid(self, width: int, height: int) -> None:
         """Decode one progressive 4:4:4 image of the largest hybrid-bound size, so the hybrid

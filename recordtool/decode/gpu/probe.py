@@ -88,3 +88,26 @@ def check(decode, layouts, cupy) -> bool:
         if any(not region_written_right(whole, got, roi, code) for roi, got in zip(REGIONS, results[1:])):
             return False
     return True
+
+
+def check_decoders(dec, cupy) -> dict:
+    """{"engines": bool, "hybrid": bool}: `check` for a GPUDecoder's engines (baseline 4:2:0 /
+    4:2:2 / 4:4:4) and hybrid decoder (gray, progressive 4:2:0 / 4:2:2), each on its own stream."""
+    out = {"engines": False, "hybrid": False}
+    if dec.hw is not None:
+        def engines(data, ptrs, pitches, gray, roi):
+            pin = cupy.cuda.alloc_pinned_memory(len(data))
+            np.frombuffer(pin, np.uint8, len(data))[:] = np.frombuffer(data, np.uint8)
+            dec.hw.decode_planes([pin.ptr], [len(data)], [ptrs], [pitches], dec.stream.ptr,
+                                 None if roi is None else [roi], native=dec.native_submit)
+            dec.stream.synchronize()
+
+        out["engines"] = check(engines, ("420", "422", "444"), cupy)
+    if dec.hybrid is not None:
+        def hybrid(data, ptrs, pitches, gray, roi):
+            view = np.frombuffer(data, np.uint8)
+            dec.hybrid.decode_planes(view.ctypes.data, len(view), ptrs, pitches, gray, roi)
+            dec.hybrid_stream.synchronize()
+
+        out["hybrid"] = check(hybrid, ("gray", "prog420", "prog422"), cupy)
+    return out
