@@ -313,7 +313,8 @@ def _stand_in(how):
         if how == "raises":
             raise RuntimeError("NVJPEG_STATUS_INVALID_PARAMETER")
         planes = _libjpeg_planes(data)
-        code = 6 if gray else {(28, 40): 2, (56, 40): 1, (56, 80): 0}[planes[1].shape]
+        half = (probe.H + 1) // 2, (probe.W + 1) // 2
+        code = 6 if gray else {half: 2, (probe.H, half[1]): 1, (probe.H, probe.W): 0}[planes[1].shape]
         shapes = probe.plane_shapes(code, None if how == "ignores" else roi)
         hs, vs = SUBSAMPLING[code]
         for c, (p, (r, k)) in enumerate(zip(planes, shapes)):

@@ -16,7 +16,7 @@ import numpy as np
 from .roi import SUBSAMPLING, chroma_dims
 
 CANARY = 0xA5
-W, H = 80, 56  # not a multiple of 16 either way: the region ends at the right / bottom edge
+W, H = 81, 57  # odd, not MCU multiples: the second region ends at the right / bottom edge
 REGIONS = ((16, 16, 48, 32), (32, 32, W - 32, H - 32))  # MCU-aligned for every layout; interior, corner
 
 
