@@ -19,6 +19,8 @@ try:  # the GIL-free batch submission (native/nvjpeg_submit.cpp); optional like 
     from .. import _nvsubmit
 except ImportError:
     _nvsubmit = None
+if _nvsubmit is not None and not hasattr(_nvsubmit, "infos"):  # a build older than its source: unused
+    _nvsubmit = None
 
 # enums (nvjpeg.h)
 BACKEND_DEFAULT, BACKEND_HYBRID, BACKEND_GPU_HYBRID, BACKEND_HARDWARE = 0, 1, 2, 3
