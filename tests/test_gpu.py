@@ -939,12 +939,13 @@ def test_nvjpeg_region_planes_are_the_whole_images_planes(layout):
         d = HybridDecoder(stream.ptr) if hybrid else HardwareDecoder(1, planar=True)
     except Exception as e:
         pytest.skip(f"no NVJPG engines: {e}")
-    for w, h in ([(320, 240), (48, 24)] if lay == "440" else [(333, 251), (61, 17), (1001, 777)]):
+    for w, h in ([(320, 240), (48, 24)] if lay == "440" else [(333, 251), (61, 33), (1001, 777)]):
         data = _layout_jpeg(w, h, lay, seed=w, progressive=prog)
         view = np.frombuffer(data, np.uint8)
         pin = cupy.cuda.alloc_pinned_memory(len(view))
         np.frombuffer(pin, np.uint8, len(view))[:] = view
         nc, css, ws, hsz = d.image_info(view.ctypes.data, len(view))
+        w, h = ws[0], hsz[0]  # (4:4:0 files are 4:2:2 ones relabelled: half the width, twice the height)
         gray = lay == "gray"
 
         def decode(roi, pw, ph, native=True):
@@ -988,14 +989,17 @@ def test_windowed_interpolate_is_whole_image_interpolate(monkeypatch, split):
     (_interp_bound, ≥ 40 dB) on the RandomResizedCrop windows (on tiny edge windows both modes'
     filter taps reach past the window into the image, where the CPU path's crop stops)."""
     from recordtool.decode.gpu import GPUDecoder
+    from recordtool.format.jpeg import probe
 
     bufs, win, rrc = [], [], []
-    for k, (lay, (w, h), prog) in enumerate([("420", (333, 251), False), ("422", (61, 17), False),
+    for k, (lay, (w, h), prog) in enumerate([("420", (333, 251), False), ("422", (61, 33), False),
                                              ("440", (320, 240), False), ("444", (1001, 777), False),
                                              ("gray", (97, 55), True), ("420", (500, 375), True),
-                                             ("420", (17, 9), False), ("422", (1200, 900), False)]):
-        ws = _edge_windows(w, h, 2, k)
-        bufs += [_layout_jpeg(w, h, lay, seed=k, progressive=prog)] * len(ws)
+                                             ("420", (35, 33), False), ("422", (1200, 900), False)]):
+        data = _layout_jpeg(w, h, lay, seed=k, progressive=prog)
+        info = probe(data)  # (4:4:0 files are 4:2:2 ones relabelled: half the width, twice the height)
+        ws = _edge_windows(info.width, info.height, 2, k)
+        bufs += [data] * len(ws)
         win.append(ws)
         rrc += [True, True] + [False] * (len(ws) - 2)
     win = np.concatenate(win)
