@@ -3,7 +3,9 @@
 // horizontal mirror, mean/std normalisation, NCHW or NHWC, float / half / bfloat16 / uint8 output.
 // A sample is interleaved RGB (the engines' RGBI output, the CPU share) or, with
 // chroma="interpolate", nvJPEG's planar YCbCr / Y: the kernel then makes libjpeg-turbo's RGB
-// pixels itself (fancy upsampling, jdsample.c, and jdcolor.c's fixed-point conversion).
+// pixels itself (fancy upsampling, jdsample.c, and jdcolor.c's fixed-point conversion), from the
+// whole image's planes or from a region's (ox, oy: where the planes start in the image; the
+// kernel works in image coordinates with the whole image's edges, so both give the same pixels).
 // Compiled by CuPy (RawModule) at first use. Python reference: recordtool/decode/gpu_ref.py.
 // bfloat16 goes into a uint16 CuPy array (CuPy has no bfloat16): the bits, round to nearest even;
 // compiled apart (RECORDTOOL_BF16), so a toolkit without cuda_bf16.h costs only that variant.
@@ -19,7 +21,7 @@
 struct Sample {
     const unsigned char* src;  // interleaved RGB or the Y plane, `pitch` bytes per row
     long long pitch;
-    int rw, rh;                // decoded region size (the whole image for planar samples)
+    int rw, rh;                // decoded region size (planar samples: the image's size)
     float x0, y0, x1, y1;      // window inside the region (float box, Pillow semantics)
     int mirror;
     int format;                // FMT_*
@@ -27,48 +29,52 @@ struct Sample {
     const unsigned char* cr;
     long long cpitch;
     int hs, vs;                // chroma subsampling (1 or 2 each)
-    int cw, ch;
+    int cw, ch;                // the whole image's chroma plane size (libjpeg's downsampled size)
+    int ox, oy;                // planar: image pixel of the planes' first sample (multiples of hs, vs)
 };
 
-// One full-resolution chroma sample at (x, y), as libjpeg-turbo's fancy upsampling makes it
-// (jdsample.c h2v1 / h1v2 / h2v2_fancy_upsample; edge samples replicated). Planes of <= 2
-// columns are replicated, as libjpeg does (fancy only when downsampled_width > 2).
+// One full-resolution chroma sample at image pixel (x, y), as libjpeg-turbo's fancy upsampling
+// makes it (jdsample.c h2v1 / h1v2 / h2v2_fancy_upsample; edge samples replicated). Planes of
+// <= 2 columns are replicated, as libjpeg does (fancy only when downsampled_width > 2). Indices
+// are the whole plane's (cw x ch); p holds it from chroma sample (cx0, cy0) on.
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 
 __device__ __forceinline__ int chroma_at(const unsigned char* __restrict__ p, long long pitch, int x, int y,
-                                         int hs, int vs, int cw, int ch) {
-    if (hs == 1 && vs == 1) return p[(long long)y * pitch + x];
-    if (hs == 2 && cw <= 2) return p[(long long)imin(y / vs, ch - 1) * pitch + imin(x >> 1, cw - 1)];
+                                         int hs, int vs, int cw, int ch, int cx0, int cy0) {
+    if (hs == 1 && vs == 1) return p[(long long)(y - cy0) * pitch + (x - cx0)];
+    if (hs == 2 && cw <= 2)
+        return p[(long long)(imin(y / vs, ch - 1) - cy0) * pitch + (imin(x >> 1, cw - 1) - cx0)];
     if (hs == 2 && vs == 1) {
-        const unsigned char* row = p + (long long)y * pitch;
+        const unsigned char* row = p + (long long)(y - cy0) * pitch;
         const int i = imin(x >> 1, cw - 1);
         const int j = (x & 1) ? imin(i + 1, cw - 1) : imax(i - 1, 0);
-        return (3 * row[i] + row[j] + ((x & 1) ? 2 : 1)) >> 2;
+        return (3 * row[i - cx0] + row[j - cx0] + ((x & 1) ? 2 : 1)) >> 2;
     }
     const int ri = imin(y >> 1, ch - 1);
     const int rj = (y & 1) ? imin(ri + 1, ch - 1) : imax(ri - 1, 0);
-    const unsigned char* r0 = p + (long long)ri * pitch;
-    const unsigned char* r1 = p + (long long)rj * pitch;
-    if (hs == 1) return (3 * r0[x] + r1[x] + ((y & 1) ? 2 : 1)) >> 2;  // h1v2
-    const int i = imin(x >> 1, cw - 1);
-    const int j = (x & 1) ? imin(i + 1, cw - 1) : imax(i - 1, 0);
-    const int here = 3 * r0[i] + r1[i], there = 3 * r0[j] + r1[j];  // column sums
+    const unsigned char* r0 = p + (long long)(ri - cy0) * pitch;
+    const unsigned char* r1 = p + (long long)(rj - cy0) * pitch;
+    if (hs == 1) return (3 * r0[x - cx0] + r1[x - cx0] + ((y & 1) ? 2 : 1)) >> 2;  // h1v2
+    const int i = imin(x >> 1, cw - 1) - cx0;
+    const int j = ((x & 1) ? imin(i + cx0 + 1, cw - 1) : imax(i + cx0 - 1, 0)) - cx0;
+    const int here = 3 * r0[i] + r1[i], there = 3 * r0[j] + r1[j];  // column sums (region indices)
     return (3 * here + there + ((x & 1) ? 7 : 8)) >> 4;
 }
 
 __device__ __forceinline__ int clamp255(int v) { return v < 0 ? 0 : (v > 255 ? 255 : v); }
 
-// Source pixel (x, y) of a planar sample as libjpeg's RGB (jdcolor.c ycc_rgb_convert: FIX(1.402)
+// Image pixel (x, y) of a planar sample as libjpeg's RGB (jdcolor.c ycc_rgb_convert: FIX(1.402)
 // = 91881, FIX(1.772) = 116130, FIX(0.71414) = 46802, FIX(0.34414) = 22554, SCALEBITS 16).
 __device__ __forceinline__ void planar_rgb(const Sample& s, int x, int y, float& r, float& g, float& b) {
-    const int Y = s.src[(long long)y * s.pitch + x];
+    const int Y = s.src[(long long)(y - s.oy) * s.pitch + (x - s.ox)];
     if (s.format == FMT_GRAY) {
         r = g = b = (float)Y;
         return;
     }
-    const int cb = chroma_at(s.cb, s.cpitch, x, y, s.hs, s.vs, s.cw, s.ch) - 128;
-    const int cr = chroma_at(s.cr, s.cpitch, x, y, s.hs, s.vs, s.cw, s.ch) - 128;
+    const int cx0 = s.ox / s.hs, cy0 = s.oy / s.vs;
+    const int cb = chroma_at(s.cb, s.cpitch, x, y, s.hs, s.vs, s.cw, s.ch, cx0, cy0) - 128;
+    const int cr = chroma_at(s.cr, s.cpitch, x, y, s.hs, s.vs, s.cw, s.ch, cx0, cy0) - 128;
     r = (float)clamp255(Y + ((91881 * cr + 32768) >> 16));
     g = (float)clamp255(Y + ((-22554 * cb + 32768 - 46802 * cr) >> 16));
     b = (float)clamp255(Y + ((116130 * cb + 32768) >> 16));

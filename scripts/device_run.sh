@@ -48,7 +48,9 @@ fi
 echo "parts: $(ls /tmp/dali-parts | tr '\n' ' ')"
 nproc; nvidia-smi -L; python3 -c "import numpy, PIL, cv2, torch; print('numpy', numpy.__version__, 'PIL', PIL.__version__, 'cv2', cv2.__version__, 'torch', torch.__version__, 'gpus', torch.cuda.device_count())"
 python3 -c "import nvidia.dali as d; print('DALI', d.__version__)" 2>/dev/null || echo "DALI not assembled"
-if [ ! -f recordtool/_native*.so ] || [ native/fused.cpp -nt recordtool/_native*.so ]; then
+# rebuilt too when a kept _nvsubmit predates its source's batched header read (mtimes of a carried tree can mislead)
+if [ ! -f recordtool/_native*.so ] || [ native/fused.cpp -nt recordtool/_native*.so ] \
+   || ! python3 -c "from recordtool import _nvsubmit as m; assert hasattr(m, 'infos')" 2>/dev/null; then
   python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 fi
 python3 -c "from recordtool import _native; print('native ok, libjpeg API', _native.LIBJPEG_VERSION)"

@@ -759,53 +759,21 @@ def test_fidelity_with_interpolated_chroma_emulated(side, subsampling):
     assert worst >= (INTERPOLATED_DB if side == 500 else 42.0), worst  # 42: the 4:4:4 floor above
 
 
-_HOST_SHIM = r"""
-#include <cmath>
-#define __device__
-#define __global__
-#define __forceinline__ inline
-#define __restrict__
-struct __half { unsigned short x; };
-inline __half __float2half_rn(float) { return __half{0}; }
-struct Dim3 { int x, y, z; };
-static Dim3 blockIdx, threadIdx, blockDim;
-"""
-_HOST_DRIVER = r"""
-extern "C" void run(const Sample* samples, int n, unsigned char* out, int W, int H) {
-    blockDim = {32, 8, 1};
-    for (int z = 0; z < n; z++)
-        for (int by = 0; by < (H + 7) / 8; by++)
-            for (int bx = 0; bx < (W + 31) / 32; bx++)
-                for (int ty = 0; ty < 8; ty++)
-                    for (int tx = 0; tx < 32; tx++) {
-                        blockIdx = {bx, by, z};
-                        threadIdx = {tx, ty, 0};
-                        resize_normalize<unsigned char, false, false>(samples, out, W, H, 0, 0, 0, 1, 1, 1);
-                    }
-}
-"""
-
-
 def test_kernel_source_built_for_the_host_matches_reference(tmp_path):
     """native/gpu_resize.cu itself (CUDA qualifiers defined away, the grid run as loops on the
     CPU) on planar samples of every layout against gpu_ref: the kernel's upsampling and colour
     arithmetic and SAMPLE_DTYPE's layout, checked without a GPU."""
     import ctypes
-    import shutil
-    import subprocess
+
+    from host_kernel import build
 
     from recordtool.decode.gpu import SAMPLE_DTYPE
-    from recordtool.decode.gpu.kernel import FMT_GRAY, FMT_RGB, FMT_YCC, _source
+    from recordtool.decode.gpu.kernel import FMT_GRAY, FMT_RGB, FMT_YCC
     from recordtool.decode.gpu_ref import chroma_size, planes_to_rgb
 
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
+    lib = build(tmp_path)
+    if lib is None:
         pytest.skip("no C++ compiler")
-    (tmp_path / "cuda_fp16.h").write_text("")
-    (tmp_path / "k.cpp").write_text(_HOST_SHIM + _source() + _HOST_DRIVER)
-    subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-I", str(tmp_path), str(tmp_path / "k.cpp"),
-                    "-o", str(tmp_path / "k.so")], check=True)
-    lib = ctypes.CDLL(str(tmp_path / "k.so"))
     rng = np.random.default_rng(11)
     cases = [("420", (61, 83)), ("422", (40, 33)), ("440", (32, 17)), ("444", (20, 31)), ("gray", (25, 19)),
              ("420", (9, 3)), ("422", (7, 4)), ("rgb", (30, 20))]
@@ -944,6 +912,117 @@ def test_nvjpeg_planes_are_libjpeg_planes(layout):
         got = cupy.asnumpy(planes[c])[: p.shape[0], : p.shape[1]]
         assert psnr(got, p) >= 50, (layout, c, psnr(got, p), np.abs(got.astype(int) - p).max())
     d.close()
+
+
+def _edge_windows(w, h, n, seed):
+    """RandomResizedCrop windows plus windows on every edge and corner, 1-pixel and whole ones."""
+    win = random_windows(np.full(n, w), np.full(n, h), np.arange(n) + seed, seed, 0)
+    edges = [[0, 0, h, w], [0, 0, 1, 1], [h - 1, w - 1, 1, 1], [0, w - min(w, 7), min(h, 5), min(w, 7)],
+             [h - min(h, 6), 0, min(h, 6), min(w, 9)], [h // 3, w // 3, h - h // 3, w - w // 3]]
+    return np.concatenate([win, np.array(edges, np.int64)])
+
+
+@gpu
+@pytest.mark.parametrize("layout", ["420", "422", "440", "444", "gray", "prog420", "prog422", "prog444"])
+def test_nvjpeg_region_planes_are_the_whole_images_planes(layout):
+    """What windowed interpolate rests on: nvJPEG's planar output of a region (plan_rois: MCU-
+    aligned, engines for baseline, hybrid decoder for progressive / gray) equals the whole
+    image's planes there, bit for bit — odd sizes, regions on every edge."""
+    from recordtool.decode.gpu.roi import chroma_dims, plan_rois
+    from recordtool.decode.nvjpeg import HardwareDecoder, HybridDecoder
+
+    prog = layout.startswith("prog")
+    lay = layout[4:] if prog else layout
+    hs, vs = {"444": (1, 1), "422": (2, 1), "420": (2, 2), "440": (1, 2), "gray": (1, 1)}[lay]
+    stream = cupy.cuda.Stream(non_blocking=True)
+    hybrid = prog or lay == "gray"
+    try:
+        d = HybridDecoder(stream.ptr) if hybrid else HardwareDecoder(1, planar=True)
+    except Exception as e:
+        pytest.skip(f"no NVJPG engines: {e}")
+    for w, h in ([(320, 240), (48, 24)] if lay == "440" else [(333, 251), (61, 33), (1001, 777)]):
+        data = _layout_jpeg(w, h, lay, seed=w, progressive=prog)
+        view = np.frombuffer(data, np.uint8)
+        pin = cupy.cuda.alloc_pinned_memory(len(view))
+        np.frombuffer(pin, np.uint8, len(view))[:] = view
+        nc, css, ws, hsz = d.image_info(view.ctypes.data, len(view))
+        w, h = ws[0], hsz[0]  # (4:4:0 files are 4:2:2 ones relabelled: half the width, twice the height)
+        gray = lay == "gray"
+
+        def decode(roi, pw, ph, native=True):
+            cc, cr = (chroma_dims([roi], hs, vs) if roi is not None else ((ws[1],), (hsz[1],)))
+            shapes = [(ph, pw)] + ([] if gray else [(cr[0], cc[0])] * 2)
+            # region pitches, in buffers big enough for the whole planes (a decoder ignoring the
+            # region writes inside them)
+            room = (hsz[0] + 2) * (ws[0] + 16)
+            planes = [cupy.full(room, 7, np.uint8)[: (r + 2) * (c + 16)].reshape(r + 2, c + 16) for r, c in shapes]
+            ptrs = [p.data.ptr for p in planes] + [planes[0].data.ptr] * (3 - len(planes))
+            pitches = [p.shape[1] for p in planes] + [planes[0].shape[1]] * (3 - len(planes))
+            if hybrid:
+                d.decode_planes(pin.ptr, len(view), ptrs, pitches, gray, roi)
+            else:
+                d.decode_planes([pin.ptr], [len(view)], [ptrs], [pitches], stream.ptr,
+                                None if roi is None else [roi], native=native)
+            stream.synchronize()
+            return [cupy.asnumpy(p)[:r, :c] for p, (r, c) in zip(planes, shapes)]
+
+        whole = decode(None, ws[0], hsz[0])
+        win = _edge_windows(w, h, 6, w)
+        rois = plan_rois(win, np.full(len(win), w), np.full(len(win), h), np.full(len(win), css), (224, 224))
+        for roi in rois:
+            rx, ry, rw, rh = (int(v) for v in roi)
+            got = decode((rx, ry, rw, rh), rw, rh)
+            if not hybrid and rx == 0:  # the ctypes loop, the native submission's reference
+                assert all(np.array_equal(a, b) for a, b in zip(got, decode((rx, ry, rw, rh), rw, rh, False)))
+            assert np.array_equal(got[0], whole[0][ry:ry + rh, rx:rx + rw]), (layout, w, h, roi, "Y")
+            for c in (1, 2)[: 0 if gray else 2]:
+                want = whole[c][ry // vs:ry // vs + got[c].shape[0], rx // hs:rx // hs + got[c].shape[1]]
+                assert np.array_equal(got[c], want), (layout, w, h, roi, c)
+    d.close()
+
+
+@gpu
+@pytest.mark.parametrize("split", ["gpu", "auto"])
+def test_windowed_interpolate_is_whole_image_interpolate(monkeypatch, split):
+    """chroma="interpolate" decoding each window's region gives the same pixels as decoding
+    whole images (RECORDTOOL_GPU_PLANAR=whole), bit for bit: 4:2:0 / 4:2:2 / 4:4:0 / 4:4:4,
+    gray and progressive, odd sizes, windows on the edges, mirrored; and the CPU path's pixels
+    (_interp_bound, ≥ 40 dB) on the RandomResizedCrop windows (on tiny edge windows both modes'
+    filter taps reach past the window into the image, where the CPU path's crop stops)."""
+    from recordtool.decode.gpu import GPUDecoder
+    from recordtool.format.jpeg import probe
+
+    bufs, win, rrc = [], [], []
+    for k, (lay, (w, h), prog) in enumerate([("420", (333, 251), False), ("422", (61, 33), False),
+                                             ("440", (320, 240), False), ("444", (1001, 777), False),
+                                             ("gray", (97, 55), True), ("420", (500, 375), True),
+                                             ("420", (35, 33), False), ("422", (1200, 900), False)]):
+        data = _layout_jpeg(w, h, lay, seed=k, progressive=prog)
+        info = probe(data)  # (4:4:0 files are 4:2:2 ones relabelled: half the width, twice the height)
+        ws = _edge_windows(info.width, info.height, 2, k)
+        bufs += [data] * len(ws)
+        win.append(ws)
+        rrc += [True, True] + [False] * (len(ws) - 2)
+    win = np.concatenate(win)
+    flips = np.arange(len(bufs)) % 2 == 1
+    outs = []
+    for mode in ("whole", "roi"):
+        monkeypatch.setenv("RECORDTOOL_GPU_PLANAR", mode)
+        dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=len(bufs), split=split,
+                         chroma="interpolate")
+        assert dec.planar_roi == (mode == "roi")
+        if mode == "roi":  # both decoders passed the region probe (probe.py) on this machine
+            assert dec.planar_regions == {"engines": True, "hybrid": True}, dec.planar_regions
+        outs.append(cupy.asnumpy(dec(bufs, win, flips, _hw(bufs))))
+        if split == "gpu":
+            assert dec.last.cpu == 0 and not dec.last.errors, dec.last
+        dec.close()
+    if split == "gpu":
+        assert np.array_equal(outs[0], outs[1])
+    ref = decode_crop_resize(bufs, win)
+    ref[flips] = ref[flips, :, ::-1]
+    for k in np.nonzero(rrc)[0]:
+        assert psnr(outs[1][k], ref[k]) >= _interp_bound(bufs[k], win[k]), (k, psnr(outs[1][k], ref[k]))
 
 
 @gpu

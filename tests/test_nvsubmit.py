@@ -82,3 +82,64 @@ def test_submit_refuses_bad_arguments_without_calling_anything():
     with pytest.raises(ValueError):  # a null function
         nvsubmit.submit(0, 1, 1, 1, ctypes.addressof(params), ctypes.addressof(ptrs), ctypes.addressof(lens),
                         ctypes.addressof(imgs), z, z, np.zeros((3, 4), np.int64), z, z, 0, 4)
+
+
+def test_submit_passes_three_planes_per_image():
+    """Planar YCbCr (chroma="interpolate"): dsts / pitches (n, 3) land in channels 0..2."""
+    got = []
+
+    @SET_ROI
+    def set_roi(prm, x, y, w, h):
+        return 0
+
+    @BATCHED
+    def dec(handle, state, data, lengths, imgs, prm, stream):
+        got.append([[(imgs[k].channel[c], imgs[k].pitch[c]) for c in range(4)] for k in range(3)])
+        return 0
+
+    params, ptrs, lens, imgs = _arrays(4)
+    dst = np.arange(9, dtype=np.int64).reshape(3, 3) * 4096 + (1 << 30)
+    pitch = np.arange(9, dtype=np.int64).reshape(3, 3) + 100
+    addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
+    out = nvsubmit.submit(addr(set_roi), addr(dec), 1, 2, ctypes.addressof(params), ctypes.addressof(ptrs),
+                          ctypes.addressof(lens), ctypes.addressof(imgs), np.arange(3) + 1, np.arange(3) + 10,
+                          np.zeros((3, 4), np.int64), dst, pitch, 0, 4)
+    assert tuple(out[:2]) == (0, 0)
+    assert got == [[[(int(dst[k, c]), int(pitch[k, c])) for c in range(3)] + [(None, 0)] for k in range(3)]]
+    with pytest.raises(ValueError):  # two channels per image: neither layout
+        nvsubmit.submit(addr(set_roi), addr(dec), 1, 2, ctypes.addressof(params), ctypes.addressof(ptrs),
+                        ctypes.addressof(lens), ctypes.addressof(imgs), np.arange(3), np.arange(3),
+                        np.zeros((3, 4), np.int64), np.zeros((3, 2), np.int64), np.zeros((3, 2), np.int64), 0, 4)
+
+
+INFO = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int),
+                        ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int))
+
+
+def test_infos_returns_what_image_info_returns_per_image():
+    """infos (the batch's headers in one GIL-free call) against its reference, one
+    nvjpegGetImageInfo per image (_Handle.image_info): same arguments, same fields, the failing
+    image's status with zeros."""
+    seen = []
+
+    @INFO
+    def info(handle, data, length, nc, css, w, h):
+        seen.append((handle, data, length))
+        if length == 13:
+            return 3  # BAD_JPEG
+        nc[0], css[0] = 3, data % 7
+        for c in range(3):
+            w[c], h[c] = length + c, 2 * length + c
+        return 0
+
+    host = np.array([1 << 32, 5 << 32, 9 << 32], np.int64)
+    lengths = np.array([100, 13, 250], np.int64)
+    out = nvsubmit.infos(ctypes.cast(info, ctypes.c_void_p).value, 77, host, lengths)
+    assert seen == [(77, int(p), int(n)) for p, n in zip(host, lengths)]
+    expect = [[0, 3, int(host[0]) % 7, 100, 200, 101, 201], [3, 0, 0, 0, 0, 0, 0],
+              [0, 3, int(host[2]) % 7, 250, 500, 251, 501]]
+    assert out.tolist() == expect
+    with pytest.raises(ValueError):
+        nvsubmit.infos(0, 77, host, lengths)
+    with pytest.raises(ValueError):
+        nvsubmit.infos(ctypes.cast(info, ctypes.c_void_p).value, 77, host, lengths[:2])

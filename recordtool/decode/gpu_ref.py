@@ -60,11 +60,10 @@ def chroma_size(width: int, height: int, hs: int, vs: int) -> tuple:
     return -(-width // hs), -(-height // vs)
 
 
-def _near_far(n_out: int, n_in: int):
-    """For each full-resolution index: the nearer chroma sample, the further one (the previous
+def _near_far(o: np.ndarray, n_in: int):
+    """For full-resolution indices o: the nearer chroma sample, the further one (the previous
     one for even indices, the next for odd, clamped at the plane's edges as libjpeg replicates
     its edge samples) and whether it is odd."""
-    o = np.arange(n_out)
     near = o >> 1
     odd = (o & 1).astype(bool)
     far = np.clip(np.where(odd, near + 1, near - 1), 0, n_in - 1)
@@ -77,22 +76,33 @@ def upsample(plane: np.ndarray, hs: int, vs: int, width: int, height: int) -> np
     3·near + far then (3·this + other + 8|7) >> 4; planes of ≤ 2 columns are replicated
     horizontally (libjpeg's rule: fancy only when downsampled_width > 2), and h2v2 then also
     vertically."""
+    ch, cw = plane.shape
+    return upsample_region(plane, hs, vs, np.arange(width), np.arange(height), cw, ch)
+
+
+def upsample_region(plane: np.ndarray, hs: int, vs: int, xs, ys, cw: int, ch: int, cx0: int = 0,
+                    cy0: int = 0) -> np.ndarray:
+    """`upsample` at the full-resolution columns xs and rows ys of an image whose chroma plane
+    is cw × ch, from the part of that plane starting at chroma sample (cx0, cy0) (`plane`: what
+    a region decode gives, chroma="interpolate"'s windowed planes). Edge rules are the whole
+    plane's: the kernel's chroma_at with a region offset."""
+    xs, ys = np.asarray(xs, np.int64), np.asarray(ys, np.int64)
     p = plane.astype(np.int64)
-    ch, cw = p.shape
     if hs == 1 and vs == 1:
-        return plane[:height, :width].copy()
+        return plane[np.ix_(ys - cy0, xs - cx0)].copy()
     if hs == 2 and cw <= 2:  # h2v1_upsample / h2v2_upsample: plain replication
-        cols = np.minimum(np.arange(width) >> 1, cw - 1)
-        rows = np.minimum(np.arange(height) >> (vs - 1), ch - 1)
-        return plane[rows][:, cols].copy()
+        cols = np.minimum(xs >> 1, cw - 1) - cx0
+        rows = np.minimum(ys >> (vs - 1), ch - 1) - cy0
+        return plane[np.ix_(rows, cols)].copy()
     if vs == 2:
-        near, far, odd = _near_far(height, ch)
-        colsum = 3 * p[near] + p[far]  # (height, cw)
+        near, far, odd = _near_far(ys, ch)
+        colsum = 3 * p[near - cy0] + p[far - cy0]  # (len(ys), plane columns)
         if hs == 1:
-            return ((colsum + np.where(odd, 2, 1)[:, None]) >> 2).astype(np.uint8)
+            return ((colsum[:, xs - cx0] + np.where(odd, 2, 1)[:, None]) >> 2).astype(np.uint8)
     else:
-        colsum = p[:height]
-    near, far, odd = _near_far(width, cw)
+        colsum = p[ys - cy0]
+    near, far, odd = _near_far(xs, cw)
+    near, far = near - cx0, far - cx0
     if vs == 2:  # h2v2
         return ((3 * colsum[:, near] + colsum[:, far] + np.where(odd, 7, 8)[None, :]) >> 4).astype(np.uint8)
     return ((3 * colsum[:, near] + colsum[:, far] + np.where(odd, 2, 1)[None, :]) >> 2).astype(np.uint8)  # h2v1
@@ -115,3 +125,22 @@ def planes_to_rgb(y: np.ndarray, cb=None, cr=None, hs: int = 1, vs: int = 1) -> 
     if cb is None:
         return np.repeat(y[:, :, None], 3, axis=2)
     return ycc_to_rgb(y, upsample(cb, hs, vs, w, h), upsample(cr, hs, vs, w, h))
+
+
+def region_planes_to_rgb(y: np.ndarray, cb, cr, hs: int, vs: int, roi, width: int, height: int, xs=None,
+                         ys=None) -> np.ndarray:
+    """What the kernel makes of a region's planes (chroma="interpolate", windowed): RGB at image
+    columns xs × rows ys (default: the whole region) of a width × height image, from the planes
+    of its region roi = (x, y, w, h): y (h, w) and cb, cr starting at chroma sample (x / hs,
+    y / vs), None for grayscale — with the whole image's upsampling edges, so equal to
+    planes_to_rgb(whole planes)[ys][:, xs] wherever the region holds the chroma samples those
+    pixels take (gpu.roi.plan_rois makes sure it does for every pixel the kernel reads)."""
+    rx, ry, rw, rh = (int(v) for v in roi)
+    xs = np.arange(rx, rx + rw) if xs is None else np.asarray(xs, np.int64)
+    ys = np.arange(ry, ry + rh) if ys is None else np.asarray(ys, np.int64)
+    luma = y[np.ix_(ys - ry, xs - rx)]
+    if cb is None:
+        return np.repeat(luma[:, :, None], 3, axis=2)
+    cw, ch = chroma_size(width, height, hs, vs)
+    up = [upsample_region(c, hs, vs, xs, ys, cw, ch, rx // hs, ry // vs) for c in (cb, cr)]
+    return ycc_to_rgb(luma, *up)

@@ -19,6 +19,8 @@ try:  # the GIL-free batch submission (native/nvjpeg_submit.cpp); optional like 
     from .. import _nvsubmit
 except ImportError:
     _nvsubmit = None
+if _nvsubmit is not None and not hasattr(_nvsubmit, "infos"):  # a build older than its source: unused
+    _nvsubmit = None
 
 # enums (nvjpeg.h)
 BACKEND_DEFAULT, BACKEND_HYBRID, BACKEND_GPU_HYBRID, BACKEND_HARDWARE = 0, 1, 2, 3
@@ -141,6 +143,11 @@ def _declare(L):
         fn.restype = ctypes.c_int
 
 
+def _addr(fn) -> int:
+    """The address of a ctypes-loaded C function (for recordtool._nvsubmit)."""
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
 def check(call: str, status: int) -> None:
     if status != 0:
         raise NvjpegError(call, status)
@@ -165,6 +172,24 @@ class _Handle:
                                                               ctypes.byref(css), w, h))
         return nc.value, css.value, (w[0], w[1], w[2]), (h[0], h[1], h[2])
 
+    def image_infos(self, host_ptrs, lengths) -> np.ndarray:
+        """image_info of many JPEGs: int64 (n, 7) rows (status, components, chroma code, width,
+        height, chroma plane width, chroma plane height), status nvJPEG's (0 = read; the rest 0
+        where it is not). One GIL-free call (recordtool._nvsubmit) where it is built, else
+        image_info per image."""
+        n = len(host_ptrs)
+        if _nvsubmit is not None:
+            return _nvsubmit.infos(_addr(self.L.nvjpegGetImageInfo), self.handle.value,
+                                   np.asarray(host_ptrs, np.int64).reshape(n), np.asarray(lengths, np.int64).reshape(n))
+        out = np.zeros((n, 7), np.int64)
+        for k in range(n):
+            try:
+                nc, css, ws, hs = self.image_info(int(host_ptrs[k]), int(lengths[k]))
+                out[k] = (0, nc, css, ws[0], hs[0], ws[1], hs[1])
+            except NvjpegError as e:
+                out[k, 0] = e.status
+        return out
+
     def set_padding(self, padding: int) -> None:
         """Grow nvJPEG's buffers in steps of `padding` bytes rather than to each new image's size."""
         check("nvjpegSetDeviceMemoryPadding", self.L.nvjpegSetDeviceMemoryPadding(padding, self.handle))
@@ -179,14 +204,16 @@ class _Handle:
 
 class HardwareDecoder(_Handle):
     """nvjpegDecodeBatchedEx on the NVJPG engines: RGBI output with one ROI per image, or
-    (planar=True) whole images as planar YUV (Y, Cb, Cr at their own sizes: `decode_planes`).
+    (planar=True) planar YUV (Y, Cb, Cr at their own sizes: `decode_planes`) of whole images
+    or of one region per image.
 
     One instance per thread (nvJPEG states are not shared). Raises NvjpegError with
     ARCH_MISMATCH where the GPU has no hardware JPEG engine.
 
     Args:
         max_batch: images per call at most.
-        planar: YUV output (decode_planes) instead of RGBI with an ROI (decode).
+        planar: YUV output (decode_planes: whole images or regions) instead of RGBI with an
+            ROI (decode).
         interpolate: NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION on the handle (RGBI output).
     """
 
@@ -242,21 +269,7 @@ class HardwareDecoder(_Handle):
             return
         L = self.L
         if native and _nvsubmit is not None:
-            if self._batch != n:
-                check("nvjpegDecodeBatchedInitialize",
-                      L.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, self.fmt))
-                self._batch = n
-            if self._fns is None:
-                addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
-                self._fns = (addr(L.nvjpegDecodeParamsSetROI), addr(L.nvjpegDecodeBatchedEx))
-            status, call, at = _nvsubmit.submit(
-                *self._fns, self.handle.value, self.state.value, ctypes.addressof(self.params),
-                ctypes.addressof(self._ptrs), ctypes.addressof(self._lens), ctypes.addressof(self._imgs),
-                np.asarray(host_ptrs, np.int64), np.asarray(lengths, np.int64),
-                np.asarray(rois, np.int64).reshape(n, 4), np.asarray(dst_ptrs, np.int64),
-                np.asarray(dst_pitches, np.int64), int(stream_ptr or 0), self.max_batch)
-            if status:
-                check("nvjpegDecodeParamsSetROI" if call == 1 else "nvjpegDecodeBatchedEx", status)
+            self._submit(host_ptrs, lengths, rois, dst_ptrs, dst_pitches, stream_ptr)
             return
         n = self._begin(host_ptrs, lengths)
         for k in range(n):
@@ -268,21 +281,55 @@ class HardwareDecoder(_Handle):
         check("nvjpegDecodeBatchedEx", L.nvjpegDecodeBatchedEx(
             self.handle, self.state, self._ptrs, self._lens, self._imgs, self.params, stream_ptr))
 
-    def decode_planes(self, host_ptrs, lengths, planes, pitches, stream_ptr: int) -> None:
-        """Decode len(host_ptrs) whole JPEGs as planar YUV: planes[k] = (Y, Cb, Cr) device
-        pointers, pitches[k] their row bytes (each ≥ the plane's width, image_info)."""
+    def decode_planes(self, host_ptrs, lengths, planes, pitches, stream_ptr: int, rois=None,
+                      native: bool = True) -> None:
+        """Decode len(host_ptrs) JPEGs as planar YUV: planes[k] = (Y, Cb, Cr) device pointers,
+        pitches[k] their row bytes (each ≥ the plane's width: image_info for a whole image,
+        gpu.roi.chroma_dims for a region). rois: (x, y, w, h) per image, the region to decode
+        (x, y on chroma samples, gpu.roi.plan_rois); None: whole images. native: as `decode`."""
         if self.fmt != OUTPUT_YUV:
             raise ValueError("an RGBI HardwareDecoder decodes with decode")
-        n = self._begin(host_ptrs, lengths)
+        n = len(host_ptrs)
+        if n > self.max_batch:
+            raise ValueError(f"batch {n} > max_batch {self.max_batch}")
         if n == 0:
             return
+        rois = np.tile(np.array([0, 0, -1, -1], np.int64), (n, 1)) if rois is None else \
+            np.asarray(rois, np.int64).reshape(n, 4)  # (0, 0, -1, -1): the params' ROI off
+        if native and _nvsubmit is not None:
+            self._submit(host_ptrs, lengths, rois, np.asarray(planes, np.int64).reshape(n, 3),
+                         np.asarray(pitches, np.int64).reshape(n, 3), stream_ptr)
+            return
+        L = self.L
+        self._begin(host_ptrs, lengths)
         for k in range(n):
+            x, y, w, h = (int(v) for v in rois[k])
+            check("nvjpegDecodeParamsSetROI", L.nvjpegDecodeParamsSetROI(self.params[k], x, y, w, h))
             img = self._imgs[k]
             for c in range(3):
-                img.channel[c] = planes[k][c]
-                img.pitch[c] = pitches[k][c]
-        check("nvjpegDecodeBatchedEx", self.L.nvjpegDecodeBatchedEx(
+                img.channel[c] = int(planes[k][c])
+                img.pitch[c] = int(pitches[k][c])
+        check("nvjpegDecodeBatchedEx", L.nvjpegDecodeBatchedEx(
             self.handle, self.state, self._ptrs, self._lens, self._imgs, self.params, stream_ptr))
+
+    def _submit(self, host_ptrs, lengths, rois, dst_ptrs, dst_pitches, stream_ptr: int) -> None:
+        """The batch through recordtool._nvsubmit: ROIs, destinations ((n,) RGBI or (n, 3)
+        planes) and the batched decode in one GIL-free call."""
+        L, n = self.L, len(host_ptrs)
+        if self._batch != n:
+            check("nvjpegDecodeBatchedInitialize",
+                  L.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, self.fmt))
+            self._batch = n
+        if self._fns is None:
+            self._fns = (_addr(L.nvjpegDecodeParamsSetROI), _addr(L.nvjpegDecodeBatchedEx))
+        status, call, at = _nvsubmit.submit(
+            *self._fns, self.handle.value, self.state.value, ctypes.addressof(self.params),
+            ctypes.addressof(self._ptrs), ctypes.addressof(self._lens), ctypes.addressof(self._imgs),
+            np.asarray(host_ptrs, np.int64), np.asarray(lengths, np.int64),
+            np.asarray(rois, np.int64).reshape(n, 4), np.asarray(dst_ptrs, np.int64),
+            np.asarray(dst_pitches, np.int64), int(stream_ptr or 0), self.max_batch)
+        if status:
+            check("nvjpegDecodeParamsSetROI" if call == 1 else "nvjpegDecodeBatchedEx", status)
 
     def _begin(self, host_ptrs, lengths) -> int:
         n = len(host_ptrs)
@@ -362,13 +409,16 @@ class HybridDecoder(_Handle):
         self._img.pitch[0] = pitch
         self._decode(ptr, length, tuple(roi), OUTPUT_RGBI)
 
-    def decode_planes(self, ptr: int, length: int, planes, pitches, gray: bool) -> None:
-        """Decode one whole JPEG to its planes on this decoder's stream: Y only (gray, planes[0])
-        or Y, Cb, Cr (planes[0..2], pitches ≥ each plane's width, image_info)."""
+    def decode_planes(self, ptr: int, length: int, planes, pitches, gray: bool, roi=None) -> None:
+        """Decode one JPEG to its planes on this decoder's stream: Y only (gray, planes[0]) or
+        Y, Cb, Cr (planes[0..2], pitches ≥ each plane's width: image_info, or
+        gpu.roi.chroma_dims for a region). roi: (x, y, w, h) to decode (x, y on chroma samples,
+        gpu.roi.plan_rois); None: the whole image."""
         for c in range(1 if gray else 3):
             self._img.channel[c] = planes[c]
             self._img.pitch[c] = pitches[c]
-        self._decode(ptr, length, (0, 0, -1, -1), OUTPUT_Y if gray else OUTPUT_YUV)
+        roi = (0, 0, -1, -1) if roi is None else tuple(int(v) for v in roi)
+        self._decode(ptr, length, roi, OUTPUT_Y if gray else OUTPUT_YUV)
 
     def _decode(self, ptr: int, length: int, roi, fmt: int) -> None:
         # Q: short calls that keep the GIL; L: Huffman decoding and the copy, which release it

@@ -96,7 +96,7 @@ class DecodeBuffers:
         dst = self.arena.data.ptr + np.concatenate([[0], np.cumsum(size)[:-1]]).astype(np.int64)
         s["src"][idx], s["pitch"][idx], s["rw"][idx], s["rh"][idx] = dst, pitch, rw, rh
         s["x0"][idx], s["y0"][idx], s["x1"][idx], s["y1"][idx] = x - rx, y - ry, x + ww - rx, y + hh - ry
-        s["format"][idx] = FMT_RGB
+        s["format"][idx], s["ox"][idx], s["oy"][idx] = FMT_RGB, 0, 0
         return Places(idx, len(windows), np.stack([rx, ry, rw, rh], 1), dst, pitch)
 
     def place_whole(self, idx, size, base: int) -> None:
@@ -107,29 +107,44 @@ class DecodeBuffers:
         s["src"][idx] = base + np.arange(len(idx), dtype=np.int64) * (h * w * 3)
         s["pitch"][idx], s["rw"][idx], s["rh"][idx] = w * 3, w, h
         s["x0"][idx], s["y0"][idx], s["x1"][idx], s["y1"][idx] = 0.0, 0.0, float(w), float(h)
-        s["format"][idx] = FMT_RGB
+        s["format"][idx], s["ox"][idx], s["oy"][idx] = FMT_RGB, 0, 0
 
-    def place_planar(self, windows, idx, dims) -> dict:
-        """Place the whole-image planes of each image of `idx` in the arena (growing it if this
-        batch needs more than warm-up planned) and fill its sample row: the window in image
-        pixels, FMT_YCC or FMT_GRAY with the chroma planes' geometry.
+    def place_planar(self, windows, idx, dims, rois=None, regions=None) -> dict:
+        """Place the planes of each image of `idx` in the arena (growing it if this batch needs
+        more than warm-up planned) and fill its sample row: the window in image pixels, FMT_YCC
+        or FMT_GRAY with the chroma planes' geometry, and where its planes start (ox, oy).
 
         Args:
             windows: (N, 4) (y, x, h, w) of the batch.
             idx: batch positions to place.
             dims: per position of idx, (width, height, hs, vs, y_w, y_h, c_w, c_h): the image,
                 its chroma subsampling (hs = 0: grayscale) and the plane sizes nvJPEG writes
-                (image_info). Planes are allocated for the larger of those and libjpeg's sizes;
-                the kernel clamps to libjpeg's (gpu_ref.chroma_size).
-        Returns {index: ((Y, Cb, Cr) pointers, (pitches), gray)} for the decoders."""
+                (image_info). Whole planes are allocated for the larger of those and libjpeg's
+                sizes; the kernel clamps to libjpeg's (gpu_ref.chroma_size).
+            rois: per position of idx, the region (x, y, w, h) to decode (gpu.roi.plan_rois:
+                x a multiple of hs, y of vs); None: whole images. A region's planes are its
+                size (chroma: roi.chroma_dims) plus what nvJPEG's plane sizes exceed libjpeg's by.
+            regions: bool per position of idx, whether its region is used (else its whole
+                image); None: all of them.
+        Returns {index: ((Y, Cb, Cr) pointers, (pitches), gray, roi or None)} for the decoders."""
         s = self.samples
         d = np.asarray(dims, np.int64).reshape(len(idx), 8)
         w, h, hs, vs = d[:, 0], d[:, 1], d[:, 2], d[:, 3]
         gray = hs == 0
-        cw = np.where(gray, 0, -(-w // np.maximum(hs, 1)))  # libjpeg's downsampled_width / height
-        ch = np.where(gray, 0, -(-h // np.maximum(vs, 1)))
-        ypitch, yrows = np.maximum(w, d[:, 4]), np.maximum(h, d[:, 5])
-        cpitch, crows = np.where(gray, 0, np.maximum(cw, d[:, 6])), np.where(gray, 0, np.maximum(ch, d[:, 7]))
+        hs1, vs1 = np.maximum(hs, 1), np.maximum(vs, 1)
+        cw = np.where(gray, 0, -(-w // hs1))  # libjpeg's downsampled_width / height
+        ch = np.where(gray, 0, -(-h // vs1))
+        # what nvJPEG's planes exceed libjpeg's by (0 on the files seen): room for it in either mode
+        sy_w, sy_h = np.maximum(d[:, 4] - w, 0), np.maximum(d[:, 5] - h, 0)
+        sc_w, sc_h = np.maximum(d[:, 6] - cw, 0), np.maximum(d[:, 7] - ch, 0)
+        r = np.stack([np.zeros_like(w), np.zeros_like(w), w, h], 1)
+        used = np.zeros(len(idx), bool) if rois is None else \
+            (np.ones(len(idx), bool) if regions is None else np.asarray(regions, bool).reshape(len(idx)))
+        if used.any():
+            r[used] = np.asarray(rois, np.int64).reshape(len(idx), 4)[used]
+        ypitch, yrows = r[:, 2] + sy_w, r[:, 3] + sy_h
+        cpitch = np.where(gray, 0, -(-r[:, 2] // hs1) + sc_w)
+        crows = np.where(gray, 0, -(-r[:, 3] // vs1) + sc_h)
         ysize = (ypitch * yrows + ALIGN - 1) // ALIGN * ALIGN
         csize = (cpitch * crows + ALIGN - 1) // ALIGN * ALIGN
         total = ysize + 2 * csize
@@ -142,9 +157,11 @@ class DecodeBuffers:
         s["x1"][idx], s["y1"][idx] = win[:, 1] + win[:, 3], win[:, 0] + win[:, 2]
         s["format"][idx] = np.where(gray, FMT_GRAY, FMT_YCC)
         s["cb"][idx], s["cr"][idx], s["cpitch"][idx] = np.where(gray, base, cb), np.where(gray, base, cr), cpitch
-        s["hs"][idx], s["vs"][idx], s["cw"][idx], s["ch"][idx] = np.maximum(hs, 1), np.maximum(vs, 1), cw, ch
+        s["hs"][idx], s["vs"][idx], s["cw"][idx], s["ch"][idx] = hs1, vs1, cw, ch
+        s["ox"][idx], s["oy"][idx] = r[:, 0], r[:, 1]
         return {i: ((int(base[k]), int(cb[k]), int(cr[k])), (int(ypitch[k]), int(cpitch[k]), int(cpitch[k])),
-                    bool(gray[k])) for k, i in enumerate(idx.tolist())}
+                    bool(gray[k]), tuple(int(v) for v in r[k]) if used[k] else None)
+                for k, i in enumerate(idx.tolist())}
 
 
 class Places:

@@ -22,6 +22,7 @@ from . import kernel as K
 from .buffers import DecodeBuffers, OutputRing, planar_bytes
 from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, Chroma, Demand, Split, SplitPlanner, check_chroma,
                    ends_with_eoi)
+from .roi import plan_rois
 
 # nvJPEG chroma code → (horizontal, vertical) subsampling the kernel upsamples; (0, 0): grayscale
 _PLANAR_LAYOUT = {0: (1, 1), 1: (2, 1), 2: (2, 2), 3: (1, 2), 6: (0, 0)}
@@ -80,9 +81,11 @@ class GPUDecoder:
         if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
             raise ConfigError(f"max_batch must be an integer ≥ 1, not {max_batch!r}")
         self.chroma = check_chroma(chroma)
-        # "interpolate": whole images as planes, our kernel upsamples (no ROI: the planes' edges
-        # are the image's, as libjpeg sees them); "nvjpeg": nvJPEG's own interpolation flag
+        # "interpolate": planes, our kernel upsamples; each image's region of its window
+        # (roi.plan_rois: the same pixels as whole planes). RECORDTOOL_GPU_PLANAR=whole decodes
+        # whole images (for measurements). "nvjpeg": nvJPEG's own interpolation flag
         self.planar = chroma == "interpolate"
+        self.planar_roi = self.planar and _setting("PLANAR", "roi") != "whole"
         nvjpeg_interp = chroma == "nvjpeg"
         self.cupy = cupy
         self.spec, self.gpu_id = spec, int(gpu_id)
@@ -126,6 +129,13 @@ class GPUDecoder:
             self.buf = DecodeBuffers(cupy, self.max_batch, self.size, self.gpu_id)
         self.planner.engines = self.hw is not None
         self.planner.hybrid = self.hybrid is not None
+        # which decoders decode regions' planes right here (probe.py); the others whole images
+        self.planar_regions = {"engines": False, "hybrid": False}
+        if self.planar_roi:
+            from .probe import check_decoders
+
+            with self.device:
+                self.planar_regions = check_decoders(self, cupy)
 
     def sync(self) -> None:
         """Wait for the work queued on this decoder's stream (sleeping, see _event)."""
@@ -285,42 +295,41 @@ class GPUDecoder:
         return out
 
     def _place_planar(self, buffers, windows, plan):
-        """Planar mode: each GPU-bound image's header (nvjpegGetImageInfo) gives its planes'
-        sizes; place them and fill the sample rows. Images whose header nvJPEG refuses, whose
-        layout the kernel does not take (or gray on the engines), or whose header does not hold
-        the window or declares more than DEFAULT_MAX_PIXELS (a file damaged after packing: the
-        planes would be sized by it) leave the plan for the CPU path, which names them.
+        """Planar mode: each GPU-bound image's header (nvjpegGetImageInfo, the batch in one
+        call) gives its planes' sizes; plan its region (roi.plan_rois) unless whole images are
+        wanted, place the planes and fill the sample rows. Images whose header nvJPEG refuses,
+        whose layout the kernel does not take (or gray on the engines), or whose header does not
+        hold the window or declares more than DEFAULT_MAX_PIXELS (a file damaged after packing:
+        the planes would be sized by it) leave the plan for the CPU path, which names them.
         Returns (places, refused indices)."""
-        if not len(plan.engine) and not len(plan.hybrid):
-            return {}, []
-        info = (self.hw or self.hybrid).image_info
-        refused = []
-        keep = {}
-        for part, is_engine in ((plan.engine, True), (plan.hybrid, False)):
-            ok = np.ones(len(part), bool)
-            for k, i in enumerate(part.tolist()):
-                try:
-                    view = np.frombuffer(buffers[i], np.uint8)
-                    nc, css, ws, hs = info(view.ctypes.data, len(view))
-                    layout = _PLANAR_LAYOUT.get(css) if nc == (1 if css == 6 else 3) else None
-                    y, x, h, w = windows[i]
-                    if not (0 < ws[0] * hs[0] <= DEFAULT_MAX_PIXELS and x + w <= ws[0] + 0.5 and y + h <= hs[0] + 0.5
-                            and (layout == (0, 0) or (0 < ws[1] <= ws[0] and 0 < hs[1] <= hs[0]))):
-                        layout = None
-                except Exception:
-                    layout = None
-                if layout is None or (is_engine and layout == (0, 0)):
-                    ok[k] = False
-                    refused.append(i)
-                    continue
-                keep[i] = (ws[0], hs[0], layout[0], layout[1], ws[0], hs[0], ws[1], hs[1])
-            if is_engine:
-                plan.engine = part[ok]
-            else:
-                plan.hybrid = part[ok]
         idx = np.concatenate([plan.engine, plan.hybrid]).astype(np.int64)
-        places = self.buf.place_planar(windows, idx, [keep[i] for i in idx.tolist()]) if len(idx) else {}
-        return places, refused
+        if not len(idx):
+            return {}, []
+        views = [np.frombuffer(buffers[i], np.uint8) for i in idx.tolist()]
+        info = (self.hw or self.hybrid).image_infos([v.ctypes.data for v in views], [len(v) for v in views])
+        del views
+        status, nc, css, w0, h0, w1, h1 = info.T
+        hs = np.array([_PLANAR_LAYOUT.get(int(c), (-1, -1))[0] for c in css], np.int64)
+        vs = np.array([_PLANAR_LAYOUT.get(int(c), (-1, -1))[1] for c in css], np.int64)
+        gray = hs == 0
+        win = windows[idx]
+        ok = ((status == 0) & (hs >= 0) & (nc == np.where(gray, 1, 3)) & (w0 * h0 > 0) & (w0 * h0 <= DEFAULT_MAX_PIXELS)
+              & (win[:, 1] + win[:, 3] <= w0 + 0.5) & (win[:, 0] + win[:, 2] <= h0 + 0.5)
+              & (gray | ((0 < w1) & (w1 <= w0) & (0 < h1) & (h1 <= h0))))
+        ne = len(plan.engine)
+        ok[:ne] &= ~gray[:ne]  # gray does not go to the engines
+        refused = idx[~ok].tolist()
+        plan.engine, plan.hybrid = plan.engine[ok[:ne]], plan.hybrid[ok[ne:]]
+        keep = ok.nonzero()[0]
+        idx = idx[keep]
+        if not len(idx):
+            return {}, refused
+        dims = np.stack([w0, h0, hs, vs, w0, h0, w1, h1], 1)[keep]
+        rois = regions = None
+        if self.planar_roi:  # regions where the image's decoder decodes them right (probe.py)
+            rois = plan_rois(windows[idx], w0[keep], h0[keep], css[keep], self.size)
+            regions = np.where(keep < ne, self.planar_regions["engines"], self.planar_regions["hybrid"])
+        return self.buf.place_planar(windows, idx, dims, rois, regions), refused
 
     def _decode_cpu(self, buffers, windows, idx, at: int):
         """CPU-decode `idx` into cpu_out[at:at+len(idx)]; (seconds, [(batch index, reason)])."""
@@ -346,9 +355,9 @@ class GPUDecoder:
                 stage[o:o + len(b)] = np.frombuffer(b, np.uint8)
         if self.planar:
             ps = [places[int(i)] for i in idx]
-            ptrs = (base + np.asarray(offs, np.int64)).tolist()
-            self.hw.decode_planes(ptrs, [len(b) for b in bufs], [p[0] for p in ps], [p[1] for p in ps],
-                                  self.stream.ptr)
+            self.hw.decode_planes(base + np.asarray(offs, np.int64), [len(b) for b in bufs], [p[0] for p in ps],
+                                  [p[1] for p in ps], self.stream.ptr, None if ps[0][3] is None else [p[3] for p in ps],
+                                  native=self.native_submit)
         else:
             rois, dst, pitch = places.take(idx)
             lengths = np.fromiter((len(b) for b in bufs), np.int64, len(bufs))
@@ -365,8 +374,8 @@ class GPUDecoder:
                 try:
                     view = np.frombuffer(buffers[i], np.uint8)
                     if self.planar:
-                        planes, pitches, gray = places[i]
-                        self.hybrid.decode_planes(view.ctypes.data, len(view), planes, pitches, gray)
+                        planes, pitches, gray, roi = places[i]
+                        self.hybrid.decode_planes(view.ctypes.data, len(view), planes, pitches, gray, roi)
                     else:
                         rx, ry, rw, rh, dst, pitch = places[i]
                         self.hybrid.decode(view.ctypes.data, len(view), (rx, ry, rw, rh), dst, pitch)

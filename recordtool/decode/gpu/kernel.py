@@ -4,7 +4,8 @@ layout + dtype for a whole batch (native/gpu_resize.cu; numpy reference: decode/
 Each sample of the batch is a row of SAMPLE_DTYPE: where its decoded pixels are (any pitch),
 the float window inside them, and whether to mirror it; its `format` says whether they are
 interleaved RGB (FMT_RGB) or nvJPEG's planar YCbCr / Y (FMT_YCC, FMT_GRAY: the kernel makes
-libjpeg-turbo's RGB from them, see gpu_ref.planes_to_rgb).
+libjpeg-turbo's RGB from them, see gpu_ref.planes_to_rgb) — the whole image's planes or a
+region's starting at image pixel (ox, oy) (gpu_ref.region_planes_to_rgb).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 SAMPLE_DTYPE = np.dtype([("src", "<u8"), ("pitch", "<i8"), ("rw", "<i4"), ("rh", "<i4"), ("x0", "<f4"),
                          ("y0", "<f4"), ("x1", "<f4"), ("y1", "<f4"), ("mirror", "<i4"), ("format", "<i4"),
                          ("cb", "<u8"), ("cr", "<u8"), ("cpitch", "<i8"), ("hs", "<i4"), ("vs", "<i4"),
-                         ("cw", "<i4"), ("ch", "<i4")], align=True)  # = struct Sample in gpu_resize.cu
+                         ("cw", "<i4"), ("ch", "<i4"), ("ox", "<i4"), ("oy", "<i4")], align=True)  # = struct Sample in gpu_resize.cu
 FMT_RGB, FMT_YCC, FMT_GRAY = 0, 1, 2
 
 DType = Literal["float32", "float16", "bfloat16", "uint8"]  # bfloat16: bits in a uint16 array

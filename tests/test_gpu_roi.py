@@ -1,0 +1,340 @@
+"""chroma="interpolate" decoding only each window's region (recordtool.decode.gpu.roi), checked
+without a GPU: the planned regions are MCU-aligned and hold every pixel the kernel's taps read
+and every chroma sample libjpeg's fancy upsampling takes beside them; from a region's planes
+(libjpeg's whole planes cut to it, what a region decode gives) the kernel's reference and the
+kernel's own source, built for the host, give the whole-image pixels bit for bit."""
+import ctypes
+
+import numpy as np
+import pytest
+
+from recordtool.decode.gpu.roi import MARGIN, SUBSAMPLING, chroma_dims, plan_rois, tap_span
+from recordtool.decode.gpu_ref import chroma_size, planes_to_rgb, region_planes_to_rgb
+from recordtool.decode.windows import random_windows
+
+CODES = {"444": 0, "422": 1, "420": 2, "440": 3, "gray": 6}
+
+
+def kernel_taps(a0, a1, size, out):
+    """[lo, hi) of every output's taps along one axis, in float32 like gpu_resize.cu `taps`."""
+    f = np.float32
+    a0, a1 = f(a0), f(a1)
+    scale = f((a1 - a0) / f(out))
+    fs = max(scale, f(1.0))
+    lo, hi = [], []
+    for o in range(out):
+        center = f(a0 + f(f(o) + f(0.5)) * scale)
+        lo.append(max(int(f(center - fs + f(0.5))), 0))
+        hi.append(min(int(f(center + fs + f(0.5))), size))
+    return np.array(lo), np.array(hi)
+
+
+def _cases(seed=0):
+    """(width, height, chroma code, windows) of odd and even sizes, RandomResizedCrop windows
+    and windows on every edge and corner, 1-pixel and whole-image ones."""
+    out = []
+    for k, (w, h) in enumerate([(333, 251), (17, 9), (500, 375), (64, 48), (1201, 799), (5, 3), (3, 31)]):
+        win = random_windows(np.full(12, w), np.full(12, h), np.arange(12) + 50 * k, seed, 0).astype(np.float64)
+        edges = np.array([[0, 0, h, w], [0, 0, 1, 1], [h - 1, w - 1, 1, 1], [0, w - min(w, 7), min(h, 5), min(w, 7)],
+                          [h - min(h, 6), 0, min(h, 6), min(w, 9)], [h // 3, w // 3, h - h // 3, w - w // 3]], np.float64)
+        win = np.concatenate([win, edges])
+        out += [(w, h, code, win) for code in SUBSAMPLING]
+    return out
+
+
+@pytest.mark.parametrize("size", [(224, 224), (64, 96), (500, 500)])
+def test_regions_are_aligned_and_hold_every_tap_and_its_chroma_neighbours(size):
+    for w, h, code, win in _cases():
+        n = len(win)
+        rois = plan_rois(win, np.full(n, w), np.full(n, h), np.full(n, code), size)
+        hs, vs = SUBSAMPLING[code]
+        rx, ry, rw, rh = rois.T
+        assert (rx % (8 * hs) == 0).all() and (ry % (8 * vs) == 0).all()
+        assert ((rx + rw == w) | ((rx + rw) % (8 * hs) == 0)).all() and ((ry + rh == h) | ((ry + rh) % (8 * vs) == 0)).all()
+        assert (rx >= 0).all() and (ry >= 0).all() and (rw > 0).all() and (rh > 0).all()
+        assert (rx + rw <= w).all() and (ry + rh <= h).all()
+        cw, ch = chroma_size(w, h, hs, vs)
+        ccols, crows = chroma_dims(rois, hs, vs)
+        assert (rx // hs + ccols <= cw).all() and (ry // vs + crows <= ch).all()  # inside the whole plane
+        for k, (y, x, wh, ww) in enumerate(win):
+            for a0, a1, axis, out, r0, r1, sub, csize in ((x, x + ww, w, size[1], rx[k], rx[k] + rw[k], hs, cw),
+                                                          (y, y + wh, h, size[0], ry[k], ry[k] + rh[k], vs, ch)):
+                lo, hi = kernel_taps(a0, a1, axis, out)
+                assert r0 <= lo.min() and hi.max() <= r1, (w, h, code, k, r0, r1, lo.min(), hi.max())
+                if sub == 2:  # the nearer and the further chroma sample of every pixel read
+                    px = np.arange(lo.min(), hi.max())
+                    near = np.minimum(px >> 1, csize - 1)
+                    far = np.clip(np.where(px & 1, near + 1, near - 1), 0, csize - 1)
+                    c0, c1 = r0 // 2, -(-r1 // 2)
+                    assert (np.minimum(near, far) >= c0).all() and (np.maximum(near, far) < c1).all()
+
+
+def test_tap_span_is_the_kernels_plus_margin():
+    for a0, a1, size, out in [(0.0, 500.0, 500, 224), (10.0, 60.0, 100, 224), (3.5, 4.5, 10, 224), (0.0, 1.0, 1, 7)]:
+        lo, hi = kernel_taps(a0, a1, size, out)
+        slo, shi = tap_span(np.array([a0]), np.array([a1]), np.array([size]), out)
+        assert max(0, lo.min() - MARGIN - 1) <= slo[0] <= lo.min() and hi.max() <= shi[0] <= min(size, hi.max() + MARGIN + 1)
+
+
+def test_unknown_chroma_code_is_refused():
+    with pytest.raises(ValueError, match="chroma"):
+        plan_rois(np.array([[0, 0, 8, 8]]), [64], [64], [4], (224, 224))  # 4:1:1: no planar layout
+
+
+def _jpeg(w, h, layout, seed):
+    import io
+
+    from conftest import sharp_chroma
+
+    buf = io.BytesIO()
+    im = sharp_chroma(w, h, seed=seed)
+    if layout == "gray":
+        im.convert("L").save(buf, "JPEG", quality=90)
+    else:
+        im.save(buf, "JPEG", quality=90, subsampling={"444": 0, "422": 1, "420": 2}[layout])
+    return buf.getvalue()
+
+
+def _libjpeg_planes(data):
+    from turbojpeg import TJPF_GRAY
+
+    from recordtool.decode.reference import _turbojpeg
+    from recordtool.format.jpeg import CHROMA_GRAY, probe
+
+    info = probe(data)
+    if info.chroma == CHROMA_GRAY:
+        return [_turbojpeg().decode(data, pixel_format=TJPF_GRAY)[:, :, 0]]
+    y, cb, cr = _turbojpeg().decode_to_yuv_planes(data)
+    return [y[: info.height, : info.width], cb, cr]
+
+
+def _cut(planes, roi, hs, vs):
+    """What a region decode writes: the whole planes cut to the region."""
+    rx, ry, rw, rh = roi
+    y = planes[0][ry:ry + rh, rx:rx + rw]
+    if len(planes) == 1:
+        return y, None, None
+    (cc,), (cr,) = chroma_dims([roi], hs, vs)
+    return (y, *(p[ry // vs:ry // vs + cr, rx // hs:rx // hs + cc] for p in planes[1:]))
+
+
+def _synthetic_440(w, h, seed):
+    """Planes of a 4:4:0 image (Pillow cannot write 4:4:0 files): random Y and half-height chroma."""
+    rng = np.random.default_rng(seed)
+    cw, ch = chroma_size(w, h, 1, 2)
+    return [rng.integers(0, 256, (h, w), dtype=np.uint8), rng.integers(0, 256, (ch, cw), dtype=np.uint8),
+            rng.integers(0, 256, (ch, cw), dtype=np.uint8)]
+
+
+@pytest.mark.parametrize("layout", ["420", "422", "444", "440", "gray"])
+@pytest.mark.parametrize("wh", [(333, 251), (17, 9), (64, 48), (5, 3), (3, 31)])
+def test_region_planes_give_the_whole_image_pixels(layout, wh):
+    """The reference level of windowed interpolate: libjpeg's planes cut to each planned region,
+    upsampled with the whole image's edge rules (gpu_ref.region_planes_to_rgb, what the kernel
+    does with ox / oy), are the whole-image decode's pixels in that region, bit for bit."""
+    w, h = wh
+    hs, vs = {"444": (1, 1), "422": (2, 1), "420": (2, 2), "440": (1, 2), "gray": (1, 1)}[layout]
+    planes = _synthetic_440(w, h, w) if layout == "440" else _libjpeg_planes(_jpeg(w, h, layout, seed=w))
+    whole = planes_to_rgb(planes[0]) if layout == "gray" else planes_to_rgb(*planes, hs, vs)
+    if layout != "440":  # the whole-image reference is libjpeg's decode itself (tests/test_gpu.py)
+        from turbojpeg import TJPF_RGB
+
+        from recordtool.decode.reference import _turbojpeg
+
+        assert np.array_equal(whole, _turbojpeg().decode(_jpeg(w, h, layout, seed=w), pixel_format=TJPF_RGB))
+    cases = [c for c in _cases(1) if c[:3] == (w, h, CODES[layout])]
+    win = cases[0][3] if cases else random_windows(np.full(12, w), np.full(12, h), np.arange(12), 1, 0)
+    rois = plan_rois(win, np.full(len(win), w), np.full(len(win), h), np.full(len(win), CODES[layout]), (224, 224))
+    xlo, xhi = tap_span(win[:, 1], win[:, 1] + win[:, 3], np.full(len(win), w), 224)
+    ylo, yhi = tap_span(win[:, 0], win[:, 0] + win[:, 2], np.full(len(win), h), 224)
+    for k, roi in enumerate(rois):  # every pixel the kernel reads for the window
+        xs, ys = np.arange(xlo[k], xhi[k]), np.arange(ylo[k], yhi[k])
+        got = region_planes_to_rgb(*_cut(planes, roi, hs, vs), hs, vs, roi, w, h, xs, ys)
+        assert np.array_equal(got, whole[np.ix_(ys, xs)]), (layout, wh, roi)
+
+
+@pytest.fixture(scope="module")
+def host_kernel(tmp_path_factory):
+    from host_kernel import build
+
+    lib = build(tmp_path_factory.mktemp("hostkernel"))
+    if lib is None:
+        pytest.skip("no C++ compiler")
+    return lib
+
+
+@pytest.mark.parametrize("layout", ["420", "422", "440", "444", "gray"])
+def test_kernel_on_region_planes_equals_kernel_on_whole_planes(host_kernel, layout):
+    """The kernel's own source: each window resampled from its region's planes (planes cut to
+    plan_rois' region, ox / oy set, pitches of the region) gives the same bytes as from the whole
+    image's planes — odd sizes, windows on the edges, mirrored, downscales and upscales."""
+    from recordtool.decode.gpu import SAMPLE_DTYPE
+    from recordtool.decode.gpu.kernel import FMT_GRAY, FMT_YCC
+
+    hs, vs = {"444": (1, 1), "422": (2, 1), "420": (2, 2), "440": (1, 2), "gray": (1, 1)}[layout]
+    keep = []
+    for (w, h, code, win), out_size in zip([c for c in _cases(2) if c[2] == CODES[layout]],
+                                           [(224, 224), (37, 29), (224, 224), (64, 96), (224, 224), (7, 5), (33, 9)]):
+        rng = np.random.default_rng(w)
+        cw, ch = chroma_size(w, h, hs, vs)
+        planes = [rng.integers(0, 256, (h, w), dtype=np.uint8)]
+        if layout != "gray":
+            planes += [rng.integers(0, 256, (ch, cw), dtype=np.uint8) for _ in range(2)]
+        n = len(win)
+        rois = plan_rois(win, np.full(n, w), np.full(n, h), np.full(n, CODES[layout]), out_size)
+        both = np.zeros((2, n), SAMPLE_DTYPE)
+        for k in range(n):
+            for m, roi in enumerate([(0, 0, w, h), tuple(rois[k])]):
+                cut = [np.ascontiguousarray(p) for p in _cut(planes, roi, hs, vs) if p is not None]
+                keep += cut
+                row = both[m, k]
+                y, x, wh, ww = win[k]
+                row["src"], row["pitch"], row["rw"], row["rh"] = cut[0].ctypes.data, cut[0].shape[1], w, h
+                row["x0"], row["y0"], row["x1"], row["y1"] = x, y, x + ww, y + wh
+                row["mirror"], row["hs"], row["vs"], row["ox"], row["oy"] = k % 2, hs, vs, roi[0], roi[1]
+                row["format"] = FMT_GRAY if layout == "gray" else FMT_YCC
+                if layout != "gray":
+                    row["cb"], row["cr"], row["cpitch"] = cut[1].ctypes.data, cut[2].ctypes.data, cut[1].shape[1]
+                    row["cw"], row["ch"] = cw, ch
+        H, W = out_size
+        outs = np.zeros((2, n, H, W, 3), np.uint8)
+        for m in range(2):
+            host_kernel.run(ctypes.c_void_p(both[m].ctypes.data), n, ctypes.c_void_p(outs[m].ctypes.data), W, H)
+        assert np.array_equal(outs[0], outs[1]), (layout, w, h)
+        keep.clear()
+
+
+class _Headers:
+    """Stands in for nvJPEG's header reader (image_infos) from recordtool's own parse; its chroma
+    codes are nvJPEG's. A file that does not parse gets BAD_JPEG (3), as nvjpegGetImageInfo does."""
+
+    def __init__(self, buffers):
+        self.by_ptr = {np.frombuffer(b, np.uint8).ctypes.data: b for b in buffers}
+
+    def image_infos(self, ptrs, lengths):
+        from recordtool.format.jpeg import CHROMA_GRAY, probe
+
+        rows = []
+        for p in ptrs:
+            try:
+                i = probe(self.by_ptr[p])
+            except Exception:
+                rows.append((3, 0, 0, 0, 0, 0, 0))
+                continue
+            hs, vs = SUBSAMPLING.get(i.chroma, (1, 1))
+            cw, ch = chroma_size(i.width, i.height, hs, vs)
+            rows.append((0, 1 if i.chroma == CHROMA_GRAY else 3, i.chroma, i.width, i.height, cw, ch))
+        return np.array(rows, np.int64)
+
+
+def _decoder_without_gpu(buffers, planar_roi):
+    """A GPUDecoder's planar placement with its device parts stood in for: a host arena address,
+    the sample table in host memory, the header reader above."""
+    from recordtool.decode.gpu import SAMPLE_DTYPE
+    from recordtool.decode.gpu.buffers import DecodeBuffers
+    from recordtool.decode.gpu.decoder import GPUDecoder
+
+    buf = DecodeBuffers.__new__(DecodeBuffers)
+    buf.samples = np.zeros(len(buffers), SAMPLE_DTYPE)
+    buf.arena = type("Arena", (), {"data": type("Ptr", (), {"ptr": 1 << 20})(), "size": 1 << 40})()
+    buf.reserve = lambda staging, arena: None
+    dec = GPUDecoder.__new__(GPUDecoder)
+    dec.buf, dec.size, dec.planar_roi, dec.hw, dec.hybrid = buf, (224, 224), planar_roi, _Headers(buffers), None
+    dec.planar_regions = {"engines": planar_roi, "hybrid": planar_roi}
+    return dec
+
+
+def test_planar_placement_plans_regions_and_refuses_what_the_kernel_does_not_take():
+    """GPUDecoder._place_planar (no GPU needed): each engine / hybrid image gets its region
+    (plan_rois) or its whole image, sample rows with ox / oy and the whole image's geometry, and
+    planes sized by the region; a header that does not parse, a window the header does not hold
+    and gray on the engines go to the CPU path."""
+    from recordtool.decode.gpu.kernel import FMT_GRAY, FMT_YCC
+    from recordtool.decode.gpu.plan import Plan
+
+    bufs = [_jpeg(333, 251, "420", 1), _jpeg(64, 48, "422", 2), _jpeg(17, 9, "444", 3), _jpeg(40, 30, "gray", 4),
+            b"\xff\xd8 not a jpeg \xff\xd9", _jpeg(40, 30, "gray", 5), _jpeg(50, 40, "420", 6)]
+    win = np.array([[10, 20, 200, 250], [0, 0, 48, 64], [8, 16, 1, 1], [0, 0, 30, 40], [0, 0, 8, 8], [3, 4, 20, 20],
+                    [0, 0, 41, 50]], np.float64)  # the last: a window the header (40 rows) does not hold
+    for planar_roi, engines_regions in ((True, True), (False, False), (True, False)):
+        dec = _decoder_without_gpu(bufs, planar_roi)
+        dec.planar_regions["engines"] = engines_regions  # (True, False): engines whole, hybrid regions
+        plan = Plan(engine=np.array([0, 1, 2, 3, 6]), hybrid=np.array([4, 5]), cpu=np.zeros(0, np.int64), forced=0)
+        places, refused = dec._place_planar(bufs, win, plan)
+        assert sorted(refused) == [3, 4, 6] and plan.engine.tolist() == [0, 1, 2] and plan.hybrid.tolist() == [5]
+        s = dec.buf.samples
+        for i, (w, h, code) in {0: (333, 251, 2), 1: (64, 48, 1), 2: (17, 9, 0), 5: (40, 30, 6)}.items():
+            planes, pitches, gray, roi = places[i]
+            hs, vs = SUBSAMPLING[code]
+            regions = engines_regions if i in (0, 1, 2) else planar_roi
+            want = tuple(plan_rois(win[i:i + 1], [w], [h], [code], (224, 224))[0]) if regions else None
+            assert roi == want and gray == (code == 6)
+            rx, ry, rw, rh = want or (0, 0, w, h)
+            assert (s["ox"][i], s["oy"][i], s["rw"][i], s["rh"][i], s["pitch"][i]) == (rx, ry, w, h, rw)
+            assert (s["x0"][i], s["y0"][i], s["x1"][i], s["y1"][i]) == (win[i, 1], win[i, 0], win[i, 1] + win[i, 3],
+                                                                        win[i, 0] + win[i, 2])
+            assert s["format"][i] == (FMT_GRAY if gray else FMT_YCC) and planes[0] == s["src"][i]
+            if not gray:
+                (cc,), (cr,) = chroma_dims([(rx, ry, rw, rh)], hs, vs)
+                assert (s["cw"][i], s["ch"][i]) == chroma_size(w, h, hs, vs) and pitches[1] == pitches[2] == cc
+                assert planes[1] - planes[0] >= rw * rh and planes[2] - planes[1] >= cc * cr
+
+
+class _HostArray(np.ndarray):
+    """A host array standing in for a CuPy one: `.data.ptr` is its address."""
+
+    @property
+    def data(self):
+        return type("Ptr", (), {"ptr": self.ctypes.data})()
+
+
+class _HostCupy:
+    @staticmethod
+    def full(shape, value, dtype):
+        return np.full(shape, value, dtype).view(_HostArray)
+
+    @staticmethod
+    def asnumpy(a):
+        return np.array(a)
+
+
+def _write(ptr, pitch, plane):
+    for r, row in enumerate(np.ascontiguousarray(plane)):
+        ctypes.memmove(ptr + r * pitch, row.ctypes.data, len(row))
+
+
+def _stand_in(how):
+    """decode(data, ptrs, pitches, gray, roi) writing libjpeg's planes as a decoder would: "right"
+    (a region's planes at the given pointers), "ignores" (the whole image whatever the region),
+    "offset" (the region's planes where they lie in the whole image), "raises"."""
+    from recordtool.decode.gpu import probe
+
+    def decode(data, ptrs, pitches, gray, roi):
+        if how == "raises":
+            raise RuntimeError("NVJPEG_STATUS_INVALID_PARAMETER")
+        planes = _libjpeg_planes(data)
+        half = (probe.H + 1) // 2, (probe.W + 1) // 2
+        code = 6 if gray else {half: 2, (probe.H, half[1]): 1, (probe.H, probe.W): 0}[planes[1].shape]
+        shapes = probe.plane_shapes(code, None if how == "ignores" else roi)
+        hs, vs = SUBSAMPLING[code]
+        for c, (p, (r, k)) in enumerate(zip(planes, shapes)):
+            if roi is None or how == "ignores":
+                _write(ptrs[c], pitches[c], p[:r, :k])
+                continue
+            ox, oy = (roi[0], roi[1]) if c == 0 else (roi[0] // hs, roi[1] // vs)
+            cut = p[oy:oy + r, ox:ox + k]
+            at = ptrs[c] + (oy * pitches[c] + ox if how == "offset" else 0)
+            _write(at, pitches[c], cut)
+
+    return decode
+
+
+@pytest.mark.parametrize("how", ["right", "ignores", "offset", "raises"])
+def test_region_probe_trusts_only_a_decoder_that_writes_regions_right(how):
+    """probe.check (run once per GPUDecoder): a decoder writing each region's planes where asked
+    is trusted with regions; one that ignores the region, writes it at the whole image's offset
+    or refuses it is not (its images are then decoded whole)."""
+    from recordtool.decode.gpu import probe
+
+    layouts = ("420", "422", "444", "gray", "prog420")
+    assert probe.check(_stand_in(how), layouts, _HostCupy) == (how == "right")
