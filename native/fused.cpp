@@ -813,6 +813,21 @@ static py::array_t<int64_t> gather(py::sequence buffers, uintptr_t dst, size_t c
     return offsets;
 }
 
+// Does each buffer end in JPEG's EOI marker (FF D9)? Reference: recordtool.decode.gpu.plan.ends_with_eoi
+// (Python). One pass in C: a batch's check costs the producer thread no per-buffer Python.
+static py::array_t<bool> ends_with_eoi(py::sequence buffers) {
+    const size_t n = buffers.size();
+    py::array_t<bool> out(n);
+    auto o = out.mutable_unchecked<1>();
+    for (size_t i = 0; i < n; i++) {
+        py::buffer_info b = py::buffer(buffers[i]).request();
+        const size_t len = (size_t)b.size * b.itemsize;
+        const uint8_t* p = static_cast<const uint8_t*>(b.ptr);
+        o(i) = len >= 2 && p[len - 2] == 0xFF && p[len - 1] == 0xD9;
+    }
+    return out;
+}
+
 // Size every pool thread's region buffer now (touched, so resident memory stops growing later):
 // the loader calls this with the index's largest image, capped at kKeepBytes.
 static void reserve(size_t bytes, int threads, int pool_id) {
@@ -898,6 +913,7 @@ PYBIND11_MODULE(_native, m) {
     pthread_atfork(nullptr, nullptr, &pools_after_fork_in_child);
     m.def("normalize", &normalize_py, py::arg("src"), py::arg("flips"), py::arg("dst"), py::arg("scale"),
           py::arg("bias"), py::arg("nchw"), py::arg("threads"), py::arg("pool") = 0);
+    m.def("ends_with_eoi", &ends_with_eoi, py::arg("buffers"));
     m.def("gather", &gather, py::arg("buffers"), py::arg("dst"), py::arg("capacity"), py::arg("align") = 64);
     m.doc() = "recordtool native decode: fused libjpeg-turbo crop decode + Pillow-exact bilinear resample";
     m.def("decode_crop_resize", &decode_crop_resize, py::arg("buffers"), py::arg("windows"), py::arg("out"),

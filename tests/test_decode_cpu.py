@@ -298,3 +298,19 @@ def test_background_pools_run_their_threads_at_lower_priority(photos):
     finally:
         for p in again:
             cpu.release_pool_id(p)
+
+
+@pytest.mark.skipif(not cpu.native_available(), reason="native decoder not built")
+def test_ends_with_eoi_native_matches_its_reference():
+    """The GPU planner's truncation check (FF D9 at the end) in C = its Python reference, on
+    bytes, memoryviews and arrays, empty and one-byte buffers included."""
+    from recordtool import _native
+    from recordtool.decode.gpu.plan import ends_with_eoi, ends_with_eoi_py
+
+    rng = np.random.default_rng(0)
+    bufs = [b"", b"\xd9", b"\xff\xd9", b"\xd9\xff", bytes(rng.integers(0, 256, 100, dtype=np.uint8)) + b"\xff\xd9",
+            memoryview(b"abc\xff\xd9")[1:], memoryview(b"abc\xff\xd9")[:-1], np.frombuffer(b"\x00\xff\xd9", np.uint8)]
+    bufs += [bytes(rng.integers(0, 256, int(rng.integers(0, 8)), dtype=np.uint8)) for _ in range(200)]
+    want = ends_with_eoi_py(bufs)
+    assert want[:8].tolist() == [False, False, True, False, True, True, False, True]
+    assert np.array_equal(_native.ends_with_eoi(bufs), want) and np.array_equal(ends_with_eoi(bufs), want)

@@ -52,7 +52,17 @@ def route(chroma, progressive, colorspace) -> np.ndarray:
 
 def ends_with_eoi(buffers) -> np.ndarray:
     """bool per buffer: does it end in the EOI marker FF D9? Neither GPU decoder reports a
-    truncated stream (seen on the H200), so a file that does not goes to libjpeg, which names it."""
+    truncated stream (seen on the H200), so a file that does not goes to libjpeg, which names it.
+    Natively when built (one C pass: no per-buffer Python on the producer thread); this
+    function's Python form is its reference (ends_with_eoi_py)."""
+    from ..cpu import _native
+
+    if _native is not None and hasattr(_native, "ends_with_eoi"):
+        return _native.ends_with_eoi(buffers)
+    return ends_with_eoi_py(buffers)
+
+
+def ends_with_eoi_py(buffers) -> np.ndarray:
     return np.fromiter((len(b) >= 2 and b[-2] == 0xFF and b[-1] == 0xD9 for b in buffers), bool, len(buffers))
 
 
