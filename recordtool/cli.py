@@ -8,7 +8,8 @@ import sys
 
 import click
 
-from . import __version__, checks
+from . import checks
+from .version import __version__
 from .errors import OptionError, RecordtoolError
 from .pack.transcode import SPEED_PRESETS
 

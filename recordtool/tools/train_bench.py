@@ -316,7 +316,7 @@ def _torchvision(files: str, batch: int, size: int, threads: int):
     import torch
     from torchvision import datasets, transforms
 
-    from ..decode.ops import IMAGENET_MEAN, IMAGENET_STD
+    from ..decode.spec import IMAGENET_MEAN, IMAGENET_STD
 
     tf = transforms.Compose([transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip(),
                              transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
