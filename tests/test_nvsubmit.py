@@ -82,3 +82,61 @@ def test_submit_refuses_bad_arguments_without_calling_anything():
     with pytest.raises(ValueError):  # a null function
         nvsubmit.submit(0, 1, 1, 1, ctypes.addressof(params), ctypes.addressof(ptrs), ctypes.addressof(lens),
                         ctypes.addressof(imgs), z, z, np.zeros((3, 4), np.int64), z, z, 0, 4)
+
+
+def _hardware_decoder(cap):
+    """A HardwareDecoder over stand-ins for nvJPEG (no GPU): what it calls is recorded."""
+    from recordtool.decode import nvjpeg
+
+    log = {"init": [], "roi": [], "batched": []}
+
+    @SET_ROI
+    def set_roi(prm, x, y, w, h):
+        log["roi"].append((prm, x, y, w, h))
+        return 0
+
+    @BATCHED
+    def dec(handle, state, data, lengths, imgs, prm, stream):
+        n = log["init"][-1]
+        log["batched"].append(([data[k] for k in range(n)], [lengths[k] for k in range(n)],
+                               [imgs[k].channel[0] for k in range(n)], [imgs[k].pitch[0] for k in range(n)], stream))
+        return 0
+
+    class Lib:
+        nvjpegDecodeParamsSetROI, nvjpegDecodeBatchedEx = set_roi, dec
+
+        @staticmethod
+        def nvjpegDecodeBatchedInitialize(handle, state, n, threads, fmt):
+            log["init"].append(n)
+            return 0
+
+    d = object.__new__(nvjpeg.HardwareDecoder)
+    d.L, d.handle, d.state, d.fmt, d.max_batch = Lib, ctypes.c_void_p(11), ctypes.c_void_p(22), nvjpeg.OUTPUT_RGBI, cap
+    d.params, d._ptrs, d._lens, d._imgs = _arrays(cap)
+    d._batch = d._fns = None
+    d._keep = (set_roi, dec)
+    return d, log
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_hardware_decoder_decode_same_calls_either_way(native):
+    """HardwareDecoder.decode submits natively or through its ctypes loop: the same ROIs,
+    pointers, lengths and destinations reach nvJPEG, the batched state is initialised once per
+    batch size, and an empty or oversized batch calls nothing."""
+    d, log = _hardware_decoder(8)
+    rng = np.random.default_rng(1)
+    for n in (5, 5, 3, 0):
+        host, length = rng.integers(1 << 20, 1 << 40, n), rng.integers(100, 10 ** 6, n)
+        rois, dst, pitch = rng.integers(0, 4000, (n, 4)), rng.integers(1 << 20, 1 << 40, n), rng.integers(3, 9999, n)
+        before = len(log["batched"])
+        d.decode(host, length, rois, dst, pitch, 33, native=native)
+        if n:
+            assert log["batched"][before:] == [(host.tolist(), length.tolist(), dst.tolist(), pitch.tolist(), 33)]
+            assert log["roi"][-n:] == [(1000 + k, *(int(v) for v in rois[k])) for k in range(n)]
+        else:
+            assert len(log["batched"]) == before
+    assert log["init"] == [5, 3]
+    with pytest.raises(ValueError, match="max_batch"):
+        d.decode(np.zeros(9, np.int64), np.zeros(9, np.int64), np.zeros((9, 4), np.int64), np.zeros(9, np.int64),
+                 np.zeros(9, np.int64), 33, native=native)
+    assert log["init"] == [5, 3]

@@ -235,17 +235,12 @@ class HardwareDecoder(_Handle):
         back — hundreds of hand-offs a batch with a training loop on the main thread)."""
         if self.fmt != OUTPUT_RGBI:
             raise ValueError("a planar HardwareDecoder decodes with decode_planes")
-        n = len(host_ptrs)
-        if n > self.max_batch:
-            raise ValueError(f"batch {n} > max_batch {self.max_batch}")
+        native = native and _nvsubmit is not None
+        n = self._begin(host_ptrs, lengths, fill=not native)  # the native call fills the arrays itself
         if n == 0:
             return
         L = self.L
-        if native and _nvsubmit is not None:
-            if self._batch != n:
-                check("nvjpegDecodeBatchedInitialize",
-                      L.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, self.fmt))
-                self._batch = n
+        if native:
             if self._fns is None:
                 addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
                 self._fns = (addr(L.nvjpegDecodeParamsSetROI), addr(L.nvjpegDecodeBatchedEx))
@@ -258,7 +253,6 @@ class HardwareDecoder(_Handle):
             if status:
                 check("nvjpegDecodeParamsSetROI" if call == 1 else "nvjpegDecodeBatchedEx", status)
             return
-        n = self._begin(host_ptrs, lengths)
         for k in range(n):
             x, y, w, h = (int(v) for v in rois[k])
             check("nvjpegDecodeParamsSetROI", L.nvjpegDecodeParamsSetROI(self.params[k], x, y, w, h))
@@ -284,7 +278,9 @@ class HardwareDecoder(_Handle):
         check("nvjpegDecodeBatchedEx", self.L.nvjpegDecodeBatchedEx(
             self.handle, self.state, self._ptrs, self._lens, self._imgs, self.params, stream_ptr))
 
-    def _begin(self, host_ptrs, lengths) -> int:
+    def _begin(self, host_ptrs, lengths, fill: bool = True) -> int:
+        """Check the batch size, (re)initialise the batched state for n images when n changed,
+        and (fill) put the JPEGs' pointers and lengths into the call's arrays; returns n."""
         n = len(host_ptrs)
         if n > self.max_batch:
             raise ValueError(f"batch {n} > max_batch {self.max_batch}")
@@ -292,9 +288,10 @@ class HardwareDecoder(_Handle):
             check("nvjpegDecodeBatchedInitialize",
                   self.L.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, self.fmt))
             self._batch = n
-        for k in range(n):
-            self._ptrs[k] = int(host_ptrs[k])
-            self._lens[k] = int(lengths[k])
+        if fill:
+            for k in range(n):
+                self._ptrs[k] = int(host_ptrs[k])
+                self._lens[k] = int(lengths[k])
         return n
 
     def close(self):
@@ -318,8 +315,10 @@ class HybridDecoder(_Handle):
     One instance per thread.
     """
 
-    def __init__(self, stream_ptr: int, interpolate: bool = False):
-        """interpolate: NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION on the handle (RGBI output)."""
+    def __init__(self, stream_ptr: int, interpolate: bool = False, block: bool = True):
+        """interpolate: NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION on the handle (RGBI output);
+        block: blocking-sync events, so that waiting for a pinned buffer's copy sleeps instead
+        of spinning a core (GPUDecoder passes RECORDTOOL_GPU_SYNC's choice)."""
         import cupy
 
         L = lib()
@@ -348,8 +347,6 @@ class HybridDecoder(_Handle):
         check("nvjpegDecodeParamsSetOutputFormat", L.nvjpegDecodeParamsSetOutputFormat(self.params, OUTPUT_RGBI))
         self._fmt, self._roi = OUTPUT_RGBI, None
         self._record = cupy.cuda.runtime.eventRecord
-        # blocking-sync events: waiting for a pinned buffer's copy sleeps instead of spinning a core
-        block = os.environ.get("RECORDTOOL_GPU_SYNC", "block") == "block"
         self.events = [cupy.cuda.Event(block=block, disable_timing=True) for _ in range(2)]
         self.set_padding(16 << 20)
         self._used = [False, False]
