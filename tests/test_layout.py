@@ -7,7 +7,9 @@
 - a module over MAX_LINES lines says in its docstring why it is not split (a paragraph starting
   "Not split:"). WAITING names the modules that are over it while someone else is changing
   them, each with who and why; an entry fails the test once its module is under the limit or
-  gives its reason, so the list cannot outlive its cause.
+  gives its reason, so the list cannot outlive its cause;
+- the library never imports the tools (recordtool/tools/: only the CLI and other tools do);
+- ARCHITECTURE.md names every module (one line each) and no module that is not there.
 
 An edge goes to each module an import runs: `import a.b.c` → a.b.c and the packages a, a.b
 (those above the importing module only when named: the others are already running);
@@ -19,11 +21,13 @@ above the importer, `from P import n` is an edge to P only when P defines n (or 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "recordtool"
 MAX_LINES = 420
 GENERATED = ("_pb2.py",)  # protoc's output (scripts/gen_proto.sh)
+ARCHITECTURE = ROOT.parent / "ARCHITECTURE.md"
 WAITING = {"recordtool/decode/gpu/decoder.py": "the lead is changing the GPU path (issue 25); split it or say why"}
 
 
@@ -154,23 +158,23 @@ def cycles(graph: dict) -> list:
     stack: list = []
     on: set = set()
     comps = []
-    counter = [0]
 
-    def strong(v):  # iterative Tarjan: the graph may be deeper than Python's recursion limit
-        work = [(v, iter(sorted(graph.get(v, ()))))]
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
+    def enter(v, work):  # iterative Tarjan: the graph may be deeper than Python's recursion limit
+        index[v] = low[v] = len(index)
         stack.append(v)
         on.add(v)
+        work.append((v, iter(sorted(graph.get(v, ())))))
+
+    for v in sorted(graph):
+        if v in index:
+            continue
+        work: list = []
+        enter(v, work)
         while work:
             node, it = work[-1]
             for w in it:
                 if w not in index:
-                    index[w] = low[w] = counter[0]
-                    counter[0] += 1
-                    stack.append(w)
-                    on.add(w)
-                    work.append((w, iter(sorted(graph.get(w, ())))))
+                    enter(w, work)
                     break
                 if w in on:
                     low[node] = min(low[node], index[w])
@@ -188,10 +192,6 @@ def cycles(graph: dict) -> list:
                             break
                     if len(comp) > 1:
                         comps.append(set(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            strong(v)
     return [_one_cycle(graph, comp) for comp in comps]
 
 
@@ -247,6 +247,24 @@ def test_long_modules_say_why():
                              "(a 'Not split:' paragraph): " + ", ".join(unexplained))
     stale = [p for p in WAITING if p not in long]
     assert not stale, f"WAITING lists modules that are now short or explained; remove them: {stale}"
+
+
+def test_the_library_never_imports_the_tools():
+    graph = import_graph()
+    tools = ROOT.name + ".tools"
+    wrong = [f"{m} (line {line}) imports {t}" for m, edges in sorted(graph.items()) for t, line in edges.items()
+             if (t == tools or t.startswith(tools + ".")) and not m.startswith((tools, ROOT.name + ".cli"))]
+    assert not wrong, "library modules import the tools:\n" + "\n".join(wrong)
+
+
+def test_architecture_names_every_module():
+    text = ARCHITECTURE.read_text()
+    modules = {p.relative_to(ROOT).as_posix() for p in module_files().values() if not p.name.endswith(GENERATED)}
+    missing = sorted(m for m in modules if f"`{m}`" not in text)
+    assert not missing, "ARCHITECTURE.md has no line for: " + ", ".join(missing)
+    rows = re.findall(r"^\| `([\w/]+\.py)` \|", text, re.M)  # the first column of its module tables
+    gone = sorted(r for r in rows if r not in modules)
+    assert not gone, "ARCHITECTURE.md describes modules that do not exist: " + ", ".join(gone)
 
 
 # ------------------------------------------------------- the checker itself, on made-up packages
