@@ -145,8 +145,8 @@ def import_graph(root: Path = ROOT, compiled: set | None = None) -> dict:
             elif isinstance(node, ast.Call):
                 targets = _import_module_call(node, module, is_package, modules)
             for t in targets:
-                if t and t != module:
-                    edges.setdefault(t, node.lineno)
+                if t != module:
+                    edges[t] = min(edges.get(t, node.lineno), node.lineno)  # its first line
     return graph
 
 
