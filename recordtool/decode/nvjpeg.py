@@ -235,12 +235,17 @@ class HardwareDecoder(_Handle):
         back — hundreds of hand-offs a batch with a training loop on the main thread)."""
         if self.fmt != OUTPUT_RGBI:
             raise ValueError("a planar HardwareDecoder decodes with decode_planes")
-        native = native and _nvsubmit is not None
-        n = self._begin(host_ptrs, lengths, fill=not native)  # the native call fills the arrays itself
+        n = len(host_ptrs)
+        if n > self.max_batch:
+            raise ValueError(f"batch {n} > max_batch {self.max_batch}")
         if n == 0:
             return
         L = self.L
-        if native:
+        if native and _nvsubmit is not None:
+            if self._batch != n:
+                check("nvjpegDecodeBatchedInitialize",
+                      L.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, self.fmt))
+                self._batch = n
             if self._fns is None:
                 addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
                 self._fns = (addr(L.nvjpegDecodeParamsSetROI), addr(L.nvjpegDecodeBatchedEx))
@@ -253,6 +258,7 @@ class HardwareDecoder(_Handle):
             if status:
                 check("nvjpegDecodeParamsSetROI" if call == 1 else "nvjpegDecodeBatchedEx", status)
             return
+        n = self._begin(host_ptrs, lengths)
         for k in range(n):
             x, y, w, h = (int(v) for v in rois[k])
             check("nvjpegDecodeParamsSetROI", L.nvjpegDecodeParamsSetROI(self.params[k], x, y, w, h))
@@ -278,9 +284,7 @@ class HardwareDecoder(_Handle):
         check("nvjpegDecodeBatchedEx", self.L.nvjpegDecodeBatchedEx(
             self.handle, self.state, self._ptrs, self._lens, self._imgs, self.params, stream_ptr))
 
-    def _begin(self, host_ptrs, lengths, fill: bool = True) -> int:
-        """Check the batch size, (re)initialise the batched state for n images when n changed,
-        and (fill) put the JPEGs' pointers and lengths into the call's arrays; returns n."""
+    def _begin(self, host_ptrs, lengths) -> int:
         n = len(host_ptrs)
         if n > self.max_batch:
             raise ValueError(f"batch {n} > max_batch {self.max_batch}")
@@ -288,10 +292,9 @@ class HardwareDecoder(_Handle):
             check("nvjpegDecodeBatchedInitialize",
                   self.L.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, self.fmt))
             self._batch = n
-        if fill:
-            for k in range(n):
-                self._ptrs[k] = int(host_ptrs[k])
-                self._lens[k] = int(lengths[k])
+        for k in range(n):
+            self._ptrs[k] = int(host_ptrs[k])
+            self._lens[k] = int(lengths[k])
         return n
 
     def close(self):
