@@ -1,5 +1,5 @@
 """recordtool: OFRecord shards + a size-sorted index for fast image-classification input."""
-__version__ = "0.1.0"
+from .version import __version__  # noqa: F401
 
 from .errors import (CacheFull, DecodeError, FormatError, NoBucket, OnError, OutputExists, PackError,  # noqa: E402,F401
                      RecordError, RecordtoolError, Rejected, RemoteError, UnsafePath, WorkerLost)

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import recordtool  # noqa: E402
-from recordtool.tools.train_bench import cover, resume_matches  # noqa: E402
+from recordtool.tools.train_ddp import cover, resume_matches  # noqa: E402
 
 
 def main():

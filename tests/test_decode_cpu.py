@@ -235,7 +235,7 @@ def test_python_fallback_path_same_results(photos, monkeypatch):
 # ---------------------------------------------------------------- mirror, normalize
 
 def test_native_normalize_matches_numpy_float16_edges():
-    from recordtool.decode.ops import normalize_reference
+    from recordtool.decode.reference import normalize as normalize_reference
 
     rng = np.random.default_rng(5)
     x = rng.integers(0, 256, (3, 7, 9, 3), dtype=np.uint8)

@@ -188,7 +188,7 @@ def test_bfloat16_bits_round_to_nearest_even():
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_native_bfloat16_equals_the_reference(layout):
     from recordtool.decode import cpu
-    from recordtool.decode.ops import normalize
+    from recordtool.decode.cpu import normalize
 
     bufs = [jpeg_bytes(64, 48, seed=k) for k in range(5)]
     win = np.array([[0, 0, 48, 64], [4, 3, 30, 40], [0, 8, 48, 48], [10, 0, 20, 64], [1, 1, 40, 50]], np.float64)

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from conftest import photo_like
 from recordtool.tools import fidelity, plots
-from recordtool.tools.tune import recommend, table
+from recordtool.tools.tune_report import recommend, table
 
 
 def _row(name, side, q, psnr, per_cpu, wall=None):

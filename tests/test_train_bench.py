@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import jpeg_bytes, write
-from recordtool.tools import peers, train_bench
+from recordtool.tools import peers, train_bench, train_step
 from recordtool.pack import pack
 
 
@@ -65,14 +65,14 @@ def test_thread_accounting_sees_a_busy_thread():
             pass
 
     t = threading.Thread(target=spin, name="spinner-7")
-    before = train_bench._threads_cpu()
+    before = train_step.threads_cpu()
     t0 = time.perf_counter()
     t.start()
     time.sleep(0.5)
-    after = train_bench._threads_cpu()
+    after = train_step.threads_cpu()
     stop.set()
     t.join()
-    cores = train_bench._cores(before, after, time.perf_counter() - t0)
+    cores = train_step.cores_busy(before, after, time.perf_counter() - t0)
     assert cores.get("spinner", 0) > 0.1 and cores["total"] >= cores["spinner"]  # grouped without its number
 
 

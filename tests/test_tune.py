@@ -13,7 +13,8 @@ from recordtool.cli import main
 from recordtool.tools.fidelity import PSNR_CAP, gaussian_window, psnr, ssim, ssim_numpy
 from recordtool.pack.transcode import SPEED_PRESETS, Transcode
 from recordtool.sources.imagefolder import ImageFolderSource
-from recordtool.tools.tune import Candidate, SampleSource, candidates, preset_of, recommend, run
+from recordtool.tools.tune import Candidate, SampleSource, candidates, preset_of, run
+from recordtool.tools.tune_report import recommend
 
 
 # ---------------------------------------------------------------- fidelity

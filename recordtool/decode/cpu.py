@@ -1,4 +1,5 @@
-"""CPU fused decode → crop → resize, batched, on the native thread pool (or the Python fallback)."""
+"""CPU fused decode → crop → resize (→ mirror → normalize), batched, on the native thread pool (or
+the Python fallback of decode/reference.py); `normalize` on its own for a decoded uint8 batch."""
 from __future__ import annotations
 
 import itertools
@@ -15,6 +16,7 @@ from ..format.jpeg import DEFAULT_MAX_PIXELS  # noqa: F401  (callers import it f
 from ..util import cores  # noqa: F401  (cpu.cores: the default thread count)
 from . import reference
 from .spec import MAX_SIDE  # noqa: F401  (callers import it from here too)
+from .spec import IMAGENET_MEAN, IMAGENET_STD, out_dtype, scale_bias
 
 try:
     from .. import _native
@@ -303,6 +305,32 @@ def _settle(failures, errors, on_error) -> None:
             warnings.warn(f"recordtool: {DecodeError(failures)}", RuntimeWarning, stacklevel=3)
 
 
+def normalize(batch: np.ndarray, mean=IMAGENET_MEAN, std=IMAGENET_STD, layout: str = "NCHW",
+              dtype=np.float32, flips=None, threads: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+    """(x / 255 - mean) / std per channel (torchvision's units), to NCHW or NHWC float32/float16/
+    bfloat16 (bits in uint16); images with flips[n] true are mirrored on the way (saves a separate
+    mirror pass); written into `out` when given (C-contiguous, that shape and dtype)."""
+    if layout not in ("NCHW", "NHWC"):
+        raise ValueError("layout must be NCHW or NHWC")
+    name, dtype = out_dtype(dtype)
+    scale, bias = scale_bias(mean, std)
+    n, h, w, _ = batch.shape
+    flips = np.zeros(n, bool) if flips is None else np.ascontiguousarray(flips, bool)
+    shape = (n, 3, h, w) if layout == "NCHW" else (n, h, w, 3)
+    if out is not None and (out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous):
+        raise ValueError(f"out must be C-contiguous {dtype} {shape}, got {out.dtype} {out.shape}")
+    if _native is not None and batch.dtype == np.uint8:
+        out = np.empty(shape, dtype) if out is None else out
+        _native.normalize(np.ascontiguousarray(batch), flips, out, scale.tolist(), bias.tolist(),
+                          layout == "NCHW", threads or cores())
+        return out
+    ref = reference.normalize(batch, scale, bias, layout, name, flips)
+    if out is None:
+        return ref
+    out[...] = ref
+    return out
+
+
 def decode_crop_resize_normalize(buffers, windows, flips=None, size=(224, 224), mean=None, std=None,
                                  layout: str = "NCHW", dtype="float32", out=None, threads: int | None = None,
                                  on_error: OnError | str = "raise", fallback: bool = False,
@@ -326,8 +354,6 @@ def decode_crop_resize_normalize(buffers, windows, flips=None, size=(224, 224), 
             resize, before the mirror and normalize, on the same thread while the image is in cache.
     A failed image (after the Pillow fallback, when asked) is the normalised zero image.
     """
-    from .ops import IMAGENET_MEAN, IMAGENET_STD, normalize, out_dtype, scale_bias
-
     on_error = _on_error(on_error)
     n = len(buffers)
     oh, ow = int(size[0]), int(size[1])

@@ -365,8 +365,10 @@ class HybridDecoder(_Handle):
     One instance per thread.
     """
 
-    def __init__(self, stream_ptr: int, interpolate: bool = False):
-        """interpolate: NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION on the handle (RGBI output)."""
+    def __init__(self, stream_ptr: int, interpolate: bool = False, block: bool = True):
+        """interpolate: NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION on the handle (RGBI output);
+        block: blocking-sync events, so that waiting for a pinned buffer's copy sleeps instead
+        of spinning a core (GPUDecoder passes RECORDTOOL_GPU_SYNC's choice)."""
         import cupy
 
         L = lib()
@@ -395,8 +397,6 @@ class HybridDecoder(_Handle):
         check("nvjpegDecodeParamsSetOutputFormat", L.nvjpegDecodeParamsSetOutputFormat(self.params, OUTPUT_RGBI))
         self._fmt, self._roi = OUTPUT_RGBI, None
         self._record = cupy.cuda.runtime.eventRecord
-        # blocking-sync events: waiting for a pinned buffer's copy sleeps instead of spinning a core
-        block = os.environ.get("RECORDTOOL_GPU_SYNC", "block") == "block"
         self.events = [cupy.cuda.Event(block=block, disable_timing=True) for _ in range(2)]
         self.set_padding(16 << 20)
         self._used = [False, False]

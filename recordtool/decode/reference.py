@@ -8,6 +8,7 @@ when the extension is not built.
 - `resample`: Pillow's Image.resize(BILINEAR, box=…) on that region.
 - `decode_crop_resize_one`: the three chained — what native/fused.cpp computes.
 - `truth`: Pillow full decode → crop(window) → resize(BILINEAR): the fidelity reference.
+- `normalize`: mirror, (x · scale + bias), layout and element type — the native normalize's.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import math
 
 import numpy as np
 from PIL import Image
+
+from .spec import bfloat16_bits
 
 
 SCALE_MARGIN = 1.1  # see native/fused.cpp choose_scale: which scales and why this margin
@@ -106,3 +109,18 @@ def truth_of(im, window, out_w: int, out_h: int) -> np.ndarray:
     if float(x).is_integer() and float(y).is_integer() and float(w).is_integer() and float(h).is_integer():
         return np.asarray(im.crop((int(x), int(y), int(x + w), int(y + h))).resize((out_w, out_h), Image.BILINEAR))
     return np.asarray(im.resize((out_w, out_h), Image.BILINEAR, box=(x, y, x + w, y + h)))
+
+
+def normalize(batch, scale, bias, layout, dtype, flips):
+    """numpy reference of the native normalize (and the path without the extension); dtype
+    "bfloat16" gives its bits as uint16."""
+    x = batch.astype(np.float32)
+    if flips.any():
+        x[flips] = x[flips, :, ::-1]
+    x *= scale
+    x += bias
+    if layout == "NCHW":
+        x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+    if str(dtype) == "bfloat16":
+        return bfloat16_bits(x)
+    return x.astype(dtype, copy=False)

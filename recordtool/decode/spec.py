@@ -141,6 +141,22 @@ class OutputSpec:
         return batch.permute(0, 3, 1, 2) if hasattr(batch, "permute") else batch.transpose(0, 3, 1, 2)
 
 
+def scale_bias(mean, std):
+    """(scale, bias) float32 per channel so that pixel · scale + bias = (pixel / 255 - mean) / std."""
+    scale = (1.0 / (255.0 * np.asarray(std, np.float32))).astype(np.float32)
+    bias = (-np.asarray(mean, np.float32) / np.asarray(std, np.float32)).astype(np.float32)
+    return scale, bias
+
+
+def out_dtype(dtype) -> tuple:
+    """(name, numpy dtype of the buffer) of a normalised output type: float32, float16, or
+    bfloat16 (its bits in uint16: numpy has no bfloat16)."""
+    name = name_of(dtype)
+    if name not in ("float32", "float16", "bfloat16"):
+        raise ValueError(f"dtype must be float32, float16 or bfloat16, not {dtype}")
+    return name, np.dtype(np.uint16 if name == "bfloat16" else name)
+
+
 def bfloat16_bits(x) -> np.ndarray:
     """float32 → bfloat16 bit patterns (uint16), round to nearest even — the reference of the
     native and CUDA conversions (finite inputs)."""

@@ -204,6 +204,6 @@ def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABE
 
 
 def _version():
-    from .. import __version__
+    from ..version import __version__
 
     return __version__

@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
-from .. import __version__
+from ..version import __version__
 from ..checks import MAX_PIXELS, MAX_SEED, MAX_THREADS, bounded_int, parse_size
 from ..errors import OnError, PackError, Rejected, Signalled, on_error as _on_error, report as _report
 from ..format import index as ix

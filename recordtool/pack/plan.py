@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import __version__
+from ..version import __version__
 from ..errors import OnError
 from ..format.schema import shard_name
 from .transcode import Transcode

@@ -15,7 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 
 from ..decode import random_windows
-from ..decode.ops import IMAGENET_MEAN, IMAGENET_STD
+from ..decode.spec import IMAGENET_MEAN, IMAGENET_STD
 from ..datasets import open_dataset
 from ..reader import Dataset
 

@@ -82,7 +82,7 @@ def tune(r: dict, path: str) -> None:
     the recommended candidate ringed."""
     import matplotlib
 
-    from .tune import measure_name, speed, values
+    from .tune_report import measure_name, speed, values
 
     devs = r["devices"]
     rows = [c for c in r["candidates"] if math.isfinite(c["psnr_median"]) and speed(c, devs) > 0]

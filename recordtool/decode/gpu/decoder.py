@@ -108,9 +108,10 @@ class GPUDecoder:
         # the CPU part and the hybrid decoder run beside the engines' submission, on threads kept
         # for the decoder's life (a thread per batch would churn stacks and malloc arenas)
         self._workers = ThreadPoolExecutor(2, thread_name_prefix="recordtool-gpu")
+        block = _setting("SYNC", "block") == "block"  # waits sleep on blocking-sync events (see _Waiter)
         with self.device:
             self.stream = _stream(cupy)
-            self._done = _Waiter(cupy)
+            self._done = _Waiter(cupy, block)
             self._kernel = K.kernel(spec.dtype, spec.buffer_layout)
             if self.planner.split != "cpu":
                 from ..nvjpeg import HardwareDecoder, HybridDecoder, NvjpegError
@@ -122,8 +123,8 @@ class GPUDecoder:
                 if hybrid:
                     try:
                         self.hybrid_stream = _stream(cupy)
-                        self._hybrid_done = _Waiter(cupy)
-                        self.hybrid = HybridDecoder(self.hybrid_stream.ptr, interpolate=nvjpeg_interp)
+                        self._hybrid_done = _Waiter(cupy, block)
+                        self.hybrid = HybridDecoder(self.hybrid_stream.ptr, interpolate=nvjpeg_interp, block=block)
                     except (NvjpegError, OSError) as e:
                         self.hybrid_error = str(e)
             self.buf = DecodeBuffers(cupy, self.max_batch, self.size, self.gpu_id)
@@ -417,10 +418,10 @@ class _Waiter:
     """Waits for a stream's work so far by sleeping on a blocking-sync event
     (cudaEventBlockingSync): with one CUDA context and many cores, CUDA's default wait spins a
     core at 100 % for the whole decode — a core the training loop's own thread needs.
-    RECORDTOOL_GPU_SYNC=spin restores the default wait (for measurements)."""
+    RECORDTOOL_GPU_SYNC=spin (block=False) restores the default wait (for measurements)."""
 
-    def __init__(self, cupy):
-        self.block = _setting("SYNC", "block") == "block"
+    def __init__(self, cupy, block: bool):
+        self.block = block
         self.event = cupy.cuda.Event(block=True, disable_timing=True) if self.block else None
 
     def __call__(self, stream) -> None:

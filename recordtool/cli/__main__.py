@@ -1,0 +1,4 @@
+"""`python -m recordtool.cli`."""
+from . import main
+
+main()
