@@ -143,3 +143,75 @@ def test_infos_returns_what_image_info_returns_per_image():
         nvsubmit.infos(0, 77, host, lengths)
     with pytest.raises(ValueError):
         nvsubmit.infos(ctypes.cast(info, ctypes.c_void_p).value, 77, host, lengths[:2])
+
+
+def _hardware_decoder(cap, planar):
+    """A HardwareDecoder over stand-ins for nvJPEG (no GPU): what reaches nvJPEG is recorded."""
+    from recordtool.decode import nvjpeg
+
+    log = {"init": [], "roi": [], "batched": []}
+    channels = 3 if planar else 1
+
+    @SET_ROI
+    def set_roi(prm, x, y, w, h):
+        log["roi"].append((prm, x, y, w, h))
+        return 0
+
+    @BATCHED
+    def dec(handle, state, data, lengths, imgs, prm, stream):
+        n = log["init"][-1]
+        log["batched"].append(([data[k] for k in range(n)], [lengths[k] for k in range(n)],
+                               [[(imgs[k].channel[c], imgs[k].pitch[c]) for c in range(channels)] for k in range(n)],
+                               stream))
+        return 0
+
+    class Lib:
+        nvjpegDecodeParamsSetROI, nvjpegDecodeBatchedEx = set_roi, dec
+
+        @staticmethod
+        def nvjpegDecodeBatchedInitialize(handle, state, n, threads, fmt):
+            log["init"].append(n)
+            return 0
+
+    d = object.__new__(nvjpeg.HardwareDecoder)
+    d.L, d.handle, d.state, d.max_batch = Lib, ctypes.c_void_p(11), ctypes.c_void_p(22), cap
+    d.fmt = nvjpeg.OUTPUT_YUV if planar else nvjpeg.OUTPUT_RGBI
+    d.params, d._ptrs, d._lens, d._imgs = _arrays(cap)
+    d._batch = d._fns = None
+    d._keep = (set_roi, dec)
+    return d, log
+
+
+@pytest.mark.parametrize("planar", [False, True])
+@pytest.mark.parametrize("native", [True, False])
+def test_hardware_decoder_same_calls_either_way(native, planar):
+    """decode / decode_planes submit natively or through the ctypes loop: the same ROIs,
+    pointers, lengths and destinations reach nvJPEG, the batched state is initialised once per
+    batch size (in one place, `_begin`), and an empty or oversized batch calls nothing."""
+    d, log = _hardware_decoder(8, planar)
+    rng = np.random.default_rng(1)
+    call = d.decode_planes if planar else d.decode
+    for n in (5, 5, 3, 0):
+        host, length = rng.integers(1 << 20, 1 << 40, n), rng.integers(100, 10 ** 6, n)
+        rois = rng.integers(0, 4000, (n, 4))
+        dst, pitch = rng.integers(1 << 20, 1 << 40, (n, 3)), rng.integers(3, 9999, (n, 3))
+        before = len(log["batched"])
+        if planar:
+            call(host, length, dst, pitch, 33, rois=rois, native=native)
+            want = [[(int(dst[k, c]), int(pitch[k, c])) for c in range(3)] for k in range(n)]
+        else:
+            call(host, length, rois, dst[:, 0], pitch[:, 0], 33, native=native)
+            want = [[(int(dst[k, 0]), int(pitch[k, 0]))] for k in range(n)]
+        if n:
+            assert log["batched"][before:] == [(host.tolist(), length.tolist(), want, 33)]
+            assert log["roi"][-n:] == [(1000 + k, *(int(v) for v in rois[k])) for k in range(n)]
+        else:
+            assert len(log["batched"]) == before
+    assert log["init"] == [5, 3]
+    z, z4 = np.zeros(9, np.int64), np.zeros((9, 4), np.int64)
+    with pytest.raises(ValueError, match="max_batch"):
+        if planar:
+            call(z, z, np.zeros((9, 3), np.int64), np.zeros((9, 3), np.int64), 33, rois=z4, native=native)
+        else:
+            call(z, z, z4, z, z, 33, native=native)
+    assert log["init"] == [5, 3]

@@ -262,16 +262,14 @@ class HardwareDecoder(_Handle):
         back — hundreds of hand-offs a batch with a training loop on the main thread)."""
         if self.fmt != OUTPUT_RGBI:
             raise ValueError("a planar HardwareDecoder decodes with decode_planes")
-        n = len(host_ptrs)
-        if n > self.max_batch:
-            raise ValueError(f"batch {n} > max_batch {self.max_batch}")
+        native = native and _nvsubmit is not None
+        n = self._begin(host_ptrs, lengths, fill=not native)
         if n == 0:
             return
-        L = self.L
-        if native and _nvsubmit is not None:
+        if native:
             self._submit(host_ptrs, lengths, rois, dst_ptrs, dst_pitches, stream_ptr)
             return
-        n = self._begin(host_ptrs, lengths)
+        L = self.L
         for k in range(n):
             x, y, w, h = (int(v) for v in rois[k])
             check("nvjpegDecodeParamsSetROI", L.nvjpegDecodeParamsSetROI(self.params[k], x, y, w, h))
@@ -289,19 +287,17 @@ class HardwareDecoder(_Handle):
         (x, y on chroma samples, gpu.roi.plan_rois); None: whole images. native: as `decode`."""
         if self.fmt != OUTPUT_YUV:
             raise ValueError("an RGBI HardwareDecoder decodes with decode")
-        n = len(host_ptrs)
-        if n > self.max_batch:
-            raise ValueError(f"batch {n} > max_batch {self.max_batch}")
+        native = native and _nvsubmit is not None
+        n = self._begin(host_ptrs, lengths, fill=not native)
         if n == 0:
             return
         rois = np.tile(np.array([0, 0, -1, -1], np.int64), (n, 1)) if rois is None else \
             np.asarray(rois, np.int64).reshape(n, 4)  # (0, 0, -1, -1): the params' ROI off
-        if native and _nvsubmit is not None:
+        if native:
             self._submit(host_ptrs, lengths, rois, np.asarray(planes, np.int64).reshape(n, 3),
                          np.asarray(pitches, np.int64).reshape(n, 3), stream_ptr)
             return
         L = self.L
-        self._begin(host_ptrs, lengths)
         for k in range(n):
             x, y, w, h = (int(v) for v in rois[k])
             check("nvjpegDecodeParamsSetROI", L.nvjpegDecodeParamsSetROI(self.params[k], x, y, w, h))
@@ -313,13 +309,9 @@ class HardwareDecoder(_Handle):
             self.handle, self.state, self._ptrs, self._lens, self._imgs, self.params, stream_ptr))
 
     def _submit(self, host_ptrs, lengths, rois, dst_ptrs, dst_pitches, stream_ptr: int) -> None:
-        """The batch through recordtool._nvsubmit: ROIs, destinations ((n,) RGBI or (n, 3)
-        planes) and the batched decode in one GIL-free call."""
+        """The batch through recordtool._nvsubmit (after `_begin`): ROIs, destinations ((n,)
+        RGBI or (n, 3) planes), pointers and lengths, and the batched decode in one GIL-free call."""
         L, n = self.L, len(host_ptrs)
-        if self._batch != n:
-            check("nvjpegDecodeBatchedInitialize",
-                  L.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, self.fmt))
-            self._batch = n
         if self._fns is None:
             self._fns = (_addr(L.nvjpegDecodeParamsSetROI), _addr(L.nvjpegDecodeBatchedEx))
         status, call, at = _nvsubmit.submit(
@@ -331,7 +323,9 @@ class HardwareDecoder(_Handle):
         if status:
             check("nvjpegDecodeParamsSetROI" if call == 1 else "nvjpegDecodeBatchedEx", status)
 
-    def _begin(self, host_ptrs, lengths) -> int:
+    def _begin(self, host_ptrs, lengths, fill: bool = True) -> int:
+        """Check the batch size, (re)initialise the batched state when n changed, and (fill, the
+        ctypes path) put the JPEGs' pointers and lengths into the call's arrays; returns n."""
         n = len(host_ptrs)
         if n > self.max_batch:
             raise ValueError(f"batch {n} > max_batch {self.max_batch}")
@@ -339,9 +333,10 @@ class HardwareDecoder(_Handle):
             check("nvjpegDecodeBatchedInitialize",
                   self.L.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, self.fmt))
             self._batch = n
-        for k in range(n):
-            self._ptrs[k] = int(host_ptrs[k])
-            self._lens[k] = int(lengths[k])
+        if fill:
+            for k in range(n):
+                self._ptrs[k] = int(host_ptrs[k])
+                self._lens[k] = int(lengths[k])
         return n
 
     def close(self):
