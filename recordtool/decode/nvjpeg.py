@@ -3,6 +3,10 @@ and the decoupled hybrid decoder (CPU Huffman, GPU IDCT) for what the engines ca
 
 Loads libnvjpeg.so.13 or .so.12 — whichever matches the CUDA major version of the installed
 CuPy — from the nvidia-nvjpeg wheels or the CUDA toolkit. Only what recordtool uses is bound.
+
+Not split: it is one library's ABI in one place — the loading, enums, structs, `check` and
+every ctypes declaration are shared by the hardware and the hybrid decoder; split, each part
+would declare its half of nvjpeg.h again and the two could drift.
 """
 from __future__ import annotations
 

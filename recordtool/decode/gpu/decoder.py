@@ -4,6 +4,11 @@ NVJPG hardware batched decode with one ROI per image (the crop window), nvJPEG's
 decoder (CPU Huffman, GPU IDCT) for progressive and grayscale files, the CPU native path for
 what neither takes and for a share of the rest (plan.py decides), then one CUDA kernel
 (kernel.py) into a batch of the output ring (buffers.py).
+
+Not split: `__call__` is one batch's transaction across three decoders and one stream (the
+engines' submission, the CPU share and the hybrid decoder overlapped, their failures moved to
+the CPU path, one kernel, one wait); what stands apart already lives beside it (plan, roi,
+probe, buffers, kernel).
 """
 from __future__ import annotations
 
