@@ -80,7 +80,7 @@ class CPUBatcher:
         recipe: what a batch is (windows, flips, labels from seed, epoch and ids) and its
             output (recipe.spec: size, normalisation, dtype, layout, memory format).
         threads: native decode threads per call.
-        user_op: optional op on the uint8 NHWC batch before normalisation (see user_ops), or a
+        user_op: optional op on the uint8 NHWC batch before normalisation (see ops.batch), or a
             compiled per-image op (recordtool.ops.ImageOp) run inside the fused pass.
         slots: output batches alive at once (queued + being made + held by the consumer).
         max_batch: images per batch at most.
@@ -156,7 +156,7 @@ def image_op(op):
 
 
 def call_user_op(op, batch, keys):
-    """op(batch, keys) for keyed ops (user_ops.KeyedOp or `keyed = True`), else op(batch)."""
+    """op(batch, keys) for keyed ops (ops.batch.KeyedOp or `keyed = True`), else op(batch)."""
     if getattr(op, "keyed", False):
         return op(batch, keys)
     return op(batch)
