@@ -158,3 +158,18 @@ def test_continuous_is_checked(packed):
 
     with pytest.raises(ConfigError, match="continuous"):
         Loader(packed, batch_size=8, continuous="yes")
+
+
+def test_a_discarded_stream_holds_no_ring_slot(packed):
+    """close() drops every batch the producers made ahead — the ones queued and the one each
+    producer was waiting to queue — even while an iterator of that stream is still referenced
+    (a second iteration's start, load_state_dict): the new stream has the whole ring."""
+    ld = Loader(packed, producers=2, prefetch=1, **KW)
+    a = iter(ld)
+    next(a)  # dropped at once: only what the producers made ahead is held
+    ring = ld.ring
+    held = 2 * (1 + 1)  # producers × (prefetch + the batch each waits to queue)
+    assert wait_for(lambda: ring.free == ring.slots - held), (ring.free, ring.slots)
+    ld.close()
+    assert a is not None and ring.free == ring.slots, (ring.free, ring.slots)
+    del a

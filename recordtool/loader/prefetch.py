@@ -112,17 +112,21 @@ class Prefetcher:
     def close(self, timeout: float = 60.0) -> None:
         """Stop the producers and wait for them (a producer finishes the item it is making)."""
         self._stop.set()
-        for q in self._queues:  # wake producers blocked on a full queue, drop what they made
+        self._drain()  # wakes producers blocked on a full queue: each may still queue what it holds
+        me = threading.current_thread()
+        for t in self._threads:
+            if t is not me and t.is_alive():
+                t.join(timeout)
+        self._drain()  # what they queued after the first drain (a ring slot each, held while we live)
+        _LIVE.discard(self)
+
+    def _drain(self) -> None:
+        for q in self._queues:
             try:
                 while True:
                     q.get_nowait()
             except queue.Empty:
                 pass
-        me = threading.current_thread()
-        for t in self._threads:
-            if t is not me and t.is_alive():
-                t.join(timeout)
-        _LIVE.discard(self)
 
     def __del__(self):
         try:
