@@ -113,11 +113,14 @@ class Dataset:
     def jpeg_views(self, ids) -> list:
         """The JPEG bytes of these records, as zero-copy memoryviews: `[self[i][0] for i in ids]`
         with the index columns gathered once (a batch's worth on the producer thread)."""
-        ids = np.asarray(ids, np.int64)
+        ids = np.asarray(ids)
+        if ids.size and ids.dtype.kind not in "iu":
+            raise IndexError(f"record ids must be integers, not {ids.dtype}")
         n = len(self.index)
-        if len(ids) and (ids.min() < -n or ids.max() >= n):
-            bad = int(ids[(ids < -n) | (ids >= n)][0])
-            raise IndexError(f"record {bad} out of range for {n} records")
+        if ids.size and (ids.min() < -n or ids.max() >= n):  # before the cast: uint64 must not wrap
+            bad = ids[(ids < -n) | (ids >= n)][0]
+            raise IndexError(f"record {int(bad)} out of range for {n} records")
+        ids = ids.astype(np.int64)
         ids = ids % n if len(ids) else ids
         c = self.index.columns
         sl = self._slice

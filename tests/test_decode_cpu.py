@@ -314,3 +314,13 @@ def test_ends_with_eoi_native_matches_its_reference():
     want = ends_with_eoi_py(bufs)
     assert want[:8].tolist() == [False, False, True, False, True, True, False, True]
     assert np.array_equal(_native.ends_with_eoi(bufs), want) and np.array_equal(ends_with_eoi(bufs), want)
+
+
+def test_background_nice_variable_is_checked(monkeypatch):
+    from recordtool.errors import ConfigError
+
+    monkeypatch.setenv("RECORDTOOL_CPU_SHARE_NICE", "lots")
+    with pytest.raises(ConfigError, match="RECORDTOOL_CPU_SHARE_NICE"):
+        cpu._background_nice()
+    monkeypatch.setenv("RECORDTOOL_CPU_SHARE_NICE", "3")
+    assert cpu._background_nice() == 3

@@ -1203,7 +1203,7 @@ def test_cuda_loader_bfloat16_channels_last_and_device_spellings(packed_mix):
 
 
 @gpu
-def test_host_wait_policy_switch_sets_and_restores_the_context_flags(monkeypatch):
+def test_host_wait_policy_switch_sets_the_context_flags(monkeypatch):
     """RECORDTOOL_GPU_SCHEDULE (a measurement switch): the context's scheduling flags follow it."""
     from recordtool.loader.gpu import host_wait_policy
 
@@ -1214,5 +1214,7 @@ def test_host_wait_policy_switch_sets_and_restores_the_context_flags(monkeypatch
         assert host_wait_policy(0, "spin") & 0x7 == 1
     finally:
         assert host_wait_policy(0, "auto") & 0x7 == 0
-    with pytest.raises(ValueError, match="RECORDTOOL_GPU_SCHEDULE"):
+    from recordtool.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="RECORDTOOL_GPU_SCHEDULE"):
         host_wait_policy(0, "fast")

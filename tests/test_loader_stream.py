@@ -173,3 +173,27 @@ def test_a_discarded_stream_holds_no_ring_slot(packed):
     ld.close()
     assert a is not None and ring.free == ring.slots, (ring.free, ring.slots)
     del a
+
+
+def test_a_loader_collected_on_its_own_producer_stops_without_closing_the_batcher(packed):
+    """A collection can run Loader.__del__ on one of the stream's producers (the Loader in a
+    reference cycle): the stream stops without that thread joining the others (it may hold a
+    lock they wait for), and the batcher it may be using mid-batch is left to be collected."""
+    box, done = [], threading.Event()
+
+    def op(batch):  # a batch op runs on a producer thread: the collection's stand-in
+        if box and not done.is_set():
+            done.set()
+            t = time.monotonic()
+            box[0].__del__()
+            box.append(time.monotonic() - t)
+        return batch
+
+    ld = Loader(packed, producers=2, user_op=op, **KW)
+    box.append(ld)
+    it = iter(ld)  # noqa: F841  (the epoch the producers run; the op stops it from inside)
+    assert wait_for(done.is_set) and wait_for(lambda: len(box) == 2)
+    assert box[1] < 5.0  # no join from a producer
+    assert len(ld.batcher._pools) == 2  # not closed under its producer
+    assert ld._stream is None  # stopped
+    ld.batcher.close()

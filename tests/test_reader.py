@@ -120,3 +120,7 @@ def test_jpeg_views_are_the_records_bytes(tmp_path):
     assert all(isinstance(v, memoryview) for v in views) and ds.jpeg_views([]) == []
     with pytest.raises(IndexError, match="record 12 out of range"):
         ds.jpeg_views([1, 12])
+    with pytest.raises(IndexError, match="out of range"):
+        ds.jpeg_views(np.array([2**63 + 1], np.uint64))  # not wrapped to a negative id
+    with pytest.raises(IndexError, match="integers"):
+        ds.jpeg_views(np.array([1.5]))

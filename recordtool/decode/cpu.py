@@ -53,8 +53,23 @@ def new_pool_id(background: bool = False) -> int:
         free, first = (_free_background, 64) if background else (_free_pools, 1)
         pool = free.pop() if free else first + next(_shared_pools) % 63
     if background and _native is not None:
-        _native.set_pool_nice(pool, int(os.environ.get("RECORDTOOL_CPU_SHARE_NICE", BACKGROUND_NICE)))
+        _native.set_pool_nice(pool, _background_nice())
     return pool
+
+
+def _background_nice() -> int:
+    raw = os.environ.get("RECORDTOOL_CPU_SHARE_NICE")
+    if raw is None:
+        return BACKGROUND_NICE
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value <= 19:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"RECORDTOOL_CPU_SHARE_NICE must be an integer in 0..19, not {raw!r}")
+    return value
 
 
 def release_pool_id(pool: int) -> None:

@@ -27,8 +27,10 @@ def host_wait_policy(gpu_id: int, mode: str | None = None) -> int | None:
     mode = os.environ.get("RECORDTOOL_GPU_SCHEDULE") if mode is None else mode
     if mode is None:
         return None
+    from ..errors import ConfigError
+
     if mode not in _SCHEDULES:
-        raise ValueError(f"RECORDTOOL_GPU_SCHEDULE must be one of {', '.join(_SCHEDULES)}, not {mode!r}")
+        raise ConfigError(f"RECORDTOOL_GPU_SCHEDULE must be one of {', '.join(_SCHEDULES)}, not {mode!r}")
     import ctypes
 
     import cupy
@@ -36,6 +38,8 @@ def host_wait_policy(gpu_id: int, mode: str | None = None) -> int | None:
     with cupy.cuda.Device(gpu_id):
         cupy.cuda.runtime.free(0)  # the device's primary context is current on this thread
         lib = ctypes.CDLL("libcuda.so.1")
+        if not hasattr(lib, "cuCtxSetFlags"):
+            raise ConfigError("RECORDTOOL_GPU_SCHEDULE needs cuCtxSetFlags (a CUDA 12.1 or later driver)")
         rc = lib.cuCtxSetFlags(ctypes.c_uint(_SCHEDULES[mode]))
         flags = ctypes.c_uint(0)
         rc = rc or lib.cuCtxGetFlags(ctypes.byref(flags))

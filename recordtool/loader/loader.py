@@ -24,6 +24,7 @@ from ..decode.spec import IMAGENET_MEAN, IMAGENET_STD, OutputSpec
 from ..errors import BadState, ConfigError, OnError, RecordError, on_error as _on_error
 from ..reader import Dataset
 from .device import parse_device, resolve
+from .prefetch import on_producer_thread
 from .recipe import Recipe
 from .stream import BatchStream, epoch_batches
 
@@ -294,8 +295,13 @@ class Loader:
 
     def __del__(self):
         try:
+            # a collection may run this on a producer thread — one of this Loader's own (the Loader
+            # in a reference cycle): stop the stream, but leave the batcher, which that producer
+            # may be using mid-batch (its GPU decoders' handles), to be collected with it
+            on_producer = on_producer_thread()
             self.close()
-            self.batcher.close()
+            if not on_producer:
+                self.batcher.close()
         except Exception:
             pass
 
@@ -327,8 +333,9 @@ class EpochIterator:
         try:
             epoch, j, ids, made = self._stream.take()
         except StopIteration:
-            raise RuntimeError("recordtool: the loader's producers were stopped (Loader.close() or a "
-                               "new iteration) while this epoch was being iterated") from None
+            raise RuntimeError("recordtool: the loader's producers were stopped (Loader.close(), a new "
+                               "iteration, or an error this epoch raised) while this epoch was being "
+                               "iterated") from None
         if (epoch, j) != (self.epoch, self._next):  # an invariant of BatchStream
             raise RuntimeError(f"recordtool: batch {j} of epoch {epoch} came for batch {self._next} of {self.epoch}")
         self._next += 1

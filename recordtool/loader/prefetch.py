@@ -22,12 +22,21 @@ class _Failure:
 
 
 _LIVE: "weakref.WeakSet[Prefetcher]" = weakref.WeakSet()
+_THIS = threading.local()  # .producer: set on producer threads
 
 
-@atexit.register
+def on_producer_thread() -> bool:
+    """Is the caller a producer thread of some Prefetcher (where a garbage collection may run
+    an owner's __del__)?"""
+    return getattr(_THIS, "producer", False)
+
+
 def _close_all() -> None:
     for p in list(_LIVE):
         p.close()
+
+
+atexit.register(_close_all)
 
 
 def _produce(k: int, tasks: int | None, producers: int, make, out: queue.Queue, stop: threading.Event) -> None:
@@ -40,6 +49,7 @@ def _produce(k: int, tasks: int | None, producers: int, make, out: queue.Queue, 
                 continue
         return False
 
+    _THIS.producer = True
     try:
         for j in (itertools.count(k, producers) if tasks is None else range(k, tasks, producers)):
             if stop.is_set():
@@ -72,6 +82,10 @@ class Prefetcher:
                                           args=(k, self.tasks, self.producers, make, self._queues[k], self._stop))
                          for k in range(self.producers)]
         _LIVE.add(self)
+        # atexit runs the last registered first: registered again now, the producers stop before
+        # any exit handler registered since (CuPy's, torch's, the user's) tears down what they use
+        atexit.unregister(_close_all)
+        atexit.register(_close_all)
         for t in self._threads:
             t.start()
 
@@ -109,15 +123,22 @@ class Prefetcher:
     def closed(self) -> bool:
         return self._stop.is_set()
 
+    def owns_current_thread(self) -> bool:
+        """Is the caller one of this Prefetcher's producers (a garbage collection can run an
+        owner's __del__ there)?"""
+        return threading.current_thread() in self._threads
+
     def close(self, timeout: float = 60.0) -> None:
-        """Stop the producers and wait for them (a producer finishes the item it is making)."""
+        """Stop the producers and wait for them (a producer finishes the item it is making).
+        Called on one of the producers (a collection running an owner's __del__ there) it only
+        stops them: that thread may hold a lock the others wait for, so joining could stall."""
         self._stop.set()
         self._drain()  # wakes producers blocked on a full queue: each may still queue what it holds
-        me = threading.current_thread()
-        for t in self._threads:
-            if t is not me and t.is_alive():
-                t.join(timeout)
-        self._drain()  # what they queued after the first drain (a ring slot each, held while we live)
+        if not self.owns_current_thread():
+            for t in self._threads:
+                if t.is_alive():
+                    t.join(timeout)
+            self._drain()  # what they queued after the first drain (a ring slot each, held while we live)
         _LIVE.discard(self)
 
     def _drain(self) -> None:
