@@ -62,6 +62,23 @@ def test_compiled_op_equals_its_numpy_reference(op):
     assert np.array_equal(plain, ref)
 
 
+def test_color_jitter_exact_at_the_extreme_factors_and_a_luma_sum_beyond_float32():
+    """ColorJitter's compiled function computes its integers in float32 (exact below 2**24):
+    every corner of the factor range (0 … 5 × 1024, amplitude 4) on random, black and white
+    images, and an image whose luma sum passes 2**24, against the int64 NumPy reference."""
+    op = ColorJitter(4, 4, 4)
+    corners = np.array([0, 1, 511, 1023, 1024, 1025, 2047, 5119, 5120], np.float64)
+    p = np.stack(np.meshgrid(corners, corners, corners, indexing="ij"), -1).reshape(-1, 3)
+    b = np.random.default_rng(5).integers(0, 256, (len(p), 11, 7, 3), dtype=np.uint8)
+    b[::7], b[1::7] = 255, 0
+    b[2::7, :, :3] = [255, 0, 128]
+    ref = op.reference(b.copy(), p)
+    assert np.array_equal(apply_op(b.copy(), op.native(p), threads=2), ref)
+    big = np.random.default_rng(6).integers(160, 256, (3, 300, 280, 3), dtype=np.uint8)  # luma sum > 2**24
+    pb = np.array([[1024, 1300, 700], [900, 5120, 2000], [5120, 0, 5120]], np.float64)
+    assert np.array_equal(apply_op(big.copy(), op.native(pb)), op.reference(big.copy(), pb))
+
+
 def test_params_are_keyed_by_seed_epoch_and_sample_id():
     op = ColorJitter(seed=1)
     ids = np.array([5, 9, 2, 40])
