@@ -336,3 +336,53 @@ def test_a_pillow_retried_image_gets_the_op_after_its_retry(monkeypatch):
     assert np.array_equal(u8[1], pil[0])
     got = cpu.decode_crop_resize_normalize(bufs, win, flips, (20, 20), fallback=True, op=op.native(p))
     assert np.array_equal(got[1], normalize(mirror(pil, flips[1:2]))[0])
+
+
+def test_ops_by_name_the_tools_registry():
+    from recordtool import bench, ops
+    from recordtool.ops import registry
+
+    assert {"grayscale", "cutout", "jitter"} <= set(ops.names())
+    for name in ("colorjitter", "ColorJitter", "color_jitter", "jitter", " Color-Jitter "):
+        op = ops.by_name(name)
+        assert type(op) is ColorJitter and op.amp == (0.4, 0.4, 0.4)
+    assert ops.by_name("RandomGrayscale").p == 0.2 and ops.by_name("cutout").size == 56
+    op = ops.by_name("jitter:brightness=0.2, saturation=0", seed=4)
+    assert op.amp == (0.2, 0.4, 0.0) and op.seed == 4
+    assert ops.by_name("cutout:size=8", size=12).size == 12  # keyword arguments win over the spec
+    assert ops.by_name("cutout:size=9") is not ops.by_name("cutout:size=9")  # a new op each time
+    with pytest.raises(ValueError, match="unknown op 'blur'.*grayscale"):
+        ops.by_name("blur")
+    with pytest.raises(ValueError, match="not a number"):
+        ops.by_name("cutout:size=big")
+    with pytest.raises(ValueError, match="key=value"):
+        ops.by_name("cutout:56")
+    with pytest.raises(ValueError, match="'cutout' \\(Cutout\\).*radius"):
+        ops.by_name("cutout:radius=3")
+    with pytest.raises(ValueError, match="must be in"):  # the op's own validation
+        ops.by_name("grayscale:p=2")
+    compiled, batch = bench.bench_ops("colorjitter")  # bench --op builds its op here
+    assert type(compiled) is ColorJitter and batch.op is not None
+    with pytest.raises(ValueError, match="already registered"):
+        ops.register("jitter", Cutout)
+    with pytest.raises(ValueError, match="already registered"):
+        ops.register("blur", Cutout, aliases=("ColorJitter",))
+    with pytest.raises(TypeError):
+        ops.register("nope", dict)
+
+    class Gain(ImageOp):
+        nparams = 0
+
+        def __init__(self, level=1, seed=0):
+            super().__init__(seed)
+            self.level = level
+
+    try:
+        ops.register("gain", Gain, aliases=("more-gain",), level=3)
+        assert type(ops.by_name("MoreGain")) is Gain and ops.by_name("gain:level=5").level == 5
+        assert ops.by_name("gain").level == 3
+    finally:
+        with registry._lock:  # leave the registry as the other tests find it
+            registry._entries.pop("gain", None)
+            for k in ("gain", "moregain"):
+                registry._names.pop(k, None)
