@@ -386,3 +386,19 @@ def test_ops_by_name_the_tools_registry():
             registry._entries.pop("gain", None)
             for k in ("gain", "moregain"):
                 registry._names.pop(k, None)
+
+
+def test_an_ops_fastmath_option_reaches_numba():
+    from recordtool.ops.compile import compile_image
+
+    plain = compile_image(Cutout.image, 4, "Cutout.image")
+    fast = compile_image(Cutout.image, 4, "Cutout.image", fastmath={"contract"})
+    assert fast is not plain and fast is compile_image(Cutout.image, 4, fastmath=frozenset({"contract"}))
+    assert fast.kernel.targetoptions.get("fastmath") == {"contract"}
+    assert ColorJitter().compiled().kernel.targetoptions.get("fastmath") == {"contract"}
+
+    class Bogus(Cutout):
+        fastmath = {"bogus"}
+
+    with pytest.raises(OpCompileError, match="Bogus.image.*\n.*fastmath"):
+        Bogus(4).compiled()

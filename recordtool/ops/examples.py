@@ -139,6 +139,7 @@ class ColorJitter(ImageOp):
     """
 
     nparams = 3  # brightness, contrast, saturation factors × 1024
+    fastmath = frozenset({"contract"})  # fused multiply-adds: exact here, every value is below 2**24
     cuda_name = "rt_color_jitter"
     cuda_block_per_image = True
 
@@ -154,8 +155,6 @@ class ColorJitter(ImageOp):
         a = np.asarray(self.amp)
         lo, hi = np.maximum(0.0, 1 - a), 1 + a
         return np.rint((lo + (hi - lo) * u) * _ONE)
-
-    fastmath = frozenset({"contract"})  # fused multiply-adds: exact here, every value below 2**24
 
     @staticmethod
     def image(img, p):
