@@ -217,7 +217,9 @@ if has raypack && fits raypack 240; then
   PYTHONPATH=/tmp/site-ray:$PYTHONPATH timeout 400 python3 scripts/bench_ray_pack.py /tmp/bench --cores "$CPG" \
     --replicate "${REPLICATE:-8}" --repeat "${RAY_REPEAT:-2}" --max-side 256 --json "$OUT/bench_ray_pack.json" > "$OUT/bench_ray_pack.log" 2>&1
 fi
-if has ops && fits ops 80; then
+if has ops && ! python3 -c "import numba" 2>/dev/null; then
+  echo "SKIPPED ops (numba does not import: carry .numba, NUMBA=1 scripts/prepare_device_carry.sh)" | tee -a "$OUT/skipped.log"
+elif has ops && fits ops 80; then
   # compiled per-image ops (issue 27): each op on each device beside the Loader without it
   for op in ${OPS:-jitter cutout grayscale}; do
     for d in ${OPS_DEVICES:-cuda cpu}; do
