@@ -59,4 +59,4 @@ if [ "${NUMBA:-0}" = 1 ]; then  # the versions of this machine's .venv (tests/te
     mv "$tmp"/numba-"$NUMBA_VERSION"-*.whl .numba/ && rm -rf "$tmp"
   fi
 fi
-du -sh .whl .carry .rayc .numba 2>/dev/null
+du -sh .whl .carry .rayc .numba 2>/dev/null || true  # the folders made (du fails on the absent ones)
