@@ -7,7 +7,14 @@
 #          DALI is assembled and imported by every benchmark. A chained call on a warm machine may
 #          leave .whl and .carry behind (set RECORDTOOL_COMMIT): e.g. call 1 [.whl, .carry,
 #          .dali/dali-part-0], call 2 [.dali/dali-part-1, .dali/dali-extra], call 3 [.dali/dali-part-2].
-#   steps: STEPS="tests datafast trainbench traincpu trainddp data384 transcode fidelity gpu gpu384 loader loader384 dist memory train decode format tune presets raypack"
+#   steps: STEPS="tests datafast trainbench traincpu trainddp data384 transcode fidelity gpu gpu384 loader loader384 dist memory train decode format tune presets raypack ops"
+#   numba: .numba (NUMBA=1 scripts/prepare_device_carry.sh, ~45 MB) is installed into /tmp/site and
+#          kept while the machine stays warm: carry [".whl", ".carry", ".numba"] once (or ".numba"
+#          alone on a warm machine), before or without the DALI parts
+#   ops:   recordtool bench --op OP (OPS, default "jitter cutout grayscale") on each of OPS_DEVICES
+#          (default "cuda cpu"): the Loader without the op, with it compiled (recordtool.ops) and as a
+#          batch op, rounds interleaved, and DALI with its own op where DALI is assembled; on
+#          OPS_IMAGES (4096) records, OPS_EPOCHS (4: a warm-up and 3 rounds); needs Numba (.numba)
 #   raypack: pack --engine ray against --engine local on CORES_PER_GPU cores; needs .rayc too
 #          (RAY=1 scripts/prepare_device_carry.sh), e.g. carry [".whl", ".carry", ".rayc"]
 #   a step is skipped when fewer than its estimated seconds are left of DEADLINE (default 570 s)
@@ -34,6 +41,14 @@ if [ -d .whl ]; then
     || exit 1
 elif [ ! -d /tmp/site ]; then echo "no .whl carried and no /tmp/site from an earlier call"; exit 1; fi
 export PYTHONPATH=/tmp/site:$PWD
+# Numba (the compiled user ops): llvmlite unpacked from its archive, numba from its wheel
+if [ -f .numba/llvmlite-cp312.tar.xz ] && [ ! -f /tmp/site/.numba-done ]; then
+  python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall('/tmp/site', filter='data')" \
+    .numba/llvmlite-cp312.tar.xz || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .numba/numba-*.whl \
+    || exit 1
+  touch /tmp/site/.numba-done
+fi
 [ -f .carry/libturbojpeg.so.0 ] && cp .carry/libturbojpeg.so.0 /usr/lib/x86_64-linux-gnu/ && ldconfig
 # DALI: stash this call's part (and the extras folder) in /tmp; assemble once all three parts are there
 mkdir -p /tmp/dali-parts; cp .dali/dali-part-* /tmp/dali-parts/ 2>/dev/null
@@ -48,9 +63,10 @@ fi
 echo "parts: $(ls /tmp/dali-parts | tr '\n' ' ')"
 nproc; nvidia-smi -L; python3 -c "import numpy, PIL, cv2, torch; print('numpy', numpy.__version__, 'PIL', PIL.__version__, 'cv2', cv2.__version__, 'torch', torch.__version__, 'gpus', torch.cuda.device_count())"
 python3 -c "import nvidia.dali as d; print('DALI', d.__version__)" 2>/dev/null || echo "DALI not assembled"
-# rebuilt too when a kept _nvsubmit predates its source's batched header read (mtimes of a carried tree can mislead)
+python3 -c "import numba; print('numba', numba.__version__)" 2>/dev/null || echo "numba not installed (carry .numba)"
+# rebuilt too when a kept build predates its source (mtimes of a carried tree can mislead)
 if [ ! -f recordtool/_native*.so ] || [ native/fused.cpp -nt recordtool/_native*.so ] \
-   || ! python3 -c "from recordtool import _nvsubmit as m; assert hasattr(m, 'infos')" 2>/dev/null; then
+   || ! python3 -c "from recordtool import _nvsubmit as m, _native as n; assert hasattr(m, 'infos') and hasattr(n, 'ends_with_eoi')" 2>/dev/null; then
   python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 fi
 python3 -c "from recordtool import _native; print('native ok, libjpeg API', _native.LIBJPEG_VERSION)"
@@ -203,12 +219,26 @@ if has raypack && fits raypack 240; then
   PYTHONPATH=/tmp/site-ray:$PYTHONPATH timeout 400 python3 scripts/bench_ray_pack.py /tmp/bench --cores "$CPG" \
     --replicate "${REPLICATE:-8}" --repeat "${RAY_REPEAT:-2}" --max-side 256 --json "$OUT/bench_ray_pack.json" > "$OUT/bench_ray_pack.log" 2>&1
 fi
+if has ops && ! python3 -c "import numba" 2>/dev/null; then
+  echo "SKIPPED ops (numba does not import: carry .numba, NUMBA=1 scripts/prepare_device_carry.sh)" | tee -a "$OUT/skipped.log"
+elif has ops && fits ops 80; then
+  # compiled per-image ops (issue 27): each op on each device beside the Loader without it
+  for op in ${OPS:-jitter cutout grayscale}; do
+    for d in ${OPS_DEVICES:-cuda cpu}; do
+      fits "ops $op $d" 75 || break 2
+      one_gpu timeout 200 python3 -m recordtool.cli bench /tmp/bench-packed --device $d --epochs ${OPS_EPOCHS:-4} \
+        --images ${OPS_IMAGES:-4096} --no-baseline --op $op --json "$OUT/bench_op_${op}_$d.json" -q \
+        > "$OUT/bench_op_${op}_$d.log" 2>&1 || echo "ops $op $d: exit $? (see bench_op_${op}_$d.log)"
+    done
+  done
+fi
 [ -f .carry/extra.sh ] && bash .carry/extra.sh > "$OUT/extra.log" 2>&1
 echo "=================== results"
 grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$OUT/pytest.log" 2>/dev/null | tail -15
 sed -n '/^=================== fidelity/,$p' "$OUT/fidelity.log" 2>/dev/null | head -90
 for f in "$OUT"/bench_gpu*.log; do [ -f "$f" ] && { echo "--- $f"; grep -A25 "summary" "$f" || tail -30 "$f"; }; done
 cat "$OUT"/bench_cli_*.log 2>/dev/null
+for f in "$OUT"/bench_op_*.log; do [ -f "$f" ] && grep -E "Error|Traceback" "$f" | tail -3 | sed "s|^|$(basename "$f"): |"; done
 for f in "$OUT"/dist_*.log; do [ -f "$f" ] && { echo "--- $f"; grep -E "epoch|rank|total|coverage|resume|Error" "$f" | tail -24; }; done
 for f in "$OUT"/loader_memory_*.log; do [ -f "$f" ] && { echo "--- $f"; tail -16 "$f"; }; done; grep "train_imagenet\|Error" "$OUT/train.log" 2>/dev/null
 for f in "$OUT"/train_ddp_*.log; do [ -f "$f" ] && { echo "--- $f"; sed -n '/^DDP training/,$p' "$f"; grep -E "Error" "$f" | tail -3; }; done
@@ -218,6 +248,9 @@ cat "$OUT/presets.log" "$OUT/transcode.log" 2>/dev/null
 tail -8 "$OUT/bench_ray_pack.log" 2>/dev/null
 cat "$OUT/skipped.log" 2>/dev/null; echo "total $SECONDS s"
 [ -f "$OUT/extra.log" ] && tail -20 "$OUT/extra.log"
+if ls "$OUT"/bench_op_*.json > /dev/null 2>&1; then  # the ops table last: what the step is for
+  echo "--- ops (recordtool bench --op; scripts/ops_table.py)"; python3 scripts/ops_table.py "$OUT"/bench_op_*.json
+fi
 # only a few files come back from the machine: one archive of every log and JSON
 rc=0; grep -q " failed" "$OUT/pytest.log" 2>/dev/null && rc=1
 (cd "$OUT" && tar czf all.tgz --exclude=all.tgz . ; find . -type f ! -name all.tgz -delete)

@@ -6,8 +6,13 @@
 #   .rayc/  (RAY=1 only, for STEPS=raypack) Ray for Python 3.12: its wheel unpacked without the
 #           Java jars and packed as ray-cp312.tar.xz (~33 MB; the wheel itself is 79 MB, over the
 #           64 MiB a call carries), plus the wheels Ray depends on (~4 MB)
+#   .numba/ (NUMBA=1 only, for STEPS=ops and the compiled user ops) Numba for Python 3.12: its
+#           wheel (~4 MB) and llvmlite's wheel unpacked and packed as llvmlite-cp312.tar.xz
+#           (~41 MB; the wheel is 60 MB: with the tree it leaves no room in a call); device_run.sh
+#           installs both into /tmp/site, kept while the machine stays warm
 # The folders are git-ignored (.git/info/exclude) and travel with `carry: [".whl", ".carry"]`
-# (add ".rayc" for STEPS=raypack; carry only ".rayc" and ".carry" if all three exceed 64 MiB).
+# (add ".rayc" for STEPS=raypack; carry only ".rayc" and ".carry" if all three exceed 64 MiB;
+# ".numba" (~45 MB) fits beside ".whl" and ".carry", not beside ".rayc" or a DALI part).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx '/.whl/' .git/info/exclude || echo '/.whl/' >> .git/info/exclude
@@ -39,4 +44,19 @@ EOF
     rm "$tmp"/ray-2.60.0-*.whl && mv "$tmp"/*.whl .rayc/ && rm -rf "$tmp"
   fi
 fi
-du -sh .whl .carry .rayc 2>/dev/null
+if [ "${NUMBA:-0}" = 1 ]; then  # the versions of this machine's .venv (tests/test_ops.py ran with them)
+  NUMBA_VERSION=${NUMBA_VERSION:-0.68.1}; LLVMLITE_VERSION=${LLVMLITE_VERSION:-0.50.0}
+  mkdir -p .numba
+  if [ ! -f .numba/llvmlite-cp312.tar.xz ] || [ -z "$(ls .numba/numba-"$NUMBA_VERSION"-*.whl 2>/dev/null)" ]; then
+    rm -f .numba/*
+    tmp=$(mktemp -d)
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" \
+      -d "$tmp" "numba==$NUMBA_VERSION" "llvmlite==$LLVMLITE_VERSION"
+    python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" \
+      "$tmp"/llvmlite-"$LLVMLITE_VERSION"-*.whl "$tmp/tree"
+    tar -C "$tmp/tree" -cf - . | xz -T0 -6 > .numba/llvmlite-cp312.tar.xz.part
+    mv .numba/llvmlite-cp312.tar.xz.part .numba/llvmlite-cp312.tar.xz
+    mv "$tmp"/numba-"$NUMBA_VERSION"-*.whl .numba/ && rm -rf "$tmp"
+  fi
+fi
+du -sh .whl .carry .rayc .numba 2>/dev/null || true  # the folders made (du fails on the absent ones)

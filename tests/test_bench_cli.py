@@ -1,5 +1,6 @@
 """`recordtool bench` end to end on a tiny dataset: every stage measured, JSON and PNG written."""
 import json
+import os
 import subprocess
 import sys
 
@@ -103,6 +104,13 @@ def test_bench_op_runs_the_compiled_and_the_batch_op_beside_the_loader(tmp_path)
     assert r["op"]["batch"]["stage_ms_per_image"]["user_op"] > 0
     if peers.dali_available():
         assert r["dali_op"]["img_s"] > 0 and r["dali_op"]["op"] == "jitter", r["dali_op"]
+    t = subprocess.run([sys.executable, "scripts/ops_table.py", str(tmp_path / "b.json")], capture_output=True,
+                       text=True, timeout=60, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert t.returncode == 0, t.stderr  # device_run.sh's ops table, from the same JSON
+    head, rule, line = t.stdout.strip().splitlines()
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert len(cells) == len(head.strip("|").split("|")) == 7 and cells[:2] == ["jitter", "cpu"]
+    assert cells[3].startswith(f"**{100 * r['op']['compiled_cost']:.1f} %**")
 
 
 def test_dali_counterparts_of_the_bench_ops_build_and_run(tmp_path):

@@ -62,6 +62,23 @@ def test_compiled_op_equals_its_numpy_reference(op):
     assert np.array_equal(plain, ref)
 
 
+def test_color_jitter_exact_at_the_extreme_factors_and_a_luma_sum_beyond_float32():
+    """ColorJitter's compiled function computes its integers in float32 (exact below 2**24):
+    every corner of the factor range (0 … 5 × 1024, amplitude 4) on random, black and white
+    images, and an image whose luma sum passes 2**24, against the int64 NumPy reference."""
+    op = ColorJitter(4, 4, 4)
+    corners = np.array([0, 1, 511, 1023, 1024, 1025, 2047, 5119, 5120], np.float64)
+    p = np.stack(np.meshgrid(corners, corners, corners, indexing="ij"), -1).reshape(-1, 3)
+    b = np.random.default_rng(5).integers(0, 256, (len(p), 11, 7, 3), dtype=np.uint8)
+    b[::7], b[1::7] = 255, 0
+    b[2::7, :, :3] = [255, 0, 128]
+    ref = op.reference(b.copy(), p)
+    assert np.array_equal(apply_op(b.copy(), op.native(p), threads=2), ref)
+    big = np.random.default_rng(6).integers(160, 256, (3, 300, 280, 3), dtype=np.uint8)  # luma sum > 2**24
+    pb = np.array([[1024, 1300, 700], [900, 5120, 2000], [5120, 0, 5120]], np.float64)
+    assert np.array_equal(apply_op(big.copy(), op.native(pb)), op.reference(big.copy(), pb))
+
+
 def test_params_are_keyed_by_seed_epoch_and_sample_id():
     op = ColorJitter(seed=1)
     ids = np.array([5, 9, 2, 40])
@@ -319,3 +336,70 @@ def test_a_pillow_retried_image_gets_the_op_after_its_retry(monkeypatch):
     assert np.array_equal(u8[1], pil[0])
     got = cpu.decode_crop_resize_normalize(bufs, win, flips, (20, 20), fallback=True, op=op.native(p))
     assert np.array_equal(got[1], normalize(mirror(pil, flips[1:2]))[0])
+
+
+def test_ops_by_name_the_tools_registry():
+    from recordtool import ops
+    from recordtool.tools import bench
+    from recordtool.ops import registry
+
+    assert {"grayscale", "cutout", "jitter"} <= set(ops.names())
+    for name in ("colorjitter", "ColorJitter", "color_jitter", "jitter", " Color-Jitter "):
+        op = ops.by_name(name)
+        assert type(op) is ColorJitter and op.amp == (0.4, 0.4, 0.4)
+    assert ops.by_name("RandomGrayscale").p == 0.2 and ops.by_name("cutout").size == 56
+    op = ops.by_name("jitter:brightness=0.2, saturation=0", seed=4)
+    assert op.amp == (0.2, 0.4, 0.0) and op.seed == 4
+    assert ops.by_name("cutout:size=8", size=12).size == 12  # keyword arguments win over the spec
+    assert ops.by_name("cutout:size=9") is not ops.by_name("cutout:size=9")  # a new op each time
+    with pytest.raises(ValueError, match="unknown op 'blur'.*grayscale"):
+        ops.by_name("blur")
+    with pytest.raises(ValueError, match="not a number"):
+        ops.by_name("cutout:size=big")
+    with pytest.raises(ValueError, match="key=value"):
+        ops.by_name("cutout:56")
+    with pytest.raises(ValueError, match="'cutout' \\(Cutout\\).*radius"):
+        ops.by_name("cutout:radius=3")
+    with pytest.raises(ValueError, match="must be in"):  # the op's own validation
+        ops.by_name("grayscale:p=2")
+    compiled, batch = bench.bench_ops("colorjitter")  # bench --op builds its op here
+    assert type(compiled) is ColorJitter and batch.op is not None
+    with pytest.raises(ValueError, match="already registered"):
+        ops.register("jitter", Cutout)
+    with pytest.raises(ValueError, match="already registered"):
+        ops.register("blur", Cutout, aliases=("ColorJitter",))
+    with pytest.raises(TypeError):
+        ops.register("nope", dict)
+
+    class Gain(ImageOp):
+        nparams = 0
+
+        def __init__(self, level=1, seed=0):
+            super().__init__(seed)
+            self.level = level
+
+    try:
+        ops.register("gain", Gain, aliases=("more-gain",), level=3)
+        assert type(ops.by_name("MoreGain")) is Gain and ops.by_name("gain:level=5").level == 5
+        assert ops.by_name("gain").level == 3
+    finally:
+        with registry._lock:  # leave the registry as the other tests find it
+            registry._entries.pop("gain", None)
+            for k in ("gain", "moregain"):
+                registry._names.pop(k, None)
+
+
+def test_an_ops_fastmath_option_reaches_numba():
+    from recordtool.ops.compile import compile_image
+
+    plain = compile_image(Cutout.image, 4, "Cutout.image")
+    fast = compile_image(Cutout.image, 4, "Cutout.image", fastmath={"contract"})
+    assert fast is not plain and fast is compile_image(Cutout.image, 4, fastmath=frozenset({"contract"}))
+    assert fast.kernel.targetoptions.get("fastmath") == {"contract"}
+    assert ColorJitter().compiled().kernel.targetoptions.get("fastmath") == {"contract"}
+
+    class Bogus(Cutout):
+        fastmath = {"bogus"}
+
+    with pytest.raises(OpCompileError, match="Bogus.image.*\n.*fastmath"):
+        Bogus(4).compiled()

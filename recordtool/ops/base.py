@@ -35,6 +35,7 @@ class ImageOp(KeyedOp):
     """
 
     nparams = 0
+    fastmath: bool | frozenset = False  # Numba's fastmath for `image` (True, or LLVM flags such as {"contract"})
     cuda_source: str | None = None
     cuda_name: str | None = None
     cuda_block_per_image = False  # True: one block of 256 threads per image (per-image reductions)
@@ -67,7 +68,7 @@ class ImageOp(KeyedOp):
         """The Numba-compiled C function (compiled on first use, cached per class)."""
         from .compile import compile_image
 
-        return compile_image(type(self).image, self.nparams, f"{self.name}.image")
+        return compile_image(type(self).image, self.nparams, f"{self.name}.image", fastmath=self.fastmath)
 
     def native(self, params: np.ndarray):
         """This op with a batch's params, as the CPU decoder runs it."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..errors import OP_BAD_STRIDE, OP_RAISED, OpCompileError
 
 _lock = threading.Lock()
-_cache: dict = {}  # (function, k) → Compiled; kept for the process: the C pointers stay valid
+_cache: dict = {}  # (function, k, fastmath) → Compiled; kept for the process: the C pointers stay valid
 
 
 @dataclass(frozen=True)
@@ -61,10 +61,14 @@ def _reason(e) -> str:
     return "\n".join(keep)
 
 
-def compile_image(fn, k: int, name: str | None = None) -> Compiled:
+def compile_image(fn, k: int, name: str | None = None, fastmath: bool | frozenset = False) -> Compiled:
     """Compile `fn(img, p)` (img uint8 (h, w, 3), p float64 (k,)) into the decoder's C ABI;
-    cached per (fn, k). OpCompileError names the line Numba refused and why."""
-    key = (fn, int(k))
+    cached per (fn, k, fastmath). `fastmath`: Numba's option (False, True or a set of LLVM
+    fast-math flags) — only for a function whose floating-point results do not depend on it.
+    OpCompileError names the line Numba refused and why."""
+    if not isinstance(fastmath, bool):
+        fastmath = frozenset(fastmath)
+    key = (fn, int(k), fastmath)
     with _lock:
         hit = _cache.get(key)
         if hit is not None:
@@ -76,7 +80,7 @@ def compile_image(fn, k: int, name: str | None = None) -> Compiled:
         if not callable(fn):
             raise OpCompileError(f"user op {name}: image must be a function, not {type(fn).__name__}")
         try:
-            kernel = numba.njit(nogil=True)(fn)
+            kernel = numba.njit(nogil=True, fastmath=fastmath if isinstance(fastmath, bool) else set(fastmath))(fn)
             kernel.compile((types.Array(types.uint8, 3, "C"), types.Array(types.float64, 1, "C")))
         except Exception as e:  # Numba's TypingError, UnsupportedError, …: a user error
             raise OpCompileError(f"cannot compile user op {name} with Numba (nopython mode) at {_where(e, fn)}\n"

@@ -61,24 +61,26 @@ def loader_epochs(ld: Loader, epochs: int, images: int | None = None) -> dict:
     return r
 
 
-OPS = ("grayscale", "cutout", "jitter")
+OPS = ("grayscale", "cutout", "jitter")  # recordtool.ops.registry's names of the ops bench --op measures
 
 
 def bench_ops(name: str):
-    """(compiled per-image op, the same op as a batch op) for `--op`: grayscale — RandomGrayscale(0.2),
-    cutout — Cutout(56) (batch ops: recordtool.ops.batch'), jitter — ColorJitter(0.4, 0.4, 0.4)
-    (batch op: its NumPy reference on the whole batch)."""
+    """(compiled per-image op, the same op as a batch op) for `--op`: the op `recordtool.ops.by_name`
+    gives (grayscale — RandomGrayscale(0.2), cutout — Cutout(56), jitter — ColorJitter(0.4, 0.4,
+    0.4)); the batch op is recordtool.ops.batch's where it has one, else the op's NumPy reference
+    on the whole batch."""
     from .. import ops
     from ..ops import batch as batch_ops
 
+    name = ops.registry.lookup(name).name
+    if name not in OPS:
+        raise ValueError(f"op must be one of {', '.join(OPS)}, not {name!r}")
+    op = ops.by_name(name)
     if name == "grayscale":
-        return ops.RandomGrayscale(0.2), batch_ops.RandomGrayscale(0.2)
+        return op, batch_ops.RandomGrayscale(op.p)
     if name == "cutout":
-        return ops.Cutout(56), batch_ops.Cutout(56)
-    if name == "jitter":
-        op = ops.ColorJitter(0.4, 0.4, 0.4)
-        return op, ops.ReferenceOp(op)
-    raise ValueError(f"op must be one of {', '.join(OPS)}, not {name!r}")
+        return op, batch_ops.Cutout(op.size)
+    return op, ops.ReferenceOp(op)
 
 
 def op_costs(plain: Loader, name: str, epochs: int, images: int | None = None) -> dict:
@@ -167,12 +169,17 @@ def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | No
             original files, e.g. before a transcoding pack).
         baseline: run the Pillow baseline.
         producers: Loader producer threads (default: the Loader's).
-        op: also run the Loader with this op (OPS) compiled (recordtool.ops) and as a batch op,
+        op: also run the Loader with this op (OPS, or an alias recordtool.ops.by_name knows)
+            compiled (recordtool.ops) and as a batch op,
             epochs interleaved with the Loader without it (op_costs), and DALI with its
             counterpart (peers.dali_op).
     """
     if device != "cpu":  # before any work: a GPU this process cannot use is named at once
         resolve(parse_device(device))
+    if op:  # one name for the op, its DALI counterpart and the report
+        from ..ops.registry import lookup
+
+        op = lookup(op).name
     ds = open_dataset(path)
     threads = threads or cores()
     order = ds.sampler(seed=seed).indices(0)
