@@ -93,3 +93,19 @@ def test_ddp_form_two_ranks_on_cpu(data, tmp_path):
         assert all(rank["error"] is None and rank["img_s"] > 0 for rank in run["ranks"]), run
     assert r["every_sample_once"] is True and r["resume_identical"] == [True, True]
     assert "every sample once per epoch across ranks: True" in p.stdout
+
+
+def test_a_pipeline_names_a_compiled_op_by_its_registry_name(data):
+    """`recordtool:op=cutout` — the training benchmark's Loader with that compiled op (issue 27's
+    op in training), the other options passed through."""
+    pytest.importorskip("numba")
+    from recordtool.ops import Cutout
+    from recordtool.tools.train_pipelines import make_loader, parse_options
+
+    ld = make_loader(str(data / "out"), 4, 32, "cpu", parse_options("op=cutout,producers=1"))
+    try:
+        assert isinstance(ld.user_op, Cutout) and ld.user_op.size == 56 and ld.producers == 1
+        x, _ = next(iter(ld))
+        assert x.shape[0] == 4
+    finally:
+        ld.close()

@@ -10,7 +10,8 @@ Pipelines (same model, batch, output side, optimiser and threads):
                    (mixed) → resize → crop_mirror_normalize (fp16) → DALIGenericIterator
   torchvision      ImageFolder + RandomResizedCrop + DataLoader(threads workers)
 
-A pipeline's options after ':' are the Loader's keywords, plus two for measurements:
+A pipeline's options after ':' are the Loader's keywords, `op=NAME` a compiled user op by its
+registry name (recordtool.ops.by_name), plus two for measurements:
 `env.NAME=VALUE` sets an environment variable for that run (the loader's RECORDTOOL_GPU_*
 switches) and `switch=SECONDS` the interpreter's GIL switch interval.
 

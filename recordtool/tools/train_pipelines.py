@@ -36,10 +36,17 @@ def synthetic(batch: int, size: int, device: str):
 
 
 def make_loader(packed: str, batch: int, size: int, device: str, options: dict):
+    """The Loader of a pipeline; options are its keywords, and `op=NAME` a compiled per-image
+    op by its registry name (recordtool.ops.by_name: jitter, cutout, grayscale)."""
     from ..loader import Loader
 
     kw = dict(batch_size=batch, size=size, device=device, dtype="float16" if device == "cuda" else "float32",
               as_torch=device == "cuda")
+    options = dict(options)
+    if "op" in options:
+        from .. import ops
+
+        options["user_op"] = ops.by_name(str(options.pop("op")))
     kw.update(options)
     return Loader(packed, **kw)
 
