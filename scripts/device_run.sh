@@ -70,12 +70,13 @@ if [ ! -f recordtool/_native*.so ] || [ native/fused.cpp -nt recordtool/_native*
   python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 fi
 python3 -c "from recordtool import _native; print('native ok, libjpeg API', _native.LIBJPEG_VERSION)"
-if has tests && fits tests 200; then
+if has tests && fits tests 400; then
   # the whole suite, never -x: a failure must not hide what comes after it (the GPU rule, README)
   # the GPU suite: every test file that runs the decoders, the Loader or the native part
   GPU_SUITE="tests/test_gpu.py tests/test_gpu_roi.py tests/test_loader.py tests/test_loader_stream.py tests/test_loader_api.py tests/test_torch.py tests/test_distributed.py tests/test_cli_user.py tests/test_nvsubmit.py tests/test_decode_cpu.py tests/test_ops.py"
-  RECORDTOOL_REQUIRE_NATIVE=1 timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -rs ${PYTEST_ARGS:-$GPU_SUITE} \
+  RECORDTOOL_REQUIRE_NATIVE=1 timeout ${TESTS_TIMEOUT:-480} python3 -m pytest -q -p no:cacheprovider -rs ${PYTEST_ARGS:-$GPU_SUITE} \
     > "$OUT/pytest.log" 2>&1
+  rc=$?; (( rc == 124 )) && echo "pytest: TIMED OUT after ${TESTS_TIMEOUT:-480} s (raise TESTS_TIMEOUT)" | tee -a "$OUT/pytest.log"
   echo "pytest: $(tail -1 "$OUT/pytest.log") ($SECONDS s)"
 fi
 if [ ! -f /tmp/bench-packed/manifest.json ]; then  # a warm machine keeps the data of the last call
