@@ -129,3 +129,34 @@ def test_dali_counterparts_of_the_bench_ops_build_and_run(tmp_path):
         assert peers.dali_rate(ds, "cpu", 8, 2, epochs=2, op=op)["img_s"] > 0
     with pytest.raises(ValueError, match="no DALI op"):
         peers.dali_rate(ds, "cpu", 8, 2, epochs=2, op="nope")
+
+
+def test_loader_epochs_leaves_no_producer_running(tmp_path):
+    """A continuous Loader's producers run on into the next epoch after a full one; the bench's
+    rounds (bench --op: three Loaders in turn) and its decode stage alone would then be timed
+    while they decode — `loader_epochs` stops them, and the Loader starts again afterwards."""
+    import threading
+
+    import recordtool
+    from recordtool import Loader
+    from recordtool.tools.bench import loader_epochs
+
+    src = tmp_path / "src"
+    for i in range(32):
+        write(str(src / f"c{i % 2}" / f"{i}.jpg"), jpeg_bytes(96, 80, seed=i))
+    pack(str(src), str(tmp_path / "out"), shards=1, progress=False)
+    ds = recordtool.open(str(tmp_path / "out"))
+
+    def producers():
+        return [t for t in threading.enumerate() if t.name == "recordtool-loader" and t.is_alive()]
+
+    before = len(producers())
+    ld = Loader(ds, batch_size=4, size=32, threads=1, producers=2, device="cpu", as_torch=False)
+    assert ld.continuous
+    try:
+        for images in (None, 8):  # whole epochs (the run-ahead case) and an epoch left early
+            r = loader_epochs(ld, 2, images)
+            assert r["img_s"] > 0 and r["batches"] == (8 if images is None else 2)
+            assert len(producers()) == before
+    finally:
+        ld.close()

@@ -24,8 +24,8 @@ def data(tmp_path_factory):
 
 
 def test_train_bench_cli_cpu_form(data, tmp_path):
-    pipes = "synthetic;recordtool;synthetic+recordtool;recordtool:producers=1" + (";dali" if peers.dali_available()
-                                                                                  else "")
+    pipes = "synthetic;recordtool;synthetic+recordtool;recordtool:producers=1" + (";dali;dali:op=jitter"
+                                                                                  if peers.dali_available() else "")
     p = subprocess.run([sys.executable, "-m", "recordtool.cli", "bench", str(data / "out"), "--train", "resnet18",
                         "--device", "cpu", "--batch-size", "8", "--steps", "4", "--repeats", "2", "--threads", "2",
                         "--consumer-ms", "5", "--pipelines", pipes, "--dali-files", str(data / "src"),

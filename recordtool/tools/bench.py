@@ -20,7 +20,18 @@ from ..datasets import open_dataset
 def loader_epochs(ld: Loader, epochs: int, images: int | None = None) -> dict:
     """Run `epochs` epochs of a Loader; rate of the timed ones (all after the first, which warms
     up threads, buffers and the kernel build) in images per wall second and per second of this
-    process's CPU time, each epoch's too, batch latencies, CPU cores busy, stage seconds."""
+    process's CPU time, each epoch's too, batch latencies, CPU cores busy, stage seconds.
+
+    Leaves no producer running (`ld.close()`): a continuous Loader's producers would otherwise go
+    on into the next epoch — up to producers × (prefetch + 1) batches — while whatever is timed
+    next (another Loader's round, the decode stage alone) runs, and be counted against that."""
+    try:
+        return _loader_epochs(ld, epochs, images)
+    finally:
+        ld.close()
+
+
+def _loader_epochs(ld: Loader, epochs: int, images: int | None) -> dict:
     device = ld.device
     lat, rates, per_cpu, done, dt, cpu_s = [], [], [], 0, 0.0, 0.0
     limit = -(-images // ld.batch_size) if images else None

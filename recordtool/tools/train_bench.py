@@ -11,7 +11,8 @@ Pipelines (same model, batch, output side, optimiser and threads):
   torchvision      ImageFolder + RandomResizedCrop + DataLoader(threads workers)
 
 A pipeline's options after ':' are the Loader's keywords, `op=NAME` a compiled user op by its
-registry name (recordtool.ops.by_name), plus two for measurements:
+registry name (recordtool.ops.by_name) — `dali:op=NAME` runs DALI's counterpart of that op
+(peers.dali_op: fn.color_twist for jitter) — plus two for measurements:
 `env.NAME=VALUE` sets an environment variable for that run (the loader's RECORDTOOL_GPU_*
 switches) and `switch=SECONDS` the interpreter's GIL switch interval.
 
@@ -137,7 +138,9 @@ def run(packed: str, files: str | None = None, arch: str = "resnet18", size: int
                 elif base == "dali":
                     if files is None:
                         raise ValueError("dali needs the original files (--files)")
-                    it = dali(files, batch, size, threads, dali_load, device)
+                    it = dali(files, batch, size, threads, dali_load, device, op=opts.pop("op", None))
+                    if opts:
+                        raise ValueError(f"dali takes only op=NAME, not {', '.join(opts)}")
                 elif base == "torchvision":
                     if files is None:
                         raise ValueError("torchvision needs the original files (--files)")

@@ -88,7 +88,9 @@ class Beside:
 
 
 def dali(files: str, batch: int, size: int, threads: int, hw_decoder_load: float, device: str, shard: int = 0,
-          shards: int = 1, device_id: int = 0):
+          shards: int = 1, device_id: int = 0, op: str | None = None):
+    """DALI's pipeline on the original files (peers.dali_random_resized_crop), with DALI's
+    counterpart of a recordtool op (`op=NAME`, peers.dali_op) after the resize."""
     from nvidia.dali import fn, pipeline_def
 
     from .peers import dali_random_resized_crop, jpeg_files
@@ -101,7 +103,7 @@ def dali(files: str, batch: int, size: int, threads: int, hw_decoder_load: float
     def pipe():
         jpegs, label = fn.readers.file(files=[p for p, _ in items], labels=[int(y) for _, y in items],
                                        random_shuffle=True, name="reader", shard_id=shard, num_shards=shards)
-        images = dali_random_resized_crop(jpegs, gpu, size, hw_decoder_load)
+        images = dali_random_resized_crop(jpegs, gpu, size, hw_decoder_load, op=str(op) if op else None)
         return images, label.gpu() if gpu else label
 
     p = pipe()
