@@ -7,7 +7,7 @@
 #          DALI is assembled and imported by every benchmark. A chained call on a warm machine may
 #          leave .whl and .carry behind (set RECORDTOOL_COMMIT): e.g. call 1 [.whl, .carry,
 #          .dali/dali-part-0], call 2 [.dali/dali-part-1, .dali/dali-extra], call 3 [.dali/dali-part-2].
-#   steps: STEPS="tests datafast trainbench traincpu trainddp data384 transcode fidelity gpu gpu384 loader loader384 dist memory train decode format tune presets raypack ops"
+#   steps: STEPS="tests datafast trainbench gilprobe traincpu trainddp data384 transcode fidelity gpu gpu384 loader loader384 dist memory train decode format tune presets raypack ops"
 #   numba: .numba (NUMBA=1 scripts/prepare_device_carry.sh, ~45 MB) is installed into /tmp/site and
 #          kept while the machine stays warm: carry [".whl", ".carry", ".numba"] once (or ".numba"
 #          alone on a warm machine), before or without the DALI parts
@@ -183,6 +183,18 @@ if has trainbench && fits trainbench 150; then
       --arch "$a" --batch "$b" --repeats ${TRAIN_REPEATS:-3} --steps ${TRAIN_STEPS:-50} --warmup ${TRAIN_WARMUP:-15} \
       --pipelines "${TRAIN_PIPELINES:-synthetic;recordtool;synthetic+recordtool;dali;torchvision}" ${TRAIN_ARGS:-} \
       --json "$OUT/train_bench_${a}_${b}${TRAIN_TAG:-}.json" > "$OUT/train_bench_${a}_${b}${TRAIN_TAG:-}.log" 2>&1
+  done
+fi
+if has gilprobe && fits gilprobe 90; then
+  # issue 21: the Loader and DALI alone and beside a busy Python thread (scripts/gil_probe.py);
+  # GIL_VARIANTS: ';'-separated Loader keyword sets, each one more pipeline
+  args=(); IFS=';' read -ra vs <<< "${GIL_VARIANTS:-split=gpu;hybrid=false}"; for v in "${vs[@]}"; do args+=(--variant "$v"); done
+  for busy in ${GIL_BUSY:-spin}; do
+    fits "gilprobe $busy" 60 || break
+    one_gpu timeout 240 python3 scripts/gil_probe.py /tmp/bench-packed --device cuda --busy $busy --epochs ${GIL_EPOCHS:-3} \
+      --images ${GIL_IMAGES:-4096} "${args[@]}" --json "$OUT/gil_probe_$busy.json" > "$OUT/gil_probe_$busy.log" 2>&1 \
+      || echo "gilprobe $busy: exit $? (see gil_probe_$busy.log)"
+    tail -8 "$OUT/gil_probe_$busy.log"
   done
 fi
 if has traincpu && fits traincpu 60; then

@@ -42,6 +42,8 @@ def test_train_bench_cli_cpu_form(data, tmp_path):
     assert s["synthetic"]["vs_synthetic"] == pytest.approx(1.0)
     assert s["recordtool"]["spread"] >= 1.0 and len(s["recordtool"]["runs"]) == 2
     assert s["synthetic+recordtool"]["wait_ms"] >= 0
+    stages = next(run["cores"]["loader_stage_ms_per_batch"] for run in r["runs"] if run["pipeline"] == "recordtool")
+    assert stages["decode"] > 0, stages  # the producers' time per batch, by stage
     for run in r["runs"]:  # the Loader ran beside the training steps (how many batches depends on the load)
         if run["pipeline"] == "synthetic+recordtool":
             assert run["cores"]["beside_batches"] >= 1, run

@@ -116,7 +116,7 @@ def run(packed: str, files: str | None = None, arch: str = "resnet18", size: int
     for rep in range(repeats):
         for name in pipelines:
             base, _, spec = name.partition(":")
-            it, beside, closer = None, None, None
+            it, beside, closer, ld = None, None, None, None
             opts = parse_options(spec)
             # diagnostic pseudo-option: the interpreter's GIL switch interval during this run
             envs = {k[4:]: str(opts.pop(k)) for k in list(opts) if k.startswith("env.")}
@@ -151,6 +151,9 @@ def run(packed: str, files: str | None = None, arch: str = "resnet18", size: int
                     rate, wait, cores = train(it, arch, steps, warmup, compile_)
                 else:
                     rate, wait, cores = consume_cpu(it, steps, warmup, consumer_ms)
+                if ld is not None and ld._yielded:  # where the producers' time per batch went (diagnostic)
+                    cores["loader_stage_ms_per_batch"] = {k: round(1e3 * v / ld._yielded, 3)
+                                                          for k, v in ld.stage_seconds.items()}
                 if beside is not None:
                     b, beside = beside, None
                     b.close()  # raises what failed beside
