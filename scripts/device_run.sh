@@ -191,7 +191,7 @@ if has gilprobe && fits gilprobe 90; then
   args=(); IFS=';' read -ra vs <<< "${GIL_VARIANTS:-split=gpu;hybrid=false}"; for v in "${vs[@]}"; do args+=(--variant "$v"); done
   for busy in ${GIL_BUSY:-spin}; do
     fits "gilprobe $busy" 60 || break
-    one_gpu timeout 240 python3 scripts/gil_probe.py /tmp/bench-packed --device cuda --busy $busy --epochs ${GIL_EPOCHS:-3} \
+    one_gpu timeout 240 python3 scripts/gil_probe.py /tmp/bench-packed --device cuda --busy $busy --epochs ${GIL_EPOCHS:-3} --files /tmp/bench \
       --images ${GIL_IMAGES:-4096} "${args[@]}" --json "$OUT/gil_probe_$busy.json" > "$OUT/gil_probe_$busy.log" 2>&1 \
       || echo "gilprobe $busy: exit $? (see gil_probe_$busy.log)"
     tail -8 "$OUT/gil_probe_$busy.log"

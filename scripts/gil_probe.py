@@ -65,9 +65,11 @@ class Busy:
 
 
 def run(packed: str, device: str, batch: int, epochs: int, images: int | None, busy: str, dali: bool,
-        variants=()) -> dict:
+        variants=(), files: str | None = None) -> dict:
     """Each pipeline alone, beside the busy thread, and beside it at a tenth of the switch
-    interval. variants: Loader keyword sets ('split=gpu,hybrid=false'), each a pipeline."""
+    interval. variants: Loader keyword sets ('split=gpu,hybrid=false'), each a pipeline.
+    files: the original JPEG folder: DALI reads it with fn.readers.file (no Python in its
+    pipeline, as in training); without it DALI is fed our records by a Python external_source."""
     ds = recordtool.open(packed)
     out: dict = {"device": device, "batch": batch, "busy": busy, "interval_s": sys.getswitchinterval(),
                  "records": len(ds), "pipelines": []}
@@ -82,7 +84,9 @@ def run(packed: str, device: str, batch: int, epochs: int, images: int | None, b
              for name, ld in loaders.items()}
     if dali and peers.dali_available():
         threads = loaders["recordtool"].threads
-        pipes["dali"] = (lambda: peers.dali_rate(ds, device, batch, threads, epochs)["img_s"], 1)
+        source = peers.jpeg_files(files) if files else ds
+        pipes["dali" + (" (files)" if files else " (records, Python feed)")] = (
+            lambda: peers.dali_rate(source, device, batch, threads, epochs)["img_s"], 1)
     out["producers"] = loaders["recordtool"].producers
     try:
         for name, (fn, workers) in pipes.items():
@@ -120,10 +124,11 @@ def main(argv=None) -> int:
     ap.add_argument("--images", type=int, default=None)
     ap.add_argument("--busy", default="spin", choices=("spin", "dispatch"))
     ap.add_argument("--no-dali", action="store_true")
+    ap.add_argument("--files", help="the original JPEG folder, for DALI's fn.readers.file")
     ap.add_argument("--variant", action="append", default=[], help="Loader keywords, e.g. split=gpu (repeatable)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
-    r = run(a.packed, a.device, a.batch, a.epochs, a.images, a.busy, not a.no_dali, a.variant)
+    r = run(a.packed, a.device, a.batch, a.epochs, a.images, a.busy, not a.no_dali, a.variant, a.files)
     print(f"GIL probe: {r['device']}, batch {r['batch']}, busy thread '{r['busy']}', switch interval "
           f"{1e3 * r['interval_s']:g} ms, recordtool producers {r['producers']}")
     print(f"{'pipeline':28}{'alone':>10}{'beside':>10}{'fast switch':>13}{'ratio':>8}{'GIL waits/batch':>17}")

@@ -160,3 +160,27 @@ def test_loader_epochs_leaves_no_producer_running(tmp_path):
             assert len(producers()) == before
     finally:
         ld.close()
+
+
+def test_gil_probe_runs_each_pipeline_alone_and_beside_a_busy_thread(tmp_path):
+    """scripts/gil_probe.py (device_run.sh step gilprobe): every Loader variant alone, beside a
+    busy Python thread and beside it at a tenth of the switch interval; the interpreter's
+    switch interval is given back."""
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("gil_probe", os.path.join(root, "scripts", "gil_probe.py"))
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    src = tmp_path / "src"
+    for i in range(24):
+        write(str(src / f"c{i % 2}" / f"{i}.jpg"), jpeg_bytes(96, 80, seed=i))
+    pack(str(src), str(tmp_path / "out"), shards=1, progress=False)
+    before = sys.getswitchinterval()
+    r = probe.run(str(tmp_path / "out"), "cpu", 8, 2, None, "spin", False, ["producers=1"])
+    assert sys.getswitchinterval() == before
+    assert r["pipelines"] == ["recordtool", "recordtool:producers=1"]
+    for name in r["pipelines"]:
+        row = r[name]
+        assert row["alone"] > 0 and row["beside"] > 0 and row["beside_fast_switch"] > 0, row
+        assert row["ratio_beside"] > 0 and row["gil_waits_per_batch"] >= 0

@@ -27,7 +27,7 @@ def test_train_bench_cli_cpu_form(data, tmp_path):
     pipes = "synthetic;recordtool;synthetic+recordtool;recordtool:producers=1" + (";dali;dali:op=jitter"
                                                                                   if peers.dali_available() else "")
     p = subprocess.run([sys.executable, "-m", "recordtool.cli", "bench", str(data / "out"), "--train", "resnet18",
-                        "--device", "cpu", "--batch-size", "8", "--steps", "4", "--repeats", "2", "--threads", "2",
+                        "--device", "cpu", "--batch-size", "8", "--steps", "3", "--repeats", "2", "--threads", "2",
                         "--consumer-ms", "5", "--pipelines", pipes, "--dali-files", str(data / "src"),
                         "--json", str(tmp_path / "t.json")], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
@@ -37,11 +37,12 @@ def test_train_bench_cli_cpu_form(data, tmp_path):
     assert names == pipes.split(";") * 2  # interleaved repeats
     for run in r["runs"]:
         assert run["error"] is None, run
-        assert run["img_s"] > 0 and run["steps"] == 4 and run["cores"]["total"] >= 0
+        assert run["img_s"] > 0 and run["steps"] == 3 and run["cores"]["total"] >= 0
     s = r["summary"]
     assert s["synthetic"]["vs_synthetic"] == pytest.approx(1.0)
     assert s["recordtool"]["spread"] >= 1.0 and len(s["recordtool"]["runs"]) == 2
     assert s["synthetic+recordtool"]["wait_ms"] >= 0
+    # 15 warm-up + 3 steps = 3 whole epochs of 6 batches: counted by the run, not by the epoch position
     stages = next(run["cores"]["loader_stage_ms_per_batch"] for run in r["runs"] if run["pipeline"] == "recordtool")
     assert stages["decode"] > 0, stages  # the producers' time per batch, by stage
     for run in r["runs"]:  # the Loader ran beside the training steps (how many batches depends on the load)

@@ -87,6 +87,13 @@ class Result:
         return rows
 
 
+def counted(it, taken: list):
+    """`it`, counting the items taken in taken[0]."""
+    for x in it:
+        taken[0] += 1
+        yield x
+
+
 def run(packed: str, files: str | None = None, arch: str = "resnet18", size: int | None = None, batch: int = 256,
         steps: int = 50, warmup: int = 15, repeats: int = 3, pipelines=("synthetic", "recordtool", "dali"),
         threads: int | None = None, device: str = "cuda", compile_: bool = False, consumer_ms: float = 60.0,
@@ -116,7 +123,7 @@ def run(packed: str, files: str | None = None, arch: str = "resnet18", size: int
     for rep in range(repeats):
         for name in pipelines:
             base, _, spec = name.partition(":")
-            it, beside, closer, ld = None, None, None, None
+            it, beside, closer, ld, taken = None, None, None, None, [0]
             opts = parse_options(spec)
             # diagnostic pseudo-option: the interpreter's GIL switch interval during this run
             envs = {k[4:]: str(opts.pop(k)) for k in list(opts) if k.startswith("env.")}
@@ -130,7 +137,7 @@ def run(packed: str, files: str | None = None, arch: str = "resnet18", size: int
                     it = synthetic(batch, size, device)
                 elif base == "recordtool":
                     ld = make_loader(packed, batch, size, device, opts)
-                    it, closer = endless(ld), ld.close
+                    it, closer = counted(endless(ld), taken), ld.close
                 elif base == "synthetic+recordtool":
                     ld = make_loader(packed, batch, size, device, opts)
                     beside = Beside(endless(ld))
@@ -151,8 +158,8 @@ def run(packed: str, files: str | None = None, arch: str = "resnet18", size: int
                     rate, wait, cores = train(it, arch, steps, warmup, compile_)
                 else:
                     rate, wait, cores = consume_cpu(it, steps, warmup, consumer_ms)
-                if ld is not None and ld._yielded:  # where the producers' time per batch went (diagnostic)
-                    cores["loader_stage_ms_per_batch"] = {k: round(1e3 * v / ld._yielded, 3)
+                if ld is not None and taken[0]:  # where the producers' time per batch went (diagnostic)
+                    cores["loader_stage_ms_per_batch"] = {k: round(1e3 * v / taken[0], 3)
                                                           for k, v in ld.stage_seconds.items()}
                 if beside is not None:
                     b, beside = beside, None
