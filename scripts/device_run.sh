@@ -186,15 +186,15 @@ if has trainbench && fits trainbench 150; then
   done
 fi
 if has gilprobe && fits gilprobe 90; then
-  # issue 21: the Loader and DALI alone and beside a busy Python thread (scripts/gil_probe.py);
-  # GIL_VARIANTS: ';'-separated Loader keyword sets, each one more pipeline
-  args=(); IFS=';' read -ra vs <<< "${GIL_VARIANTS:-split=gpu;hybrid=false}"; for v in "${vs[@]}"; do args+=(--variant "$v"); done
-  for busy in ${GIL_BUSY:-spin}; do
-    fits "gilprobe $busy" 60 || break
-    one_gpu timeout 240 python3 scripts/gil_probe.py /tmp/bench-packed --device cuda --busy $busy --epochs ${GIL_EPOCHS:-3} --files /tmp/bench \
-      --images ${GIL_IMAGES:-4096} "${args[@]}" --json "$OUT/gil_probe_$busy.json" > "$OUT/gil_probe_$busy.log" 2>&1 \
-      || echo "gilprobe $busy: exit $? (see gil_probe_$busy.log)"
-    tail -8 "$OUT/gil_probe_$busy.log"
+  # issue 21: the Loader and DALI consumed by a loop running GIL_BUSY_MS of Python per batch
+  # (scripts/gil_probe.py); GIL_VARIANTS: ';'-separated Loader keyword sets, each one more pipeline
+  args=(); IFS=';' read -ra vs <<< "${GIL_VARIANTS:-producers=4}"; for v in "${vs[@]}"; do args+=(--variant "$v"); done
+  for ms in ${GIL_BUSY_MS:-10}; do
+    fits "gilprobe $ms" 60 || break
+    one_gpu timeout 240 python3 scripts/gil_probe.py /tmp/bench-packed --device cuda --busy-ms $ms --epochs ${GIL_EPOCHS:-3} \
+      --files /tmp/bench --images ${GIL_IMAGES:-4096} "${args[@]}" --json "$OUT/gil_probe_$ms${GIL_TAG:-}.json" \
+      > "$OUT/gil_probe_$ms${GIL_TAG:-}.log" 2>&1 || echo "gilprobe $ms: exit $? (see gil_probe_$ms${GIL_TAG:-}.log)"
+    tail -6 "$OUT/gil_probe_$ms${GIL_TAG:-}.log"
   done
 fi
 if has traincpu && fits traincpu 60; then

@@ -1,111 +1,111 @@
-"""How much a busy Python thread — what a training loop's thread is — slows an input pipeline
-that needs the GIL: the Loader and DALI on the same records, alone and beside such a thread.
+"""How much a training loop's Python costs its input pipeline: the Loader and DALI on the same
+data, each consumed by a loop that takes a batch, then runs `busy_ms` of pure Python holding
+the GIL (as an eager training step's Python does between its kernel launches) — against the
+same loop without that work.
 
-A thread that wants the GIL while another runs Python gets it at the latest after the
-interpreter's switch interval (`sys.getswitchinterval()`, 5 ms by default); a pipeline whose
-batch needs k GIL acquisitions on a producer then takes up to k × interval longer per batch.
-The probe reports each pipeline's rate alone, beside the busy thread at the default switch
-interval and at a tenth of it, and from the two an estimate of k per batch:
+A producer thread that gives the GIL up (in a native call, a CUDA call, a NumPy operation on a
+large array) and wants it back while the consumer runs Python gets it at the latest after the
+interpreter's switch interval (`sys.getswitchinterval()`, 5 ms by default). A pipeline whose
+batch needs k GIL re-acquisitions then makes a batch up to k × interval slower. The consumer's
+Python per batch bounds the rate at batch / busy_ms (the "ideal" column); the probe reports
+each pipeline's rate alone, with the busy consumer at the default switch interval and at a
+tenth of it, and from the first two an estimate of k:
 
-    k ≈ (seconds per batch per producer beside − alone) / switch interval
+    k ≈ (seconds per batch per producer with the busy consumer − alone) / switch interval
 
-The busy thread runs `spin` (pure Python: it gives the GIL up only when forced) or `dispatch`
-(a loop of short calls that release and retake the GIL, as eager PyTorch's op dispatch does).
-
-    python scripts/gil_probe.py PACKED --device cuda --busy spin --json OUT.json
+    python scripts/gil_probe.py PACKED --device cuda --busy-ms 10 --files FOLDER --json OUT.json
 """
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import sys
-import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # after PYTHONPATH: a tree on it (an older build) is what runs
 
 import recordtool  # noqa: E402
 from recordtool import Loader  # noqa: E402
 from recordtool.tools import peers  # noqa: E402
-from recordtool.tools.bench import loader_epochs  # noqa: E402
 from recordtool.tools.train_pipelines import parse_options  # noqa: E402
 
 
-class Busy:
-    """A thread running Python until stopped (see the module's docstring for the kinds)."""
-
-    def __init__(self, kind: str):
-        self.kind, self.stop, self.loops = kind, threading.Event(), 0
-        libc = ctypes.CDLL(None)
-        self._call = libc.getpid  # a ctypes CDLL call: releases and retakes the GIL
-        self.thread = threading.Thread(target=self._run, daemon=True, name="gil-probe-busy")
-
-    def _run(self):
-        n, call, stop = 0, self._call, self.stop
-        while not stop.is_set():
-            if self.kind == "dispatch":
-                for _ in range(100):
-                    call()
-            else:
-                x = 0
-                for i in range(2000):
-                    x += i
-            n += 1
-        self.loops = n
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
+def spin(ms: float) -> None:
+    """Run pure Python for `ms` milliseconds (the GIL is given up only when the interpreter
+    forces a switch)."""
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        x = 0
+        for i in range(200):
+            x += i
 
 
-def run(packed: str, device: str, batch: int, epochs: int, images: int | None, busy: str, dali: bool,
+def loader_rate(ld: Loader, epochs: int, images: int | None, busy_ms: float) -> float:
+    """Images per second over the epochs after the first, the consumer spinning busy_ms per batch."""
+    limit = -(-images // ld.batch_size) if images else None
+    done, dt = 0, 0.0
+    try:
+        for epoch in range(epochs):
+            ld.set_epoch(epoch)
+            t, count = time.perf_counter(), 0
+            for k, (x, _) in enumerate(ld):
+                count += x.shape[0]
+                if busy_ms:
+                    spin(busy_ms)
+                if limit and k + 1 >= limit:
+                    break
+            if epoch > 0:
+                done, dt = done + count, dt + time.perf_counter() - t
+    finally:
+        ld.close()  # nothing made ahead runs during the next case
+    return done / dt
+
+
+def run(packed: str, device: str, batch: int, epochs: int, images: int | None, busy_ms: float, dali: bool,
         variants=(), files: str | None = None) -> dict:
-    """Each pipeline alone, beside the busy thread, and beside it at a tenth of the switch
-    interval. variants: Loader keyword sets ('split=gpu,hybrid=false'), each a pipeline.
-    files: the original JPEG folder: DALI reads it with fn.readers.file (no Python in its
-    pipeline, as in training); without it DALI is fed our records by a Python external_source."""
+    """Each pipeline alone, with the busy consumer, and with it at a tenth of the switch interval.
+
+    Args:
+        variants: Loader keyword sets ('split=gpu,hybrid=false'), each one more pipeline.
+        files: the original JPEG folder: DALI reads it with fn.readers.file (no Python in its
+            pipeline, as in training); without it DALI is fed our records by a Python external_source.
+    """
     ds = recordtool.open(packed)
-    out: dict = {"device": device, "batch": batch, "busy": busy, "interval_s": sys.getswitchinterval(),
-                 "records": len(ds), "pipelines": []}
+    default = sys.getswitchinterval()
+    out: dict = {"device": device, "batch": batch, "busy_ms": busy_ms, "interval_s": default, "records": len(ds),
+                 "pipelines": [], "ideal_img_s": batch / (busy_ms / 1e3) if busy_ms else None}
     loaders = {}
     for spec in ("",) + tuple(variants):
         loaders["recordtool" + (":" + spec if spec else "")] = Loader(
             ds, batch_size=batch, device=device, dtype="float16" if device == "cuda" else "float32", as_torch=False,
             **parse_options(spec))
-    default = sys.getswitchinterval()
-    cases = (("alone", None, default), ("beside", busy, default), ("beside_fast_switch", busy, default / 10))
-    pipes = {name: (lambda ld=ld: loader_epochs(ld, epochs, images)["img_s"], ld.producers)
+    pipes = {name: ((lambda ms, ld=ld: loader_rate(ld, epochs, images, ms)), ld.producers)
              for name, ld in loaders.items()}
     if dali and peers.dali_available():
         threads = loaders["recordtool"].threads
         source = peers.jpeg_files(files) if files else ds
         pipes["dali" + (" (files)" if files else " (records, Python feed)")] = (
-            lambda: peers.dali_rate(source, device, batch, threads, epochs)["img_s"], 1)
+            lambda ms: peers.dali_rate(source, device, batch, threads, epochs,
+                                       consume=(lambda _: spin(ms)) if ms else None)["img_s"], 1)
     out["producers"] = loaders["recordtool"].producers
+    cases = (("alone", 0.0, default), ("busy", busy_ms, default), ("busy_fast_switch", busy_ms, default / 10))
     try:
         for name, (fn, workers) in pipes.items():
             row = {}
-            for case, kind, interval in cases:
+            for case, ms, interval in cases:
                 sys.setswitchinterval(interval)
                 try:
-                    if kind is None:
-                        row[case] = fn()
-                    else:
-                        with Busy(kind):
-                            row[case] = fn()
+                    row[case] = fn(ms)
                 except Exception as e:  # a peer that cannot run here is reported
                     row[case + "_error"] = f"{type(e).__name__}: {e}"
                 finally:
                     sys.setswitchinterval(default)
-            if "alone" in row and "beside" in row:
-                extra = workers * batch * (1 / row["beside"] - 1 / row["alone"])  # s per batch per worker
-                row["ratio_beside"] = row["beside"] / row["alone"]
+            if "alone" in row and "busy" in row:
+                ideal = min(row["alone"], out["ideal_img_s"] or float("inf"))
+                row["of_ideal"] = row["busy"] / ideal
+                # time per batch beyond what the slower of pipeline and consumer sets, per producer
+                extra = workers * batch * (1 / row["busy"] - 1 / ideal)
                 row["gil_waits_per_batch"] = max(0.0, extra / default)
             out[name] = row
             out["pipelines"].append(name)
@@ -122,23 +122,25 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--images", type=int, default=None)
-    ap.add_argument("--busy", default="spin", choices=("spin", "dispatch"))
+    ap.add_argument("--busy-ms", type=float, default=10.0, help="the consumer's pure Python per batch")
     ap.add_argument("--no-dali", action="store_true")
     ap.add_argument("--files", help="the original JPEG folder, for DALI's fn.readers.file")
     ap.add_argument("--variant", action="append", default=[], help="Loader keywords, e.g. split=gpu (repeatable)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
-    r = run(a.packed, a.device, a.batch, a.epochs, a.images, a.busy, not a.no_dali, a.variant, a.files)
-    print(f"GIL probe: {r['device']}, batch {r['batch']}, busy thread '{r['busy']}', switch interval "
-          f"{1e3 * r['interval_s']:g} ms, recordtool producers {r['producers']}")
-    print(f"{'pipeline':28}{'alone':>10}{'beside':>10}{'fast switch':>13}{'ratio':>8}{'GIL waits/batch':>17}")
+    r = run(a.packed, a.device, a.batch, a.epochs, a.images, a.busy_ms, not a.no_dali, a.variant, a.files)
+    ideal = r["ideal_img_s"]
+    print(f"GIL probe: {r['device']}, batch {r['batch']}, consumer's Python {r['busy_ms']:g} ms/batch "
+          f"(alone it would take {ideal or float('inf'):,.0f} img/s), switch interval {1e3 * r['interval_s']:g} ms, "
+          f"recordtool producers {r['producers']}")
+    print(f"{'pipeline':28}{'alone':>10}{'busy':>10}{'fast switch':>13}{'of ideal':>10}{'GIL waits/batch':>17}")
     for name in r["pipelines"]:
         row = r[name]
-        cells = [f"{row[c]:10,.0f}" if c in row else f"{'err':>10}" for c in ("alone", "beside")]
-        fast = f"{row['beside_fast_switch']:13,.0f}" if "beside_fast_switch" in row else f"{'err':>13}"
-        ratio = f"{row['ratio_beside']:8.2f}" if "ratio_beside" in row else f"{'':>8}"
+        cells = "".join(f"{row[c]:10,.0f}" if c in row else f"{'err':>10}" for c in ("alone", "busy"))
+        fast = f"{row['busy_fast_switch']:13,.0f}" if "busy_fast_switch" in row else f"{'err':>13}"
+        ratio = f"{row['of_ideal']:10.2f}" if "of_ideal" in row else f"{'':>10}"
         k = f"{row['gil_waits_per_batch']:17.1f}" if "gil_waits_per_batch" in row else ""
-        print(f"{name:28}{''.join(cells)}{fast}{ratio}{k}")
+        print(f"{name:28}{cells}{fast}{ratio}{k}")
         for key, v in row.items():
             if key.endswith("_error"):
                 print(f"  {name} {key}: {v[:200]}")

@@ -162,25 +162,30 @@ def test_loader_epochs_leaves_no_producer_running(tmp_path):
         ld.close()
 
 
-def test_gil_probe_runs_each_pipeline_alone_and_beside_a_busy_thread(tmp_path):
-    """scripts/gil_probe.py (device_run.sh step gilprobe): every Loader variant alone, beside a
-    busy Python thread and beside it at a tenth of the switch interval; the interpreter's
-    switch interval is given back."""
+def test_gil_probe_runs_each_pipeline_alone_and_with_a_busy_consumer(tmp_path):
+    """scripts/gil_probe.py (device_run.sh step gilprobe): every Loader variant alone, consumed
+    by a loop running Python after each batch, and the same at a tenth of the switch interval;
+    the interpreter's switch interval is given back, and a busy consumer bounds the rate."""
     import importlib.util
+    import time
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     spec = importlib.util.spec_from_file_location("gil_probe", os.path.join(root, "scripts", "gil_probe.py"))
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
+    t = time.perf_counter()
+    probe.spin(30)
+    assert time.perf_counter() - t >= 0.03
     src = tmp_path / "src"
     for i in range(24):
         write(str(src / f"c{i % 2}" / f"{i}.jpg"), jpeg_bytes(96, 80, seed=i))
     pack(str(src), str(tmp_path / "out"), shards=1, progress=False)
     before = sys.getswitchinterval()
-    r = probe.run(str(tmp_path / "out"), "cpu", 8, 2, None, "spin", False, ["producers=1"])
+    r = probe.run(str(tmp_path / "out"), "cpu", 8, 2, None, 40.0, False, ["producers=1"])
     assert sys.getswitchinterval() == before
-    assert r["pipelines"] == ["recordtool", "recordtool:producers=1"]
+    assert r["pipelines"] == ["recordtool", "recordtool:producers=1"] and r["ideal_img_s"] == 8 / 0.04
     for name in r["pipelines"]:
         row = r[name]
-        assert row["alone"] > 0 and row["beside"] > 0 and row["beside_fast_switch"] > 0, row
-        assert row["ratio_beside"] > 0 and row["gil_waits_per_batch"] >= 0
+        assert row["alone"] > 0 and row["busy_fast_switch"] > 0, row
+        assert 0 < row["busy"] <= r["ideal_img_s"] * 1.01  # 40 ms of Python per batch of 8: at most 200 img/s
+        assert row["of_ideal"] > 0 and row["gil_waits_per_batch"] >= 0

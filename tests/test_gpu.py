@@ -618,6 +618,38 @@ def test_hostile_multiscan_files_never_reach_the_hybrid_decoder():
     assert not _refused(_jpegs(5)[0][4])  # an ordinary progressive file goes to the hybrid decoder
 
 
+def test_refusal_routing_remembers_the_records_that_passed(monkeypatch):
+    """refuse_hybrid routes a refused HYBRID image to the CPU; with ids and a decoder's set, a
+    record that passed is not parsed again (the batch's planning holds the GIL), while a record
+    whose bytes now have another length is parsed again — and its reference, the loop without
+    the set, routes every batch the same way."""
+    from hostile_data import many_scans
+
+    from recordtool.decode.gpu import decoder as D
+    from recordtool.decode.gpu.plan import CPU, ENGINE, HYBRID
+
+    good, bad = _jpegs(5)[0][4], many_scans()
+    parsed = []
+    real = D._refused
+    monkeypatch.setattr(D, "_refused", lambda data: parsed.append(len(data)) or real(data))
+    routes0 = np.array([HYBRID, ENGINE, HYBRID, HYBRID])
+    cleared: set = set()
+    for batch in range(3):
+        bufs, ids = [good, good, bad, good], np.array([7, 8, 9, 10])
+        routes = routes0.copy()
+        D.refuse_hybrid(routes, bufs, ids, cleared)
+        ref = routes0.copy()
+        D.refuse_hybrid(ref, bufs)  # the reference: every hybrid image parsed
+        assert routes.tolist() == ref.tolist() == [HYBRID, ENGINE, CPU, HYBRID]
+    assert cleared == {(7, len(good)), (10, len(good))}  # the refused record is parsed every time
+    # ours: both good records in the first batch only, the refused one each time; + the reference's 3 a batch
+    assert parsed.count(len(bad)) == 3 + 3 and parsed.count(len(good)) == 2 + 3 * 2
+    parsed.clear()
+    routes = routes0.copy()
+    D.refuse_hybrid(routes, [good, good, bad, bad], np.array([7, 8, 9, 10]), cleared)  # record 10 changed length
+    assert routes.tolist() == [HYBRID, ENGINE, CPU, CPU] and parsed == [len(bad), len(bad)]
+
+
 @gpu
 def test_hostile_multiscan_files_in_a_gpu_batch_are_named():
     from hostile_data import bomb_progressive, many_scans

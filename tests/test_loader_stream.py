@@ -197,3 +197,40 @@ def test_a_loader_collected_on_its_own_producer_stops_without_closing_the_batche
     assert len(ld.batcher._pools) == 2  # not closed under its producer
     assert ld._stream is None  # stopped
     ld.batcher.close()
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_windows_and_flips_drawn_a_run_at_a_time_are_each_batchs_own(packed, train):
+    """The stream draws the windows and flips of DRAW_RUN batches in one call (NumPy releases
+    the GIL in each array operation; one call for many batches retakes it fewer times): every
+    batch gets exactly what Recipe.draws gives for its ids alone, across epoch ends, with a
+    short last batch, whatever the producer."""
+    from recordtool.loader import stream as st
+
+    ld = Loader(path=packed, **{**KW, "batch_size": 3}, train=train, drop_last=False)
+    recipe, calls, lock = ld.batcher.recipe, [], threading.Lock()
+
+    def draws(ids, epoch):
+        with lock:
+            calls.append(len(ids))
+        return recipe.draws(ids, epoch)
+
+    def batcher(ids, epoch, slot, drawn):
+        return epoch, ids.copy(), drawn
+
+    per_epoch = len(ld)  # 14 batches of 40 records, the last of 1
+    old = st.DRAW_RUN
+    st.DRAW_RUN = 4
+    try:
+        s = st.BatchStream(batcher, ld.sampler, 3, False, per_epoch, 1, 2, producers=3, depth=2, continuous=True,
+                           draws=draws)
+        for t in range(3 * per_epoch):
+            e, j, ids, (ee, ids2, (win, flips)) = s.take()
+            want_w, want_f = recipe.draws(ids, e)
+            assert ee == e and np.array_equal(ids, ids2) and len(win) == len(ids)
+            assert np.array_equal(win, want_w) and np.array_equal(flips, want_f), (e, j)
+        s.close()
+    finally:
+        st.DRAW_RUN = old
+        ld.close()
+    assert per_epoch == 14 and len(calls) < 3 * per_epoch / 2  # runs, not batches (a lagging producer may redraw one)

@@ -106,10 +106,11 @@ class CPUBatcher:
         for pool in self._pools:
             cpu.reserve(ix.width, ix.height, threads, pool)  # its threads' decode buffers, now
 
-    def __call__(self, ids, epoch: int, slot: int):
-        """The batch of these ids in this epoch, made by producer `slot`."""
+    def __call__(self, ids, epoch: int, slot: int, drawn: tuple | None = None):
+        """The batch of these ids in this epoch, made by producer `slot`; drawn: its (windows,
+        flips) when the stream drew them (Recipe.draws)."""
         t0 = time.perf_counter()
-        b = self.recipe.inputs(ids, epoch)
+        b = self.recipe.inputs(ids, epoch, drawn)
         t1 = time.perf_counter()
         errors: list = []
         out = self.ring.acquire(len(ids))

@@ -127,18 +127,19 @@ class GPUBatcher:
                 self._decoders[slot] = dec
         return dec
 
-    def __call__(self, ids, epoch: int, slot: int):
-        """The batch of these ids in this epoch, made by producer `slot` on its decoder."""
+    def __call__(self, ids, epoch: int, slot: int, drawn: tuple | None = None):
+        """The batch of these ids in this epoch, made by producer `slot` on its decoder; drawn:
+        its (windows, flips) when the stream drew them (Recipe.draws)."""
         import cupy
 
         t0 = time.perf_counter()
-        b = self.recipe.inputs(ids, epoch)
+        b = self.recipe.inputs(ids, epoch, drawn)
         t1 = time.perf_counter()
         dec = self.decoder(slot)
         op = self.image_op
         # a compiled op sees the image before the mirror (as on the CPU): the normalising pass mirrors
         images = dec(b.buffers, b.windows, np.zeros(len(ids), bool) if op is not None else b.flips,
-                     self.routes[ids])
+                     self.routes[ids], ids=ids)
         t2 = t3 = time.perf_counter()
         if op is not None:
             from ..ops.cuda import launch as op_launch

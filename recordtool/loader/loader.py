@@ -281,7 +281,7 @@ class Loader:
             self.close()  # a new start: what the producers made ahead is not this
             stream = self._stream = BatchStream(self.batcher, self.sampler, self.batch_size, self.drop_last, len(self),
                                                 *start, producers=self.producers, depth=self.prefetch,
-                                                continuous=self.continuous)
+                                                continuous=self.continuous, draws=self.batcher.recipe.draws)
         it = EpochIterator(self, stream, *start)
         self._start_batch = 0
         self._iterator = weakref.ref(it)
@@ -377,7 +377,10 @@ class EpochIterator:
             from ..decode.gpu import to_torch
 
             with torch.cuda.device(ld.gpu_id):  # the producer synchronised its stream: the batch is complete
-                x, y = to_torch(images), torch.from_numpy(labels).cuda(ld.gpu_id, non_blocking=True)
+                # labels through pinned memory (PyTorch's caching host allocator): a copy from
+                # pageable memory may make the training thread wait for its stream's queued work
+                y = torch.from_numpy(labels).pin_memory().cuda(ld.gpu_id, non_blocking=True)
+                x = to_torch(images)
         if ld.spec.dtype == "bfloat16":
             x = x.view(torch.bfloat16)  # the uint16 bits as what they are (no copy)
         return x, y

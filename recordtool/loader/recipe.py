@@ -49,18 +49,22 @@ class Recipe:
         """The output side (the Loader's specs are square)."""
         return self.spec.size[0]
 
-    def inputs(self, ids: np.ndarray, epoch: int) -> BatchInputs:
+    def draws(self, ids: np.ndarray, epoch: int) -> tuple:
+        """(windows, flips) of these ids in this epoch. Each row depends on its id alone, so the
+        draws of many batches at once, split, are each batch's own (BatchStream draws a run of
+        batches in one call: NumPy releases the GIL in each of its array operations, and a
+        producer thread retaking it waits behind a busy training thread)."""
         ix = self.ds.index
-        ds = self.ds
-        buffers = ds.jpeg_views(ids)
         w, h = ix.width[ids], ix.height[ids]
         if self.train:
-            win = random_windows(w, h, ids, self.seed, epoch)
-            flips = random_flips(ids, self.seed, epoch)
-        else:
-            win = center_windows(w, h, resize=round(self.size * 256 / 224), crop=self.size)
-            flips = np.zeros(len(ids), bool)
-        return BatchInputs(buffers, win, flips, ix.label[ids].astype(np.int64), BatchKeys(ids, epoch, self.seed))
+            return random_windows(w, h, ids, self.seed, epoch), random_flips(ids, self.seed, epoch)
+        return center_windows(w, h, resize=round(self.size * 256 / 224), crop=self.size), np.zeros(len(ids), bool)
+
+    def inputs(self, ids: np.ndarray, epoch: int, drawn: tuple | None = None) -> BatchInputs:
+        """The batch's inputs; drawn: its (windows, flips) when already drawn (`draws`)."""
+        win, flips = self.draws(ids, epoch) if drawn is None else drawn
+        return BatchInputs(self.ds.jpeg_views(ids), win, flips, self.ds.index.label[ids].astype(np.int64),
+                           BatchKeys(ids, epoch, self.seed))
 
 
 @dataclass

@@ -11,12 +11,19 @@ Invariants:
   the output ring's slot count is the same as for one epoch.
 - producer threads hold the batcher and the sampler, never the Loader: an abandoned Loader is
   garbage-collected and closes its stream.
+- a batch's windows and flips are drawn DRAW_RUN batches at a time (`draws`: one call for the
+  run's ids, then split) — the same values as one batch's call, computed once by whichever
+  producer needs the run first.
 """
 from __future__ import annotations
 
 import threading
 
+import numpy as np
+
 from .prefetch import Prefetcher
+
+DRAW_RUN = 16  # batches whose windows and flips are drawn in one call
 
 
 def epoch_batches(sampler, batch_size: int, drop_last: bool, epoch: int) -> list:
@@ -31,7 +38,9 @@ class BatchStream:
     this epoch only. `take()` gives (epoch, batch index, ids, made) in order.
 
     Args:
-        batcher: batcher(ids, epoch, slot) → Made.
+        batcher: batcher(ids, epoch, slot, drawn) → Made; drawn = draws(ids, epoch).
+        draws: draws(ids, epoch) → (windows, flips) of those ids (Recipe.draws); None: the
+            batcher draws each batch itself (batcher(ids, epoch, slot)).
         sampler, batch_size, drop_last: what each epoch's batches are (epoch_batches).
         per_epoch: batches in an epoch (the Loader's len).
         epoch, start: where the stream starts.
@@ -40,11 +49,11 @@ class BatchStream:
     """
 
     def __init__(self, batcher, sampler, batch_size: int, drop_last: bool, per_epoch: int, epoch: int, start: int,
-                 producers: int, depth: int, continuous: bool):
+                 producers: int, depth: int, continuous: bool, draws=None):
         self.per_epoch, self.epoch0, self.start = per_epoch, epoch, start
         first = per_epoch - start
         self.continuous = continuous and per_epoch > 0
-        lock, cache = threading.Lock(), {}
+        lock, cache, runs = threading.Lock(), {}, {}
 
         def where(t: int):
             if t < first:
@@ -60,10 +69,30 @@ class BatchStream:
                     cache[e] = epoch_batches(sampler, batch_size, drop_last, e)
                 return cache[e]
 
+        per_run = -(-per_epoch // DRAW_RUN)  # runs in an epoch
+
+        def drawn(e: int, j: int, order: list):
+            """(windows, flips) of batch j of epoch e, from its run's draws (made on first use)."""
+            c = j // DRAW_RUN
+            key = e * per_run + c  # runs in stream order
+            with lock:
+                run = runs.get(key)
+                if run is None:
+                    part = order[c * DRAW_RUN:(c + 1) * DRAW_RUN]
+                    win, flips = draws(np.concatenate(part), e)
+                    cuts = np.cumsum([len(b) for b in part])[:-1]
+                    run = runs[key] = list(zip(np.split(win, cuts), np.split(flips, cuts)))
+                    for old in [k for k in runs if k < key - 2]:
+                        del runs[old]  # a producer lagging further behind draws its run again
+            return run[j % DRAW_RUN]
+
         def make(t: int, slot: int):
             e, j = where(t)
-            ids = batches(e)[j]
-            return e, j, ids, batcher(ids, e, slot)
+            order = batches(e)
+            ids = order[j]
+            if draws is None:
+                return e, j, ids, batcher(ids, e, slot)
+            return e, j, ids, batcher(ids, e, slot, drawn(e, j, order))
 
         self._where = where
         self._prefetcher = Prefetcher(None if self.continuous else first, make, producers, depth)

@@ -12,7 +12,8 @@ Pipelines (same model, batch, output side, optimiser and threads):
 
 A pipeline's options after ':' are the Loader's keywords, `op=NAME` a compiled user op by its
 registry name (recordtool.ops.by_name) — `dali:op=NAME` runs DALI's counterpart of that op
-(peers.dali_op: fn.color_twist for jitter) — plus two for measurements:
+(peers.dali_op: fn.color_twist for jitter), `synthetic:labels=pageable|pinned` copies the
+synthetic labels up from the host each step (what host labels cost) — plus two for measurements:
 `env.NAME=VALUE` sets an environment variable for that run (the loader's RECORDTOOL_GPU_*
 switches) and `switch=SECONDS` the interpreter's GIL switch interval.
 
@@ -134,7 +135,7 @@ def run(packed: str, files: str | None = None, arch: str = "resnet18", size: int
                 sys.setswitchinterval(float(switch))
             try:
                 if base == "synthetic":
-                    it = synthetic(batch, size, device)
+                    it = synthetic(batch, size, device, **opts)  # labels=pageable|pinned: a diagnostic
                 elif base == "recordtool":
                     ld = make_loader(packed, batch, size, device, opts)
                     it, closer = counted(endless(ld), taken), ld.close

@@ -17,8 +17,11 @@ def endless(loader):
         epoch += 1
 
 
-def synthetic(batch: int, size: int, device: str):
-    """One batch reused. device: "cuda", "cpu" (numpy, the consumer form) or "cpu_torch"."""
+def synthetic(batch: int, size: int, device: str, labels: str = "device"):
+    """One batch reused. device: "cuda", "cpu" (numpy, the consumer form) or "cpu_torch".
+    labels (cuda): "device" — made on the GPU once; "pageable" / "pinned" — copied up from a
+    host array each step with non_blocking=True (a diagnostic: what a loader handing host
+    labels costs the training loop; from pageable memory CUDA may wait for the stream)."""
     if device == "cpu":  # the CPU form needs no torch
         rng = np.random.default_rng(0)
         x, y = rng.standard_normal((batch, 3, size, size), np.float32), rng.integers(0, 1000, batch)
@@ -30,7 +33,15 @@ def synthetic(batch: int, size: int, device: str):
     x = torch.randn(batch, 3, size, size, generator=g)
     y = torch.randint(0, 1000, (batch,), generator=g)
     if device == "cuda":  # NCHW fp16 as the loaders give it: the step's channels_last copy is the same for all
-        x, y = x.cuda().half(), y.cuda()
+        x = x.cuda().half()
+        if labels != "device":
+            if labels not in ("pageable", "pinned"):
+                raise ValueError(f"labels must be device, pageable or pinned, not {labels!r}")
+            host = y.numpy()
+            while True:
+                t = torch.from_numpy(host)
+                yield x, (t.pin_memory() if labels == "pinned" else t).cuda(non_blocking=True)
+        y = y.cuda()
     while True:
         yield x, y
 

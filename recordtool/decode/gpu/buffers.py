@@ -60,12 +60,16 @@ class DecodeBuffers:
     def reserve(self, staging: int, arena: int) -> None:
         """Have at least this many pinned staging and device arena bytes."""
         cupy = self.cupy
+        grow_staging = self.staging_np is None or staging > self.staging_np.size
+        grow_arena = self.arena is None or arena > self.arena.size
+        if not (grow_staging or grow_arena):
+            return  # each batch asks; entering the device context alone costs CUDA calls
         with cupy.cuda.Device(self.device):
-            if self.staging_np is None or staging > self.staging_np.size:
+            if grow_staging:
                 self._staging_mem = cupy.cuda.alloc_pinned_memory(staging)
                 self.staging_np = np.frombuffer(self._staging_mem, np.uint8, staging)
                 self.allocations += 1
-            if self.arena is None or arena > self.arena.size:
+            if grow_arena:
                 self.arena = cupy.empty(arena, np.uint8)
                 self.allocations += 1
 

@@ -114,9 +114,15 @@ class GPUDecoder:
         # for the decoder's life (a thread per batch would churn stacks and malloc arenas)
         self._workers = ThreadPoolExecutor(2, thread_name_prefix="recordtool-gpu")
         block = _setting("SYNC", "block") == "block"  # waits sleep on blocking-sync events (see _Waiter)
+        # records whose bytes passed the refusal rule (refuse_hybrid); this decoder's own
+        self._cleared: set = set()
         with self.device:
             self.stream = _stream(cupy)
             self._done = _Waiter(cupy, block)
+            # made once and recorded again each batch (an event made per call costs a CUDA call
+            # more, and each CUDA call gives up the GIL that the producer must then take back)
+            self._ev_start, self._ev_decoded = cupy.cuda.Event(), cupy.cuda.Event()
+            self._ev_hybrid = cupy.cuda.Event(disable_timing=True)
             self._kernel = K.kernel(spec.dtype, spec.buffer_layout)
             if self.planner.split != "cpu":
                 from ..nvjpeg import HardwareDecoder, HybridDecoder, NvjpegError
@@ -219,7 +225,7 @@ class GPUDecoder:
         del view
 
     # ------------------------------------------------------------------ one batch
-    def __call__(self, buffers, windows, flips, routes):
+    def __call__(self, buffers, windows, flips, routes, ids=None):
         """Decode one batch. Returns a CuPy array of spec.buffer_shape(N) and storage_dtype
         (spec.arrange gives the handed-out view), complete when the call returns (from the ring
         when there is one).
@@ -229,6 +235,8 @@ class GPUDecoder:
             windows: (N, 4) (y, x, h, w) crop windows in source pixels.
             flips: bool (N,) horizontal mirror per image.
             routes: route codes (N,) from the index (plan.route), or bool (N,) = engine-decodable.
+            ids: the records' ids: a hybrid-bound record whose bytes passed the refusal rule is
+                not parsed again in later batches (refuse_hybrid); None: every batch parses.
         """
         t0 = time.perf_counter()
         n = len(buffers)
@@ -238,9 +246,7 @@ class GPUDecoder:
         flips = np.asarray(flips, bool).reshape(n)
         routes = np.asarray(routes).reshape(n)
         routes = np.where(routes, ENGINE, CPU) if routes.dtype == bool else routes.copy()
-        for i in np.nonzero(routes == HYBRID)[0]:  # multi-scan files: the decoders' refusal rule first
-            if _refused(buffers[i]):
-                routes[i] = CPU  # the CPU path refuses it with the reason, naming the record
+        refuse_hybrid(routes, buffers, ids, self._cleared)  # multi-scan files: the decoders' refusal rule first
         plan = self.planner.plan(routes, ends_with_eoi(buffers))
         self.buf.ensure(buffers, windows)
         pre_failed = []  # planar: headers nvJPEG refused or layouts the kernel does not take
@@ -253,7 +259,8 @@ class GPUDecoder:
         hyb_job = self._workers.submit(self._decode_hybrid, buffers, plan.hybrid, places) if len(plan.hybrid) else None
         hw_failed, hyb_failed, t_hyb = [], [], None
         with self.device, self.stream:
-            ev_start = self.stream.record()
+            ev_start, ev_decoded = self._ev_start, self._ev_decoded
+            ev_start.record(self.stream)
             tg = time.perf_counter()
             if len(plan.engine):
                 try:
@@ -262,11 +269,12 @@ class GPUDecoder:
                     hw_failed = plan.engine.tolist()
                     self.last_gpu_error = str(e)
             t_submit = time.perf_counter() - tg
-            ev_decoded = self.stream.record()
+            ev_decoded.record(self.stream)
             t_cpu, errors = cpu_job.result()
             if hyb_job is not None:
                 hyb_failed, t_hyb = hyb_job.result()
-                self.stream.wait_event(self.hybrid_stream.record())
+                self._ev_hybrid.record(self.hybrid_stream)
+                self.stream.wait_event(self._ev_hybrid)
             t_wait = time.perf_counter()
             cpu_idx = plan.cpu
             refused = np.asarray(hw_failed + hyb_failed + pre_failed, np.int64)
@@ -435,6 +443,23 @@ class _Waiter:
             return
         self.event.record(stream)
         self.event.synchronize()
+
+
+def refuse_hybrid(routes, buffers, ids=None, cleared: set | None = None) -> None:
+    """Route to the CPU (in place) each HYBRID image the decoders' refusal rule refuses (the
+    CPU path then names the record and the reason). With `ids` and `cleared` (a decoder's
+    own set), a record whose bytes passed is remembered by (id, byte length) and not parsed
+    again: the Python parse of a progressive file's markers is most of a batch's planning,
+    done while holding the GIL. The set holds at most one entry per hybrid-bound record.
+    Reference: the same loop without the set."""
+    for i in np.nonzero(routes == HYBRID)[0].tolist():
+        key = None if ids is None or cleared is None else (int(ids[i]), len(buffers[i]))
+        if key is not None and key in cleared:
+            continue
+        if _refused(buffers[i]):
+            routes[i] = CPU
+        elif key is not None:
+            cleared.add(key)
 
 
 def _refused(data) -> bool:
