@@ -66,7 +66,7 @@ python3 -c "import nvidia.dali as d; print('DALI', d.__version__)" 2>/dev/null |
 python3 -c "import numba; print('numba', numba.__version__)" 2>/dev/null || echo "numba not installed (carry .numba)"
 # rebuilt too when a kept build predates its source (mtimes of a carried tree can mislead)
 if [ ! -f recordtool/_native*.so ] || [ native/fused.cpp -nt recordtool/_native*.so ] \
-   || ! python3 -c "from recordtool import _nvsubmit as m, _native as n; assert hasattr(m, 'infos') and hasattr(n, 'ends_with_eoi')" 2>/dev/null; then
+   || ! python3 -c "from recordtool import _nvsubmit as m, _native as n; assert hasattr(m, 'hybrid') and hasattr(n, 'ends_with_eoi')" 2>/dev/null; then
   python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 fi
 python3 -c "from recordtool import _native; print('native ok, libjpeg API', _native.LIBJPEG_VERSION)"

@@ -136,8 +136,9 @@ def test_gpu_matches_cpu_40db(split):
 
 @gpu
 def test_native_submit_matches_the_ctypes_loop():
-    """The engines' GIL-free batch submission (recordtool._nvsubmit) decodes exactly what the
-    ctypes loop it replaces decodes (its reference), and is the default where it is built."""
+    """The engines' GIL-free batch submission and the hybrid decoder's batch in one call
+    (recordtool._nvsubmit) decode exactly what the ctypes loops they replace decode (their
+    reference), and are the default where built."""
     from recordtool.decode import nvjpeg
     from recordtool.decode.gpu import GPUDecoder
 
@@ -154,6 +155,8 @@ def test_native_submit_matches_the_ctypes_loop():
         dec.native_submit = native
         outs.append(cupy.asnumpy(dec(bufs, win, flips, _hw(bufs))))
         assert dec.last.gpu == int((_hw(bufs) == ENGINE).sum())
+        if dec.hybrid is not None:  # the progressive and gray images, by the hybrid decoder either way
+            assert dec.last.hybrid == int((_hw(bufs) == HYBRID).sum()) > 0, dec.last
         dec.close()
     assert nvjpeg._nvsubmit is not None  # built on the GPU machine (setup.py)
     assert np.array_equal(outs[0], outs[1])

@@ -215,3 +215,114 @@ def test_hardware_decoder_same_calls_either_way(native, planar):
         else:
             call(z, z, z4, z, z, 33, native=native)
     assert log["init"] == [5, 3]
+
+
+def _hybrid_standins(log, fail_host_at=None):
+    """Stand-ins for the nine functions HybridDecoder's per-image loop calls, each logging its
+    call; the host decode of the image with length `fail_host_at` fails."""
+    P, I = ctypes.c_void_p, ctypes.c_int
+    T = {
+        "nvjpegJpegStreamParse": ctypes.CFUNCTYPE(I, P, P, ctypes.c_size_t, I, I, P),
+        "nvjpegDecodeParamsSetOutputFormat": ctypes.CFUNCTYPE(I, P, I),
+        "nvjpegDecodeParamsSetROI": ctypes.CFUNCTYPE(I, P, I, I, I, I),
+        "nvjpegStateAttachPinnedBuffer": ctypes.CFUNCTYPE(I, P, P),
+        "nvjpegDecodeJpegHost": ctypes.CFUNCTYPE(I, P, P, P, P, P),
+        "nvjpegDecodeJpegTransferToDevice": ctypes.CFUNCTYPE(I, P, P, P, P, P),
+        "nvjpegDecodeJpegDevice": ctypes.CFUNCTYPE(I, P, P, P, ctypes.POINTER(Image), P),
+        "record": ctypes.CFUNCTYPE(I, P, P),
+        "sync": ctypes.CFUNCTYPE(I, P),
+    }
+    last = {}
+
+    def make(name):
+        def fn(*a):
+            if name == "nvjpegDecodeJpegDevice":
+                img = a[3].contents
+                a = a[:3] + (tuple((img.channel[c] or 0, img.pitch[c]) for c in range(3)),) + a[4:]
+            if name == "nvjpegJpegStreamParse":
+                last["length"] = a[2]
+            log.append((name,) + tuple(a))
+            return 7 if name == "nvjpegDecodeJpegHost" and last.get("length") == fail_host_at else 0
+        return T[name](fn)
+    return {name: make(name) for name in T}
+
+
+class _Lib:
+    def __init__(self, fns):
+        self.__dict__.update(fns)
+
+
+class _Event:
+    def __init__(self, ptr, sync):
+        self.ptr, self._sync = ptr, sync
+
+    def synchronize(self):
+        self._sync(self.ptr)
+
+
+def _hybrid(fns):
+    """A HybridDecoder over the stand-ins (no nvJPEG, no GPU)."""
+    from recordtool.decode import nvjpeg
+
+    d = object.__new__(nvjpeg.HybridDecoder)
+    lib = _Lib(fns)
+    d.L = d.Q = lib
+    d.handle, d.decoder, d.state, d.params = (ctypes.c_void_p(v) for v in (101, 102, 103, 104))
+    d.jstreams, d.pinned = [ctypes.c_void_p(201), ctypes.c_void_p(202)], [ctypes.c_void_p(301), ctypes.c_void_p(302)]
+    d.events = [_Event(401, fns["sync"]), _Event(402, fns["sync"])]
+    d._record = lambda ev, stream: fns["record"](ev, stream)
+    d.stream_ptr, d._fmt, d._roi, d._used, d._k, d._img = 55, nvjpeg.OUTPUT_RGBI, None, [False, False], 0, Image()
+    d._fns = np.array([ctypes.cast(fns[k], ctypes.c_void_p).value for k in (
+        "nvjpegJpegStreamParse", "nvjpegDecodeParamsSetOutputFormat", "nvjpegDecodeParamsSetROI",
+        "nvjpegStateAttachPinnedBuffer", "nvjpegDecodeJpegHost", "nvjpegDecodeJpegTransferToDevice",
+        "nvjpegDecodeJpegDevice", "record", "sync")], np.int64)
+    return d
+
+
+@pytest.mark.parametrize("fail", [None, 5003])
+def test_hybrid_batch_makes_the_python_loops_calls(monkeypatch, fail):
+    """_nvsubmit.hybrid (a batch's hybrid decodes in one GIL-free call) against its reference,
+    HybridDecoder's per-image Python loop, on the same stand-ins: the same calls with the same
+    arguments in the same order (the two pinned sets alternating, each event waited for before
+    its set is reused, format and ROI set only where they change), a failing image reported
+    and the next one decoded, and the same decoder state after."""
+    from recordtool.decode import nvjpeg
+
+    monkeypatch.setattr(nvjpeg._thread, "context", True, raising=False)
+    n = 6
+    ptrs, lengths = np.arange(n) * 4096 + (1 << 30), np.arange(n) + 5000
+    fmts = np.array([nvjpeg.OUTPUT_RGBI, nvjpeg.OUTPUT_RGBI, nvjpeg.OUTPUT_YUV, nvjpeg.OUTPUT_YUV, nvjpeg.OUTPUT_Y,
+                     nvjpeg.OUTPUT_RGBI])
+    rois = np.array([[0, 0, 10, 10], [0, 0, 10, 10], [0, 0, -1, -1], [2, 4, 8, 8], [2, 4, 8, 8], [1, 1, 5, 5]])
+    planes = np.arange(3 * n).reshape(n, 3) * 65536 + (1 << 32)
+    pitches = np.arange(3 * n).reshape(n, 3) + 640
+    runs = {}
+    for native in (False, True):
+        log = []
+        d = _hybrid(_hybrid_standins(log, fail))
+        bad = d.decode_batch(ptrs, lengths, fmts, rois, planes, pitches, native=native)
+        bad2 = d.decode_batch(ptrs[:2], lengths[:2], fmts[:2], rois[:2], planes[:2], pitches[:2], native=native)
+        runs[native] = (log, [i for i, _ in bad], [i for i, _ in bad2], (d._k, d._used, d._fmt, d._roi))
+    assert runs[True] == runs[False]
+    log, bad, bad2, state = runs[True]
+    assert bad == ([] if fail is None else [3]) and bad2 == []
+    names = [c[0] for c in log]
+    assert names[:9] == ["nvjpegJpegStreamParse", "nvjpegDecodeParamsSetROI", "nvjpegStateAttachPinnedBuffer",
+                         "nvjpegDecodeJpegHost", "nvjpegDecodeJpegTransferToDevice", "record",
+                         "nvjpegDecodeJpegDevice", "nvjpegJpegStreamParse", "nvjpegStateAttachPinnedBuffer"]
+    assert names.count("sync") == n + 2 - 2  # each image's set waited for, but at the first use of each
+    assert names.count("record") == n + 2 - (0 if fail is None else 1)  # not for the image that failed
+    assert state[1] == [True, True] and state[0] == (n + 2) % 2 and state[3] == (0, 0, 10, 10)
+
+
+def test_hybrid_batch_refuses_bad_arguments():
+    z = np.zeros(2, np.int64)
+    with pytest.raises(ValueError):  # eight functions, not nine
+        nvsubmit.hybrid(np.ones(8, np.int64), np.ones(5, np.int64), np.ones(6, np.int64), np.zeros(8, np.int64),
+                        z, z, z, np.zeros((2, 4), np.int64), np.zeros((2, 3), np.int64), np.zeros((2, 3), np.int64))
+    with pytest.raises(ValueError):  # a null handle
+        nvsubmit.hybrid(np.ones(9, np.int64), np.zeros(5, np.int64), np.ones(6, np.int64), np.zeros(8, np.int64),
+                        z, z, z, np.zeros((2, 4), np.int64), np.zeros((2, 3), np.int64), np.zeros((2, 3), np.int64))
+    with pytest.raises(ValueError):  # rois not (n, 4)
+        nvsubmit.hybrid(np.ones(9, np.int64), np.ones(5, np.int64), np.ones(6, np.int64), np.zeros(8, np.int64),
+                        z, z, z, np.zeros((2, 3), np.int64), np.zeros((2, 3), np.int64), np.zeros((2, 3), np.int64))

@@ -14,6 +14,7 @@ import ctypes
 import glob
 import os
 import sys
+import threading
 
 import numpy as np
 
@@ -145,6 +146,23 @@ def _declare(L):
         fn = getattr(L, name)
         fn.argtypes = args
         fn.restype = ctypes.c_int
+
+
+# decode_batch's call codes (native/nvjpeg_submit.cpp hybrid)
+_HYBRID_CALLS = {1: "cuEventSynchronize", 2: "nvjpegJpegStreamParse", 3: "nvjpegDecodeParamsSetOutputFormat",
+                 4: "nvjpegDecodeParamsSetROI", 5: "nvjpegStateAttachPinnedBuffer", 6: "nvjpegDecodeJpegHost",
+                 7: "nvjpegDecodeJpegTransferToDevice", 8: "cuEventRecord", 9: "nvjpegDecodeJpegDevice"}
+_cuda = None
+_thread = threading.local()  # per thread: has decode_batch made the device's context current here
+
+
+def _driver():
+    """The CUDA driver library (its event record and wait, by address for _nvsubmit.hybrid: a
+    CUDA runtime event is the driver's CUevent)."""
+    global _cuda
+    if _cuda is None:
+        _cuda = ctypes.CDLL("libcuda.so.1")
+    return _cuda
 
 
 def _addr(fn) -> int:
@@ -401,6 +419,7 @@ class HybridDecoder(_Handle):
         self._used = [False, False]
         self._k = 0
         self._img = Image()
+        self._fns = None  # decode_batch's function addresses (made on first use)
 
     def decode(self, ptr: int, length: int, roi, dst: int, pitch: int) -> None:
         """Decode one JPEG's ROI (x, y, w, h) to dst (RGBI, pitch) on this decoder's stream."""
@@ -418,6 +437,51 @@ class HybridDecoder(_Handle):
             self._img.pitch[c] = pitches[c]
         roi = (0, 0, -1, -1) if roi is None else tuple(int(v) for v in roi)
         self._decode(ptr, length, roi, OUTPUT_Y if gray else OUTPUT_YUV)
+
+    def decode_batch(self, ptrs, lengths, formats, rois, planes, pitches, native: bool = True) -> list:
+        """Decode n JPEGs one after another on this decoder's stream, each as `_decode` does:
+        formats (n,) OUTPUT_RGBI / OUTPUT_Y / OUTPUT_YUV; rois (n, 4) (x, y, w, h), (0, 0, -1, -1)
+        for the whole image; planes, pitches (n, 3): channels 0..2 (0 where unused). native: in
+        one GIL-free call (recordtool._nvsubmit.hybrid) when it is built — a Python loop gives the
+        GIL up in each long call and must take it back from a busy training thread each time.
+        Returns [(position, reason)] of the images that failed; the others are queued."""
+        n = len(ptrs)
+        ptrs, lengths, formats = (np.asarray(a, np.int64).reshape(n) for a in (ptrs, lengths, formats))
+        rois = np.asarray(rois, np.int64).reshape(n, 4)
+        planes, pitches = np.asarray(planes, np.int64).reshape(n, 3), np.asarray(pitches, np.int64).reshape(n, 3)
+        if native and _nvsubmit is not None and hasattr(_nvsubmit, "hybrid") and n:
+            if not getattr(_thread, "context", False):
+                # the driver's event calls need a current context on this thread; cudaSetDevice
+                # makes the primary context current (a runtime call alone may leave none)
+                import cupy
+
+                rt = cupy.cuda.runtime
+                rt.setDevice(rt.getDevice())
+                _thread.context = True
+            if self._fns is None:
+                L, cu = self.L, _driver()
+                self._fns = np.array([_addr(f) for f in (
+                    L.nvjpegJpegStreamParse, L.nvjpegDecodeParamsSetOutputFormat, L.nvjpegDecodeParamsSetROI,
+                    L.nvjpegStateAttachPinnedBuffer, L.nvjpegDecodeJpegHost, L.nvjpegDecodeJpegTransferToDevice,
+                    L.nvjpegDecodeJpegDevice, cu.cuEventRecord, cu.cuEventSynchronize)], np.int64)
+            objs = np.array([self.handle.value, self.decoder.value, self.state.value, self.params.value,
+                             self.stream_ptr or 0], np.int64)
+            sets = np.array([self.jstreams[0].value, self.jstreams[1].value, self.pinned[0].value,
+                             self.pinned[1].value, self.events[0].ptr, self.events[1].ptr], np.int64)
+            st = np.array([self._k, *self._used, self._fmt, *(self._roi or (-2, -2, -2, -2))], np.int64)
+            failed = _nvsubmit.hybrid(self._fns, objs, sets, st, ptrs, lengths, formats, rois, planes, pitches)
+            self._k, self._used, self._fmt = int(st[0]), [bool(st[1]), bool(st[2])], int(st[3])
+            self._roi = None if st[4] == -2 else tuple(int(v) for v in st[4:8])
+            return [(int(i), f"{_HYBRID_CALLS[int(c)]} returned {int(v)}") for i, c, v in failed]
+        out = []
+        for i in range(n):  # the reference: the same calls from Python
+            try:
+                for c in range(3):
+                    self._img.channel[c], self._img.pitch[c] = int(planes[i, c]), int(pitches[i, c])
+                self._decode(int(ptrs[i]), int(lengths[i]), tuple(int(v) for v in rois[i]), int(formats[i]))
+            except Exception as e:  # the image is the CPU path's (the caller decides)
+                out.append((i, str(e)))
+        return out
 
     def _decode(self, ptr: int, length: int, roi, fmt: int) -> None:
         # Q: short calls that keep the GIL; L: Huffman decoding and the copy, which release it

@@ -101,7 +101,8 @@ class GPUDecoder:
         self.size, self.mean, self.std = spec.size, spec.mean, spec.std
         self.layout, self.dtype = spec.buffer_layout, spec.storage_dtype
         self.cpu_threads = cpu_threads or max(1, cpu.cores() - 1)
-        # engines' batch submitted in one GIL-free call; RECORDTOOL_GPU_SUBMIT=python: the ctypes loop
+        # the engines' batch and the hybrid decoder's images each in one GIL-free call;
+        # RECORDTOOL_GPU_SUBMIT=python: the ctypes loops (their reference)
         self.native_submit = _setting("SUBMIT", "native") == "native"
         self._own_pool = pool is None
         self.pool = cpu.new_pool_id(background=True) if pool is None else pool  # a CPU share: at low priority
@@ -381,22 +382,29 @@ class GPUDecoder:
     def _decode_hybrid(self, buffers, idx, places):
         """Hybrid-decode each window (Huffman on this thread, the rest on the hybrid stream);
         return the indices it refused, for the CPU path, and the seconds it took."""
+        from ..nvjpeg import OUTPUT_RGBI, OUTPUT_Y, OUTPUT_YUV
+
         t = time.perf_counter()
-        failed = []
+        idx = idx.tolist()
+        n = len(idx)
+        views = [np.frombuffer(buffers[i], np.uint8) for i in idx]  # alive until the decodes are queued
+        fmts, rois = np.empty(n, np.int64), np.empty((n, 4), np.int64)
+        planes, pitches = np.zeros((n, 3), np.int64), np.zeros((n, 3), np.int64)
+        for k, i in enumerate(idx):
+            if self.planar:
+                pl, pt, gray, roi = places[i]
+                c = 1 if gray else 3
+                fmts[k], rois[k] = OUTPUT_Y if gray else OUTPUT_YUV, (0, 0, -1, -1) if roi is None else roi
+                planes[k, :c], pitches[k, :c] = pl[:c], pt[:c]
+            else:
+                rx, ry, rw, rh, dst, pitch = places[i]
+                fmts[k], rois[k], planes[k, 0], pitches[k, 0] = OUTPUT_RGBI, (rx, ry, rw, rh), dst, pitch
         with self.device:
-            for i in idx.tolist():
-                try:
-                    view = np.frombuffer(buffers[i], np.uint8)
-                    if self.planar:
-                        planes, pitches, gray, roi = places[i]
-                        self.hybrid.decode_planes(view.ctypes.data, len(view), planes, pitches, gray, roi)
-                    else:
-                        rx, ry, rw, rh, dst, pitch = places[i]
-                        self.hybrid.decode(view.ctypes.data, len(view), (rx, ry, rw, rh), dst, pitch)
-                except Exception:
-                    failed.append(i)
+            bad = self.hybrid.decode_batch([v.ctypes.data for v in views], [len(v) for v in views], fmts, rois,
+                                           planes, pitches, native=self.native_submit)
             self._hybrid_done(self.hybrid_stream)
-        return failed, time.perf_counter() - t
+        del views
+        return [idx[k] for k, _ in bad], time.perf_counter() - t
 
     def close(self):
         """Stop the helper threads and release nvJPEG's handles (also on garbage collection)."""
