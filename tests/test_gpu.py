@@ -177,6 +177,24 @@ def test_hybrid_off_sends_progressive_and_gray_to_cpu():
 
 
 @gpu
+def test_producer_owned_ring_gives_slots_back_without_an_event():
+    """A user op's uint8 ring is given back by the producer once its pass is done: no event on
+    the releasing thread's default stream (which the next decode would wait for)."""
+    from recordtool.decode.gpu import OutputRing
+
+    ring = OutputRing((4, 8, 8, 3), "uint8", 2, producer_owned=True)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    a = ring.acquire(3, stream)
+    assert ring.free == 1 and a.shape == (3, 8, 8, 3)
+    del a
+    assert ring.free == 2 and ring._ready == [None, None]
+    plain = OutputRing((4, 8, 8, 3), "uint8", 1)
+    b = plain.acquire(2, stream)
+    del b
+    assert plain._ready[0] is not None  # a consumer's ring: the next producer waits for the event
+
+
+@gpu
 def test_output_ring_recycles_after_release_and_spills_when_held():
     from recordtool.decode.gpu import GPUDecoder, OutputRing
 

@@ -96,7 +96,9 @@ class GPUBatcher:
         self.ring = OutputRing(spec.buffer_shape(max_batch), spec.storage_dtype, slots, gpu_id)
         # with a user op the decoders write uint8 NHWC here; the op runs on it; the kernel then
         # normalises it into `ring` (a 1:1 resample is an exact copy)
-        self.raw_ring = OutputRing((max_batch, s, s, 3), "uint8", slots, gpu_id) if user_op is not None else None
+        self.raw_ring = OutputRing((max_batch, s, s, 3), "uint8", slots, gpu_id, producer_owned=True) \
+            if user_op is not None else None
+        self._passes: dict = {}  # producer slot → its normalising pass (_Pass), with a user op
         self._raw_spec = dataclasses.replace(spec, dtype="uint8", layout="NHWC", memory_format="contiguous")
         self._normalize = kernel(spec.dtype, spec.buffer_layout) if user_op is not None else None
         from ..decode.gpu.plan import Demand
@@ -141,42 +143,79 @@ class GPUBatcher:
         images = dec(b.buffers, b.windows, np.zeros(len(ids), bool) if op is not None else b.flips,
                      self.routes[ids], ids=ids)
         t2 = t3 = time.perf_counter()
+        ready = None
         if op is not None:
             from ..ops.cuda import launch as op_launch
 
             h, w = self.spec.size
             with cupy.cuda.Device(self.gpu_id), dec.stream:
+                first = images
                 images = cupy.ascontiguousarray(images)
                 op_launch(op, images, op.batch_params(len(ids), b.keys, h, w))
                 t3 = time.perf_counter()
-                images = self._normalise(images, dec, b.flips)
+                images, ready = self._normalise(images, dec, slot, (first,), b.flips)
         elif self.user_op is not None:
             with cupy.cuda.Device(self.gpu_id), dec.stream:
+                first = images
                 images = call_user_op(self.user_op, images, b.keys)
                 t3 = time.perf_counter()
-                images = self._normalise(images, dec)
+                images, ready = self._normalise(images, dec, slot, (first,))
         stages = {"inputs": t1 - t0, "decode": t2 - t1, "user_op": t3 - t2, "normalize": time.perf_counter() - t3}
         stages.update({"gpu." + k: v for k, v in dec.last.stages.items()})
-        return Made(images, b.labels, dec.last.errors, stages, dec.last)
+        return Made(images, b.labels, dec.last.errors, stages, dec.last, ready)
 
-    def _normalise(self, raw, dec, flips=None):
+    def _normalise(self, raw, dec, slot: int, keep=(), flips=None):
         """uint8 NHWC (n, s, s, 3) → the output format, through the resize kernel at 1:1, mirrored
-        where flips (default none)."""
+        where flips (default none). Queued, not waited for: returns (batch, event after the
+        pass); the consumer's stream waits for the event. The pass has its own sample table per
+        slot, and keeps what it reads (`raw` and `keep`, uint8 ring slots) until the slot's next
+        pass, which first waits for this one."""
         from ..decode.gpu.kernel import launch
 
         cupy = dec.cupy
         n, s = raw.shape[0], self.recipe.size
+        p = self._passes.get(slot)
+        if p is None:
+            p = self._passes[slot] = _Pass(cupy, self.max_batch)
+        p.finish()  # its previous pass has read its samples and images: they may go
         raw = cupy.ascontiguousarray(raw)
-        dec.buf.place_whole(np.arange(n), (s, s), raw.data.ptr)
-        samples = dec.buf.samples[:n]
+        from ..decode.gpu.buffers import place_whole
+
+        place_whole(p.samples, np.arange(n), (s, s), raw.data.ptr)
+        samples = p.samples[:n]
         samples["mirror"] = 0 if flips is None else np.asarray(flips, np.int32)
-        dec.buf.samples_dev[: samples.nbytes].set(samples.view(np.uint8), stream=dec.stream)
+        p.samples_dev[: samples.nbytes].set(samples.view(np.uint8), stream=dec.stream)
         out = self.ring.acquire(n, dec.stream)
-        launch(self._normalize, dec.buf.samples_dev, n, out, (s, s), self.spec.mean, self.spec.std, dec.stream)
-        dec.sync()
-        return out
+        launch(self._normalize, p.samples_dev, n, out, (s, s), self.spec.mean, self.spec.std, dec.stream)
+        p.done = cupy.cuda.Event(disable_timing=True)
+        p.done.record(dec.stream)
+        p.held = (raw,) + tuple(keep)
+        return out, p.done
 
     def close(self) -> None:
+        for p in self._passes.values():
+            p.finish()
+        self._passes.clear()
         for dec in self._decoders.values():
             dec.close()
         self._decoders.clear()
+
+
+class _Pass:
+    """A producer slot's normalising pass (with a user op): its pinned and device sample table,
+    the event after its last launch and the uint8 images that launch reads."""
+
+    def __init__(self, cupy, max_batch: int):
+        from ..decode.gpu import SAMPLE_DTYPE
+
+        self._mem = cupy.cuda.alloc_pinned_memory(max_batch * SAMPLE_DTYPE.itemsize)
+        self.samples = np.frombuffer(self._mem, SAMPLE_DTYPE, max_batch)
+        self.samples_dev = cupy.empty(max_batch * SAMPLE_DTYPE.itemsize, np.uint8)
+        self.done, self.held = None, ()
+
+    def finish(self) -> None:
+        """Wait for the last pass; then what it read may be reused."""
+        if self.done is not None:
+            self.done.synchronize()
+            self.done = None
+        self.held = ()

@@ -354,6 +354,9 @@ class EpochIterator:
         if self._next == self._count:
             self._finish()
         images, labels = made.images, made.labels
+        if made.ready is not None:  # its producer queued the batch's last pass without waiting for it
+            from ..decode.gpu.decoder import wait_ready
+            wait_ready(made.ready, ld.gpu_id, ld.as_torch)
         if ld.as_torch:
             images, labels = self._torch(images, labels)
         images = ld.spec.arrange(images)  # channels_last: the NCHW-shaped view of the NHWC batch
@@ -376,7 +379,7 @@ class EpochIterator:
         else:
             from ..decode.gpu import to_torch
 
-            with torch.cuda.device(ld.gpu_id):  # the producer synchronised its stream: the batch is complete
+            with torch.cuda.device(ld.gpu_id):  # complete, or torch's stream waits for it (made.ready)
                 # labels through pinned memory (PyTorch's caching host allocator): a copy from
                 # pageable memory may make the training thread wait for its stream's queued work
                 y = torch.from_numpy(labels).pin_memory().cuda(ld.gpu_id, non_blocking=True)

@@ -76,3 +76,4 @@ class Made:
     errors: list  # (position in the batch, reason) of images nothing could decode
     stages: dict  # producer seconds per stage
     report: object = None  # cuda: the GPU decoder's BatchReport
+    ready: object = None  # cuda: an event the consumer's stream waits for (None: complete already)

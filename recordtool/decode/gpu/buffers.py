@@ -105,13 +105,8 @@ class DecodeBuffers:
 
     def place_whole(self, idx, size, base: int) -> None:
         """Sample rows of images that are already output-sized, packed back to back from `base`
-        in `idx` order (the CPU share in `cpu_dev`; a user op's uint8 batch)."""
-        h, w = size
-        s = self.samples
-        s["src"][idx] = base + np.arange(len(idx), dtype=np.int64) * (h * w * 3)
-        s["pitch"][idx], s["rw"][idx], s["rh"][idx] = w * 3, w, h
-        s["x0"][idx], s["y0"][idx], s["x1"][idx], s["y1"][idx] = 0.0, 0.0, float(w), float(h)
-        s["format"][idx], s["ox"][idx], s["oy"][idx] = FMT_RGB, 0, 0
+        in `idx` order (the CPU share in `cpu_dev`)."""
+        place_whole(self.samples, idx, size, base)
 
     def place_planar(self, windows, idx, dims, rois=None, regions=None) -> dict:
         """Place the planes of each image of `idx` in the arena (growing it if this batch needs
@@ -168,6 +163,17 @@ class DecodeBuffers:
                 for k, i in enumerate(idx.tolist())}
 
 
+def place_whole(samples, idx, size, base: int) -> None:
+    """Rows `idx` of a sample table for output-sized uint8 RGB images packed back to back from
+    `base` in `idx` order (DecodeBuffers' CPU share; a user op's uint8 batch)."""
+    h, w = size
+    s = samples
+    s["src"][idx] = base + np.arange(len(idx), dtype=np.int64) * (h * w * 3)
+    s["pitch"][idx], s["rw"][idx], s["rh"][idx] = w * 3, w, h
+    s["x0"][idx], s["y0"][idx], s["x1"][idx], s["y1"][idx] = 0.0, 0.0, float(w), float(h)
+    s["format"][idx], s["ox"][idx], s["oy"][idx] = FMT_RGB, 0, 0
+
+
 class Places:
     """Where each placed window of a batch lands: its whole-pixel region (x, y, w, h) of the
     source and its destination (device pointer, pitch) in the arena, by batch position."""
@@ -207,12 +213,16 @@ class OutputRing:
         dtype: element type.
         slots: batches alive at once (queued + being made + held by the consumer).
         device: CUDA device id.
+        producer_owned: the slots are given back by the producer itself once the GPU is done
+            with them (a user op's uint8 ring: the normalising pass has completed), so no event
+            is recorded — an event on the releasing thread's default stream would make the next
+            decode wait for whatever the training loop queued there.
     """
 
-    def __init__(self, shape, dtype, slots: int, device: int = 0):
+    def __init__(self, shape, dtype, slots: int, device: int = 0, producer_owned: bool = False):
         import cupy
 
-        self.cupy = cupy
+        self.cupy, self.producer_owned = cupy, producer_owned
         self.shape, self.dtype, self.device = tuple(shape), np.dtype(dtype), device
         self.nbytes = int(np.prod(self.shape)) * self.dtype.itemsize
         with cupy.cuda.Device(device):
@@ -244,6 +254,11 @@ class OutputRing:
 
     def _release(self, k: int) -> None:
         cupy = self.cupy
+        if self.producer_owned:
+            with self._lock:
+                self._ready[k] = None
+                self._free.append(k)
+            return
         try:
             with cupy.cuda.Device(self.device):
                 ev = cupy.cuda.Event(disable_timing=True)

@@ -480,6 +480,21 @@ def _refused(data) -> bool:
         return True
 
 
+def wait_ready(event, device: int, torch: bool = False) -> None:
+    """The consumer's current stream (torch's with `torch`, else CuPy's) waits for `event` — a
+    batch queued by a producer and not waited for there."""
+    import cupy
+
+    from .buffers import consumer_stream
+
+    if torch:
+        import torch as _torch
+
+        _torch.cuda.init()  # torch's CUDA state, so that its current stream is the one waiting
+    with cupy.cuda.Device(device):
+        cupy.cuda.runtime.streamWaitEvent(consumer_stream(device), event.ptr, 0)
+
+
 def to_torch(array, stream=None):
     """Hand a CuPy array to PyTorch through DLPack; PyTorch's current stream waits for `stream`."""
     import torch
