@@ -17,6 +17,8 @@
 #          OPS_IMAGES (4096) records, OPS_EPOCHS (4: a warm-up and 3 rounds); needs Numba (.numba)
 #   raypack: pack --engine ray against --engine local on CORES_PER_GPU cores; needs .rayc too
 #          (RAY=1 scripts/prepare_device_carry.sh), e.g. carry [".whl", ".carry", ".rayc"]
+#   TREE=old: the steps run the library of a carried .old folder (an older commit's recordtool/,
+#          `git archive COMMIT recordtool | tar -x -C .old`), kept in /tmp/old while warm: an A/B
 #   a step is skipped when fewer than its estimated seconds are left of DEADLINE (default 570 s)
 #   GPUS: for "dist" — ranks of the several-GPU run (default: all GPUs; one rank per GPU, pinned
 #   to its share of the cores), after the one-GPU reference (one rank pinned to CORES_PER_GPU cores)
@@ -70,6 +72,17 @@ if [ ! -f recordtool/_native*.so ] || [ native/fused.cpp -nt recordtool/_native*
   python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 fi
 python3 -c "from recordtool import _native; print('native ok, libjpeg API', _native.LIBJPEG_VERSION)"
+# A/B on one machine: a carried .old (git archive OLDER recordtool | tar -x -C .old) is kept in
+# /tmp/old; with TREE=old the steps run that library (with this build's native part) instead
+PY=python3
+if [ -d .old/recordtool ]; then rm -rf /tmp/old && cp -r .old /tmp/old; fi
+if [ "${TREE:-}" = old ]; then
+  [ -d /tmp/old/recordtool ] || { echo "TREE=old: no .old carried on this machine"; exit 1; }
+  cp recordtool/_native*.so recordtool/_nvsubmit*.so /tmp/old/recordtool/ && export PYTHONPATH=/tmp/old:$PYTHONPATH
+  PY="python3 -P"  # -P: `-m` does not put the working directory (this tree) ahead of PYTHONPATH
+  $PY -c "import recordtool, sys; assert recordtool.__file__.startswith('/tmp/old'), recordtool.__file__" || exit 1
+  echo "library: the older tree (/tmp/old)"
+fi
 if has tests && fits tests 400; then
   # the whole suite, never -x: a failure must not hide what comes after it (the GPU rule, README)
   # the GPU suite: every test file that runs the decoders, the Loader or the native part
@@ -179,7 +192,7 @@ if has trainbench && fits trainbench 150; then
   for cfg in ${TRAIN_CONFIGS:-resnet18:512 resnet50:256}; do
     a=${cfg%%:*}; b=${cfg##*:}
     fits "trainbench $a" 60 || break
-    one_gpu timeout ${TRAIN_TIMEOUT:-300} python3 -m recordtool.tools.train_bench ${TRAIN_DATA:-/tmp/bench-packed} --files /tmp/bench \
+    one_gpu timeout ${TRAIN_TIMEOUT:-300} $PY -m recordtool.tools.train_bench ${TRAIN_DATA:-/tmp/bench-packed} --files /tmp/bench \
       --arch "$a" --batch "$b" --repeats ${TRAIN_REPEATS:-3} --steps ${TRAIN_STEPS:-50} --warmup ${TRAIN_WARMUP:-15} \
       --pipelines "${TRAIN_PIPELINES:-synthetic;recordtool;synthetic+recordtool;dali;torchvision}" ${TRAIN_ARGS:-} \
       --json "$OUT/train_bench_${a}_${b}${TRAIN_TAG:-}.json" > "$OUT/train_bench_${a}_${b}${TRAIN_TAG:-}.log" 2>&1
@@ -191,7 +204,7 @@ if has gilprobe && fits gilprobe 90; then
   args=(); IFS=';' read -ra vs <<< "${GIL_VARIANTS:-producers=4}"; for v in "${vs[@]}"; do args+=(--variant "$v"); done
   for ms in ${GIL_BUSY_MS:-10}; do
     fits "gilprobe $ms" 60 || break
-    one_gpu timeout 240 python3 scripts/gil_probe.py /tmp/bench-packed --device cuda --busy-ms $ms --epochs ${GIL_EPOCHS:-3} \
+    one_gpu timeout 240 $PY scripts/gil_probe.py /tmp/bench-packed --device cuda --busy-ms $ms --epochs ${GIL_EPOCHS:-3} \
       --files /tmp/bench --images ${GIL_IMAGES:-4096} "${args[@]}" --json "$OUT/gil_probe_$ms${GIL_TAG:-}.json" \
       > "$OUT/gil_probe_$ms${GIL_TAG:-}.log" 2>&1 || echo "gilprobe $ms: exit $? (see gil_probe_$ms${GIL_TAG:-}.log)"
     tail -6 "$OUT/gil_probe_$ms${GIL_TAG:-}.log"
@@ -239,7 +252,7 @@ elif has ops && fits ops 80; then
   for op in ${OPS:-jitter cutout grayscale}; do
     for d in ${OPS_DEVICES:-cuda cpu}; do
       fits "ops $op $d" 75 || break 2
-      one_gpu timeout 200 python3 -m recordtool.cli bench /tmp/bench-packed --device $d --epochs ${OPS_EPOCHS:-4} \
+      one_gpu timeout 200 $PY -m recordtool.cli bench /tmp/bench-packed --device $d --epochs ${OPS_EPOCHS:-4} \
         --images ${OPS_IMAGES:-4096} --no-baseline --op $op --json "$OUT/bench_op_${op}_$d.json" -q \
         > "$OUT/bench_op_${op}_$d.log" 2>&1 || echo "ops $op $d: exit $? (see bench_op_${op}_$d.log)"
     done
