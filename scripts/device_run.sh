@@ -78,7 +78,7 @@ PY=python3
 if [ -d .old/recordtool ]; then rm -rf /tmp/old && cp -r .old /tmp/old; fi
 if [ "${TREE:-}" = old ]; then
   [ -d /tmp/old/recordtool ] || { echo "TREE=old: no .old carried on this machine"; exit 1; }
-  cp recordtool/_native*.so recordtool/_nvsubmit*.so /tmp/old/recordtool/ && export PYTHONPATH=/tmp/old:$PYTHONPATH
+  cp recordtool/_native*.so recordtool/_nvsubmit*.so /tmp/old/recordtool/ && cp -r native /tmp/old/ && export PYTHONPATH=/tmp/old:$PYTHONPATH
   PY="python3 -P"  # -P: `-m` does not put the working directory (this tree) ahead of PYTHONPATH
   $PY -c "import recordtool, sys; assert recordtool.__file__.startswith('/tmp/old'), recordtool.__file__" || exit 1
   echo "library: the older tree (/tmp/old)"
