@@ -189,3 +189,22 @@ def test_gil_probe_runs_each_pipeline_alone_and_with_a_busy_consumer(tmp_path):
         assert row["alone"] > 0 and row["busy_fast_switch"] > 0, row
         assert 0 < row["busy"] <= r["ideal_img_s"] * 1.01  # 40 ms of Python per batch of 8: at most 200 img/s
         assert row["of_ideal"] > 0 and row["gil_waits_per_batch"] >= 0
+
+
+def test_bench_images_gives_the_loader_whole_epochs_of_a_share(tmp_path):
+    """`bench --images N` with N below the records: the Loader runs whole epochs of about N
+    records (a rank's share) instead of leaving each epoch early, which made every epoch start
+    from idle producers."""
+    from recordtool.tools import bench
+
+    src = tmp_path / "src"
+    for i in range(48):
+        write(str(src / f"c{i % 2}" / f"{i}.jpg"), jpeg_bytes(96, 80, seed=i))
+    pack(str(src), str(tmp_path / "out"), shards=2, progress=False)
+    r = bench.run(str(tmp_path / "out"), "cpu", batch_size=8, threads=2, epochs=3, images=16, progress=False,
+                  dali=False, baseline=False)
+    assert r["records"] == 16 and r["loader"]["records_per_epoch"] == 16
+    assert r["loader"]["batches"] == 2 * 2  # two timed epochs of 2 whole batches
+    r = bench.run(str(tmp_path / "out"), "cpu", batch_size=8, threads=2, epochs=2, images=4, progress=False,
+                  dali=False, baseline=False)
+    assert r["loader"]["records_per_epoch"] == 8  # at least a batch

@@ -18,7 +18,8 @@ from .options import BATCH, EPOCHS, Finite, Ints, SEED, THREADS, errors
 @click.option("--threads", type=THREADS, default=None,
               help="CPU decode threads, and baseline processes (default: cores).")
 @click.option("--epochs", type=EPOCHS, default=2, show_default=True, help="Loader epochs timed (the first warms up).")
-@click.option("--images", type=click.IntRange(1), default=None, help="Use only this many records (default: all).")
+@click.option("--images", type=click.IntRange(1), default=None,
+              help="Use only this many records (default: all); the Loader runs whole epochs of about that many.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write all numbers here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of every pipeline's img/s side by side (needs matplotlib: pip install "

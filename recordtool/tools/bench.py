@@ -101,7 +101,7 @@ def op_costs(plain: Loader, name: str, epochs: int, images: int | None = None) -
     the op / rate without it, of that round) gives the spread."""
     compiled, batch_op = bench_ops(name)
     ds, kw = plain.ds, dict(batch_size=plain.batch_size, device=plain.device, threads=plain.threads, seed=plain.seed,
-                            producers=plain.producers, dtype=plain.dtype)
+                            producers=plain.producers, dtype=plain.dtype, rank=plain.rank, world_size=plain.world_size)
     loaders = {"none": plain, "compiled": Loader(ds, user_op=compiled, **kw), "batch": Loader(ds, user_op=batch_op, **kw)}
     try:
         for ld in loaders.values():
@@ -172,7 +172,8 @@ def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | No
         batch_size: images per batch (all pipelines).
         threads: CPU threads (ours, DALI's, baseline processes); default: cores.
         epochs: Loader (and DALI) epochs; the first warms up, the rest are timed.
-        images: use only this many records (default all).
+        images: use only this many records (default all); the Loader runs whole epochs of a
+            share of about that many (rank 0 of len // images ranks).
         seed: loader seed.
         progress: tqdm bar over the stages.
         dali: run DALI when it imports (best of hw_decoder_load 0.65/0.75/0.9 on cuda).
@@ -217,13 +218,16 @@ def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | No
     r["read"] = {"records_s": n / dt, "mb_s": nbytes / dt / 1e6}
     step("read")
 
-    # 2. the full Loader (its batcher also gives the decode stage alone, below)
+    # 2. the full Loader (its batcher also gives the decode stage alone, below). With fewer
+    #    images than records, whole epochs of a share of them (rank 0 of len // images ranks):
+    #    an epoch left early would start every epoch from idle producers
+    world = max(1, min(len(ds) // images, len(ds) // batch_size)) if images else 1
     ld = Loader(ds, batch_size=batch_size, device=device, threads=threads, seed=seed, producers=producers,
-                dtype="float16" if device == "cuda" else "float32")
-    r["loader"] = loader_epochs(ld, epochs, images)
-    r["loader"]["producers"] = ld.producers
+                dtype="float16" if device == "cuda" else "float32", rank=0, world_size=world)
+    r["loader"] = loader_epochs(ld, epochs)
+    r["loader"].update(producers=ld.producers, records_per_epoch=len(ld.sampler))
     if op:
-        r["op"] = op_costs(ld, op, epochs, images)
+        r["op"] = op_costs(ld, op, epochs)
     step("loader")
 
     # 3. the decode stage alone, on the same objects: CPU — the fused decode at all threads
