@@ -28,6 +28,7 @@ sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # 
 import recordtool  # noqa: E402
 from recordtool import Loader  # noqa: E402
 from recordtool.tools import peers  # noqa: E402
+from recordtool.tools.bench import loader_epochs, share_world  # noqa: E402
 from recordtool.tools.train_pipelines import parse_options  # noqa: E402
 
 
@@ -39,27 +40,6 @@ def spin(ms: float) -> None:
         x = 0
         for i in range(200):
             x += i
-
-
-def loader_rate(ld: Loader, epochs: int, images: int | None, busy_ms: float) -> float:
-    """Images per second over the epochs after the first, the consumer spinning busy_ms per batch."""
-    limit = -(-images // ld.batch_size) if images else None
-    done, dt = 0, 0.0
-    try:
-        for epoch in range(epochs):
-            ld.set_epoch(epoch)
-            t, count = time.perf_counter(), 0
-            for k, (x, _) in enumerate(ld):
-                count += x.shape[0]
-                if busy_ms:
-                    spin(busy_ms)
-                if limit and k + 1 >= limit:
-                    break
-            if epoch > 0:
-                done, dt = done + count, dt + time.perf_counter() - t
-    finally:
-        ld.close()  # nothing made ahead runs during the next case
-    return done / dt
 
 
 def run(packed: str, device: str, batch: int, epochs: int, images: int | None, busy_ms: float, dali: bool,
@@ -76,12 +56,12 @@ def run(packed: str, device: str, batch: int, epochs: int, images: int | None, b
     out: dict = {"device": device, "batch": batch, "busy_ms": busy_ms, "interval_s": default, "records": len(ds),
                  "pipelines": [], "ideal_img_s": batch / (busy_ms / 1e3) if busy_ms else None}
     loaders = {}
-    for spec in ("",) + tuple(variants):
+    for spec in ("",) + tuple(variants):  # fewer images: whole epochs of a share of the records
         loaders["recordtool" + (":" + spec if spec else "")] = Loader(
             ds, batch_size=batch, device=device, dtype="float16" if device == "cuda" else "float32", as_torch=False,
-            **parse_options(spec))
-    pipes = {name: ((lambda ms, ld=ld: loader_rate(ld, epochs, images, ms)), ld.producers)
-             for name, ld in loaders.items()}
+            rank=0, world_size=share_world(len(ds), images, batch), **parse_options(spec))
+    pipes = {name: ((lambda ms, ld=ld: loader_epochs(ld, epochs, consume=(lambda _: spin(ms)) if ms else None)
+                     ["img_s"]), ld.producers) for name, ld in loaders.items()}
     if dali and peers.dali_available():
         threads = loaders["recordtool"].threads
         source = peers.jpeg_files(files) if files else ds

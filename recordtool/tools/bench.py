@@ -17,21 +17,29 @@ from .peers import best_of, pil_rrc_rate  # noqa: F401  (scripts import them fro
 from ..datasets import open_dataset
 
 
-def loader_epochs(ld: Loader, epochs: int, images: int | None = None) -> dict:
+def share_world(records: int, images: int | None, batch_size: int) -> int:
+    """The world size whose rank 0 share is about `images` of `records` (at least one batch):
+    a benchmark on fewer images runs whole epochs of that share, since an epoch left early
+    would start every epoch from idle producers."""
+    return max(1, min(records // images, records // batch_size)) if images else 1
+
+
+def loader_epochs(ld: Loader, epochs: int, images: int | None = None, consume=None) -> dict:
     """Run `epochs` epochs of a Loader; rate of the timed ones (all after the first, which warms
     up threads, buffers and the kernel build) in images per wall second and per second of this
     process's CPU time, each epoch's too, batch latencies, CPU cores busy, stage seconds.
+    consume: called with each batch (a consumer's own work, scripts/gil_probe.py).
 
     Leaves no producer running (`ld.close()`): a continuous Loader's producers would otherwise go
     on into the next epoch — up to producers × (prefetch + 1) batches — while whatever is timed
     next (another Loader's round, the decode stage alone) runs, and be counted against that."""
     try:
-        return _loader_epochs(ld, epochs, images)
+        return _loader_epochs(ld, epochs, images, consume)
     finally:
         ld.close()
 
 
-def _loader_epochs(ld: Loader, epochs: int, images: int | None) -> dict:
+def _loader_epochs(ld: Loader, epochs: int, images: int | None, consume) -> dict:
     device = ld.device
     lat, rates, per_cpu, done, dt, cpu_s = [], [], [], 0, 0.0, 0.0
     limit = -(-images // ld.batch_size) if images else None
@@ -46,6 +54,8 @@ def _loader_epochs(ld: Loader, epochs: int, images: int | None) -> dict:
         for k, (x, _) in enumerate(ld):
             if device == "cuda":
                 _sync(x)
+            if consume is not None:
+                consume(x)
             now = time.perf_counter()
             if timed:
                 lat.append(now - last)
@@ -221,7 +231,7 @@ def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | No
     # 2. the full Loader (its batcher also gives the decode stage alone, below). With fewer
     #    images than records, whole epochs of a share of them (rank 0 of len // images ranks):
     #    an epoch left early would start every epoch from idle producers
-    world = max(1, min(len(ds) // images, len(ds) // batch_size)) if images else 1
+    world = share_world(len(ds), images, batch_size)
     ld = Loader(ds, batch_size=batch_size, device=device, threads=threads, seed=seed, producers=producers,
                 dtype="float16" if device == "cuda" else "float32", rank=0, world_size=world)
     r["loader"] = loader_epochs(ld, epochs)
