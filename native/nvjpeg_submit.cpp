@@ -15,6 +15,7 @@
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -35,8 +36,9 @@ using ImageInfoFn = int (*)(void* handle, const unsigned char* data, size_t leng
                             int* widths, int* heights);
 
 // dsts / pitches: (n,) for interleaved output (channel 0) or (n, 3) for planar YCbCr (channels
-// 0..2). Returns (status, call, index): call 0 = done, 1 = nvjpegDecodeParamsSetROI of image
-// `index`, 2 = nvjpegDecodeBatchedEx; status is nvJPEG's (0 = success).
+// 0..2). Returns (status, call, index, seconds): call 0 = done, 1 = nvjpegDecodeParamsSetROI of
+// image `index`, 2 = nvjpegDecodeBatchedEx; status is nvJPEG's (0 = success); seconds: the time
+// spent without the GIL (nvJPEG's own, apart from retaking the GIL after it).
 py::tuple submit(uintptr_t set_roi, uintptr_t batched_ex, uintptr_t handle, uintptr_t state, uintptr_t params,
                  uintptr_t ptrs_out, uintptr_t lens_out, uintptr_t imgs_out,
                  py::array_t<int64_t, py::array::c_style | py::array::forcecast> host_ptrs,
@@ -66,8 +68,10 @@ py::tuple submit(uintptr_t set_roi, uintptr_t batched_ex, uintptr_t handle, uint
     auto out_imgs = reinterpret_cast<NvImage*>(imgs_out);
     int status = 0, call = 0;
     py::ssize_t at = 0;
+    double seconds = 0.0;  // inside the GIL-free part: nvJPEG's own time, without retaking the GIL
     {
         py::gil_scoped_release nogil;
+        const auto t0 = std::chrono::steady_clock::now();
         for (py::ssize_t k = 0; k < n; ++k) {
             out_ptrs[k] = reinterpret_cast<const unsigned char*>(hp[k]);
             out_lens[k] = (size_t)ln[k];
@@ -92,8 +96,9 @@ py::tuple submit(uintptr_t set_roi, uintptr_t batched_ex, uintptr_t handle, uint
                          prm, reinterpret_cast<void*>(stream));
             if (status != 0) call = 2;
         }
+        seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
-    return py::make_tuple(status, call, at);
+    return py::make_tuple(status, call, at, seconds);
 }
 
 // Headers of n JPEGs: row k = (status, components, subsampling, width0, height0, width1, height1)

@@ -53,8 +53,8 @@ def _run(n, cap=8, fail_roi_at=None, batched_status=0):
 
 
 def test_submit_passes_what_the_ctypes_loop_passes():
-    (status, call, _), calls, batched, (host, length, rois, dst, pitch) = _run(5)
-    assert (status, call) == (0, 0)
+    (status, call, _, seconds), calls, batched, (host, length, rois, dst, pitch) = _run(5)
+    assert (status, call) == (0, 0) and seconds >= 0  # the time spent without the GIL
     # the reference loop: SetROI(params[k], x, y, w, h) per image, then one batched decode
     assert calls == [(1000 + k, *(int(v) for v in rois[k])) for k in range(5)]
     (b,) = batched
@@ -65,9 +65,9 @@ def test_submit_passes_what_the_ctypes_loop_passes():
 
 
 def test_submit_reports_the_failing_call_and_stops():
-    (status, call, at), calls, batched, _ = _run(6, fail_roi_at=3)
+    (status, call, at, _), calls, batched, _ = _run(6, fail_roi_at=3)
     assert (status, call, at) == (2, 1, 3) and len(calls) == 4 and batched == []
-    (status, call, _), _, batched, _ = _run(4, batched_status=6)
+    (status, call, _, _), _, batched, _ = _run(4, batched_status=6)
     assert (status, call) == (6, 2) and len(batched) == 1
 
 

@@ -254,6 +254,7 @@ class HardwareDecoder(_Handle):
         self.state = ctypes.c_void_p()
         check("nvjpegJpegStateCreate", L.nvjpegJpegStateCreate(self.handle, ctypes.byref(self.state)))
         self.max_batch = max_batch
+        self.last_native_seconds = None  # the last native submission's time without the GIL
         self.params = (ctypes.c_void_p * max_batch)()
         for k in range(max_batch):
             prm = ctypes.c_void_p()
@@ -336,7 +337,7 @@ class HardwareDecoder(_Handle):
         L, n = self.L, len(host_ptrs)
         if self._fns is None:
             self._fns = (_addr(L.nvjpegDecodeParamsSetROI), _addr(L.nvjpegDecodeBatchedEx))
-        status, call, at = _nvsubmit.submit(
+        status, call, at, self.last_native_seconds = _nvsubmit.submit(
             *self._fns, self.handle.value, self.state.value, ctypes.addressof(self.params),
             ctypes.addressof(self._ptrs), ctypes.addressof(self._lens), ctypes.addressof(self._imgs),
             np.asarray(host_ptrs, np.int64), np.asarray(lengths, np.int64),

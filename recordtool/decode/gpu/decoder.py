@@ -270,6 +270,7 @@ class GPUDecoder:
                     hw_failed = plan.engine.tolist()
                     self.last_gpu_error = str(e)
             t_submit = time.perf_counter() - tg
+            t_native = self.hw.last_native_seconds if len(plan.engine) and self.native_submit and self.hw else None
             ev_decoded.record(self.stream)
             t_cpu, errors = cpu_job.result()
             if hyb_job is not None:
@@ -304,7 +305,8 @@ class GPUDecoder:
         self.last = BatchReport(n=n, gpu=n_gpu, hybrid=n_hyb, cpu=len(cpu_idx), cpu_forced=plan.forced,
                                 cpu_fraction=self.planner.cpu_fraction, gpu_rate=r.gpu, cpu_rate=r.cpu,
                                 hybrid_rate=r.hybrid, errors=errors, seconds=t_end - t0,
-                                stages={"plan": t_plan - t0, "engines_submit": t_submit, "cpu_decode": t_cpu,
+                                stages={"plan": t_plan - t0, "engines_submit": t_submit,
+                                        "engines_native": t_native or 0.0, "cpu_decode": t_cpu,
                                         "hybrid_decode": t_hyb or 0.0, "wait": t_wait - t_plan,
                                         "finish": t_end - t_wait})
         return out
