@@ -1,0 +1,267 @@
+"""Where the GPU Loader's producers lose time beside a busy GPU: the Loader consumed alone and
+beside a thread that keeps ~`--queue-ms` of bf16 matmuls queued on the GPU (as an eager training
+loop keeps its steps queued ahead of the device) — on torch's default stream (what a training
+loop uses: CUDA's legacy default stream) or on a stream of its own.
+
+A producer's stage that grows with the load only when the load is on the default stream waits
+for the legacy stream (an implicit synchronisation with all the training's queued work); one
+that grows with either waits for the SMs or for the device as a whole.
+
+    python scripts/gpu_neighbour.py PACKED --variant "" --variant chroma=interpolate \
+        --loads none default side --json OUT.json [--trace TRACE_DIR]
+
+--trace profiles one variant beside the default-stream load with torch.profiler and prints the
+CUDA runtime / driver calls made off the main thread, longest first.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+import threading
+import time
+
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from recordtool import Loader  # noqa: E402
+from recordtool.tools.train_pipelines import endless, parse_options  # noqa: E402
+
+
+class Load:
+    """A thread keeping about `queue_ms` of matmuls queued on `stream` ("default" or "side")."""
+
+    def __init__(self, stream: str, queue_ms: float):
+        import torch
+
+        self.torch, self.kind = torch, stream
+        self.a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        self.b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        self.stream = torch.cuda.default_stream() if stream == "default" else torch.cuda.Stream()
+        with torch.cuda.stream(self.stream):
+            for _ in range(3):
+                self.a @ self.b
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(20):
+                self.a @ self.b
+            torch.cuda.synchronize()
+        self.ms = (time.perf_counter() - t) / 20 * 1e3  # one matmul alone
+        self.depth = max(2, int(queue_ms / self.ms))
+        self.stop, self.launched = threading.Event(), 0
+        self.thread = threading.Thread(target=self._run, name="load", daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        torch = self.torch
+        events = collections.deque()
+        with torch.cuda.stream(self.stream):
+            while not self.stop.is_set():
+                self.a @ self.b
+                ev = torch.cuda.Event()
+                ev.record(self.stream)
+                events.append(ev)
+                self.launched += 1
+                if len(events) > self.depth:
+                    events.popleft().synchronize()
+
+    def close(self):
+        self.stop.set()
+        self.thread.join()
+        self.torch.cuda.synchronize()
+
+
+def measure(packed: str, spec: str, load: str, batches: int, warmup: int, batch: int, size: int,
+            queue_ms: float) -> dict:
+    import torch
+
+    opts = parse_options(spec)
+    ld = Loader(packed, batch_size=batch, size=size, device="cuda", dtype="float16", as_torch=True, **opts)
+    it = endless(ld)
+    ld_load = None
+    try:
+        if load != "none":
+            ld_load = Load(load, queue_ms)
+        for _ in range(warmup):
+            next(it)
+        ld.stage_seconds.clear()
+        n0 = ld_load.launched if ld_load else 0
+        t = time.perf_counter()
+        for _ in range(batches):
+            x, _ = next(it)
+            del x
+        dt = time.perf_counter() - t
+        stages = {k: round(1e3 * v / batches, 2) for k, v in ld.stage_seconds.items()}
+        out = {"variant": spec or "default", "load": load, "img_s": round(batches * batch / dt),
+               "stage_ms_per_batch": stages}
+        if ld_load:
+            out["load_matmul_ms"] = round(ld_load.ms, 3)
+            out["load_depth"] = ld_load.depth
+            out["load_busy"] = round((ld_load.launched - n0) * ld_load.ms / 1e3 / dt, 3)  # of the GPU, roughly
+        return out
+    finally:
+        if ld_load:
+            ld_load.close()
+        ld.close()
+        torch.cuda.synchronize()
+
+
+def trace(packed: str, spec: str, batch: int, size: int, queue_ms: float, outdir: str, top: int = 30) -> list:
+    """torch.profiler over a few batches beside the default-stream load: the CUDA calls made
+    off the main thread (the producers), by total time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    opts = parse_options(spec)
+    ld = Loader(packed, batch_size=batch, size=size, device="cuda", dtype="float16", as_torch=True, **opts)
+    it = endless(ld)
+    lo = Load("default", queue_ms)
+    try:
+        for _ in range(6):
+            next(it)
+        kw = {}
+        try:
+            kw["experimental_config"] = torch._C._profiler._ExperimentalConfig(enable_cuda_sync_events=True)
+        except Exception:
+            pass
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], **kw) as prof:
+            for _ in range(8):
+                next(it)
+        os.makedirs(outdir, exist_ok=True)
+        path = os.path.join(outdir, "trace.json")
+        prof.export_chrome_trace(path)
+    finally:
+        lo.close()
+        ld.close()
+    with open(path) as f:
+        events = json.load(f).get("traceEvents", [])
+    main_tid = threading.main_thread().native_id
+    agg: dict = {}
+    for e in events:
+        cat = str(e.get("cat", ""))
+        if e.get("ph") != "X" or not any(c in cat for c in ("cuda_runtime", "cuda_driver", "cuda_sync", "gpu_memcpy",
+                                                            "gpu_memset", "kernel")):
+            continue
+        tid = e.get("tid")
+        if "cuda_r" in cat or "cuda_d" in cat:
+            if tid == main_tid:
+                continue
+        key = (cat, e.get("name", "?"), str(e.get("args", {}).get("stream", "")) if "gpu" in cat or "kernel" in cat else "")
+        a = agg.setdefault(key, [0, 0.0])
+        a[0] += 1
+        a[1] += float(e.get("dur", 0.0)) / 1e3
+    rows = sorted(([c, n, s, k, round(ms, 2)] for (c, n, s), (k, ms) in agg.items()), key=lambda r: -r[4])
+    return rows[:top]
+
+
+def micro(packed: str, batch: int, queue_ms: float, calls: int = 16) -> list:
+    """The engines' batched decode alone (HardwareDecoder.decode, whole images, one batch of
+    engine-decodable records staged in pinned memory), timed per call: at a constant batch size
+    and alternating between two (each change re-initialises nvJPEG's batched state), without a
+    load and beside each load, with the time spent without the GIL."""
+    import cupy
+    import numpy as np
+
+    import recordtool
+    from recordtool.decode.gpu.plan import ENGINE, route
+    from recordtool.decode.nvjpeg import HardwareDecoder
+
+    ds = recordtool.open(packed)
+    c = ds.index.columns
+    ids = np.nonzero(route(c["chroma"], c["progressive"], c["colorspace"]) == ENGINE)[0][:batch]
+    bufs = ds.jpeg_views(ids)
+    w, h = c["width"][ids].astype(np.int64), c["height"][ids].astype(np.int64)
+    offs = np.concatenate([[0], np.cumsum([(len(b) + 63) // 64 * 64 for b in bufs])])
+    stage = cupy.cuda.alloc_pinned_memory(int(offs[-1]))
+    arr = np.frombuffer(stage, np.uint8, int(offs[-1]))
+    for o, b in zip(offs, bufs):
+        arr[o:o + len(b)] = np.frombuffer(b, np.uint8)
+    nbytes = w * h * 3
+    dst = cupy.cuda.alloc(int(nbytes.sum()))
+    dptr = dst.ptr + np.concatenate([[0], np.cumsum(nbytes)[:-1]])
+    hp = stage.ptr + offs[:-1]
+    rois = np.stack([np.zeros_like(w), np.zeros_like(w), w, h], 1)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    hw = HardwareDecoder(len(ids))
+    hw.preallocate(len(ids), int(w.max()), int(h.max()), 0)
+    hw.set_padding(16 << 20)
+    rows = []
+    for load in ("none", "default", "side"):
+        lo = Load(load, queue_ms) if load != "none" else None
+        try:
+            for mode in ("constant", "alternating"):
+                times, native = [], []
+                for k in range(calls + 2):
+                    n = len(ids) - (k % 2 if mode == "alternating" else 0)
+                    t = time.perf_counter()
+                    hw.decode(hp[:n], [len(b) for b in bufs[:n]], rois[:n], dptr[:n], w[:n] * 3, stream.ptr)
+                    stream.synchronize()
+                    if k >= 2:
+                        times.append(time.perf_counter() - t)
+                        native.append(hw.last_native_seconds or 0.0)
+                rows.append({"load": load, "mode": mode, "n": len(ids), "ms_per_call": round(1e3 * float(np.median(times)), 2),
+                             "ms_max": round(1e3 * max(times), 2), "native_ms": round(1e3 * float(np.median(native)), 2)})
+                print(json.dumps(rows[-1]), flush=True)
+        finally:
+            if lo:
+                lo.close()
+    hw.close()
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("packed")
+    p.add_argument("--variant", action="append", default=None, help="Loader options k=v,… ('' = defaults)")
+    p.add_argument("--loads", nargs="+", default=["none", "default", "side"])
+    p.add_argument("--batches", type=int, default=40)
+    p.add_argument("--warmup", type=int, default=8)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--queue-ms", type=float, default=100.0)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--trace", default=None, help="a folder: profile the first variant beside the default load")
+    p.add_argument("--micro", action="store_true", help="also time the engines' batched decode alone")
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    variants = a.variant if a.variant is not None else [""]
+    rows = []
+    for rep in range(a.repeats):
+        for v in variants:
+            for load in a.loads:
+                r = measure(a.packed, v, load, a.batches, a.warmup, a.batch, a.size, a.queue_ms)
+                r["repeat"] = rep
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+    out = {"rows": rows}
+    if a.micro:
+        try:
+            out["micro"] = micro(a.packed, a.batch, a.queue_ms)
+        except Exception as e:
+            out["micro_error"] = f"{type(e).__name__}: {e}"
+            print("micro failed:", out["micro_error"])
+    if a.trace:
+        try:
+            out["trace"] = trace(a.packed, variants[0], a.batch, a.size, a.queue_ms, a.trace)
+        except Exception as e:
+            out["trace_error"] = f"{type(e).__name__}: {e}"
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+    keys = ["gpu.engines_submit", "gpu.engines_native", "gpu.hybrid_decode", "gpu.cpu_decode", "gpu.finish", "decode"]
+    print(f"\n{'variant':<24}{'load':<9}{'img/s':>8}" + "".join(f"{k.split('.')[-1][:12]:>13}" for k in keys))
+    for r in rows:
+        s = r["stage_ms_per_batch"]
+        print(f"{r['variant'][:23]:<24}{r['load']:<9}{r['img_s']:>8}" + "".join(f"{s.get(k, 0):>13.1f}" for k in keys))
+    for m in out.get("micro", []):
+        print(f"micro {m['load']:<8}{m['mode']:<12} n={m['n']} {m['ms_per_call']:8.2f} ms/call (max {m['ms_max']:.2f}),"
+              f" native {m['native_ms']:.2f}")
+    for row in out.get("trace", []):
+        print("trace", *row)
+    if "trace_error" in out:
+        print("trace failed:", out["trace_error"])
+
+
+if __name__ == "__main__":
+    main()
