@@ -29,6 +29,53 @@ from recordtool import Loader  # noqa: E402
 from recordtool.tools.train_pipelines import endless, parse_options  # noqa: E402
 
 
+class TrainLoad:
+    """A thread training torchvision's `arch` on one synthetic batch (bf16 autocast,
+    channels_last, SGD, no synchronisation: the host runs ahead as an eager loop does)."""
+
+    def __init__(self, arch: str = "resnet50", batch: int = 256, size: int = 224):
+        import torch
+
+        from recordtool.tools.train_step import make_model
+
+        self.torch = torch
+        self.model, self.opt = make_model(arch, torch.device("cuda", 0), False)
+        self.x = torch.randn(batch, 3, size, size, device="cuda").half().contiguous(memory_format=torch.channels_last)
+        self.y = torch.randint(0, 1000, (batch,), device="cuda")
+        for _ in range(3):
+            self._step()
+        torch.cuda.synchronize()
+        self.stop, self.launched, self.ms, self.depth = threading.Event(), 0, 0.0, 0
+        self.thread = threading.Thread(target=self._run, name="load", daemon=True)
+        self.thread.start()
+
+    def _step(self):
+        torch = self.torch
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(self.model(self.x), self.y)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+
+    def _run(self):
+        while not self.stop.is_set():
+            self._step()
+            self.launched += 1
+
+    def close(self):
+        self.stop.set()
+        self.thread.join()
+        self.torch.cuda.synchronize()
+
+
+def make_load(kind: str, queue_ms: float):
+    if kind == "none":
+        return None
+    if kind.startswith("train"):  # train or train:ARCH
+        return TrainLoad(kind.partition(":")[2] or "resnet50")
+    return Load(kind, queue_ms)
+
+
 class Load:
     """A thread keeping about `queue_ms` of matmuls queued on `stream` ("default" or "side")."""
 
@@ -81,8 +128,7 @@ def measure(packed: str, spec: str, load: str, batches: int, warmup: int, batch:
     it = endless(ld)
     ld_load = None
     try:
-        if load != "none":
-            ld_load = Load(load, queue_ms)
+        ld_load = make_load(load, queue_ms)
         for _ in range(warmup):
             next(it)
         ld.stage_seconds.clear()
@@ -99,6 +145,7 @@ def measure(packed: str, spec: str, load: str, batches: int, warmup: int, batch:
             out["load_matmul_ms"] = round(ld_load.ms, 3)
             out["load_depth"] = ld_load.depth
             out["load_busy"] = round((ld_load.launched - n0) * ld_load.ms / 1e3 / dt, 3)  # of the GPU, roughly
+            out["load_steps_s"] = round((ld_load.launched - n0) / dt, 2)
         return out
     finally:
         if ld_load:
@@ -107,7 +154,8 @@ def measure(packed: str, spec: str, load: str, batches: int, warmup: int, batch:
         torch.cuda.synchronize()
 
 
-def trace(packed: str, spec: str, batch: int, size: int, queue_ms: float, outdir: str, top: int = 30) -> list:
+def trace(packed: str, spec: str, batch: int, size: int, queue_ms: float, outdir: str, top: int = 30,
+          trace_load: str = "default") -> list:
     """torch.profiler over a few batches beside the default-stream load: the CUDA calls made
     off the main thread (the producers), by total time."""
     import torch
@@ -116,7 +164,7 @@ def trace(packed: str, spec: str, batch: int, size: int, queue_ms: float, outdir
     opts = parse_options(spec)
     ld = Loader(packed, batch_size=batch, size=size, device="cuda", dtype="float16", as_torch=True, **opts)
     it = endless(ld)
-    lo = Load("default", queue_ms)
+    lo = make_load(trace_load, queue_ms)
     try:
         for _ in range(6):
             next(it)
@@ -155,11 +203,14 @@ def trace(packed: str, spec: str, batch: int, size: int, queue_ms: float, outdir
     return rows[:top]
 
 
-def micro(packed: str, batch: int, queue_ms: float, calls: int = 16) -> list:
-    """The engines' batched decode alone (HardwareDecoder.decode, whole images, one batch of
-    engine-decodable records staged in pinned memory), timed per call: at a constant batch size
-    and alternating between two (each change re-initialises nvJPEG's batched state), without a
-    load and beside each load, with the time spent without the GIL."""
+def micro(packed: str, batch: int, queue_ms: float, loads=("none", "default", "side"), sizes=(256,),
+          parallel=(1,), calls: int = 12) -> list:
+    """The engines' batched decode alone (HardwareDecoder.decode, whole images of engine-
+    decodable records staged in pinned memory), timed per call beside each load: `sizes`
+    images a call, and `parallel` threads each with its own decoder and stream calling at
+    once (the rate is all threads' images over the wall time)."""
+    import concurrent.futures as cf
+
     import cupy
     import numpy as np
 
@@ -171,44 +222,60 @@ def micro(packed: str, batch: int, queue_ms: float, calls: int = 16) -> list:
     c = ds.index.columns
     ids = np.nonzero(route(c["chroma"], c["progressive"], c["colorspace"]) == ENGINE)[0][:batch]
     bufs = ds.jpeg_views(ids)
+    lens = np.array([len(b) for b in bufs], np.int64)
     w, h = c["width"][ids].astype(np.int64), c["height"][ids].astype(np.int64)
-    offs = np.concatenate([[0], np.cumsum([(len(b) + 63) // 64 * 64 for b in bufs])])
+    offs = np.concatenate([[0], np.cumsum((lens + 63) // 64 * 64)])
     stage = cupy.cuda.alloc_pinned_memory(int(offs[-1]))
     arr = np.frombuffer(stage, np.uint8, int(offs[-1]))
     for o, b in zip(offs, bufs):
         arr[o:o + len(b)] = np.frombuffer(b, np.uint8)
-    nbytes = w * h * 3
-    dst = cupy.cuda.alloc(int(nbytes.sum()))
-    dptr = dst.ptr + np.concatenate([[0], np.cumsum(nbytes)[:-1]])
     hp = stage.ptr + offs[:-1]
     rois = np.stack([np.zeros_like(w), np.zeros_like(w), w, h], 1)
-    stream = cupy.cuda.Stream(non_blocking=True)
-    hw = HardwareDecoder(len(ids))
-    hw.preallocate(len(ids), int(w.max()), int(h.max()), 0)
-    hw.set_padding(16 << 20)
+    nbytes = w * h * 3
+    workers = max(parallel)
+    dsts = [cupy.cuda.alloc(int(nbytes.sum())) for _ in range(workers)]
+    dptrs = [d.ptr + np.concatenate([[0], np.cumsum(nbytes)[:-1]]) for d in dsts]
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(workers)]
+    decs = []
+    for _ in range(workers):
+        hw = HardwareDecoder(len(ids))
+        hw.preallocate(len(ids), int(w.max()), int(h.max()), 0)
+        hw.set_padding(16 << 20)
+        decs.append(hw)
+    pool = cf.ThreadPoolExecutor(workers)
+
+    def one(j, n):
+        t = time.perf_counter()
+        decs[j].decode(hp[:n], lens[:n], rois[:n], dptrs[j][:n], w[:n] * 3, streams[j].ptr)
+        streams[j].synchronize()
+        return time.perf_counter() - t, decs[j].last_native_seconds or 0.0
+
     rows = []
-    for load in ("none", "default", "side"):
-        lo = Load(load, queue_ms) if load != "none" else None
+    for load in loads:
+        lo = make_load(load, queue_ms)
         try:
-            for mode in ("constant", "alternating"):
-                times, native = [], []
-                for k in range(calls + 2):
-                    n = len(ids) - (k % 2 if mode == "alternating" else 0)
-                    t = time.perf_counter()
-                    hw.decode(hp[:n], [len(b) for b in bufs[:n]], rois[:n], dptr[:n], w[:n] * 3, stream.ptr)
-                    stream.synchronize()
-                    if k >= 2:
-                        times.append(time.perf_counter() - t)
-                        native.append(hw.last_native_seconds or 0.0)
-                rows.append({"load": load, "mode": mode, "n": len(ids), "ms_per_call": round(1e3 * float(np.median(times)), 2),
-                             "ms_max": round(1e3 * max(times), 2), "native_ms": round(1e3 * float(np.median(native)), 2)})
-                print(json.dumps(rows[-1]), flush=True)
+            for k in parallel:
+                for n in sizes:
+                    n = min(n, len(ids))
+                    times, native, walls = [], [], []
+                    for it in range(calls + 2):
+                        t = time.perf_counter()
+                        res = list(pool.map(lambda j: one(j, n), range(k)))
+                        if it >= 2:
+                            walls.append(time.perf_counter() - t)
+                            times += [r[0] for r in res]
+                            native += [r[1] for r in res]
+                    rows.append({"load": load, "threads": k, "n": n, "ms_per_call": round(1e3 * float(np.median(times)), 2),
+                                 "ms_max": round(1e3 * max(times), 2), "native_ms": round(1e3 * float(np.median(native)), 2),
+                                 "img_s": round(k * n * len(walls) / sum(walls))})
+                    print(json.dumps(rows[-1]), flush=True)
         finally:
             if lo:
                 lo.close()
-    hw.close()
+    pool.shutdown()
+    for hw in decs:
+        hw.close()
     return rows
-
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -223,6 +290,9 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--trace", default=None, help="a folder: profile the first variant beside the default load")
     p.add_argument("--micro", action="store_true", help="also time the engines' batched decode alone")
+    p.add_argument("--micro-loads", nargs="+", default=["none", "default", "side"])
+    p.add_argument("--micro-sizes", nargs="+", type=int, default=[256])
+    p.add_argument("--micro-parallel", nargs="+", type=int, default=[1])
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     variants = a.variant if a.variant is not None else [""]
@@ -237,7 +307,7 @@ def main(argv=None):
     out = {"rows": rows}
     if a.micro:
         try:
-            out["micro"] = micro(a.packed, a.batch, a.queue_ms)
+            out["micro"] = micro(a.packed, a.batch, a.queue_ms, a.micro_loads, a.micro_sizes, a.micro_parallel)
         except Exception as e:
             out["micro_error"] = f"{type(e).__name__}: {e}"
             print("micro failed:", out["micro_error"])
@@ -255,8 +325,8 @@ def main(argv=None):
         s = r["stage_ms_per_batch"]
         print(f"{r['variant'][:23]:<24}{r['load']:<9}{r['img_s']:>8}" + "".join(f"{s.get(k, 0):>13.1f}" for k in keys))
     for m in out.get("micro", []):
-        print(f"micro {m['load']:<8}{m['mode']:<12} n={m['n']} {m['ms_per_call']:8.2f} ms/call (max {m['ms_max']:.2f}),"
-              f" native {m['native_ms']:.2f}")
+        print(f"micro {m['load']:<16} threads {m['threads']} n={m['n']:<4} {m['ms_per_call']:8.2f} ms/call (max "
+              f"{m['ms_max']:.2f}), native {m['native_ms']:.2f}, {m['img_s']:>7} img/s")
     for row in out.get("trace", []):
         print("trace", *row)
     if "trace_error" in out:
