@@ -204,11 +204,14 @@ def trace(packed: str, spec: str, batch: int, size: int, queue_ms: float, outdir
 
 
 def micro(packed: str, batch: int, queue_ms: float, loads=("none", "default", "side"), sizes=(256,),
-          parallel=(1,), calls: int = 12) -> list:
+          parallel=(1,), calls: int = 12, outputs=("rgbi",)) -> list:
     """The engines' batched decode alone (HardwareDecoder.decode, whole images of engine-
     decodable records staged in pinned memory), timed per call beside each load: `sizes`
     images a call, and `parallel` threads each with its own decoder and stream calling at
-    once (the rate is all threads' images over the wall time)."""
+    once (the rate is all threads' images over the wall time). outputs: "rgbi" (interleaved
+    RGB, as chroma="replicate" decodes), "planes" (whole YUV planes, as chroma="interpolate"
+    with RECORDTOOL_GPU_PLANAR=whole) and "planes_roi" (the YUV planes of each image's
+    centre quarter)."""
     import concurrent.futures as cf
 
     import cupy
@@ -236,45 +239,63 @@ def micro(packed: str, batch: int, queue_ms: float, loads=("none", "default", "s
     dsts = [cupy.cuda.alloc(int(nbytes.sum())) for _ in range(workers)]
     dptrs = [d.ptr + np.concatenate([[0], np.cumsum(nbytes)[:-1]]) for d in dsts]
     streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(workers)]
-    decs = []
-    for _ in range(workers):
-        hw = HardwareDecoder(len(ids))
-        hw.preallocate(len(ids), int(w.max()), int(h.max()), 0)
-        hw.set_padding(16 << 20)
-        decs.append(hw)
+    decs = {}
+    for out in outputs:
+        decs[out] = []
+        for _ in range(workers):
+            hw = HardwareDecoder(len(ids), planar=out != "rgbi")
+            hw.preallocate(len(ids), int(w.max()), int(h.max()), 0)
+            hw.set_padding(16 << 20)
+            decs[out].append(hw)
+    planes = None
+    if any(o != "rgbi" for o in outputs):  # Y, Cb, Cr planes of each whole image (or of its centre quarter)
+        info = decs[[o for o in outputs if o != "rgbi"][0]][0].image_infos(hp, lens)
+        yw, yh = np.maximum(info[:, 3], w), np.maximum(info[:, 4], h)
+        cw, ch = np.maximum(info[:, 5], 1), np.maximum(info[:, 6], 1)
+        sizes_b = yw * yh + 2 * cw * ch
+        pmem = [cupy.cuda.alloc(int(sizes_b.sum())) for _ in range(workers)]
+        base = np.concatenate([[0], np.cumsum(sizes_b)[:-1]])
+        planes = [np.stack([m.ptr + base, m.ptr + base + yw * yh, m.ptr + base + yw * yh + cw * ch], 1) for m in pmem]
+        ppitch = np.stack([yw, cw, cw], 1)
+        qrois = np.stack([(cw // 4) // 2 * 2, (ch // 4) // 2 * 2, (cw // 2) // 2 * 2, (ch // 2) // 2 * 2], 1)
     pool = cf.ThreadPoolExecutor(workers)
 
-    def one(j, n):
+    def one(out, j, n):
         t = time.perf_counter()
-        decs[j].decode(hp[:n], lens[:n], rois[:n], dptrs[j][:n], w[:n] * 3, streams[j].ptr)
+        hw = decs[out][j]
+        if out == "rgbi":
+            hw.decode(hp[:n], lens[:n], rois[:n], dptrs[j][:n], w[:n] * 3, streams[j].ptr)
+        else:
+            hw.decode_planes(hp[:n], lens[:n], planes[j][:n], ppitch[:n], streams[j].ptr,
+                             rois=None if out == "planes" else qrois[:n])
         streams[j].synchronize()
-        return time.perf_counter() - t, decs[j].last_native_seconds or 0.0
+        return time.perf_counter() - t, hw.last_native_seconds or 0.0
 
     rows = []
     for load in loads:
         lo = make_load(load, queue_ms)
         try:
-            for k in parallel:
-                for n in sizes:
-                    n = min(n, len(ids))
-                    times, native, walls = [], [], []
-                    for it in range(calls + 2):
-                        t = time.perf_counter()
-                        res = list(pool.map(lambda j: one(j, n), range(k)))
-                        if it >= 2:
-                            walls.append(time.perf_counter() - t)
-                            times += [r[0] for r in res]
-                            native += [r[1] for r in res]
-                    rows.append({"load": load, "threads": k, "n": n, "ms_per_call": round(1e3 * float(np.median(times)), 2),
-                                 "ms_max": round(1e3 * max(times), 2), "native_ms": round(1e3 * float(np.median(native)), 2),
-                                 "img_s": round(k * n * len(walls) / sum(walls))})
-                    print(json.dumps(rows[-1]), flush=True)
+            for out, k, n in [(o, k, min(n, len(ids))) for o in outputs for k in parallel for n in sizes]:
+                times, native, walls = [], [], []
+                for it in range(calls + 2):
+                    t = time.perf_counter()
+                    res = list(pool.map(lambda j: one(out, j, n), range(k)))
+                    if it >= 2:
+                        walls.append(time.perf_counter() - t)
+                        times += [r[0] for r in res]
+                        native += [r[1] for r in res]
+                rows.append({"load": load, "output": out, "threads": k, "n": n,
+                             "ms_per_call": round(1e3 * float(np.median(times)), 2), "ms_max": round(1e3 * max(times), 2),
+                             "native_ms": round(1e3 * float(np.median(native)), 2),
+                             "img_s": round(k * n * len(walls) / sum(walls))})
+                print(json.dumps(rows[-1]), flush=True)
         finally:
             if lo:
                 lo.close()
     pool.shutdown()
-    for hw in decs:
-        hw.close()
+    for ds_ in decs.values():
+        for hw in ds_:
+            hw.close()
     return rows
 
 def main(argv=None):
@@ -293,6 +314,7 @@ def main(argv=None):
     p.add_argument("--micro-loads", nargs="+", default=["none", "default", "side"])
     p.add_argument("--micro-sizes", nargs="+", type=int, default=[256])
     p.add_argument("--micro-parallel", nargs="+", type=int, default=[1])
+    p.add_argument("--micro-outputs", nargs="+", default=["rgbi"], choices=["rgbi", "planes", "planes_roi"])
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     variants = a.variant if a.variant is not None else [""]
@@ -307,7 +329,7 @@ def main(argv=None):
     out = {"rows": rows}
     if a.micro:
         try:
-            out["micro"] = micro(a.packed, a.batch, a.queue_ms, a.micro_loads, a.micro_sizes, a.micro_parallel)
+            out["micro"] = micro(a.packed, a.batch, a.queue_ms, a.micro_loads, a.micro_sizes, a.micro_parallel, outputs=a.micro_outputs)
         except Exception as e:
             out["micro_error"] = f"{type(e).__name__}: {e}"
             print("micro failed:", out["micro_error"])
@@ -325,7 +347,7 @@ def main(argv=None):
         s = r["stage_ms_per_batch"]
         print(f"{r['variant'][:23]:<24}{r['load']:<9}{r['img_s']:>8}" + "".join(f"{s.get(k, 0):>13.1f}" for k in keys))
     for m in out.get("micro", []):
-        print(f"micro {m['load']:<16} threads {m['threads']} n={m['n']:<4} {m['ms_per_call']:8.2f} ms/call (max "
+        print(f"micro {m['load']:<9}{m['output']:<11} threads {m['threads']} n={m['n']:<4} {m['ms_per_call']:8.2f} ms/call (max "
               f"{m['ms_max']:.2f}), native {m['native_ms']:.2f}, {m['img_s']:>7} img/s")
     for row in out.get("trace", []):
         print("trace", *row)
