@@ -72,7 +72,9 @@ as it is: each chroma sample repeated), "interpolate" (nvJPEG's planar YCbCr, th
 fancy upsampling and colour conversion in our kernel: the CPU path's pixels), "nvjpeg" (nvJPEG's
 own interpolation, NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION, where the library honours it)."""
 CHROMA_MODES = ("replicate", "interpolate", "nvjpeg")
-DEFAULT_CHROMA: Chroma = "replicate"
+# interpolate: the CPU path's pixels (a model trained on one device sees the other's) at the
+# engines' speed — measured on a fidelity set of photos the bound was not tuned on (BENCHMARKS.md)
+DEFAULT_CHROMA: Chroma = "interpolate"
 
 
 def check_chroma(chroma) -> Chroma:
