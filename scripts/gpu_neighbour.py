@@ -124,7 +124,17 @@ def measure(packed: str, spec: str, load: str, batches: int, warmup: int, batch:
     import torch
 
     opts = parse_options(spec)
-    ld = Loader(packed, batch_size=batch, size=size, device="cuda", dtype="float16", as_torch=True, **opts)
+    envs = {k[4:]: str(opts.pop(k)) for k in list(opts) if k.startswith("env.")}  # env.NAME=VALUE: a setting
+    old_env = {k: os.environ.get(k) for k in envs}
+    os.environ.update(envs)
+    try:
+        ld = Loader(packed, batch_size=batch, size=size, device="cuda", dtype="float16", as_torch=True, **opts)
+    finally:
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     it = endless(ld)
     ld_load = None
     try:

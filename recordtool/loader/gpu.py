@@ -176,7 +176,8 @@ class GPUBatcher:
         n, s = raw.shape[0], self.recipe.size
         p = self._passes.get(slot)
         if p is None:
-            p = self._passes[slot] = _Pass(cupy, self.max_batch)
+            with self._lock:  # producers add their slots' passes at once (as decoders, `decoder`)
+                p = self._passes[slot] = _Pass(cupy, self.max_batch)
         p.finish()  # its previous pass has read its samples and images: they may go
         raw = cupy.ascontiguousarray(raw)
         from ..decode.gpu.buffers import place_whole
