@@ -105,9 +105,13 @@ class GPUDecoder:
         # the engines' batch and the hybrid decoder's images each in one GIL-free call;
         # RECORDTOOL_GPU_SUBMIT=python: the ctypes loops (their reference)
         self.native_submit = _setting("SUBMIT", "native") == "native"
-        # images per call of the engines' batched decode: measured where the Loader runs
-        # (ChunkChooser); RECORDTOOL_GPU_CHUNK=N fixes it (0: the whole share in one call)
-        chunk = _setting("CHUNK", "auto")
+        # images per call of the engines' batched decode: the whole share in one call (0).
+        # RECORDTOOL_GPU_CHUNK=N: calls of at most N; =auto: sizes measured where the Loader runs
+        # (ChunkChooser). Not the default: on the H200 a Loader with "auto" made no progress in
+        # training or alone (several calls back to back on one state, not waited for in between:
+        # suspected nvJPEG's state re-initialised while its previous call's work is in flight);
+        # the GPU suite's batches are ≤ 64 images, one call each
+        chunk = _setting("CHUNK", "0")
         self.chunks = ChunkChooser.for_batch(self.max_batch) if chunk == "auto" else None
         self.fixed_chunk = 0 if chunk == "auto" else _chunk_setting(chunk)
         self._own_pool = pool is None
