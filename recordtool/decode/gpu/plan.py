@@ -162,9 +162,8 @@ class ChunkChooser:
     """How many images go to nvJPEG's hardware batched decode per call. The call blocks until its
     images are decoded, and its internal kernels (colour conversion, copies) queue behind the
     kernels already on the GPU: on an idle GPU the engines want one large call, beside a
-    training loop a large call waits many times longer per image than a few small ones (seen on
-    the H200 beside ResNet-50 training: 256 images 78–417 ms a call, 64 images 11–13 ms). So
-    each size's rate (images per second of the call) is measured where the Loader runs: the
+    training loop a large call waits many times longer per image than a few small ones
+    (BENCHMARKS.md, session 7). So each size's rate (images per second of the call) is measured where the Loader runs: the
     best measured size is used, each size is tried once first (largest first), and every
     `explore`-th batch tries a neighbour of the best in turn (the next smaller, then the next
     larger), so a change of load is followed: a size measured again after a pause takes its new
