@@ -72,7 +72,8 @@ class Prefetcher:
         name: thread name.
     """
 
-    def __init__(self, tasks: int | None, make, producers: int = 1, depth: int = 2, name: str = "recordtool-loader"):
+    def __init__(self, tasks: int | None, make, producers: int = 1, depth: int = 2, name: str = "recordtool-loader",
+                 start: bool = True):
         self.tasks = None if tasks is None else int(tasks)
         self.producers = max(1, int(producers) if tasks is None else min(int(producers), max(1, self.tasks)))
         self._queues = [queue.Queue(maxsize=max(1, int(depth))) for _ in range(self.producers)]
@@ -86,6 +87,17 @@ class Prefetcher:
         # any exit handler registered since (CuPy's, torch's, the user's) tears down what they use
         atexit.unregister(_close_all)
         atexit.register(_close_all)
+        self._started = False
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Start the producers (once; not after close): with start=False the owner first keeps
+        a reference where a producer's own call (a collection running its owner's __del__) can
+        find it to stop it."""
+        if self._started or self._stop.is_set():
+            return
+        self._started = True
         for t in self._threads:
             t.start()
 

@@ -46,10 +46,11 @@ class BatchStream:
         epoch, start: where the stream starts.
         producers, depth: the Prefetcher's threads and their queue depth.
         continuous: run on into the following epochs.
+        launch: start the producers now; False: at `launch()`.
     """
 
     def __init__(self, batcher, sampler, batch_size: int, drop_last: bool, per_epoch: int, epoch: int, start: int,
-                 producers: int, depth: int, continuous: bool, draws=None):
+                 producers: int, depth: int, continuous: bool, draws=None, launch: bool = True):
         self.per_epoch, self.epoch0, self.start = per_epoch, epoch, start
         first = per_epoch - start
         self.continuous = continuous and per_epoch > 0
@@ -95,7 +96,11 @@ class BatchStream:
             return e, j, ids, batcher(ids, e, slot, drawn(e, j, order))
 
         self._where = where
-        self._prefetcher = Prefetcher(None if self.continuous else first, make, producers, depth)
+        self._prefetcher = Prefetcher(None if self.continuous else first, make, producers, depth, start=launch)
+
+    def launch(self) -> None:
+        """Start the producers (made with launch=False; see Prefetcher.start)."""
+        self._prefetcher.start()
 
     @property
     def position(self) -> tuple:
