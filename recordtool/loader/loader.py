@@ -279,12 +279,10 @@ class Loader:
         stream = self._stream
         if stream is None or stream.closed or stream.position != start or (it is not None and not it.finished):
             self.close()  # a new start: what the producers made ahead is not this
-            # kept before its producers start: one of them may run this Loader's __del__ (a
-            # collection), which must find the stream to stop it
-            stream = self._stream = BatchStream(self.batcher, self.sampler, self.batch_size, self.drop_last, len(self),
-                                                *start, producers=self.producers, depth=self.prefetch,
-                                                continuous=self.continuous, draws=self.batcher.recipe.draws,
-                                                launch=False)
+            stream = self._stream = BatchStream(  # kept before its producers start: one may run our __del__
+                self.batcher, self.sampler, self.batch_size, self.drop_last, len(self), *start, launch=False,
+                producers=self.producers, depth=self.prefetch, continuous=self.continuous,
+                draws=self.batcher.recipe.draws)
             stream.launch()
         it = EpochIterator(self, stream, *start)
         self._start_batch = 0
