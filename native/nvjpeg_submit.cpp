@@ -34,17 +34,11 @@ using BatchedExFn = int (*)(void* handle, void* state, const unsigned char* cons
                             NvImage* destinations, void* const* params, void* stream);
 using ImageInfoFn = int (*)(void* handle, const unsigned char* data, size_t length, int* components, int* subsampling,
                             int* widths, int* heights);
-using InitFn = int (*)(void* handle, void* state, int batch, int max_cpu_threads, int format);
 
 // dsts / pitches: (n,) for interleaved output (channel 0) or (n, 3) for planar YCbCr (channels
-// 0..2). chunk > 0: the batch goes to nvJPEG in calls of at most `chunk` images, one after the
-// other, each preceded by nvjpegDecodeBatchedInitialize(handle, state, size, 1, format) (`init`)
-// when its size differs from the state's (`batch_now`; -1 = unknown); chunk 0 = one call
-// (initialised by `init` likewise when given). Returns (status, call, index, seconds, batch):
-// call 0 = done, 1 = nvjpegDecodeParamsSetROI of image `index`, 2 = nvjpegDecodeBatchedEx of
-// the chunk starting at `index`, 3 = nvjpegDecodeBatchedInitialize for that chunk; status is
-// nvJPEG's (0 = success); seconds: the time spent without the GIL (nvJPEG's own, apart from
-// retaking the GIL after it); batch: the size the state is initialised for afterwards.
+// 0..2). Returns (status, call, index, seconds): call 0 = done, 1 = nvjpegDecodeParamsSetROI of
+// image `index`, 2 = nvjpegDecodeBatchedEx; status is nvJPEG's (0 = success); seconds: the time
+// spent without the GIL (nvJPEG's own, apart from retaking the GIL after it).
 py::tuple submit(uintptr_t set_roi, uintptr_t batched_ex, uintptr_t handle, uintptr_t state, uintptr_t params,
                  uintptr_t ptrs_out, uintptr_t lens_out, uintptr_t imgs_out,
                  py::array_t<int64_t, py::array::c_style | py::array::forcecast> host_ptrs,
@@ -52,7 +46,7 @@ py::tuple submit(uintptr_t set_roi, uintptr_t batched_ex, uintptr_t handle, uint
                  py::array_t<int64_t, py::array::c_style | py::array::forcecast> rois,
                  py::array_t<int64_t, py::array::c_style | py::array::forcecast> dsts,
                  py::array_t<int64_t, py::array::c_style | py::array::forcecast> pitches, uintptr_t stream,
-                 size_t capacity, uintptr_t init, int64_t chunk, int format, int64_t batch_now) {
+                 size_t capacity) {
     const py::ssize_t n = host_ptrs.size();
     const py::ssize_t nc = n ? dsts.size() / n : 1;
     if (lengths.size() != n || (nc != 1 && nc != 3) || dsts.size() != nc * n || pitches.size() != nc * n ||
@@ -97,30 +91,14 @@ py::tuple submit(uintptr_t set_roi, uintptr_t batched_ex, uintptr_t handle, uint
                 img.pitch[c] = (size_t)pp[nc * k + c];
             }
         }
-        const py::ssize_t step = chunk > 0 ? (py::ssize_t)chunk : std::max<py::ssize_t>(n, 1);
-        for (py::ssize_t s0 = 0; status == 0 && s0 < n; s0 += step) {
-            const py::ssize_t m = std::min(step, n - s0);
-            if (init && m != batch_now) {
-                status = reinterpret_cast<InitFn>(init)(reinterpret_cast<void*>(handle), reinterpret_cast<void*>(state),
-                                                        (int)m, 1, format);
-                if (status != 0) {
-                    call = 3;
-                    at = s0;
-                    batch_now = -1;
-                    break;
-                }
-                batch_now = m;
-            }
-            status = dec(reinterpret_cast<void*>(handle), reinterpret_cast<void*>(state), out_ptrs + s0, out_lens + s0,
-                         out_imgs + s0, prm + s0, reinterpret_cast<void*>(stream));
-            if (status != 0) {
-                call = 2;
-                at = s0;
-            }
+        if (status == 0 && n > 0) {
+            status = dec(reinterpret_cast<void*>(handle), reinterpret_cast<void*>(state), out_ptrs, out_lens, out_imgs,
+                         prm, reinterpret_cast<void*>(stream));
+            if (status != 0) call = 2;
         }
         seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
-    return py::make_tuple(status, call, at, seconds, batch_now);
+    return py::make_tuple(status, call, at, seconds);
 }
 
 // Headers of n JPEGs: row k = (status, components, subsampling, width0, height0, width1, height1)
@@ -279,8 +257,7 @@ PYBIND11_MODULE(_nvsubmit, m) {
     m.def("submit", &submit, py::arg("set_roi"), py::arg("batched_ex"), py::arg("handle"), py::arg("state"),
           py::arg("params"), py::arg("ptrs_out"), py::arg("lens_out"), py::arg("imgs_out"), py::arg("host_ptrs"),
           py::arg("lengths"), py::arg("rois"), py::arg("dsts"), py::arg("pitches"), py::arg("stream"),
-          py::arg("capacity"), py::arg("init") = 0, py::arg("chunk") = 0, py::arg("format") = 0,
-          py::arg("batch_now") = -1);
+          py::arg("capacity"));
     m.def("infos", &infos, py::arg("get_info"), py::arg("handle"), py::arg("host_ptrs"), py::arg("lengths"));
     m.def("hybrid", &hybrid, py::arg("fns"), py::arg("objs"), py::arg("sets"), py::arg("st"), py::arg("host_ptrs"),
           py::arg("lengths"), py::arg("formats"), py::arg("rois"), py::arg("planes"), py::arg("pitches"));

@@ -446,49 +446,6 @@ def test_planner_auto_split_follows_measured_rates():
     assert len(p.hybrid) == max(2, int(500.0 * t_engines)) and p.n == 100
 
 
-
-def _chunk_run(ch, rate_of, batches):
-    """Drive a ChunkChooser for `batches` batches of 240 engine images, each call size taking
-    240 / rate_of(size, batch) seconds; returns the sizes it chose."""
-    chosen = []
-    for b in range(batches):
-        s = ch.choose()
-        chosen.append(s)
-        ch.observe(s, 240, 240 / rate_of(s, b))
-    return chosen
-
-
-def test_chunk_chooser_tries_each_size_then_keeps_the_fastest():
-    from recordtool.decode.gpu.plan import ChunkChooser
-
-    ch = ChunkChooser.for_batch(256)
-    assert ch.sizes == (256, 128, 64) and ChunkChooser.for_batch(512).sizes == (512, 256, 128, 64)
-    assert ChunkChooser.for_batch(40).sizes == (40,) and ChunkChooser.for_batch(100).sizes == (100, 64)
-    idle = {256: 13000.0, 128: 9000.0, 64: 6000.0}  # an idle GPU: the engines want one large call
-    chosen = _chunk_run(ch, lambda s, b: idle[s], 64)
-    assert chosen[:3] == [256, 128, 64]  # each once, largest first
-    rest = chosen[3:]
-    # every 16th batch a neighbour of the best (only 128 here), otherwise the best
-    assert all(s == (128 if (3 + i) % 16 == 15 else 256) for i, s in enumerate(rest))
-    assert ch.best == 256
-
-
-def test_chunk_chooser_follows_a_change_of_load():
-    """Beside a training loop a large call waits far longer per image: the chooser moves to the
-    smaller size within a few of its explorations, and back when the load goes."""
-    from recordtool.decode.gpu.plan import ChunkChooser
-
-    idle = {256: 13000.0, 128: 9000.0, 64: 6000.0}
-    busy = {256: 700.0, 128: 2500.0, 64: 4500.0}
-    ch = ChunkChooser.for_batch(256)
-    chosen = _chunk_run(ch, lambda s, b: (idle if b < 40 or b >= 200 else busy)[s], 320)
-    assert chosen[150:200].count(64) >= 45 and ch.best == 256
-    assert chosen[300:].count(256) >= 18
-    # deterministic: the same measurements give the same choices
-    assert _chunk_run(ChunkChooser.for_batch(256), lambda s, b: (idle if b < 40 or b >= 200 else busy)[s], 320) == chosen
-    with pytest.raises(ValueError):
-        ChunkChooser(())
-
 @gpu
 @pytest.mark.parametrize("how", ["abandoned", "break", "collected"])
 def test_cuda_script_leaving_a_loader_exits_cleanly(packed_mix, tmp_path, how):

@@ -53,7 +53,7 @@ def _run(n, cap=8, fail_roi_at=None, batched_status=0):
 
 
 def test_submit_passes_what_the_ctypes_loop_passes():
-    (status, call, _, seconds, _), calls, batched, (host, length, rois, dst, pitch) = _run(5)
+    (status, call, _, seconds), calls, batched, (host, length, rois, dst, pitch) = _run(5)
     assert (status, call) == (0, 0) and seconds >= 0  # the time spent without the GIL
     # the reference loop: SetROI(params[k], x, y, w, h) per image, then one batched decode
     assert calls == [(1000 + k, *(int(v) for v in rois[k])) for k in range(5)]
@@ -65,9 +65,9 @@ def test_submit_passes_what_the_ctypes_loop_passes():
 
 
 def test_submit_reports_the_failing_call_and_stops():
-    (status, call, at, _, _), calls, batched, _ = _run(6, fail_roi_at=3)
+    (status, call, at, _), calls, batched, _ = _run(6, fail_roi_at=3)
     assert (status, call, at) == (2, 1, 3) and len(calls) == 4 and batched == []
-    (status, call, _, _, _), _, batched, _ = _run(4, batched_status=6)
+    (status, call, _, _), _, batched, _ = _run(4, batched_status=6)
     assert (status, call) == (6, 2) and len(batched) == 1
 
 
@@ -112,9 +112,6 @@ def test_submit_passes_three_planes_per_image():
                         np.zeros((3, 4), np.int64), np.zeros((3, 2), np.int64), np.zeros((3, 2), np.int64), 0, 4)
 
 
-INIT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int)
-
-
 INFO = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int),
                         ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int))
 
@@ -148,12 +145,11 @@ def test_infos_returns_what_image_info_returns_per_image():
         nvsubmit.infos(ctypes.cast(info, ctypes.c_void_p).value, 77, host, lengths[:2])
 
 
-def _hardware_decoder(cap, planar, fail_init_at=None, fail_dec_at=None):
-    """A HardwareDecoder over stand-ins for nvJPEG (no GPU): what reaches nvJPEG is recorded;
-    the `fail_init_at`-th Initialize and the `fail_dec_at`-th batched decode fail."""
+def _hardware_decoder(cap, planar):
+    """A HardwareDecoder over stand-ins for nvJPEG (no GPU): what reaches nvJPEG is recorded."""
     from recordtool.decode import nvjpeg
 
-    log = {"init": [], "roi": [], "batched": [], "calls": []}
+    log = {"init": [], "roi": [], "batched": []}
     channels = 3 if planar else 1
 
     @SET_ROI
@@ -167,24 +163,22 @@ def _hardware_decoder(cap, planar, fail_init_at=None, fail_dec_at=None):
         log["batched"].append(([data[k] for k in range(n)], [lengths[k] for k in range(n)],
                                [[(imgs[k].channel[c], imgs[k].pitch[c]) for c in range(channels)] for k in range(n)],
                                stream))
-        log["calls"].append(("dec", handle, state, [prm[k] for k in range(n)]))
-        return 6 if fail_dec_at is not None and len(log["batched"]) - 1 == fail_dec_at else 0
-
-    @INIT
-    def init(handle, state, n, threads, fmt):
-        log["init"].append(n)
-        log["calls"].append(("init", handle, state, n, threads, fmt))
-        return 9 if fail_init_at is not None and len(log["init"]) - 1 == fail_init_at else 0
+        return 0
 
     class Lib:
-        nvjpegDecodeParamsSetROI, nvjpegDecodeBatchedEx, nvjpegDecodeBatchedInitialize = set_roi, dec, init
+        nvjpegDecodeParamsSetROI, nvjpegDecodeBatchedEx = set_roi, dec
+
+        @staticmethod
+        def nvjpegDecodeBatchedInitialize(handle, state, n, threads, fmt):
+            log["init"].append(n)
+            return 0
 
     d = object.__new__(nvjpeg.HardwareDecoder)
     d.L, d.handle, d.state, d.max_batch = Lib, ctypes.c_void_p(11), ctypes.c_void_p(22), cap
     d.fmt = nvjpeg.OUTPUT_YUV if planar else nvjpeg.OUTPUT_RGBI
     d.params, d._ptrs, d._lens, d._imgs = _arrays(cap)
     d._batch = d._fns = None
-    d._keep = (set_roi, dec, init)
+    d._keep = (set_roi, dec)
     return d, log
 
 
@@ -193,7 +187,7 @@ def _hardware_decoder(cap, planar, fail_init_at=None, fail_dec_at=None):
 def test_hardware_decoder_same_calls_either_way(native, planar):
     """decode / decode_planes submit natively or through the ctypes loop: the same ROIs,
     pointers, lengths and destinations reach nvJPEG, the batched state is initialised once per
-    batch size, and an empty or oversized batch calls nothing."""
+    batch size (in one place, `_begin`), and an empty or oversized batch calls nothing."""
     d, log = _hardware_decoder(8, planar)
     rng = np.random.default_rng(1)
     call = d.decode_planes if planar else d.decode
@@ -221,58 +215,6 @@ def test_hardware_decoder_same_calls_either_way(native, planar):
         else:
             call(z, z, z4, z, z, 33, native=native)
     assert log["init"] == [5, 3]
-
-
-def _chunked(native, planar, chunk, sizes=(10, 10, 7), **fail):
-    """Batches of `sizes` through decode / decode_planes with `chunk`: the decoder's log, its
-    state's batch size after, and the status of the NvjpegError raised (None)."""
-    from recordtool.decode.nvjpeg import NvjpegError
-
-    d, log = _hardware_decoder(16, planar, **fail)
-    rng = np.random.default_rng(7)
-    status = None
-    for n in sizes:
-        host, length = rng.integers(1 << 20, 1 << 40, n), rng.integers(100, 10 ** 6, n)
-        rois = rng.integers(0, 4000, (n, 4))
-        dst, pitch = rng.integers(1 << 20, 1 << 40, (n, 3)), rng.integers(3, 9999, (n, 3))
-        try:
-            if planar:
-                d.decode_planes(host, length, dst, pitch, 33, rois=rois, native=native, chunk=chunk)
-            else:
-                d.decode(host, length, rois, dst[:, 0], pitch[:, 0], 33, native=native, chunk=chunk)
-        except NvjpegError as e:
-            status = e.status
-            break
-    return log, d._batch, status
-
-
-@pytest.mark.parametrize("planar", [False, True])
-@pytest.mark.parametrize("chunk", [0, 3, 4, 10, 64])
-def test_chunked_submit_makes_the_calls_the_ctypes_loop_makes(chunk, planar):
-    """The engines' batch in calls of at most `chunk` images (recordtool._nvsubmit.submit against
-    the ctypes loop, HardwareDecoder._batched): the same calls in the same order, each call's
-    arrays offset to its first image (each image its own params), the state initialised only
-    when a call's size differs from the one before."""
-    native, nb, ns = _chunked(True, planar, chunk)
-    ref, rb, rs = _chunked(False, planar, chunk)
-    assert (ns, rs) == (None, None) and native == ref and nb == rb
-    step = chunk or 10
-    want = [min(step, n - s) for n in (10, 10, 7) for s in range(0, n, step if chunk else n)]
-    assert [len(b[0]) for b in native["batched"]] == want
-    assert [e[3] for e in native["calls"] if e[0] == "init"] == [m for i, m in enumerate(want) if i == 0 or m != want[i - 1]]
-    first = [e for e in native["calls"] if e[0] == "dec"][:len(range(0, 10, step if chunk else 10))]
-    assert [p for e in first for p in e[3]] == [1000 + k for k in range(10)]
-
-
-@pytest.mark.parametrize("fail", [{"fail_init_at": 1}, {"fail_dec_at": 1}])
-def test_chunked_submit_stops_at_the_failing_call(fail):
-    """A failing Initialize or batched decode ends the batch there, either way, with nvJPEG's
-    status; after a failed Initialize the state's size is unknown (initialised again next time)."""
-    native, nb, ns = _chunked(True, False, 4, **fail)
-    ref, rb, rs = _chunked(False, False, 4, **fail)
-    assert native == ref and nb == rb and ns == rs == (9 if "fail_init_at" in fail else 6)
-    assert len(native["batched"]) == 2  # 4 + 4 images; the init for the last 2 fails, or the 2nd call
-    assert nb == (None if "fail_init_at" in fail else 4)
 
 
 def _hybrid_standins(log, fail_host_at=None):

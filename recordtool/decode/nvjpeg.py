@@ -277,25 +277,21 @@ class HardwareDecoder(_Handle):
         check("nvjpegDecodeBatchedPreAllocate", L.nvjpegDecodeBatchedPreAllocate(
             self.handle, self.state, batch, width, height, chroma, self.fmt))
 
-    def decode(self, host_ptrs, lengths, rois, dst_ptrs, dst_pitches, stream_ptr: int, native: bool = True,
-               chunk: int = 0) -> None:
+    def decode(self, host_ptrs, lengths, rois, dst_ptrs, dst_pitches, stream_ptr: int, native: bool = True) -> None:
         """Decode len(host_ptrs) JPEGs; ROI k = (x, y, w, h) lands at dst_ptrs[k] (RGBI, pitch).
 
         native: submit the batch in one GIL-free call (recordtool._nvsubmit) when it is built;
         False: the ctypes loop below, its reference (a ctypes call per image, each taking the GIL
-        back — hundreds of hand-offs a batch with a training loop on the main thread).
-        chunk: > 0 — nvJPEG's batched decode in calls of at most this many images (see
-        decode.gpu.plan.ChunkChooser); 0 — one call."""
+        back — hundreds of hand-offs a batch with a training loop on the main thread)."""
         if self.fmt != OUTPUT_RGBI:
             raise ValueError("a planar HardwareDecoder decodes with decode_planes")
         native = native and _nvsubmit is not None
-        n = self._count(host_ptrs, lengths)
+        n = self._begin(host_ptrs, lengths, fill=not native)
         if n == 0:
             return
         if native:
-            self._submit(host_ptrs, lengths, rois, dst_ptrs, dst_pitches, stream_ptr, chunk)
+            self._submit(host_ptrs, lengths, rois, dst_ptrs, dst_pitches, stream_ptr)
             return
-        self._fill(host_ptrs, lengths)
         L = self.L
         for k in range(n):
             x, y, w, h = (int(v) for v in rois[k])
@@ -303,27 +299,27 @@ class HardwareDecoder(_Handle):
             img = self._imgs[k]
             img.channel[0] = int(dst_ptrs[k])
             img.pitch[0] = int(dst_pitches[k])
-        self._batched(n, stream_ptr, chunk)
+        check("nvjpegDecodeBatchedEx", L.nvjpegDecodeBatchedEx(
+            self.handle, self.state, self._ptrs, self._lens, self._imgs, self.params, stream_ptr))
 
     def decode_planes(self, host_ptrs, lengths, planes, pitches, stream_ptr: int, rois=None,
-                      native: bool = True, chunk: int = 0) -> None:
+                      native: bool = True) -> None:
         """Decode len(host_ptrs) JPEGs as planar YUV: planes[k] = (Y, Cb, Cr) device pointers,
         pitches[k] their row bytes (each ≥ the plane's width: image_info for a whole image,
         gpu.roi.chroma_dims for a region). rois: (x, y, w, h) per image, the region to decode
-        (x, y on chroma samples, gpu.roi.plan_rois); None: whole images. native, chunk: as `decode`."""
+        (x, y on chroma samples, gpu.roi.plan_rois); None: whole images. native: as `decode`."""
         if self.fmt != OUTPUT_YUV:
             raise ValueError("an RGBI HardwareDecoder decodes with decode")
         native = native and _nvsubmit is not None
-        n = self._count(host_ptrs, lengths)
+        n = self._begin(host_ptrs, lengths, fill=not native)
         if n == 0:
             return
         rois = np.tile(np.array([0, 0, -1, -1], np.int64), (n, 1)) if rois is None else \
             np.asarray(rois, np.int64).reshape(n, 4)  # (0, 0, -1, -1): the params' ROI off
         if native:
             self._submit(host_ptrs, lengths, rois, np.asarray(planes, np.int64).reshape(n, 3),
-                         np.asarray(pitches, np.int64).reshape(n, 3), stream_ptr, chunk)
+                         np.asarray(pitches, np.int64).reshape(n, 3), stream_ptr)
             return
-        self._fill(host_ptrs, lengths)
         L = self.L
         for k in range(n):
             x, y, w, h = (int(v) for v in rois[k])
@@ -332,65 +328,39 @@ class HardwareDecoder(_Handle):
             for c in range(3):
                 img.channel[c] = int(planes[k][c])
                 img.pitch[c] = int(pitches[k][c])
-        self._batched(n, stream_ptr, chunk)
+        check("nvjpegDecodeBatchedEx", L.nvjpegDecodeBatchedEx(
+            self.handle, self.state, self._ptrs, self._lens, self._imgs, self.params, stream_ptr))
 
-    def _batched(self, n: int, stream_ptr: int, chunk: int) -> None:
-        """The ctypes path's batched decode of the n images in the call arrays: calls of at most
-        `chunk` images (0: one), each after (re)initialising the state for its size when that
-        changed — what recordtool._nvsubmit.submit does, call for call (its reference)."""
-        L, step = self.L, chunk if chunk > 0 else n
-        size = ctypes.sizeof(ctypes.c_void_p)
-        for s0 in range(0, n, step):
-            m = min(step, n - s0)
-            self._init(m)
-            check("nvjpegDecodeBatchedEx", L.nvjpegDecodeBatchedEx(
-                self.handle, self.state,
-                ctypes.cast(ctypes.addressof(self._ptrs) + s0 * size, ctypes.POINTER(ctypes.c_void_p)),
-                ctypes.cast(ctypes.addressof(self._lens) + s0 * ctypes.sizeof(ctypes.c_size_t),
-                            ctypes.POINTER(ctypes.c_size_t)),
-                ctypes.cast(ctypes.addressof(self._imgs) + s0 * ctypes.sizeof(Image), ctypes.POINTER(Image)),
-                ctypes.cast(ctypes.addressof(self.params) + s0 * size, ctypes.POINTER(ctypes.c_void_p)),
-                stream_ptr))
-
-    def _init(self, m: int) -> None:
-        if self._batch != m:
-            self._batch = None  # unknown until the call succeeds
-            check("nvjpegDecodeBatchedInitialize",
-                  self.L.nvjpegDecodeBatchedInitialize(self.handle, self.state, m, 1, self.fmt))
-            self._batch = m
-
-    def _submit(self, host_ptrs, lengths, rois, dst_ptrs, dst_pitches, stream_ptr: int, chunk: int = 0) -> None:
-        """The batch through recordtool._nvsubmit: ROIs, destinations ((n,) RGBI or (n, 3)
-        planes), pointers and lengths, the state's (re)initialisation and the batched decode (in
-        calls of at most `chunk` images) in one GIL-free call."""
+    def _submit(self, host_ptrs, lengths, rois, dst_ptrs, dst_pitches, stream_ptr: int) -> None:
+        """The batch through recordtool._nvsubmit (after `_begin`): ROIs, destinations ((n,)
+        RGBI or (n, 3) planes), pointers and lengths, and the batched decode in one GIL-free call."""
         L, n = self.L, len(host_ptrs)
         if self._fns is None:
-            self._fns = (_addr(L.nvjpegDecodeParamsSetROI), _addr(L.nvjpegDecodeBatchedEx),
-                         _addr(L.nvjpegDecodeBatchedInitialize))
-        status, call, at, self.last_native_seconds, batch = _nvsubmit.submit(
-            self._fns[0], self._fns[1], self.handle.value, self.state.value, ctypes.addressof(self.params),
+            self._fns = (_addr(L.nvjpegDecodeParamsSetROI), _addr(L.nvjpegDecodeBatchedEx))
+        status, call, at, self.last_native_seconds = _nvsubmit.submit(
+            *self._fns, self.handle.value, self.state.value, ctypes.addressof(self.params),
             ctypes.addressof(self._ptrs), ctypes.addressof(self._lens), ctypes.addressof(self._imgs),
             np.asarray(host_ptrs, np.int64), np.asarray(lengths, np.int64),
             np.asarray(rois, np.int64).reshape(n, 4), np.asarray(dst_ptrs, np.int64),
-            np.asarray(dst_pitches, np.int64), int(stream_ptr or 0), self.max_batch,
-            init=self._fns[2], chunk=int(chunk), format=self.fmt, batch_now=-1 if self._batch is None else self._batch)
-        self._batch = None if batch < 0 else int(batch)
+            np.asarray(dst_pitches, np.int64), int(stream_ptr or 0), self.max_batch)
         if status:
-            check({1: "nvjpegDecodeParamsSetROI", 2: "nvjpegDecodeBatchedEx"}.get(call, "nvjpegDecodeBatchedInitialize"),
-                  status)
+            check("nvjpegDecodeParamsSetROI" if call == 1 else "nvjpegDecodeBatchedEx", status)
 
-    def _count(self, host_ptrs, lengths) -> int:
-        """Check the batch size; returns n."""
+    def _begin(self, host_ptrs, lengths, fill: bool = True) -> int:
+        """Check the batch size, (re)initialise the batched state when n changed, and (fill, the
+        ctypes path) put the JPEGs' pointers and lengths into the call's arrays; returns n."""
         n = len(host_ptrs)
         if n > self.max_batch:
             raise ValueError(f"batch {n} > max_batch {self.max_batch}")
+        if n and self._batch != n:
+            check("nvjpegDecodeBatchedInitialize",
+                  self.L.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, self.fmt))
+            self._batch = n
+        if fill:
+            for k in range(n):
+                self._ptrs[k] = int(host_ptrs[k])
+                self._lens[k] = int(lengths[k])
         return n
-
-    def _fill(self, host_ptrs, lengths) -> None:
-        """The ctypes path: the JPEGs' pointers and lengths into the call's arrays."""
-        for k in range(len(host_ptrs)):
-            self._ptrs[k] = int(host_ptrs[k])
-            self._lens[k] = int(lengths[k])
 
     def close(self):
         if getattr(self, "handle", None):

@@ -25,7 +25,7 @@ from ...errors import ConfigError
 from ..spec import OutputSpec
 from . import kernel as K
 from .buffers import DecodeBuffers, OutputRing, planar_bytes
-from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, Chroma, ChunkChooser, Demand, Split, SplitPlanner, check_chroma,
+from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, Chroma, Demand, Split, SplitPlanner, check_chroma,
                    ends_with_eoi)
 from .roi import plan_rois
 
@@ -49,7 +49,6 @@ class BatchReport:
     errors: list = field(default_factory=list)  # (batch index, reason) of images nothing decoded
     seconds: float = 0.0
     stages: dict = field(default_factory=dict)  # seconds per stage of this call
-    chunk: int = 0  # images per call of the engines' batched decode (ChunkChooser)
 
     def as_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "errors"}
@@ -105,15 +104,6 @@ class GPUDecoder:
         # the engines' batch and the hybrid decoder's images each in one GIL-free call;
         # RECORDTOOL_GPU_SUBMIT=python: the ctypes loops (their reference)
         self.native_submit = _setting("SUBMIT", "native") == "native"
-        # images per call of the engines' batched decode: the whole share in one call (0).
-        # RECORDTOOL_GPU_CHUNK=N: calls of at most N; =auto: sizes measured where the Loader runs
-        # (ChunkChooser). Not the default: on the H200 a Loader with "auto" made no progress in
-        # training or alone (several calls back to back on one state, not waited for in between:
-        # suspected nvJPEG's state re-initialised while its previous call's work is in flight);
-        # the GPU suite's batches are ≤ 64 images, one call each
-        chunk = _setting("CHUNK", "0")
-        self.chunks = ChunkChooser.for_batch(self.max_batch) if chunk == "auto" else None
-        self.fixed_chunk = 0 if chunk == "auto" else _chunk_setting(chunk)
         self._own_pool = pool is None
         self.pool = cpu.new_pool_id(background=True) if pool is None else pool  # a CPU share: at low priority
         self.planner = SplitPlanner(split, demand=demand)
@@ -273,17 +263,14 @@ class GPUDecoder:
             ev_start, ev_decoded = self._ev_start, self._ev_decoded
             ev_start.record(self.stream)
             tg = time.perf_counter()
-            chunk = self.chunks.choose() if self.chunks is not None else self.fixed_chunk
             if len(plan.engine):
                 try:
-                    self._decode_engines(buffers, plan.engine, places, chunk)
+                    self._decode_engines(buffers, plan.engine, places)
                 except Exception as e:  # the engines refused the batch: the CPU takes it
                     hw_failed = plan.engine.tolist()
                     self.last_gpu_error = str(e)
             t_submit = time.perf_counter() - tg
             t_native = self.hw.last_native_seconds if len(plan.engine) and self.native_submit and self.hw else None
-            if self.chunks is not None and len(plan.engine) and not hw_failed:
-                self.chunks.observe(chunk, len(plan.engine), t_native or t_submit)
             ev_decoded.record(self.stream)
             t_cpu, errors = cpu_job.result()
             if hyb_job is not None:
@@ -321,7 +308,7 @@ class GPUDecoder:
                                 stages={"plan": t_plan - t0, "engines_submit": t_submit,
                                         "engines_native": t_native or 0.0, "cpu_decode": t_cpu,
                                         "hybrid_decode": t_hyb or 0.0, "wait": t_wait - t_plan,
-                                        "finish": t_end - t_wait}, chunk=chunk)
+                                        "finish": t_end - t_wait})
         return out
 
     def _place_planar(self, buffers, windows, plan):
@@ -372,9 +359,8 @@ class GPUDecoder:
                                    errors=errors, pool=self.pool)
         return time.perf_counter() - t, [(int(idx[i]), r) for i, r in errors]
 
-    def _decode_engines(self, buffers, idx, places, chunk: int = 0):
-        """Stage JPEG bytes in pinned memory, decode each window as an ROI into the arena, in
-        calls of at most `chunk` images (0: one call)."""
+    def _decode_engines(self, buffers, idx, places):
+        """Stage JPEG bytes in pinned memory, decode each window as an ROI into the arena."""
         bufs = [buffers[i] for i in idx]
         stage = self.buf.staging_np
         base = stage.ctypes.data
@@ -388,12 +374,12 @@ class GPUDecoder:
             ps = [places[int(i)] for i in idx]
             self.hw.decode_planes(base + np.asarray(offs, np.int64), [len(b) for b in bufs], [p[0] for p in ps],
                                   [p[1] for p in ps], self.stream.ptr, None if ps[0][3] is None else [p[3] for p in ps],
-                                  native=self.native_submit, chunk=chunk)
+                                  native=self.native_submit)
         else:
             rois, dst, pitch = places.take(idx)
             lengths = np.fromiter((len(b) for b in bufs), np.int64, len(bufs))
             self.hw.decode(base + np.asarray(offs, np.int64), lengths, rois, dst, pitch, self.stream.ptr,
-                           native=self.native_submit, chunk=chunk)
+                           native=self.native_submit)
 
     def _decode_hybrid(self, buffers, idx, places):
         """Hybrid-decode each window (Huffman on this thread, the rest on the hybrid stream);
@@ -437,16 +423,6 @@ class GPUDecoder:
 
 def _setting(name: str, default: str) -> str:
     return os.environ.get("RECORDTOOL_GPU_" + name, default)
-
-
-def _chunk_setting(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise ConfigError(f"RECORDTOOL_GPU_CHUNK must be auto or an integer ≥ 0, not {value!r}")
-    return n
 
 
 def _stream(cupy):
