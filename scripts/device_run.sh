@@ -7,7 +7,7 @@
 #          DALI is assembled and imported by every benchmark. A chained call on a warm machine may
 #          leave .whl and .carry behind (set RECORDTOOL_COMMIT): e.g. call 1 [.whl, .carry,
 #          .dali/dali-part-0], call 2 [.dali/dali-part-1, .dali/dali-extra], call 3 [.dali/dali-part-2].
-#   steps: STEPS="tests datafast trainbench gilprobe traincpu trainddp data384 transcode fidelity gpu gpu384 loader loader384 dist memory train decode format tune presets raypack ops"
+#   steps: STEPS="tests datafast trainbench gilprobe neighbour traincpu trainddp data384 transcode fidelity gpu gpu384 loader loader384 dist memory train decode format tune presets raypack ops"
 #   numba: .numba (NUMBA=1 scripts/prepare_device_carry.sh, ~45 MB) is installed into /tmp/site and
 #          kept while the machine stays warm: carry [".whl", ".carry", ".numba"] once (or ".numba"
 #          alone on a warm machine), before or without the DALI parts
@@ -209,6 +209,14 @@ if has gilprobe && fits gilprobe 90; then
       > "$OUT/gil_probe_$ms${GIL_TAG:-}.log" 2>&1 || echo "gilprobe $ms: exit $? (see gil_probe_$ms${GIL_TAG:-}.log)"
     tail -6 "$OUT/gil_probe_$ms${GIL_TAG:-}.log"
   done
+fi
+if has neighbour && fits neighbour 120; then
+  # issue 21: the producers' stages and the engines' batched decode alone and beside a GPU load
+  # (scripts/gpu_neighbour.py); NEIGHBOUR_ARGS replaces its default variants, loads and --micro
+  one_gpu timeout ${NEIGHBOUR_TIMEOUT:-240} $PY scripts/gpu_neighbour.py /tmp/bench-packed \
+    ${NEIGHBOUR_ARGS:---loads none train --micro --micro-loads none train --micro-sizes 64 256} \
+    --json "$OUT/neighbour.json" > "$OUT/neighbour.log" 2>&1 || echo "neighbour: exit $? (see neighbour.log)"
+  tail -30 "$OUT/neighbour.log"
 fi
 if has traincpu && fits traincpu 60; then
   # the CPU form on 2 of the cores (the dev machine's shape): a consumer spending CPU_MS of CPU per batch of 128

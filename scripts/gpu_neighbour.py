@@ -1,14 +1,15 @@
 """Where the GPU Loader's producers lose time beside a busy GPU: the Loader consumed alone and
 beside a thread that keeps ~`--queue-ms` of bf16 matmuls queued on the GPU (as an eager training
 loop keeps its steps queued ahead of the device) — on torch's default stream (what a training
-loop uses: CUDA's legacy default stream) or on a stream of its own.
+loop uses: CUDA's legacy default stream) or on a stream of its own — or that trains ResNet-50
+on one batch (`train`, or `train:ARCH`).
 
 A producer's stage that grows with the load only when the load is on the default stream waits
 for the legacy stream (an implicit synchronisation with all the training's queued work); one
 that grows with either waits for the SMs or for the device as a whole.
 
-    python scripts/gpu_neighbour.py PACKED --variant "" --variant chroma=interpolate \
-        --loads none default side --json OUT.json [--trace TRACE_DIR]
+    python scripts/gpu_neighbour.py PACKED --variant "" --variant chroma=replicate \
+        --loads none default side train --json OUT.json [--micro] [--trace TRACE_DIR]
 
 --trace profiles one variant beside the default-stream load with torch.profiler and prints the
 CUDA runtime / driver calls made off the main thread, longest first.
@@ -26,7 +27,7 @@ import time
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from recordtool import Loader  # noqa: E402
-from recordtool.tools.train_pipelines import endless, parse_options  # noqa: E402
+from recordtool.tools.train_pipelines import endless, option_env, parse_options  # noqa: E402
 
 
 class TrainLoad:
@@ -36,9 +37,9 @@ class TrainLoad:
     def __init__(self, arch: str = "resnet50", batch: int = 256, size: int = 224):
         import torch
 
-        from recordtool.tools.train_step import make_model
+        from recordtool.tools.train_step import make_model, train_step
 
-        self.torch = torch
+        self.torch, self._train_step = torch, train_step
         self.model, self.opt = make_model(arch, torch.device("cuda", 0), False)
         self.x = torch.randn(batch, 3, size, size, device="cuda").half().contiguous(memory_format=torch.channels_last)
         self.y = torch.randint(0, 1000, (batch,), device="cuda")
@@ -50,12 +51,7 @@ class TrainLoad:
         self.thread.start()
 
     def _step(self):
-        torch = self.torch
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(self.model(self.x), self.y)
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.opt.step()
+        self._train_step(self.model, self.opt, self.x, self.y)
 
     def _run(self):
         while not self.stop.is_set():
@@ -124,17 +120,8 @@ def measure(packed: str, spec: str, load: str, batches: int, warmup: int, batch:
     import torch
 
     opts = parse_options(spec)
-    envs = {k[4:]: str(opts.pop(k)) for k in list(opts) if k.startswith("env.")}  # env.NAME=VALUE: a setting
-    old_env = {k: os.environ.get(k) for k in envs}
-    os.environ.update(envs)
-    try:
+    with option_env(opts):  # env.NAME=VALUE: a setting read when the Loader is made
         ld = Loader(packed, batch_size=batch, size=size, device="cuda", dtype="float16", as_torch=True, **opts)
-    finally:
-        for k, v in old_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     it = endless(ld)
     ld_load = None
     try:
@@ -154,8 +141,9 @@ def measure(packed: str, spec: str, load: str, batches: int, warmup: int, batch:
         if ld_load:
             out["load_matmul_ms"] = round(ld_load.ms, 3)
             out["load_depth"] = ld_load.depth
-            out["load_busy"] = round((ld_load.launched - n0) * ld_load.ms / 1e3 / dt, 3)  # of the GPU, roughly
-            out["load_steps_s"] = round((ld_load.launched - n0) / dt, 2)
+            out["load_steps_s"] = round((ld_load.launched - n0) / dt, 2)  # matmuls or training steps
+            if ld_load.ms:  # the matmul load: the share of the GPU it kept busy, roughly
+                out["load_busy"] = round((ld_load.launched - n0) * ld_load.ms / 1e3 / dt, 3)
         return out
     finally:
         if ld_load:

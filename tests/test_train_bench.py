@@ -2,6 +2,7 @@
 pipeline runs through the CLI, the table and JSON report what was measured, a failing pipeline
 is reported as failed (never as a number), and the per-thread CPU accounting adds up."""
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -112,3 +113,19 @@ def test_a_pipeline_names_a_compiled_op_by_its_registry_name(data):
         assert x.shape[0] == 4
     finally:
         ld.close()
+
+
+def test_option_env_sets_the_env_pseudo_options_for_the_block_only(monkeypatch):
+    """`env.NAME=VALUE` in a pipeline's options (train_bench, gpu_neighbour): taken out of the
+    options, set while the block runs, and the environment as it was after — also on an error."""
+    from recordtool.tools.train_pipelines import option_env, parse_options
+
+    monkeypatch.setenv("RECORDTOOL_GPU_SYNC", "block")
+    monkeypatch.delenv("RECORDTOOL_GPU_PLANAR", raising=False)
+    opts = parse_options("split=gpu,env.RECORDTOOL_GPU_SYNC=spin,env.RECORDTOOL_GPU_PLANAR=whole")
+    with pytest.raises(RuntimeError):
+        with option_env(opts):
+            assert opts == {"split": "gpu"}
+            assert os.environ["RECORDTOOL_GPU_SYNC"] == "spin" and os.environ["RECORDTOOL_GPU_PLANAR"] == "whole"
+            raise RuntimeError("a run that fails")
+    assert os.environ["RECORDTOOL_GPU_SYNC"] == "block" and "RECORDTOOL_GPU_PLANAR" not in os.environ

@@ -39,7 +39,8 @@ import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 
-from .train_pipelines import Beside, dali, endless, make_loader, parse_options, synthetic, torchvision_folder
+from .train_pipelines import (Beside, dali, endless, make_loader, option_env, parse_options, synthetic,
+                              torchvision_folder)
 from .train_step import ARCH_SIZES, consume_cpu, release, train
 
 PIPELINES = ("synthetic", "recordtool", "synthetic+recordtool", "dali", "torchvision")
@@ -126,62 +127,55 @@ def run(packed: str, files: str | None = None, arch: str = "resnet18", size: int
             base, _, spec = name.partition(":")
             it, beside, closer, ld, taken = None, None, None, None, [0]
             opts = parse_options(spec)
-            # diagnostic pseudo-option: the interpreter's GIL switch interval during this run
-            envs = {k[4:]: str(opts.pop(k)) for k in list(opts) if k.startswith("env.")}
-            old_env = {k: os.environ.get(k) for k in envs}
-            os.environ.update(envs)
-            switch, old_switch = opts.pop("switch", None), sys.getswitchinterval()
-            if switch is not None:
-                sys.setswitchinterval(float(switch))
-            try:
-                if base == "synthetic":
-                    it = synthetic(batch, size, device, **opts)  # labels=pageable|pinned: a diagnostic
-                elif base == "recordtool":
-                    ld = make_loader(packed, batch, size, device, opts)
-                    it, closer = counted(endless(ld), taken), ld.close
-                elif base == "synthetic+recordtool":
-                    ld = make_loader(packed, batch, size, device, opts)
-                    beside = Beside(endless(ld))
-                    it, closer = beside.paced(synthetic(batch, size, device)), ld.close
-                elif base == "dali":
-                    if files is None:
-                        raise ValueError("dali needs the original files (--files)")
-                    it = dali(files, batch, size, threads, dali_load, device, op=opts.pop("op", None))
-                    if opts:
-                        raise ValueError(f"dali takes only op=NAME, not {', '.join(opts)}")
-                elif base == "torchvision":
-                    if files is None:
-                        raise ValueError("torchvision needs the original files (--files)")
-                    it = torchvision_folder(files, batch, size, threads)
-                else:
-                    raise ValueError(f"unknown pipeline {name!r} (one of {', '.join(PIPELINES)})")
-                if device == "cuda":
-                    rate, wait, cores = train(it, arch, steps, warmup, compile_)
-                else:
-                    rate, wait, cores = consume_cpu(it, steps, warmup, consumer_ms)
-                if ld is not None and taken[0]:  # where the producers' time per batch went (diagnostic)
-                    cores["loader_stage_ms_per_batch"] = {k: round(1e3 * v / taken[0], 3)
-                                                          for k, v in ld.stage_seconds.items()}
-                if beside is not None:
-                    b, beside = beside, None
-                    b.close()  # raises what failed beside
-                    cores["beside_batches"] = b.batches
-                r = Run(name, rate, wait, steps, cores=cores)
-            except Exception as e:  # a peer that cannot run here is reported, not fatal
-                r = Run(name, float("nan"), float("nan"), 0, f"{type(e).__name__}: {e}")
-            finally:
-                sys.setswitchinterval(old_switch)
-                for k, v in old_env.items():
-                    if v is None:
-                        os.environ.pop(k, None)
+            with option_env(opts):  # env.NAME=VALUE pseudo-options, set for this run
+                # diagnostic pseudo-option: the interpreter's GIL switch interval during this run
+                switch, old_switch = opts.pop("switch", None), sys.getswitchinterval()
+                if switch is not None:
+                    sys.setswitchinterval(float(switch))
+                try:
+                    if base == "synthetic":
+                        it = synthetic(batch, size, device, **opts)  # labels=pageable|pinned: a diagnostic
+                    elif base == "recordtool":
+                        ld = make_loader(packed, batch, size, device, opts)
+                        it, closer = counted(endless(ld), taken), ld.close
+                    elif base == "synthetic+recordtool":
+                        ld = make_loader(packed, batch, size, device, opts)
+                        beside = Beside(endless(ld))
+                        it, closer = beside.paced(synthetic(batch, size, device)), ld.close
+                    elif base == "dali":
+                        if files is None:
+                            raise ValueError("dali needs the original files (--files)")
+                        it = dali(files, batch, size, threads, dali_load, device, op=opts.pop("op", None))
+                        if opts:
+                            raise ValueError(f"dali takes only op=NAME, not {', '.join(opts)}")
+                    elif base == "torchvision":
+                        if files is None:
+                            raise ValueError("torchvision needs the original files (--files)")
+                        it = torchvision_folder(files, batch, size, threads)
                     else:
-                        os.environ[k] = v
-                if beside is not None:
-                    beside.close()
-                if closer is not None:
-                    closer()
-                del it
-                release(device)
+                        raise ValueError(f"unknown pipeline {name!r} (one of {', '.join(PIPELINES)})")
+                    if device == "cuda":
+                        rate, wait, cores = train(it, arch, steps, warmup, compile_)
+                    else:
+                        rate, wait, cores = consume_cpu(it, steps, warmup, consumer_ms)
+                    if ld is not None and taken[0]:  # where the producers' time per batch went (diagnostic)
+                        cores["loader_stage_ms_per_batch"] = {k: round(1e3 * v / taken[0], 3)
+                                                              for k, v in ld.stage_seconds.items()}
+                    if beside is not None:
+                        b, beside = beside, None
+                        b.close()  # raises what failed beside
+                        cores["beside_batches"] = b.batches
+                    r = Run(name, rate, wait, steps, cores=cores)
+                except Exception as e:  # a peer that cannot run here is reported, not fatal
+                    r = Run(name, float("nan"), float("nan"), 0, f"{type(e).__name__}: {e}")
+                finally:
+                    sys.setswitchinterval(old_switch)
+                    if beside is not None:
+                        beside.close()
+                    if closer is not None:
+                        closer()
+                    del it
+                    release(device)
             res.runs.append(r)
             log(f"  run {rep + 1}/{repeats} {name:<28} " + (f"{r.img_s:9,.0f} img/s  wait {r.wait_ms:6.1f} ms/step"
                                                            f"  cores {r.cores}"

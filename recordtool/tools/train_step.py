@@ -73,6 +73,18 @@ def make_model(arch: str, device, compile_: bool, ddp: bool = False):
     return step_model, opt
 
 
+def train_step(model, opt, x, y, cuda: bool = True) -> None:
+    """One SGD step on (x, y): bf16 autocast on cuda, cross-entropy on labels mod 1000; queued,
+    not waited for (the host runs ahead as an eager loop does)."""
+    import torch
+
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+        loss = torch.nn.functional.cross_entropy(model(x), y.long() % 1000)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
 def train(batches, arch: str, steps: int, warmup: int, compile_: bool, device: str = "cuda",
            ddp: bool = False) -> tuple:
     """Train `arch` with channels_last (bf16 autocast on cuda) on `batches` (an iterator of
@@ -96,11 +108,7 @@ def train(batches, arch: str, steps: int, warmup: int, compile_: bool, device: s
         if not x.is_contiguous(memory_format=torch.channels_last):
             x = x.contiguous(memory_format=torch.channels_last)
         y = y.to(dev, non_blocking=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
-            loss = torch.nn.functional.cross_entropy(model(x), y.long() % 1000)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        train_step(model, opt, x, y, cuda)
         if step >= warmup:
             seen += x.shape[0]
     sync()
