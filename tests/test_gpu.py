@@ -163,6 +163,41 @@ def test_native_submit_matches_the_ctypes_loop():
 
 
 @gpu
+@pytest.mark.parametrize("chroma", ["replicate", "interpolate"])
+def test_chunked_engine_calls_decode_what_one_call_decodes(monkeypatch, chroma):
+    """RECORDTOOL_GPU_CHUNK=N: the engines' images in nvJPEG calls of at most N (sizes that
+    differ, so the state is re-initialised between calls, each after the last call's work is
+    done) give the pixels of one call, bit for bit, batch after batch (a hang here is the
+    re-initialisation racing the previous call); a bad value is refused."""
+    from recordtool.decode.gpu import GPUDecoder
+    from recordtool.errors import ConfigError
+
+    bufs, sizes = _jpegs(29)
+    ids = np.arange(len(bufs))
+    flips = random_flips(ids, 2, 0)
+    outs = {}
+    for chunk in ("0", "4"):
+        monkeypatch.setenv("RECORDTOOL_GPU_CHUNK", chunk)
+        dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=32, split="gpu", chroma=chroma)
+        if dec.hw is None:
+            pytest.skip(f"no NVJPG engines: {dec.hw_error}")
+        assert dec.chunk == int(chunk)
+        got = []
+        for epoch in range(3):  # engine counts 1 + 4k and others: chunk sizes 3, 4 and 5 in turn
+            n = [29, 17, 22][epoch]
+            win = random_windows(sizes[:n, 0], sizes[:n, 1], ids[:n], 2, epoch)
+            got.append(cupy.asnumpy(dec(bufs[:n], win, flips[:n], _hw(bufs[:n]))).copy())
+            assert dec.last.gpu == int((_hw(bufs[:n]) == ENGINE).sum()) > 8, dec.last
+        outs[chunk] = got
+        dec.close()
+    for a, b in zip(outs["0"], outs["4"]):
+        assert np.array_equal(a, b)
+    monkeypatch.setenv("RECORDTOOL_GPU_CHUNK", "-1")
+    with pytest.raises(ConfigError, match="RECORDTOOL_GPU_CHUNK"):
+        GPUDecoder(OutputSpec(224), max_batch=8, split="gpu")
+
+
+@gpu
 def test_hybrid_off_sends_progressive_and_gray_to_cpu():
     from recordtool.decode.gpu import GPUDecoder
 
@@ -318,6 +353,7 @@ def test_cuda_loader_matches_cpu_loader_and_resumes(packed_mix):
             assert psnr((a * std + mean) * 255, (b * std + mean) * 255) >= 40
     split = gpu_loader.last_split
     assert split.gpu + split.hybrid + split.cpu == split.n
+    assert sum(gpu_loader.decoded.values()) == 41 and set(gpu_loader.decoded) == {"gpu", "hybrid", "cpu"}
     # resume mid-epoch on the GPU: the same batches as the uninterrupted run (bit for bit with a
     # fixed split; the auto split moves images between engines and CPU by measured speed)
     kw["split"] = "gpu"
@@ -396,14 +432,14 @@ def test_planner_routes_eoi_and_fixed_splits():
         SplitPlanner(1.5)
 
 
-def test_demand_keeps_the_cpu_share_to_what_the_consumer_waits_for():
+def test_demand_engines_first_keeps_the_cpu_share_to_what_the_consumer_waits_for():
     """Engines first: with a consumer that never waits the CPU takes no engine image whatever
     the measured rates say; while it waits, the CPU share grows up to the balanced one."""
     from recordtool.decode.gpu import Demand, SplitPlanner
 
     routes = np.array([ENGINE] * 90 + [CPU] * 10, np.int8)
     eoi = np.ones(100, bool)
-    demand = Demand()
+    demand = Demand(first="engines")
     p = SplitPlanner("auto", demand=demand)
     p.observe(100, 50, 0.01, 50, 0.01)  # equal rates: balanced share 0.5
     assert p.cpu_fraction == pytest.approx(0.5)
@@ -421,8 +457,46 @@ def test_demand_keeps_the_cpu_share_to_what_the_consumer_waits_for():
     assert demand.allowed == demand.ceiling and len(p.plan(routes, eoi).cpu) == 50  # the balanced share caps it
     demand.observe(wait=0.0005, interval=0.05)  # under the threshold: not waiting
     assert demand.allowed == pytest.approx(demand.ceiling - demand.down)
-    fixed = SplitPlanner(0.25, demand=Demand())  # a fixed split is what the user asked for
+    fixed = SplitPlanner(0.25, demand=Demand(first="engines"))  # a fixed split is what the user asked for
     assert len(fixed.plan(routes, eoi).cpu) == 25
+
+
+def test_demand_cpu_first_gives_the_engines_only_what_the_consumer_waits_for():
+    """The CPU first (the Loader's default): with a consumer that never waits the engines take
+    nothing whatever the rates say (hybrid images but the two that keep its rate measured go to
+    the CPU too); while it waits, the engines' share grows up to the balanced split; when the
+    waiting stops it shrinks back."""
+    from recordtool.decode.gpu import Demand, SplitPlanner
+
+    assert Demand().first == "cpu"
+    with pytest.raises(ValueError):
+        Demand(first="gpu")
+    routes = np.array([ENGINE] * 80 + [HYBRID] * 10 + [CPU] * 10, np.int8)
+    eoi = np.ones(100, bool)
+    demand = Demand()
+    p = SplitPlanner("auto", demand=demand)
+    plan = p.plan(routes, eoi)  # nothing measured, nobody waited: the CPU takes the engines' images
+    assert len(plan.engine) == 0 and len(plan.cpu) == 90 and len(plan.hybrid) == 10
+    p.observe(100, 40, 0.01, 40, 0.01, 10, 0.01)  # equal rates: balanced share 0.5
+    assert p.cpu_fraction == pytest.approx(0.5)
+    for _ in range(20):
+        demand.observe(wait=0.0, interval=0.05)
+    plan = p.plan(routes, eoi)
+    assert len(plan.engine) == 0 and len(plan.hybrid) == 2 and len(plan.cpu) == 98
+    for _ in range(2):  # a consumer waiting 20 ms of each 50 ms step
+        demand.observe(wait=0.02, interval=0.05)
+    assert demand.allowed == pytest.approx(0.2)
+    plan = p.plan(routes, eoi)
+    assert len(plan.cpu) == 80 and len(plan.engine) == 20 - len(plan.hybrid)
+    for _ in range(20):
+        demand.observe(wait=0.02, interval=0.05)
+    assert demand.allowed == demand.ceiling
+    plan = p.plan(routes, eoi)  # the balanced share caps the engines' share
+    assert len(plan.cpu) == 50 and len(plan.engine) == 40
+    for _ in range(30):
+        demand.observe(wait=0.0005, interval=0.05)  # under the threshold: not waiting
+    assert demand.allowed == pytest.approx(demand.ceiling - 30 * demand.down)
+    assert len(p.plan(routes, eoi).cpu) == 60  # the engines' share shrinks below the balanced one
 
 
 def test_planner_auto_split_follows_measured_rates():

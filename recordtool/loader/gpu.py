@@ -102,10 +102,15 @@ class GPUBatcher:
         self._raw_spec = dataclasses.replace(spec, dtype="uint8", layout="NHWC", memory_format="contiguous")
         self._normalize = kernel(spec.dtype, spec.buffer_layout) if user_op is not None else None
         from ..decode.gpu.plan import Demand
+        from ..errors import ConfigError
 
-        # engines first: the CPU takes a share of their images only while the consumer waits
-        # (RECORDTOOL_GPU_DEMAND=off: the share follows measured rates alone, for measurements)
-        self.demand = None if os.environ.get("RECORDTOOL_GPU_DEMAND") == "off" else Demand()
+        # the CPU first: the engines take a share of the batch only while the consumer waits
+        # (plan.Demand says why). RECORDTOOL_GPU_DEMAND=engines: the engines first, the CPU while
+        # it waits; =off: the share follows measured rates alone (both for measurements)
+        first = os.environ.get("RECORDTOOL_GPU_DEMAND", "cpu")
+        if first not in ("cpu", "engines", "off"):
+            raise ConfigError(f"RECORDTOOL_GPU_DEMAND must be cpu, engines or off, not {first!r}")
+        self.demand = None if first == "off" else Demand(first=first)
 
     def consumer_waited(self, wait: float, interval: float) -> None:
         """The consumer's wait for its last batch (EpochIterator), steering the CPU share."""

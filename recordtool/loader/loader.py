@@ -204,7 +204,8 @@ class Loader:
         self._stream = None  # the BatchStream the next iteration may take up
         self.bad_records: dict = {}  # record id → reason (on_error "warn" / "skip")
         self.last_split = None  # cuda: the last yielded batch's BatchReport
-        self.stage_seconds: dict = {}  # producer-side seconds per stage, summed over yielded batches
+        # producer-side seconds per stage, and (cuda) images per decoder, summed over yielded batches
+        self.stage_seconds, self.decoded = {}, {}
         recipe = Recipe(self.ds, self.train, self.spec, self.seed)
         # batches alive at once: queued (producers × prefetch), being made (producers), and the
         # consumer's current and previous one; each as large as the largest batch this rank makes
@@ -317,8 +318,7 @@ class EpochIterator:
         self.loader, self.epoch, self._stream = loader, epoch, stream
         self._next, self._count = start, len(loader)
         loader._yielded = start
-        self._last = None  # when the previous batch was handed out
-        self.finished = False
+        self._last, self.finished = None, False  # _last: when the previous batch was handed out
 
     def __iter__(self):
         return self
@@ -347,7 +347,8 @@ class EpochIterator:
             steer(now - t, now - self._last)
         self._last = now
         if made.report is not None:
-            ld.last_split = made.report
+            ld.last_split = r = made.report
+            ld.decoded = {side: ld.decoded.get(side, 0) + getattr(r, side) for side in ("gpu", "hybrid", "cpu")}
         for k, v in made.stages.items():
             ld.stage_seconds[k] = ld.stage_seconds.get(k, 0.0) + v
         if made.errors:
@@ -382,8 +383,7 @@ class EpochIterator:
             from ..decode.gpu import to_torch
 
             with torch.cuda.device(ld.gpu_id):  # complete, or torch's stream waits for it (made.ready)
-                # a plain copy: host labels were measured to cost the training loop nothing
-                # (train_bench synthetic:labels=pageable against pinned)
+                # labels: a plain copy, measured to cost the training loop no more than pinned ones
                 x, y = to_torch(images), torch.from_numpy(labels).cuda(ld.gpu_id, non_blocking=True)
         if ld.spec.dtype == "bfloat16":
             x = x.view(torch.bfloat16)  # the uint16 bits as what they are (no copy)

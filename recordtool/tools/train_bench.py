@@ -161,6 +161,8 @@ def run(packed: str, files: str | None = None, arch: str = "resnet18", size: int
                     if ld is not None and taken[0]:  # where the producers' time per batch went (diagnostic)
                         cores["loader_stage_ms_per_batch"] = {k: round(1e3 * v / taken[0], 3)
                                                               for k, v in ld.stage_seconds.items()}
+                        if ld.decoded:  # where the images were decoded (the split the Loader chose)
+                            cores["decoded"] = dict(ld.decoded)
                     if beside is not None:
                         b, beside = beside, None
                         b.close()  # raises what failed beside

@@ -104,6 +104,8 @@ class GPUDecoder:
         # the engines' batch and the hybrid decoder's images each in one GIL-free call;
         # RECORDTOOL_GPU_SUBMIT=python: the ctypes loops (their reference)
         self.native_submit = _setting("SUBMIT", "native") == "native"
+        # RECORDTOOL_GPU_CHUNK=N: the engines' images in nvJPEG calls of at most N (0: one call)
+        self.chunk = _count_setting("CHUNK", 0)
         self._own_pool = pool is None
         self.pool = cpu.new_pool_id(background=True) if pool is None else pool  # a CPU share: at low priority
         self.planner = SplitPlanner(split, demand=demand)
@@ -360,7 +362,9 @@ class GPUDecoder:
         return time.perf_counter() - t, [(int(idx[i]), r) for i, r in errors]
 
     def _decode_engines(self, buffers, idx, places):
-        """Stage JPEG bytes in pinned memory, decode each window as an ROI into the arena."""
+        """Stage JPEG bytes in pinned memory, decode each window as an ROI into the arena: in one
+        nvJPEG call, or (self.chunk) in calls of at most that many images, each after the
+        previous one's work is done (the state is re-initialised for a new call size)."""
         bufs = [buffers[i] for i in idx]
         stage = self.buf.staging_np
         base = stage.ctypes.data
@@ -370,16 +374,25 @@ class GPUDecoder:
             offs = np.cumsum([0] + [(len(b) + 63) // 64 * 64 for b in bufs[:-1]])
             for o, b in zip(offs, bufs):
                 stage[o:o + len(b)] = np.frombuffer(b, np.uint8)
-        if self.planar:
-            ps = [places[int(i)] for i in idx]
-            self.hw.decode_planes(base + np.asarray(offs, np.int64), [len(b) for b in bufs], [p[0] for p in ps],
-                                  [p[1] for p in ps], self.stream.ptr, None if ps[0][3] is None else [p[3] for p in ps],
-                                  native=self.native_submit)
-        else:
-            rois, dst, pitch = places.take(idx)
-            lengths = np.fromiter((len(b) for b in bufs), np.int64, len(bufs))
-            self.hw.decode(base + np.asarray(offs, np.int64), lengths, rois, dst, pitch, self.stream.ptr,
-                           native=self.native_submit)
+        ptrs = base + np.asarray(offs, np.int64)
+        lengths = np.fromiter((len(b) for b in bufs), np.int64, len(bufs))
+        n = len(idx)
+        parts = np.array_split(np.arange(n), -(-n // self.chunk)) if self.chunk and n > self.chunk else [slice(None)]
+        native = 0.0
+        for k, part in enumerate(parts):
+            if k:
+                self.stream.synchronize()
+            if self.planar:
+                ps = [places[int(i)] for i in idx[part]]
+                self.hw.decode_planes(ptrs[part], lengths[part], [p[0] for p in ps], [p[1] for p in ps],
+                                      self.stream.ptr, None if ps[0][3] is None else [p[3] for p in ps],
+                                      native=self.native_submit)
+            else:
+                rois, dst, pitch = places.take(idx[part])
+                self.hw.decode(ptrs[part], lengths[part], rois, dst, pitch, self.stream.ptr, native=self.native_submit)
+            native += self.hw.last_native_seconds or 0.0
+        if self.native_submit:
+            self.hw.last_native_seconds = native
 
     def _decode_hybrid(self, buffers, idx, places):
         """Hybrid-decode each window (Huffman on this thread, the rest on the hybrid stream);
@@ -423,6 +436,18 @@ class GPUDecoder:
 
 def _setting(name: str, default: str) -> str:
     return os.environ.get("RECORDTOOL_GPU_" + name, default)
+
+
+def _count_setting(name: str, default: int) -> int:
+    """An integer ≥ 0 from RECORDTOOL_GPU_<name> (for measurements), checked here."""
+    raw = _setting(name, str(default))
+    try:
+        v = int(raw)
+    except ValueError:
+        v = -1
+    if v < 0:
+        raise ConfigError(f"RECORDTOOL_GPU_{name} must be an integer ≥ 0, not {raw!r}")
+    return v
 
 
 def _stream(cupy):

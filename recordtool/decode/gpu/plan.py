@@ -30,7 +30,8 @@ HW_CHROMA = (CHROMA_444, CHROMA_422, CHROMA_420, CHROMA_440)
 
 Split = Union[Literal["auto", "gpu", "cpu"], float]
 """How images the engines could take are shared with the CPU: "auto" follows measured rates so
-both sides finish together; "gpu" sends them all to the engines (bit-identical runs); "cpu"
+both sides finish together, or in a Loader the consumer's need (`Demand`: the CPU first, the
+engines while the training loop waits); "gpu" sends them all to the engines (bit-identical runs); "cpu"
 decodes everything on the CPU; a float in [0, 1] fixes the CPU's share."""
 
 
@@ -125,29 +126,45 @@ class Rates:
             setattr(self, side, r if old is None else (1 - self.alpha) * old + self.alpha * r)
 
 
+DemandFirst = Literal["cpu", "engines"]
+
+
 @dataclass
 class Demand:
-    """How much of the engines' work the CPU may take (split="auto"), steered by the consumer:
-    engines first; the CPU share grows only while the training loop waits for batches, and
-    gives its cores back while it does not. Measured rates alone cannot say whether the CPU is
-    needed: a loader that keeps ahead of the model should leave the cores to the training loop
-    (its Python thread launching kernels), not balance two sides for a speed nobody consumes.
+    """How split="auto" shares the engines' images with the CPU, steered by the consumer: one
+    side decodes what it can, the other takes a share only while the training loop waits for
+    batches, up to the share where both sides would finish together (the measured rates), and
+    gives it back while the loop does not wait. Measured rates alone cannot say whether the
+    second side is needed: a loader that keeps ahead of the model should leave the model what it
+    uses, not balance two sides for a speed nobody consumes.
+
+    first="cpu" (the default): the CPU first, the engines for what it cannot give. nvJPEG's
+    hardware decode runs per-image kernels on the SMs at the model's priority and blocks on
+    them, so beside a training loop its images cost the model more than the CPU share's one copy
+    and one kernel (BENCHMARKS.md); the decode threads run at low priority and yield the cores.
+    first="engines": the engines first, the CPU for what they cannot give.
 
     One per Loader, shared by its producers' planners; written only by the consumer's thread
     (`observe`), read by the producers (a float: atomic under the GIL).
 
     Args:
-        allowed: the CPU's largest share now (0..ceiling).
+        first: the side that decodes first ("cpu" or "engines").
+        allowed: the other side's largest share now (0..ceiling).
         up, down: how far one batch the consumer waited for / did not wait for moves it.
         ceiling: the share it never passes.
         threshold: the wait, as a fraction of the time between two batches, that counts as waiting.
     """
 
+    first: DemandFirst = "cpu"
     allowed: float = 0.0
     up: float = 0.1
     down: float = 0.02
-    ceiling: float = 0.9
+    ceiling: float = 1.0
     threshold: float = 0.02
+
+    def __post_init__(self):
+        if self.first not in ("cpu", "engines"):
+            raise ValueError(f"Demand.first must be 'cpu' or 'engines', not {self.first!r}")
 
     def observe(self, wait: float, interval: float) -> None:
         """The consumer waited `wait` s for its batch, `interval` s after the previous one."""
@@ -155,6 +172,12 @@ class Demand:
             self.allowed = min(self.ceiling, self.allowed + self.up)
         else:
             self.allowed = max(0.0, self.allowed - self.down)
+
+    def cpu_share(self, balanced: float) -> float:
+        """The CPU's share of a batch, given the share that balances the measured rates."""
+        if self.first == "cpu":
+            return max(balanced, 1.0 - self.allowed)
+        return min(balanced, self.allowed)
 
 
 @dataclass
@@ -165,8 +188,8 @@ class SplitPlanner:
         split: see `Split`.
         engines: the NVJPG engines are usable here.
         hybrid: the hybrid decoder is usable (else progressive / gray go to the CPU).
-        demand: with split="auto", caps the CPU share by what the consumer needs (`Demand`);
-            None: the share follows the measured rates alone.
+        demand: with split="auto", which side decodes first and how much the consumer needs of
+            the other (`Demand`); None: the share follows the measured rates alone.
     """
 
     split: Split = "auto"
@@ -191,7 +214,7 @@ class SplitPlanner:
         hyb = np.nonzero(routes == HYBRID)[0] if self.hybrid else np.zeros(0, np.int64)
         share = self.cpu_fraction
         if self.split == "auto" and self.demand is not None:
-            share = min(share, self.demand.allowed)
+            share = self.demand.cpu_share(share)
         rh, rg = self.rates.hybrid, self.rates.gpu
         if self.split == "auto" and rh and rg and len(hyb) > 2:
             # the hybrid decoder's Huffman pass is one thread: give it what it finishes while the
