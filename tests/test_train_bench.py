@@ -129,3 +129,20 @@ def test_option_env_sets_the_env_pseudo_options_for_the_block_only(monkeypatch):
             assert os.environ["RECORDTOOL_GPU_SYNC"] == "spin" and os.environ["RECORDTOOL_GPU_PLANAR"] == "whole"
             raise RuntimeError("a run that fails")
     assert os.environ["RECORDTOOL_GPU_SYNC"] == "block" and "RECORDTOOL_GPU_PLANAR" not in os.environ
+
+
+def test_split_state_reports_the_planner_and_the_demand():
+    """The training benchmark's split diagnostic reads a cuda Loader's last BatchReport and its
+    Demand (plain objects here: no GPU needed)."""
+    from types import SimpleNamespace
+
+    from recordtool.decode.gpu.decoder import BatchReport
+    from recordtool.decode.gpu.plan import Demand
+    from recordtool.tools.train_bench import split_state
+
+    rep = BatchReport(n=10, gpu=4, cpu=6, cpu_fraction=0.61234, gpu_rate=4000.4, cpu_rate=None)
+    ld = SimpleNamespace(last_split=rep, batcher=SimpleNamespace(demand=Demand(allowed=0.25)))
+    assert split_state(ld) == {"balanced_cpu": 0.612, "gpu_rate": 4000, "cpu_rate": None, "first": "cpu",
+                               "allowed": 0.25}
+    ld.batcher = SimpleNamespace()  # RECORDTOOL_GPU_DEMAND=off: no Demand
+    assert "allowed" not in split_state(ld)

@@ -163,6 +163,7 @@ def run(packed: str, files: str | None = None, arch: str = "resnet18", size: int
                                                               for k, v in ld.stage_seconds.items()}
                         if ld.decoded:  # where the images were decoded (the split the Loader chose)
                             cores["decoded"] = dict(ld.decoded)
+                            cores["split"] = split_state(ld)
                     if beside is not None:
                         b, beside = beside, None
                         b.close()  # raises what failed beside
@@ -183,6 +184,17 @@ def run(packed: str, files: str | None = None, arch: str = "resnet18", size: int
                                                            f"  cores {r.cores}"
                                                            if r.error is None else f"failed: {r.error}"))
     return res
+
+
+def split_state(ld) -> dict:
+    """A cuda Loader's split after its last batch: the planner's balanced CPU share, its rates
+    (img/s per producer) and the consumer-steered share of the second side (plan.Demand)."""
+    r, demand = ld.last_split, getattr(ld.batcher, "demand", None)
+    out = {"balanced_cpu": round(r.cpu_fraction, 3), "gpu_rate": r.gpu_rate and round(r.gpu_rate),
+           "cpu_rate": r.cpu_rate and round(r.cpu_rate)}
+    if demand is not None:
+        out.update(first=demand.first, allowed=round(demand.allowed, 3))
+    return out
 
 
 def table(res: Result) -> str:
