@@ -111,12 +111,21 @@ def _reap(workers) -> None:
             os.kill(w, signal.SIGKILL)
 
 
-def _start_pack(src, out, action: str, fault: str = "record:1"):
+# the driver starts with SIGTERM and SIGHUP at their default action (or ignored: "ignore"),
+# whatever this process inherited (a run under nohup ignores SIGHUP, and exec keeps that)
+_WITH_SIGNALS = ("import os, signal, sys; [signal.signal(s, signal.SIG_IGN if sys.argv[1] == 'ignore' else "
+                 "signal.SIG_DFL) for s in (signal.SIGTERM, signal.SIGHUP)]; os.execv(sys.executable, "
+                 "[sys.executable] + sys.argv[2:])")
+
+
+def _start_pack(src, out, action: str, fault: str = "record:1", signals: str = "default"):
     """A planned process-engine pack whose workers are slowed ("slow": 0.5 s per record, still
-    checking the stop event) or hung ("hang") from their first record; returns once both
-    workers are writing part files (and their pids)."""
+    checking the stop event) or hung ("hang") from their first record, its driver's SIGTERM and
+    SIGHUP at their default action (or `signals="ignore"`); returns once both workers are
+    writing part files (and their pids)."""
     env = dict(os.environ, RECORDTOOL_FAULT=fault, RECORDTOOL_FAULT_ACTION=action)
-    p = subprocess.Popen(CLI + ["--engine", "process", "--workers", "2", "--shards", "4", str(src), str(out)], env=env)
+    p = subprocess.Popen([sys.executable, "-c", _WITH_SIGNALS, signals] + CLI[1:]
+                         + ["--engine", "process", "--workers", "2", "--shards", "4", str(src), str(out)], env=env)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         partial = out / ".partial"
@@ -144,6 +153,22 @@ def test_sigterm_or_sighup_stops_the_process_engines_workers(src, tmp_path, sig)
     assert not (out / "manifest.json").exists()
     subprocess.run(CLI + ["--shards", "4", str(src), str(out)], check=True, timeout=300)
     assert tree(out) == expected
+
+
+def test_a_signal_the_caller_ignores_is_left_ignored(src, tmp_path):
+    """pack handles SIGTERM / SIGHUP only where they have their default action: a driver
+    started with them ignored (nohup, a supervisor's choice) packs on to the end."""
+    from recordtool.verify import verify
+
+    out = tmp_path / "out"
+    p, workers = _start_pack(src, out, "slow", signals="ignore")
+    try:
+        assert len(workers) == 2
+        p.send_signal(signal.SIGHUP)
+        assert p.wait(timeout=120) == 0
+    finally:
+        _reap(workers)
+    assert verify(str(out)).ok
 
 
 def test_workers_die_with_a_killed_driver(src, tmp_path):
