@@ -155,7 +155,8 @@ def test_sigterm_or_sighup_stops_the_process_engines_workers(src, tmp_path, sig)
     assert tree(out) == expected
 
 
-def test_a_signal_the_caller_ignores_is_left_ignored(src, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_the_caller_ignores_is_left_ignored(src, tmp_path, sig):
     """pack handles SIGTERM / SIGHUP only where they have their default action: a driver
     started with them ignored (nohup, a supervisor's choice) packs on to the end."""
     from recordtool.verify import verify
@@ -164,7 +165,7 @@ def test_a_signal_the_caller_ignores_is_left_ignored(src, tmp_path):
     p, workers = _start_pack(src, out, "slow", signals="ignore")
     try:
         assert len(workers) == 2
-        p.send_signal(signal.SIGHUP)
+        p.send_signal(sig)
         assert p.wait(timeout=120) == 0
     finally:
         _reap(workers)
