@@ -117,11 +117,19 @@ class Load:
 
 def measure(packed: str, spec: str, load: str, batches: int, warmup: int, batch: int, size: int,
             queue_ms: float) -> dict:
+    """The Loader of variant `spec` consumed for `batches` batches beside `load` (none, default,
+    side, train[:ARCH]): img/s and the producers' stage ms per batch."""
+    opts = parse_options(spec)
+    # env.NAME=VALUE: set for the whole measurement — the producers make their decoders (which
+    # read RECORDTOOL_GPU_* settings) at their first batch, after the Loader is made
+    with option_env(opts):
+        return _measure(packed, opts, spec, load, batches, warmup, batch, size, queue_ms)
+
+
+def _measure(packed, opts, spec, load, batches, warmup, batch, size, queue_ms) -> dict:
     import torch
 
-    opts = parse_options(spec)
-    with option_env(opts):  # env.NAME=VALUE: a setting read when the Loader is made
-        ld = Loader(packed, batch_size=batch, size=size, device="cuda", dtype="float16", as_torch=True, **opts)
+    ld = Loader(packed, batch_size=batch, size=size, device="cuda", dtype="float16", as_torch=True, **opts)
     it = endless(ld)
     ld_load = None
     try:
@@ -156,10 +164,18 @@ def trace(packed: str, spec: str, batch: int, size: int, queue_ms: float, outdir
           trace_load: str = "default") -> list:
     """torch.profiler over a few batches beside the default-stream load: the CUDA calls made
     off the main thread (the producers), by total time."""
+    opts = parse_options(spec)
+    with option_env(opts):  # for the whole trace, as in `measure`
+        path = _trace(packed, opts, batch, size, queue_ms, outdir, trace_load)
+    with open(path) as f:
+        events = json.load(f).get("traceEvents", [])
+    return _calls(events, top)
+
+
+def _trace(packed, opts, batch, size, queue_ms, outdir, trace_load) -> str:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    opts = parse_options(spec)
     ld = Loader(packed, batch_size=batch, size=size, device="cuda", dtype="float16", as_torch=True, **opts)
     it = endless(ld)
     lo = make_load(trace_load, queue_ms)
@@ -180,8 +196,11 @@ def trace(packed: str, spec: str, batch: int, size: int, queue_ms: float, outdir
     finally:
         lo.close()
         ld.close()
-    with open(path) as f:
-        events = json.load(f).get("traceEvents", [])
+    return path
+
+
+def _calls(events, top: int) -> list:
+    """The trace's CUDA calls made off the main thread (the producers) and the device work, by total time."""
     main_tid = threading.main_thread().native_id
     agg: dict = {}
     for e in events:
