@@ -182,12 +182,23 @@ def test_chunked_engine_calls_decode_what_one_call_decodes(monkeypatch, chroma):
         if dec.hw is None:
             pytest.skip(f"no NVJPG engines: {dec.hw_error}")
         assert dec.chunk == int(chunk)
+        calls = []  # images per nvJPEG call
+        name = "decode_planes" if dec.planar else "decode"
+        real = getattr(dec.hw, name)
+        monkeypatch.setattr(dec.hw, name, lambda ptrs, *a, **k: (calls.append(len(ptrs)), real(ptrs, *a, **k))[1])
         got = []
-        for epoch in range(3):  # engine counts 1 + 4k and others: chunk sizes 3, 4 and 5 in turn
+        for epoch in range(3):  # engine counts of 21, 12 and 15: calls of 3 and 4 images with chunks of 4
             n = [29, 17, 22][epoch]
             win = random_windows(sizes[:n, 0], sizes[:n, 1], ids[:n], 2, epoch)
+            calls.clear()
             got.append(cupy.asnumpy(dec(bufs[:n], win, flips[:n], _hw(bufs[:n]))).copy())
-            assert dec.last.gpu == int((_hw(bufs[:n]) == ENGINE).sum()) > 8, dec.last
+            m = int((_hw(bufs[:n]) == ENGINE).sum())
+            assert dec.last.gpu == m > 8, dec.last
+            if chunk == "0":
+                assert calls == [m]
+            else:  # as equal as they can be, none over 4
+                assert sum(calls) == m and len(calls) == -(-m // 4) and max(calls) - min(calls) <= 1
+                assert max(calls) <= 4
         outs[chunk] = got
         dec.close()
     for a, b in zip(outs["0"], outs["4"]):
@@ -497,6 +508,52 @@ def test_demand_cpu_first_gives_the_engines_only_what_the_consumer_waits_for():
         demand.observe(wait=0.0005, interval=0.05)  # under the threshold: not waiting
     assert demand.allowed == pytest.approx(demand.ceiling - 30 * demand.down)
     assert len(p.plan(routes, eoi).cpu) == 60  # the engines' share shrinks below the balanced one
+
+
+def test_demand_cpu_first_measures_the_engines_on_small_batches():
+    """The CPU first with the CPU's rate known and the engines' not: the engines' share follows
+    the demand alone (not the half-and-half placeholder balance), so a consumer that waits gets
+    them on batches too small for half of one to measure a rate; then the balance takes over.
+    Bad Demand values are ConfigErrors (ValueErrors too)."""
+    from recordtool.decode.gpu import Demand, SplitPlanner
+    from recordtool.errors import ConfigError
+
+    routes = np.array([ENGINE] * 12, np.int8)
+    eoi = np.ones(12, bool)
+    demand = Demand()
+    p = SplitPlanner("auto", demand=demand)
+    for _ in range(12):  # a consumer that always waits; the engines 3× the CPU's rate
+        plan = p.plan(routes, eoi)
+        ne, nc = len(plan.engine), len(plan.cpu)
+        p.observe(12, ne, ne / 3000 if ne else None, nc, nc / 1000 if nc else None)
+        demand.observe(wait=0.02, interval=0.05)
+    assert p.rates.gpu == pytest.approx(3000) and p.cpu_fraction == pytest.approx(0.25)
+    assert len(p.plan(routes, eoi).cpu) == 3  # the balanced share, now that both rates are known
+    for bad in (dict(first="gpu"), dict(up=1.5), dict(ceiling=-0.1), dict(threshold="x"), dict(down=True)):
+        with pytest.raises(ConfigError):
+            Demand(**bad)
+
+
+def test_gpu_measurement_settings_are_checked_without_a_gpu(monkeypatch):
+    """RECORDTOOL_GPU_DEMAND and RECORDTOOL_GPU_CHUNK are read into checked values (the Loader
+    reads them before it allocates anything)."""
+    from recordtool.decode.gpu.decoder import engine_chunk
+    from recordtool.errors import ConfigError
+    from recordtool.loader.gpu import demand_from_env
+
+    assert demand_from_env({}).first == "cpu"
+    assert demand_from_env({"RECORDTOOL_GPU_DEMAND": "engines"}).first == "engines"
+    assert demand_from_env({"RECORDTOOL_GPU_DEMAND": "off"}) is None
+    with pytest.raises(ConfigError, match="RECORDTOOL_GPU_DEMAND"):
+        demand_from_env({"RECORDTOOL_GPU_DEMAND": "gpu"})
+    monkeypatch.delenv("RECORDTOOL_GPU_CHUNK", raising=False)
+    assert engine_chunk() == 0
+    monkeypatch.setenv("RECORDTOOL_GPU_CHUNK", "64")
+    assert engine_chunk() == 64
+    for bad in ("-1", "x", "1.5"):
+        monkeypatch.setenv("RECORDTOOL_GPU_CHUNK", bad)
+        with pytest.raises(ConfigError, match="RECORDTOOL_GPU_CHUNK"):
+            engine_chunk()
 
 
 def test_planner_auto_split_follows_measured_rates():

@@ -48,6 +48,20 @@ def host_wait_policy(gpu_id: int, mode: str | None = None) -> int | None:
         return flags.value
 
 
+def demand_from_env(environ=None):
+    """The Loader's plan.Demand: the CPU first, the engines take a share of the batch only while
+    the consumer waits (plan.Demand says why). RECORDTOOL_GPU_DEMAND=engines: the engines first,
+    the CPU while it waits; =off: None, the share follows measured rates alone (both for
+    measurements); anything else is a ConfigError."""
+    from ..decode.gpu.plan import Demand
+    from ..errors import ConfigError
+
+    first = (os.environ if environ is None else environ).get("RECORDTOOL_GPU_DEMAND", "cpu")
+    if first not in ("cpu", "engines", "off"):
+        raise ConfigError(f"RECORDTOOL_GPU_DEMAND must be cpu, engines or off, not {first!r}")
+    return None if first == "off" else Demand(first=first)
+
+
 class GPUBatcher:
     """Makes the batches of a cuda Loader.
 
@@ -67,8 +81,12 @@ class GPUBatcher:
                  slots: int, max_batch: int, chroma: str | None = None):
         from ..decode.gpu import OutputRing, route
         from ..decode.gpu.kernel import kernel
+        from ..decode.gpu.decoder import engine_chunk
         from ..decode.gpu.plan import DEFAULT_CHROMA
 
+        # the measurement settings first: a bad one fails the Loader, before any allocation
+        demand = demand_from_env()
+        engine_chunk()
         self.recipe, self.gpu_id, self.producers = recipe, gpu_id, producers
         self.spec = spec = recipe.spec
         self.threads = threads
@@ -101,16 +119,7 @@ class GPUBatcher:
         self._passes: dict = {}  # producer slot → its normalising pass (_Pass), with a user op
         self._raw_spec = dataclasses.replace(spec, dtype="uint8", layout="NHWC", memory_format="contiguous")
         self._normalize = kernel(spec.dtype, spec.buffer_layout) if user_op is not None else None
-        from ..decode.gpu.plan import Demand
-        from ..errors import ConfigError
-
-        # the CPU first: the engines take a share of the batch only while the consumer waits
-        # (plan.Demand says why). RECORDTOOL_GPU_DEMAND=engines: the engines first, the CPU while
-        # it waits; =off: the share follows measured rates alone (both for measurements)
-        first = os.environ.get("RECORDTOOL_GPU_DEMAND", "cpu")
-        if first not in ("cpu", "engines", "off"):
-            raise ConfigError(f"RECORDTOOL_GPU_DEMAND must be cpu, engines or off, not {first!r}")
-        self.demand = None if first == "off" else Demand(first=first)
+        self.demand = demand
 
     def consumer_waited(self, wait: float, interval: float) -> None:
         """The consumer's wait for its last batch (EpochIterator), steering the CPU share."""

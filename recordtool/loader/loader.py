@@ -117,9 +117,9 @@ class Loader:
         as_torch: torch tensors (DLPack on the GPU); default: when torch imports.
         producers: producer threads (default 2).
         with_ids: also yield each batch's sample ids.
-        split: cuda only — how the engines' images are shared with the CPU: "auto" (measured
-            rates; an image may be decoded by engines in one run and libjpeg in another, see
-            README's fidelity bound), "gpu" (bit-identical runs), "cpu", or a CPU share in [0, 1].
+        split: cuda only — how the engines' images are shared with the CPU: "auto" (the CPU first,
+            the engines while the consumer waits: plan.Demand; an image may be decoded by either,
+            see README's fidelity bound), "gpu" (bit-identical runs), "cpu", or a CPU share in [0, 1].
         hybrid: cuda only — progressive and gray files to nvJPEG's hybrid decoder (else the CPU).
         chroma: cuda only — how GPU-decoded 4:2:0 / 4:2:2 chroma is upsampled: "interpolate"
             (libjpeg-turbo's filter in our kernel: the CPU path's pixels), "replicate" (nvJPEG's

@@ -42,7 +42,7 @@ class BatchReport:
     hybrid: int = 0  # images the hybrid decoder decoded
     cpu: int = 0  # images the CPU decoded (forced + moved + what a GPU decoder refused)
     cpu_forced: int = 0  # of those, images no GPU decoder takes
-    cpu_fraction: float = 0.0  # the planner's CPU share after this batch
+    cpu_fraction: float = 0.0  # the CPU share the planner's rates balance, after this batch (a Demand may move it)
     gpu_rate: float | None = None
     cpu_rate: float | None = None
     hybrid_rate: float | None = None
@@ -70,8 +70,9 @@ class GPUDecoder:
         hybrid: send progressive and gray files to nvJPEG's hybrid decoder (else to the CPU).
         ring: the output ring to take batches from (shared by the producers of a Loader);
             None: warmup() makes one.
-        demand: the Loader's consumer-steered cap on the CPU share (plan.Demand), shared by
-            its producers' decoders; None: the auto split follows measured rates alone.
+        demand: the Loader's consumer-steered order of the two sides (plan.Demand: by default
+            the CPU first, the engines' share only while the consumer waits), shared by its
+            producers' decoders; None: the auto split follows measured rates alone.
         chroma: how GPU-decoded 4:2:x chroma is upsampled (plan.Chroma): "interpolate" gives
             the CPU path's (libjpeg-turbo's) pixels; "replicate" nvJPEG's RGBI as it is.
     """
@@ -104,8 +105,7 @@ class GPUDecoder:
         # the engines' batch and the hybrid decoder's images each in one GIL-free call;
         # RECORDTOOL_GPU_SUBMIT=python: the ctypes loops (their reference)
         self.native_submit = _setting("SUBMIT", "native") == "native"
-        # RECORDTOOL_GPU_CHUNK=N: the engines' images in nvJPEG calls of at most N (0: one call)
-        self.chunk = _count_setting("CHUNK", 0)
+        self.chunk = engine_chunk()  # nvJPEG calls of at most this many engine images (0: one call)
         self._own_pool = pool is None
         self.pool = cpu.new_pool_id(background=True) if pool is None else pool  # a CPU share: at low priority
         self.planner = SplitPlanner(split, demand=demand)
@@ -380,8 +380,8 @@ class GPUDecoder:
         parts = np.array_split(np.arange(n), -(-n // self.chunk)) if self.chunk and n > self.chunk else [slice(None)]
         native = 0.0
         for k, part in enumerate(parts):
-            if k:
-                self.stream.synchronize()
+            if k:  # the state is re-initialised for this call's size: the last call's work first
+                self._done(self.stream)
             if self.planar:
                 ps = [places[int(i)] for i in idx[part]]
                 self.hw.decode_planes(ptrs[part], lengths[part], [p[0] for p in ps], [p[1] for p in ps],
@@ -438,15 +438,17 @@ def _setting(name: str, default: str) -> str:
     return os.environ.get("RECORDTOOL_GPU_" + name, default)
 
 
-def _count_setting(name: str, default: int) -> int:
-    """An integer ≥ 0 from RECORDTOOL_GPU_<name> (for measurements), checked here."""
-    raw = _setting(name, str(default))
+def engine_chunk() -> int:
+    """RECORDTOOL_GPU_CHUNK=N (for measurements): the engines' images in nvJPEG calls of at most
+    N, each after the last one's work; 0 (the default): one call. Anything but an integer ≥ 0 is
+    a ConfigError."""
+    raw = _setting("CHUNK", "0")
     try:
         v = int(raw)
     except ValueError:
         v = -1
     if v < 0:
-        raise ConfigError(f"RECORDTOOL_GPU_{name} must be an integer ≥ 0, not {raw!r}")
+        raise ConfigError(f"RECORDTOOL_GPU_CHUNK must be an integer ≥ 0, not {raw!r}")
     return v
 
 

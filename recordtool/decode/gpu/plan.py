@@ -163,8 +163,14 @@ class Demand:
     threshold: float = 0.02
 
     def __post_init__(self):
+        from ...errors import ConfigError
+
         if self.first not in ("cpu", "engines"):
-            raise ValueError(f"Demand.first must be 'cpu' or 'engines', not {self.first!r}")
+            raise ConfigError(f"Demand.first must be 'cpu' or 'engines', not {self.first!r}")
+        for name in ("allowed", "up", "down", "ceiling", "threshold"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+                raise ConfigError(f"Demand.{name} must be a number in [0, 1], not {v!r}")
 
     def observe(self, wait: float, interval: float) -> None:
         """The consumer waited `wait` s for its batch, `interval` s after the previous one."""
@@ -214,7 +220,10 @@ class SplitPlanner:
         hyb = np.nonzero(routes == HYBRID)[0] if self.hybrid else np.zeros(0, np.int64)
         share = self.cpu_fraction
         if self.split == "auto" and self.demand is not None:
-            share = self.demand.cpu_share(share)
+            # the CPU first, the engines not measured yet: their share follows the demand alone
+            # (the placeholder balance would keep them under the images a rate needs)
+            unmeasured = self.demand.first == "cpu" and not self.rates.gpu
+            share = self.demand.cpu_share(0.0 if unmeasured else share)
         rh, rg = self.rates.hybrid, self.rates.gpu
         if self.split == "auto" and rh and rg and len(hyb) > 2:
             # the hybrid decoder's Huffman pass is one thread: give it what it finishes while the
