@@ -206,6 +206,11 @@ def test_chunked_engine_calls_decode_what_one_call_decodes(monkeypatch, chroma):
     monkeypatch.setenv("RECORDTOOL_GPU_CHUNK", "-1")
     with pytest.raises(ConfigError, match="RECORDTOOL_GPU_CHUNK"):
         GPUDecoder(OutputSpec(224), max_batch=8, split="gpu")
+    monkeypatch.delenv("RECORDTOOL_GPU_CHUNK")
+    assert GPUDecoder(OutputSpec(224), max_batch=8, split="gpu", chunk=3).chunk == 3  # the Loader passes its own
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ConfigError, match="chunk"):
+            GPUDecoder(OutputSpec(224), max_batch=8, split="gpu", chunk=bad)
 
 
 @gpu

@@ -84,9 +84,9 @@ class GPUBatcher:
         from ..decode.gpu.decoder import engine_chunk
         from ..decode.gpu.plan import DEFAULT_CHROMA
 
-        # the measurement settings first: a bad one fails the Loader, before any allocation
-        demand = demand_from_env()
-        engine_chunk()
+        # the measurement settings, read once and first: a bad one fails the Loader before any
+        # allocation, and they hold for the decoders the producers make later
+        demand, self.chunk = demand_from_env(), engine_chunk()
         self.recipe, self.gpu_id, self.producers = recipe, gpu_id, producers
         self.spec = spec = recipe.spec
         self.threads = threads
@@ -138,7 +138,7 @@ class GPUBatcher:
                 dec = GPUDecoder(self._raw_spec if raw else self.spec, max_batch=self.max_batch,
                                  gpu_id=self.gpu_id, split=self.split, hybrid=self.hybrid, chroma=self.chroma,
                                  cpu_threads=self.cpu_threads, ring=self.raw_ring if raw else self.ring,
-                                 demand=self.demand)
+                                 demand=self.demand, chunk=self.chunk)
                 dec.warmup(ix.jpeg_length, ix.width, ix.height, routes=self.routes)
                 self._decoders[slot] = dec
         return dec

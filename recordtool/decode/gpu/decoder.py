@@ -75,11 +75,14 @@ class GPUDecoder:
             producers' decoders; None: the auto split follows measured rates alone.
         chroma: how GPU-decoded 4:2:x chroma is upsampled (plan.Chroma): "interpolate" gives
             the CPU path's (libjpeg-turbo's) pixels; "replicate" nvJPEG's RGBI as it is.
+        chunk: the engines' images in nvJPEG calls of at most this many, each after the last
+            one's work (0: one call); None: RECORDTOOL_GPU_CHUNK (engine_chunk).
     """
 
     def __init__(self, spec: OutputSpec = OutputSpec(), max_batch: int = 256, cpu_threads: int | None = None,
                  split: Split = "auto", gpu_id: int = 0, pool: int | None = None, hybrid: bool = True,
-                 ring: OutputRing | None = None, demand: Demand | None = None, chroma: Chroma = DEFAULT_CHROMA):
+                 ring: OutputRing | None = None, demand: Demand | None = None, chroma: Chroma = DEFAULT_CHROMA,
+                 chunk: int | None = None):
         import cupy
 
         if not isinstance(spec, OutputSpec):
@@ -105,7 +108,9 @@ class GPUDecoder:
         # the engines' batch and the hybrid decoder's images each in one GIL-free call;
         # RECORDTOOL_GPU_SUBMIT=python: the ctypes loops (their reference)
         self.native_submit = _setting("SUBMIT", "native") == "native"
-        self.chunk = engine_chunk()  # nvJPEG calls of at most this many engine images (0: one call)
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 0):
+            raise ConfigError(f"chunk must be an integer ≥ 0, not {chunk!r}")
+        self.chunk = engine_chunk() if chunk is None else int(chunk)
         self._own_pool = pool is None
         self.pool = cpu.new_pool_id(background=True) if pool is None else pool  # a CPU share: at low priority
         self.planner = SplitPlanner(split, demand=demand)
@@ -265,14 +270,14 @@ class GPUDecoder:
             ev_start, ev_decoded = self._ev_start, self._ev_decoded
             ev_start.record(self.stream)
             tg = time.perf_counter()
+            t_native = None
             if len(plan.engine):
                 try:
-                    self._decode_engines(buffers, plan.engine, places)
+                    t_native = self._decode_engines(buffers, plan.engine, places)
                 except Exception as e:  # the engines refused the batch: the CPU takes it
                     hw_failed = plan.engine.tolist()
                     self.last_gpu_error = str(e)
             t_submit = time.perf_counter() - tg
-            t_native = self.hw.last_native_seconds if len(plan.engine) and self.native_submit and self.hw else None
             ev_decoded.record(self.stream)
             t_cpu, errors = cpu_job.result()
             if hyb_job is not None:
@@ -364,7 +369,8 @@ class GPUDecoder:
     def _decode_engines(self, buffers, idx, places):
         """Stage JPEG bytes in pinned memory, decode each window as an ROI into the arena: in one
         nvJPEG call, or (self.chunk) in calls of at most that many images, each after the
-        previous one's work is done (the state is re-initialised for a new call size)."""
+        previous one's work is done (the state is re-initialised for a new call size). Returns
+        the seconds the native submissions spent without the GIL (None: the ctypes loop)."""
         bufs = [buffers[i] for i in idx]
         stage = self.buf.staging_np
         base = stage.ctypes.data
@@ -378,7 +384,7 @@ class GPUDecoder:
         lengths = np.fromiter((len(b) for b in bufs), np.int64, len(bufs))
         n = len(idx)
         parts = np.array_split(np.arange(n), -(-n // self.chunk)) if self.chunk and n > self.chunk else [slice(None)]
-        native = 0.0
+        native = None  # stays None where the native submission is not built (the ctypes loop)
         for k, part in enumerate(parts):
             if k:  # the state is re-initialised for this call's size: the last call's work first
                 self._done(self.stream)
@@ -390,9 +396,9 @@ class GPUDecoder:
             else:
                 rois, dst, pitch = places.take(idx[part])
                 self.hw.decode(ptrs[part], lengths[part], rois, dst, pitch, self.stream.ptr, native=self.native_submit)
-            native += self.hw.last_native_seconds or 0.0
-        if self.native_submit:
-            self.hw.last_native_seconds = native
+            t = self.hw.last_native_seconds
+            native = None if t is None else (native or 0.0) + t
+        return native if self.native_submit else None
 
     def _decode_hybrid(self, buffers, idx, places):
         """Hybrid-decode each window (Huffman on this thread, the rest on the hybrid stream);
