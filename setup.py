@@ -36,7 +36,9 @@ setup(
             depends=["native/resample.h"],
             include_dirs=include + ["native"],
             libraries=["jpeg"],
-            extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden", "-Wall", "-msse4.1"],
+            extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden", "-Wall", "-msse4.1",
+                                # value · scale + bias never fused into one rounding (the GPU kernel rounds twice too)
+                                "-ffp-contract=off"],
             language="c++",
             optional=True,
         ),

@@ -112,7 +112,7 @@ __device__ __forceinline__ void taps(float in0, float in1, int in_size, int out_
 // grid: (ceil(W/32), ceil(H/8), N); block (32, 8)
 template <typename T, bool NCHW, bool NORMALIZE>
 __global__ void resize_normalize(const Sample* __restrict__ samples, T* __restrict__ out, int W, int H,
-                                 float m0, float m1, float m2, float s0, float s1, float s2) {
+                                 float sc0, float sc1, float sc2, float bi0, float bi1, float bi2) {
     const int ox = blockIdx.x * blockDim.x + threadIdx.x;
     const int oy = blockIdx.y * blockDim.y + threadIdx.y;
     const int n = blockIdx.z;
@@ -166,10 +166,10 @@ __global__ void resize_normalize(const Sample* __restrict__ samples, T* __restri
     r *= norm;
     g *= norm;
     b *= norm;
-    if (NORMALIZE) {
-        r = (r * (1.0f / 255.0f) - m0) / s0;
-        g = (g * (1.0f / 255.0f) - m1) / s1;
-        b = (b * (1.0f / 255.0f) - m2) / s2;
+    if (NORMALIZE) {  // value · scale + bias rounded twice, never fused: the CPU path's floats, bit for bit
+        r = __fadd_rn(__fmul_rn(r, sc0), bi0);
+        g = __fadd_rn(__fmul_rn(g, sc1), bi1);
+        b = __fadd_rn(__fmul_rn(b, sc2), bi2);
     }
     const long long plane = (long long)H * W;
     if (NCHW) {

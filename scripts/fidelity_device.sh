@@ -7,6 +7,7 @@
 # /tmp/bench-packed); logs under $OUT/fidelity, a short table last.
 #   FID_IMAGES (3000): size of the generated fidelity set; FID_WINDOWS (6): windows per photo variant;
 #   FID_DALI=1: DALI in the speed run too (needs it assembled); FID_BUDGET (230 s): stop starting steps after it
+#   FID_MODES: chroma modes (default all three); FID_SAME (on): the set's Loader same_pixels, on / off / on,off
 #   FID_WHOLE=1: also the Loader's speed with interpolate decoding whole images (RECORDTOOL_GPU_PLANAR=whole,
 #   the pixels of the windowed mode: tests/test_gpu.py), after the alternating run
 set -uo pipefail
@@ -15,7 +16,7 @@ OUT=${OUT:-/tmp/out}; D="$OUT/fidelity"; mkdir -p "$D"
 BUDGET=${FID_BUDGET:-230}; T0=$SECONDS
 left() { echo $((BUDGET - (SECONDS - T0))); }
 cap() { local l; l=$(left); (( l > $1 )) && l=$1; (( l < 1 )) && l=1; echo "$l"; }  # a timeout ≤ $1 and ≥ 1 s
-MODES=replicate,interpolate,nvjpeg
+MODES=${FID_MODES:-replicate,interpolate,nvjpeg}
 if [ "${FID_TESTS:-1}" = 1 ]; then  # FID_TESTS=0: the same call's GPU suite (device_run.sh tests) ran them
 echo "== GPU tests of the chroma paths ($(left) s left)"
 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py \
@@ -30,8 +31,8 @@ if [ ! -d /tmp/fidset ]; then
     > "$D/fidset.log" 2>&1
 fi
 tail -1 "$D/fidset.log"
-timeout "$(cap 100)" python3 scripts/gpu_fidelity.py --set /tmp/fidset --chroma $MODES \
-  --splits gpu,auto --json "$D/set.json" > "$D/set.log" 2>&1 || echo "set report: rc $? (see $D/set.log)"
+timeout "$(cap ${FID_SET_S:-100})" python3 scripts/gpu_fidelity.py --set /tmp/fidset --chroma $MODES \
+  --splits gpu,auto --same-pixels "${FID_SAME:-on}" --json "$D/set.json" > "$D/set.log" 2>&1 || echo "set report: rc $? (see $D/set.log)"
 echo "== Loader speed per chroma mode, alternating ($(left) s left)"
 dali=--no-dali; [ "${FID_DALI:-0}" = 1 ] && dali="--dali"
 if (( $(left) > 45 )); then

@@ -64,15 +64,17 @@ def variants(path):
         yield f"{side or 'full'}-gray", b.getvalue()
 
 
-def _stats(v) -> str:
+def _stats(v, exact=None) -> str:
     v = np.asarray(v, np.float64)
-    return (f"min {v.min():5.1f}  p1 {np.percentile(v, 1):5.1f}  median {np.median(v):5.1f}  "
+    line = (f"min {v.min():5.1f}  p1 {np.percentile(v, 1):5.1f}  median {np.median(v):5.1f}  "
             f"<30 dB {int((v < 30).sum()):>4}  <40 dB {int((v < 40).sum()):>4}  n {len(v)}")
+    return line if exact is None else f"{line}  bit-exact {int(np.sum(exact))}"
 
 
-def loader_report(folder, chromas, splits, size=224, batch=256):
-    """Pack `folder`; the Loader on device="cpu" and on device="cuda" per chroma × split, same
-    seed (same windows and flips); PSNR per image of the uint8 pixels (mean 0, std 1/255)."""
+def loader_report(folder, chromas, splits, size=224, batch=256, same_pixels=(True,)):
+    """Pack `folder`; the Loader on device="cpu" and on device="cuda" per chroma × split ×
+    same_pixels, same seed (same windows and flips); PSNR per image of the uint8 pixels (mean 0,
+    std 1/255), and how many images equal the CPU's bit for bit (the normalised floats)."""
     import tempfile
 
     import cupy
@@ -90,10 +92,11 @@ def loader_report(folder, chromas, splits, size=224, batch=256):
     def pixels(x):
         return np.clip(np.rint(x), 0, 255).astype(np.uint8)
 
-    cpu = {}
+    cpu, cpu_raw = {}, {}
     for x, _, ids in recordtool.Loader(ds, device="cpu", **kw):
-        for i, img in zip(np.asarray(ids).tolist(), pixels(np.asarray(x))):
-            cpu[i] = img
+        x = np.asarray(x)
+        for i, img, raw in zip(np.asarray(ids).tolist(), pixels(x), x):
+            cpu[i], cpu_raw[i] = img, raw
     chroma_of = {i: CHROMA_NAMES.get(int(c), str(c)) for i, c in enumerate(ds.index.chroma)}
     prog = ds.index.progressive
     print(f"\n=== Loader device=cuda vs device=cpu, same windows: {len(ds)} records of {folder}, {size}²", flush=True)
@@ -101,26 +104,29 @@ def loader_report(folder, chromas, splits, size=224, batch=256):
     for chroma in chromas:
         for split in splits:
             split = split if split in ("auto", "gpu", "cpu") else float(split)
-            ld = recordtool.Loader(ds, device="cuda", chroma=chroma, split=split, **kw)
-            per = {}
-            for x, _, ids in ld:
-                for i, img in zip(np.asarray(ids).tolist(), pixels(cupy.asnumpy(x))):
-                    per[i] = psnr(img, cpu[i])
-            ld.close()
-            ld.batcher.close()
-            ids = sorted(per)
-            v = np.array([per[i] for i in ids])
-            print(f"  chroma {chroma:<11} split {str(split):<4} all      {_stats(v)}", flush=True)
-            for name in sorted({chroma_of[i] for i in ids}):
-                sel = np.array([chroma_of[i] == name for i in ids])
-                print(f"  {'':<30}{name:<8} {_stats(v[sel])}")
-            sel = np.array([bool(prog[i]) for i in ids])
-            if sel.any():
-                print(f"  {'':<30}{'progr.':<8} {_stats(v[sel])}")
-            worst = [(round(per[i], 1), i, chroma_of[i], int(ds.index.width[i]), int(ds.index.height[i]))
-                     for i in sorted(per, key=per.get)[:5]]
-            print(f"  {'':<30}worst (dB, record, chroma, w, h): {worst}")
-            out[f"{chroma}/{split}"] = {"psnr": v.tolist(), "ids": ids}
+            for same in same_pixels:
+                ld = recordtool.Loader(ds, device="cuda", chroma=chroma, split=split, same_pixels=same, **kw)
+                per, exact = {}, {}
+                for x, _, ids in ld:
+                    x = cupy.asnumpy(x)
+                    for i, img, raw in zip(np.asarray(ids).tolist(), pixels(x), x):
+                        per[i], exact[i] = psnr(img, cpu[i]), np.array_equal(raw, cpu_raw[i])
+                ld.close()
+                ld.batcher.close()
+                ids = sorted(per)
+                v, e = np.array([per[i] for i in ids]), np.array([exact[i] for i in ids])
+                print(f"  chroma {chroma:<11} split {str(split):<4} same_pixels {str(same):<5} all      "
+                      f"{_stats(v, e)}", flush=True)
+                for name in sorted({chroma_of[i] for i in ids}):
+                    sel = np.array([chroma_of[i] == name for i in ids])
+                    print(f"  {'':<48}{name:<8} {_stats(v[sel], e[sel])}")
+                sel = np.array([bool(prog[i]) for i in ids])
+                if sel.any():
+                    print(f"  {'':<48}{'progr.':<8} {_stats(v[sel], e[sel])}")
+                worst = [(round(per[i], 1), i, chroma_of[i], int(ds.index.width[i]), int(ds.index.height[i]))
+                         for i in sorted(per, key=per.get)[:5]]
+                print(f"  {'':<48}worst (dB, record, chroma, w, h): {worst}")
+                out[f"{chroma}/{split}/{same}"] = {"psnr": v.tolist(), "ids": ids, "bit_exact": e.tolist()}
     return out
 
 
@@ -139,11 +145,13 @@ def main():
     ap.add_argument("--windows", type=int, default=16)
     ap.add_argument("--chroma", default=",".join(CHROMA_MODES), help="GPUDecoder chroma modes to compare")
     ap.add_argument("--splits", default="gpu,auto", help="--set: Loader splits")
+    ap.add_argument("--same-pixels", default="on", help="--set: the Loader's same_pixels, on / off / on,off")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     chromas = a.chroma.split(",")
     if a.set:
-        res = loader_report(a.set, chromas, a.splits.split(","))
+        same = [{"on": True, "off": False}[v] for v in a.same_pixels.split(",")]
+        res = loader_report(a.set, chromas, a.splits.split(","), same_pixels=same)
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(res, f)

@@ -13,7 +13,7 @@ from conftest import photo_like
 from recordtool.decode import decode_crop_resize, random_flips, random_windows
 from recordtool.decode.gpu import CPU, ENGINE, HYBRID, hardware_decodable, route
 from recordtool.decode.gpu_ref import resize_normalize
-from recordtool.decode.spec import OutputSpec
+from recordtool.decode.spec import OutputSpec, scale_bias
 from recordtool.format.jpeg import CHROMA_411, CHROMA_420, CHROMA_422, CHROMA_GRAY, CS_CMYK, CS_GRAY, CS_YCBCR
 
 
@@ -29,6 +29,17 @@ def test_routing_from_index_columns():
     assert hardware_decodable(chroma, prog, cs).tolist() == [True, True, False, False, False, False]
     # progressive and gray to nvJPEG's hybrid decoder; 4:1:1 and CMYK to the CPU
     assert route(chroma, prog, cs).tolist() == [ENGINE, ENGINE, HYBRID, CPU, HYBRID, CPU]
+
+
+def test_same_pixels_routes_4_4_4_and_gray_to_the_cpu():
+    from recordtool.format.jpeg import CHROMA_444
+
+    chroma = np.array([CHROMA_444, CHROMA_444, CHROMA_GRAY, CHROMA_GRAY, CHROMA_420, CHROMA_422, CHROMA_420, -1])
+    prog = np.array([0, 1, 0, 1, 0, 0, 1, 0])
+    cs = np.array([CS_YCBCR] * 2 + [CS_GRAY] * 2 + [CS_YCBCR] * 3 + [CS_CMYK])
+    assert route(chroma, prog, cs).tolist() == [ENGINE, HYBRID, HYBRID, HYBRID, ENGINE, ENGINE, HYBRID, CPU]
+    # nothing to upsample in them: the CPU path decodes them itself; the rest routes as before
+    assert route(chroma, prog, cs, same_pixels=True).tolist() == [CPU, CPU, CPU, CPU, ENGINE, ENGINE, HYBRID, CPU]
 
 
 @pytest.mark.parametrize("shape,box,out", [((300, 400), (0, 0, 400, 300), (224, 224)),
@@ -95,7 +106,7 @@ def test_kernel_matches_reference(dtype, layout):
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     kernel(dtype, layout)(((W + 31) // 32, (H + 7) // 8, 3), (32, 8, 1),
                           (cupy.asarray(samples.view(np.uint8)), out, np.int32(W), np.int32(H),
-                           *[np.float32(v) for v in mean + std]))
+                           *np.concatenate(scale_bias(mean, std))))
     got = cupy.asnumpy(out).astype(np.float64)
     if layout == "NCHW":
         got = got.transpose(0, 2, 3, 1)
@@ -388,6 +399,68 @@ def test_cuda_loader_matches_cpu_loader_and_resumes(packed_mix):
         assert np.array_equal(a, b)
 
 
+@pytest.fixture(scope="module")
+def packed_layouts(tmp_path_factory):
+    """A packed set of every layout the index names: 4:4:4 and gray (baseline and progressive)
+    beside 4:2:0 / 4:2:2 files."""
+    from conftest import write
+    from recordtool.pack import pack
+
+    root = tmp_path_factory.mktemp("gpu_layouts")
+    kinds = [(0, False, False), (0, True, False), (None, False, True), (None, True, True), (2, False, False),
+             (1, False, False), (2, True, False)]
+    for i in range(28):
+        sub, prog, gray = kinds[i % len(kinds)]
+        im = photo_like(*[(500, 375), (375, 500), (640, 480), (333, 500)][i % 4], seed=200 + i)
+        buf = io.BytesIO()
+        if gray:
+            im.convert("L").save(buf, "JPEG", quality=92, progressive=prog)
+        else:
+            im.save(buf, "JPEG", quality=92, subsampling=sub, progressive=prog)
+        write(str(root / "src" / f"c{i % 3}" / f"{i}.jpg"), buf.getvalue())
+    pack(str(root / "src"), str(root / "out"), shards=2, progress=False)
+    return str(root / "out")
+
+
+@gpu
+@pytest.mark.parametrize("dtype,split", [("float32", "auto"), ("float16", "gpu")])
+def test_cuda_loader_gives_4_4_4_and_gray_bit_for_bit(packed_layouts, dtype, split):
+    """same_pixels (the default): a cuda Loader's 4:4:4 and gray images are device="cpu"'s,
+    bit for bit, normalised values included; the others within the fidelity bound. Without
+    it the GPU decodes them and they are not."""
+    import recordtool
+    from recordtool.decode.gpu.plan import SAME_PIXELS_CHROMA
+    from recordtool.loader import Loader
+
+    ds = recordtool.open(packed_layouts)
+    same = np.isin(ds.index.chroma, SAME_PIXELS_CHROMA)
+    assert same.sum() == 16 and (~same).sum() == 12
+    kw = dict(batch_size=8, size=64, seed=3, drop_last=False, as_torch=False, dtype=dtype, layout="NCHW",
+              with_ids=True)
+    cpu = {i: x for xs, _, ids in Loader(ds, device="cpu", **kw) for i, x in zip(np.asarray(ids).tolist(), xs)}
+    std = np.array([0.229, 0.224, 0.225], np.float32)[:, None, None]
+    mean = np.array([0.485, 0.456, 0.406], np.float32)[:, None, None]
+    for same_pixels in (True, False):
+        ld = Loader(ds, device="cuda", split=split, same_pixels=same_pixels, **kw)
+        equal = {}
+        for xs, _, ids in ld:
+            for i, x in zip(np.asarray(ids).tolist(), cupy.asnumpy(xs)):
+                equal[i] = np.array_equal(x, cpu[i])
+                if not same[i]:
+                    a, b = (x.astype(np.float32) * std + mean) * 255, (cpu[i].astype(np.float32) * std + mean) * 255
+                    assert psnr(a, b) >= 40, i
+        assert len(equal) == len(ds)
+        if same_pixels:
+            assert all(equal[i] for i in np.nonzero(same)[0].tolist())
+            if split == "gpu":  # nothing else goes to the CPU
+                assert ld.decoded["cpu"] == same.sum(), ld.decoded
+        else:
+            assert not any(equal[i] for i in np.nonzero(same)[0].tolist())
+            if split == "gpu":
+                assert ld.decoded["cpu"] == 0, ld.decoded
+        ld.close()
+
+
 @gpu
 def test_cuda_loader_memory_fixed_after_warmup(packed_mix):
     torch = pytest.importorskip("torch")
@@ -415,7 +488,7 @@ def test_cuda_loader_names_a_damaged_record(packed_mix, tmp_path):
     from recordtool.loader import Loader, RecordError
 
     ix = __import__("recordtool").open(packed_mix).index
-    engine = int(np.nonzero(route(ix.chroma, ix.progressive, ix.colorspace) == ENGINE)[0][3])
+    engine = int(np.nonzero(route(ix.chroma, ix.progressive, ix.colorspace, same_pixels=True) == ENGINE)[0][3])
     path, shard, off = _damaged_copy(packed_mix, tmp_path, engine)
     ld = Loader(path, batch_size=8, size=64, device="cuda", as_torch=False)
     with pytest.raises(RecordError, match=f"record {engine} .*{shard}.*offset {off}"):
@@ -1058,7 +1131,7 @@ def test_kernel_planar_matches_reference(fmt):
     out = cupy.empty((len(shapes), H, W, 3), np.uint8)
     kernel("uint8", "NHWC")(((W + 31) // 32, (H + 7) // 8, len(shapes)), (32, 8, 1),
                             (cupy.asarray(samples.view(np.uint8)), out, np.int32(W), np.int32(H),
-                             *[np.float32(v) for v in (0, 0, 0, 1, 1, 1)]))
+                             *[np.float32(v) for v in (1, 1, 1, 0, 0, 0)]))  # uint8: not normalised
     got = cupy.asnumpy(out).astype(np.float64)
     for k in range(len(shapes)):
         ref = np.rint(resize_normalize(refs[k], boxes[k], H, W, bool(k % 2)))
@@ -1349,7 +1422,7 @@ def test_kernel_bfloat16_is_the_float32_result_rounded(layout):
         samples["mirror"][k] = k
     H, W = 40, 56
     shape = (2, 3, H, W) if layout == "NCHW" else (2, H, W, 3)
-    args = [np.int32(W), np.int32(H)] + [np.float32(v) for v in (0.485, 0.456, 0.406, 0.229, 0.224, 0.225)]
+    args = [np.int32(W), np.int32(H), *np.concatenate(scale_bias((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)))]
     dev_samples = cupy.asarray(samples.view(np.uint8))
     f32, bf = cupy.empty(shape, np.float32), cupy.empty(shape, np.uint16)
     for dtype, out in (("float32", f32), ("bfloat16", bf)):

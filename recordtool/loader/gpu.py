@@ -73,12 +73,13 @@ class GPUBatcher:
         user_op: optional op on the uint8 NHWC CuPy batch before normalisation, or a compiled
             per-image op (recordtool.ops.ImageOp: its CUDA kernel).
         split, hybrid, chroma: see GPUDecoder.
+        same_pixels: 4:4:4 and gray files to the CPU share (decode.gpu.plan.route).
         slots: output batches alive at once.
         max_batch: images per batch at most.
     """
 
     def __init__(self, recipe: Recipe, *, gpu_id: int, producers: int, threads: int, user_op, split, hybrid: bool,
-                 slots: int, max_batch: int, chroma: str | None = None):
+                 slots: int, max_batch: int, chroma: str | None = None, same_pixels: bool = True):
         from ..decode.gpu import OutputRing, route
         from ..decode.gpu.kernel import kernel
         from ..decode.gpu.decoder import engine_chunk
@@ -107,7 +108,8 @@ class GPUBatcher:
         # cores) ran 15-25 % slower than this, 8 per pool ~13 % slower.
         self.cpu_threads = max(1, (threads - producers) // producers)
         ix = recipe.ds.index
-        self.routes = route(ix.chroma, ix.progressive, ix.colorspace)
+        self.same_pixels = same_pixels
+        self.routes = route(ix.chroma, ix.progressive, ix.colorspace, same_pixels=same_pixels)
         s = recipe.size
         self._decoders: dict = {}
         self._lock = threading.Lock()
@@ -165,7 +167,8 @@ class GPUBatcher:
             with cupy.cuda.Device(self.gpu_id), dec.stream:
                 first = images
                 images = cupy.ascontiguousarray(images)
-                op_launch(op, images, op.batch_params(len(ids), b.keys, h, w))
+                params = self._pass(slot, dec).params(op.batch_params(len(ids), b.keys, h, w), dec.stream)
+                op_launch(op, images, params)
                 t3 = time.perf_counter()
                 images, ready = self._normalise(images, dec, slot, (first,), b.flips)
         elif self.user_op is not None:
@@ -188,10 +191,7 @@ class GPUBatcher:
 
         cupy = dec.cupy
         n, s = raw.shape[0], self.recipe.size
-        p = self._passes.get(slot)
-        if p is None:
-            with self._lock:  # producers add their slots' passes at once (as decoders, `decoder`)
-                p = self._passes[slot] = _Pass(cupy, self.max_batch)
+        p = self._pass(slot, dec)
         p.finish()  # its previous pass has read its samples and images: they may go
         raw = cupy.ascontiguousarray(raw)
         from ..decode.gpu.buffers import place_whole
@@ -207,6 +207,14 @@ class GPUBatcher:
         p.held = (raw,) + tuple(keep)
         return out, p.done
 
+    def _pass(self, slot: int, dec):
+        """The slot's _Pass, made on first use."""
+        p = self._passes.get(slot)
+        if p is None:
+            with self._lock:  # producers add their slots' passes at once (as decoders, `decoder`)
+                p = self._passes[slot] = _Pass(dec.cupy, self.max_batch, getattr(self.image_op, "nparams", 0))
+        return p
+
     def close(self) -> None:
         for p in self._passes.values():
             p.finish()
@@ -218,15 +226,30 @@ class GPUBatcher:
 
 class _Pass:
     """A producer slot's normalising pass (with a user op): its pinned and device sample table,
-    the event after its last launch and the uint8 images that launch reads."""
+    a compiled op's params (pinned and device: uploaded without a pageable copy's wait), the
+    event after its last launch and the uint8 images that launch reads."""
 
-    def __init__(self, cupy, max_batch: int):
+    def __init__(self, cupy, max_batch: int, nparams: int = 0):
         from ..decode.gpu import SAMPLE_DTYPE
 
         self._mem = cupy.cuda.alloc_pinned_memory(max_batch * SAMPLE_DTYPE.itemsize)
         self.samples = np.frombuffer(self._mem, SAMPLE_DTYPE, max_batch)
         self.samples_dev = cupy.empty(max_batch * SAMPLE_DTYPE.itemsize, np.uint8)
+        self._pmem = cupy.cuda.alloc_pinned_memory(max(1, max_batch * nparams) * 8) if nparams else None
+        self._params = np.frombuffer(self._pmem, np.float64, max_batch * nparams) if nparams else None
+        self._params_dev = cupy.empty(max_batch * nparams, np.float64) if nparams else None
         self.done, self.held = None, ()
+
+    def params(self, params: np.ndarray, stream):
+        """(n, k) float64 params on the device, queued on `stream` from pinned memory. The
+        slot's previous pass is waited for first: its launch has read the last ones."""
+        self.finish()
+        n, k = params.shape
+        host = self._params[: n * k].reshape(n, k)
+        host[...] = params
+        dev = self._params_dev[: n * k].reshape(n, k)
+        dev.set(host, stream=stream)
+        return dev
 
     def finish(self) -> None:
         """Wait for the last pass; then what it read may be reused."""

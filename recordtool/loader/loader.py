@@ -124,6 +124,8 @@ class Loader:
         chroma: cuda only — how GPU-decoded 4:2:0 / 4:2:2 chroma is upsampled: "interpolate"
             (libjpeg-turbo's filter in our kernel: the CPU path's pixels), "replicate" (nvJPEG's
             output as it is) or "nvjpeg" (nvJPEG's own interpolation); see decode.gpu.plan.Chroma.
+        same_pixels: cuda only — the CPU share decodes 4:4:4 and gray JPEGs: their images equal
+            device="cpu"'s bit for bit. False: the GPU decoders take them (README's fidelity bound).
         on_error: a record no decoder can decode — "raise" (RecordError naming shard and offset),
             "warn" (a warning; the sample is zeros, its label kept; listed in `bad_records`) or
             "skip" (the same without the warning).
@@ -143,7 +145,7 @@ class Loader:
                  with_ids: bool = False, split="auto", hybrid: bool = True, on_error: OnError | str = "raise",
                  cache_dir: str | None = None, cache_limit: int | None = None, block_shards: int | None = None,
                  shuffle: bool | None = None, memory_format: str = "contiguous", chroma: str | None = None,
-                 storage_options: dict | None = None, continuous: bool = True):
+                 storage_options: dict | None = None, continuous: bool = True, same_pixels: bool = True):
         # every argument checked here, once, into frozen values (OutputSpec, Device) or ints
         from ..decode.gpu.plan import DEFAULT_CHROMA, check_chroma, check_split  # pure NumPy
 
@@ -166,7 +168,8 @@ class Loader:
         self.producers = 2 if producers is None else _count(producers, "producers", 1)
         if dev.type == "cuda":
             split = check_split(split)
-        self.chroma = chroma = check_chroma(DEFAULT_CHROMA if chroma is None else chroma)
+        self.chroma = check_chroma(DEFAULT_CHROMA if chroma is None else chroma)
+        self.same_pixels = _flag(same_pixels, "same_pixels")
         self.on_error = _on_error(on_error)
         self.device = dev.type  # "cpu" or "cuda"
         self.gpu_id = resolve(dev) if dev.type == "cuda" else None
@@ -192,7 +195,6 @@ class Loader:
         if as_torch is None:
             try:
                 import torch  # noqa: F401
-
                 as_torch = True
             except ImportError:
                 as_torch = False
@@ -227,7 +229,7 @@ class Loader:
 
             self.batcher = GPUBatcher(recipe, gpu_id=self.gpu_id, producers=self.producers, threads=self.threads,
                                       user_op=user_op, split=split, hybrid=hybrid, slots=slots, max_batch=max_batch,
-                                      chroma=chroma)
+                                      chroma=self.chroma, same_pixels=self.same_pixels)
 
     # ------------------------------------------------------------------ epoch bookkeeping
     def __len__(self) -> int:
@@ -235,8 +237,7 @@ class Loader:
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-        self._start_batch = 0
+        self.epoch, self._start_batch = int(epoch), 0
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "batch": self._yielded, "seed": self.seed, "rank": self.rank,
@@ -298,9 +299,8 @@ class Loader:
 
     def __del__(self):
         try:
-            # a collection may run this on a producer thread — one of this Loader's own (the Loader
-            # in a reference cycle): stop the stream, but leave the batcher, which that producer
-            # may be using mid-batch (its GPU decoders' handles), to be collected with it
+            # a collection may run this on one of this Loader's own producers (a reference cycle): stop
+            # the stream; leave the batcher, which that producer may be using mid-batch, to the collection
             on_producer = on_producer_thread()
             self.close()
             if not on_producer:

@@ -41,20 +41,25 @@ def grid(op, n: int, h: int, w: int):
     return ((h * w + THREADS - 1) // THREADS, n, 1), (THREADS, 1, 1)
 
 
-def launch(op, batch, params: np.ndarray) -> None:
+def launch(op, batch, params) -> None:
     """Run the op's kernel over a C-contiguous uint8 (n, h, w, 3) CuPy batch in place, on the
-    current stream (params go up on it: the kernel sees them whatever the host does next)."""
+    current stream. params: (n, nparams) float64, a NumPy array (it goes up on that stream: the
+    kernel sees it whatever the host does next) or a CuPy array already there (the Loader's,
+    queued from pinned memory)."""
     import cupy
 
     n, h, w = batch.shape[:3]
     if batch.dtype != cupy.uint8 or batch.ndim != 4 or batch.shape[3] != 3 or not batch.flags.c_contiguous:
         raise ValueError(f"batch must be C-contiguous uint8 (N, H, W, 3), got {batch.dtype} {batch.shape}")
-    params = np.ascontiguousarray(params, np.float64)
-    if params.shape != (n, op.nparams):
-        raise ValueError(f"params must be ({n}, {op.nparams}), got {params.shape}")
+    on_device = isinstance(params, cupy.ndarray)
+    if not on_device:
+        params = np.ascontiguousarray(params, np.float64)
+    if params.shape != (n, op.nparams) or params.dtype != np.float64 or not params.flags.c_contiguous:
+        raise ValueError(f"params must be C-contiguous float64 ({n}, {op.nparams}), got {params.dtype} "
+                         f"{params.shape}")
     if n == 0:
         return
     fn = kernel(op)
-    p = cupy.asarray(params)
+    p = params if on_device else cupy.asarray(params)
     g, b = grid(op, n, h, w)
     fn(g, b, (batch, np.int32(n), np.int32(h), np.int32(w), p, np.int32(op.nparams)))

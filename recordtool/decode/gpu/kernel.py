@@ -63,9 +63,10 @@ def kernel(dtype: DType, layout: Layout):
 
 def launch(fn, samples_dev, n: int, out, size, mean, std, stream) -> None:
     """Run the kernel over n samples on `stream` into `out` (n, 3, h, w) or (n, h, w, 3)."""
+    from ..spec import scale_bias
+
     h, w = size
-    m, s = mean, std
+    sc, bi = scale_bias(mean, std)  # the CPU path's constants: its normalised values, bit for bit
     with stream:
         fn(((w + 31) // 32, (h + 7) // 8, n), (32, 8, 1),
-           (samples_dev, out, np.int32(w), np.int32(h), np.float32(m[0]), np.float32(m[1]), np.float32(m[2]),
-            np.float32(s[0]), np.float32(s[1]), np.float32(s[2])))
+           (samples_dev, out, np.int32(w), np.int32(h), sc[0], sc[1], sc[2], bi[0], bi[1], bi[2]))

@@ -41,14 +41,26 @@ def hardware_decodable(chroma, progressive, colorspace) -> np.ndarray:
     return np.isin(chroma, HW_CHROMA) & (np.asarray(progressive) == 0) & (np.asarray(colorspace) == CS_YCBCR)
 
 
-def route(chroma, progressive, colorspace) -> np.ndarray:
+def route(chroma, progressive, colorspace, same_pixels: bool = False) -> np.ndarray:
     """Route codes (int8) per image: ENGINE for baseline YCbCr the engines take; HYBRID for
-    progressive YCbCr (same chroma layouts) and grayscale; CPU for the rest."""
+    progressive YCbCr (same chroma layouts) and grayscale; CPU for the rest.
+
+    same_pixels: 4:4:4 and grayscale files go to the CPU too. Nothing is upsampled in them, so
+    the GPU could only differ from the CPU path by its IDCT and resampling; decoded by the CPU
+    path itself, they are the CPU path's pixels bit for bit (SAME_PIXELS_CHROMA)."""
     chroma, progressive, colorspace = np.asarray(chroma), np.asarray(progressive), np.asarray(colorspace)
     hw = hardware_decodable(chroma, progressive, colorspace)
     hybrid = ((np.isin(chroma, HW_CHROMA) & (colorspace == CS_YCBCR))
               | ((chroma == CHROMA_GRAY) & (colorspace == CS_GRAY))) & ~hw
-    return np.where(hw, ENGINE, np.where(hybrid, HYBRID, CPU)).astype(np.int8)
+    codes = np.where(hw, ENGINE, np.where(hybrid, HYBRID, CPU)).astype(np.int8)
+    if same_pixels:
+        codes[np.isin(chroma, SAME_PIXELS_CHROMA)] = CPU
+    return codes
+
+
+# the layouts `route(same_pixels=True)` sends to the CPU: with no chroma to upsample, the GPU's
+# IDCT and resampling are all that differ from the CPU path, and only its own decode removes them
+SAME_PIXELS_CHROMA = (CHROMA_444, CHROMA_GRAY)
 
 
 def ends_with_eoi(buffers) -> np.ndarray:
