@@ -828,6 +828,22 @@ static py::array_t<bool> ends_with_eoi(py::sequence buffers) {
     return out;
 }
 
+// Where each buffer's bytes start and how many there are: int64 (n,) addresses and lengths, for
+// nvJPEG's host-pointer calls without a NumPy view per buffer on the producer thread. The
+// addresses hold while the caller keeps the buffers. Reference: recordtool.decode.gpu.plan.buffer_spans_py.
+static py::tuple buffer_spans(py::sequence buffers) {
+    const size_t n = buffers.size();
+    py::array_t<int64_t> ptrs(n), lens(n);
+    auto p = ptrs.mutable_unchecked<1>();
+    auto l = lens.mutable_unchecked<1>();
+    for (size_t i = 0; i < n; i++) {
+        py::buffer_info b = py::buffer(buffers[i]).request();
+        p(i) = (int64_t)reinterpret_cast<uintptr_t>(b.ptr);
+        l(i) = (int64_t)((size_t)b.size * b.itemsize);
+    }
+    return py::make_tuple(ptrs, lens);
+}
+
 // Size every pool thread's region buffer now (touched, so resident memory stops growing later):
 // the loader calls this with the index's largest image, capped at kKeepBytes.
 static void reserve(size_t bytes, int threads, int pool_id) {
@@ -914,6 +930,7 @@ PYBIND11_MODULE(_native, m) {
     m.def("normalize", &normalize_py, py::arg("src"), py::arg("flips"), py::arg("dst"), py::arg("scale"),
           py::arg("bias"), py::arg("nchw"), py::arg("threads"), py::arg("pool") = 0);
     m.def("ends_with_eoi", &ends_with_eoi, py::arg("buffers"));
+    m.def("buffer_spans", &buffer_spans, py::arg("buffers"));
     m.def("gather", &gather, py::arg("buffers"), py::arg("dst"), py::arg("capacity"), py::arg("align") = 64);
     m.doc() = "recordtool native decode: fused libjpeg-turbo crop decode + Pillow-exact bilinear resample";
     m.def("decode_crop_resize", &decode_crop_resize, py::arg("buffers"), py::arg("windows"), py::arg("out"),

@@ -316,6 +316,27 @@ def test_ends_with_eoi_native_matches_its_reference():
     assert np.array_equal(_native.ends_with_eoi(bufs), want) and np.array_equal(ends_with_eoi(bufs), want)
 
 
+@pytest.mark.skipif(not cpu.native_available(), reason="native decoder not built")
+def test_buffer_spans_native_matches_its_reference():
+    """The GPU decoders' host pointers and lengths in C = its Python reference (a NumPy view per
+    buffer), on bytes, memoryview slices, bytearrays, arrays and empty buffers."""
+    from recordtool import _native
+    from recordtool.decode.gpu.plan import buffer_spans, buffer_spans_py
+
+    rng = np.random.default_rng(1)
+    raw = bytes(rng.integers(0, 256, 1000, dtype=np.uint8))
+    keep = bytearray(b"\xff\xd8abc")
+    bufs = [raw, memoryview(raw)[17:400], memoryview(raw)[999:], b"", keep, np.frombuffer(raw, np.uint8)[5:9]]
+    bufs += [bytes(rng.integers(0, 256, int(rng.integers(0, 50)), dtype=np.uint8)) for _ in range(100)]
+    want = buffer_spans_py(bufs)
+    assert want[1][:6].tolist() == [1000, 383, 1, 0, 5, 4]
+    assert want[0][1] - want[0][0] == 17 and want[0][5] - want[0][0] == 5
+    for got in (_native.buffer_spans(bufs), buffer_spans(bufs)):
+        assert np.array_equal(got[1], want[1]) and got[0].dtype == got[1].dtype == np.int64
+        nonempty = want[1] > 0  # an empty buffer's address is whatever its exporter says
+        assert np.array_equal(got[0][nonempty], want[0][nonempty])
+
+
 def test_background_nice_variable_is_checked(monkeypatch):
     from recordtool.errors import ConfigError
 

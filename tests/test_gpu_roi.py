@@ -278,6 +278,16 @@ def test_planar_placement_plans_regions_and_refuses_what_the_kernel_does_not_tak
                 (cc,), (cr,) = chroma_dims([(rx, ry, rw, rh)], hs, vs)
                 assert (s["cw"][i], s["ch"][i]) == chroma_size(w, h, hs, vs) and pitches[1] == pitches[2] == cc
                 assert planes[1] - planes[0] >= rw * rh and planes[2] - planes[1] >= cc * cr
+        # what the decoders take: the same rows as arrays, in one indexing (gray: Y only)
+        planes, pitches, gray, rois = places.take([5, 0, 2, 1])
+        for k, i in enumerate([5, 0, 2, 1]):
+            pl, pt, g, roi = places[i]
+            c = 1 if g else 3
+            assert gray[k] == g and tuple(rois[k]) == (roi or (0, 0, -1, -1))
+            assert tuple(planes[k, :c]) == pl[:c] and tuple(pitches[k, :c]) == pt[:c]
+            assert not planes[k, c:].any() and not pitches[k, c:].any()
+        with pytest.raises(KeyError):
+            places.take([3])  # refused: not placed
 
 
 class _HostArray(np.ndarray):

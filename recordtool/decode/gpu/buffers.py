@@ -108,7 +108,7 @@ class DecodeBuffers:
         in `idx` order (the CPU share in `cpu_dev`)."""
         place_whole(self.samples, idx, size, base)
 
-    def place_planar(self, windows, idx, dims, rois=None, regions=None) -> dict:
+    def place_planar(self, windows, idx, dims, rois=None, regions=None) -> "PlanarPlaces":
         """Place the planes of each image of `idx` in the arena (growing it if this batch needs
         more than warm-up planned) and fill its sample row: the window in image pixels, FMT_YCC
         or FMT_GRAY with the chroma planes' geometry, and where its planes start (ox, oy).
@@ -125,7 +125,7 @@ class DecodeBuffers:
                 size (chroma: roi.chroma_dims) plus what nvJPEG's plane sizes exceed libjpeg's by.
             regions: bool per position of idx, whether its region is used (else its whole
                 image); None: all of them.
-        Returns {index: ((Y, Cb, Cr) pointers, (pitches), gray, roi or None)} for the decoders."""
+        Returns where each image's planes are, by batch position (PlanarPlaces), for the decoders."""
         s = self.samples
         d = np.asarray(dims, np.int64).reshape(len(idx), 8)
         w, h, hs, vs = d[:, 0], d[:, 1], d[:, 2], d[:, 3]
@@ -158,9 +158,9 @@ class DecodeBuffers:
         s["cb"][idx], s["cr"][idx], s["cpitch"][idx] = np.where(gray, base, cb), np.where(gray, base, cr), cpitch
         s["hs"][idx], s["vs"][idx], s["cw"][idx], s["ch"][idx] = hs1, vs1, cw, ch
         s["ox"][idx], s["oy"][idx] = r[:, 0], r[:, 1]
-        return {i: ((int(base[k]), int(cb[k]), int(cr[k])), (int(ypitch[k]), int(cpitch[k]), int(cpitch[k])),
-                    bool(gray[k]), tuple(int(v) for v in r[k]) if used[k] else None)
-                for k, i in enumerate(idx.tolist())}
+        planes = np.stack([base, np.where(gray, base, cb), np.where(gray, base, cr)], 1)
+        pitches = np.stack([ypitch, cpitch, cpitch], 1)
+        return PlanarPlaces(idx, len(windows), planes, pitches, gray, np.where(used[:, None], r, NO_ROI))
 
 
 def place_whole(samples, idx, size, base: int) -> None:
@@ -196,6 +196,40 @@ class Places:
         if (r < 0).any():
             raise KeyError("position not placed")
         return self.rois[r], self.dst[r], self.pitch[r]
+
+
+NO_ROI = np.array([0, 0, -1, -1], np.int64)
+"""nvJPEG's region (x, y, w, h) for the whole image (its decode params' ROI off)."""
+
+
+class PlanarPlaces:
+    """Where each placed image's planes land (chroma="interpolate"), by batch position, as
+    arrays: the decoders take a batch's rows in one indexing, not a Python loop per image."""
+
+    def __init__(self, idx, n: int, planes, pitches, gray, rois):
+        self._row = np.full(n, -1, np.int64)
+        self._row[np.asarray(idx, np.int64)] = np.arange(len(idx))
+        self.planes, self.pitches = np.asarray(planes, np.int64), np.asarray(pitches, np.int64)
+        self.gray, self.rois = np.asarray(gray, bool), np.asarray(rois, np.int64).reshape(-1, 4)
+
+    def __getitem__(self, i: int) -> tuple:
+        """((Y, Cb, Cr) pointers, (pitches), gray, region (x, y, w, h) or None) of position i."""
+        r = self._row[int(i)]
+        if r < 0:
+            raise KeyError(i)
+        roi = self.rois[r]
+        return (tuple(int(v) for v in self.planes[r]), tuple(int(v) for v in self.pitches[r]), bool(self.gray[r]),
+                None if (roi == NO_ROI).all() else tuple(int(v) for v in roi))
+
+    def take(self, idx) -> tuple:
+        """(planes (k, 3), pitches (k, 3), gray (k,), rois (k, 4): NO_ROI for a whole image) of
+        batch positions idx; a gray image's Cb, Cr columns are 0."""
+        r = self._row[np.asarray(idx, np.int64)]
+        if (r < 0).any():
+            raise KeyError("position not placed")
+        planes, pitches, gray = self.planes[r], self.pitches[r], self.gray[r]
+        planes[gray, 1:], pitches[gray, 1:] = 0, 0
+        return planes, pitches, gray, self.rois[r]
 
 
 class OutputRing:

@@ -26,11 +26,14 @@ from ..spec import OutputSpec
 from . import kernel as K
 from .buffers import DecodeBuffers, OutputRing, planar_bytes
 from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, Chroma, Demand, Split, SplitPlanner, check_chroma,
-                   ends_with_eoi)
+                   buffer_spans, ends_with_eoi)
 from .roi import plan_rois
 
 # nvJPEG chroma code → (horizontal, vertical) subsampling the kernel upsamples; (0, 0): grayscale
 _PLANAR_LAYOUT = {0: (1, 1), 1: (2, 1), 2: (2, 2), 3: (1, 2), 6: (0, 0)}
+# the same as lookup tables by chroma code (-1: a layout the kernel does not take)
+_PLANAR_HS = np.array([_PLANAR_LAYOUT.get(c, (-1, -1))[0] for c in range(8)], np.int64)
+_PLANAR_VS = np.array([_PLANAR_LAYOUT.get(c, (-1, -1))[1] for c in range(8)], np.int64)
 
 
 @dataclass
@@ -329,12 +332,12 @@ class GPUDecoder:
         idx = np.concatenate([plan.engine, plan.hybrid]).astype(np.int64)
         if not len(idx):
             return {}, []
-        views = [np.frombuffer(buffers[i], np.uint8) for i in idx.tolist()]
-        info = (self.hw or self.hybrid).image_infos([v.ctypes.data for v in views], [len(v) for v in views])
-        del views
+        ptrs, lengths = buffer_spans([buffers[i] for i in idx.tolist()])
+        info = (self.hw or self.hybrid).image_infos(ptrs, lengths)
         status, nc, css, w0, h0, w1, h1 = info.T
-        hs = np.array([_PLANAR_LAYOUT.get(int(c), (-1, -1))[0] for c in css], np.int64)
-        vs = np.array([_PLANAR_LAYOUT.get(int(c), (-1, -1))[1] for c in css], np.int64)
+        known = (css >= 0) & (css < len(_PLANAR_HS))
+        hs = np.where(known, _PLANAR_HS[np.clip(css, 0, len(_PLANAR_HS) - 1)], -1)
+        vs = np.where(known, _PLANAR_VS[np.clip(css, 0, len(_PLANAR_VS) - 1)], -1)
         gray = hs == 0
         win = windows[idx]
         ok = ((status == 0) & (hs >= 0) & (nc == np.where(gray, 1, 3)) & (w0 * h0 > 0) & (w0 * h0 <= DEFAULT_MAX_PIXELS)
@@ -389,9 +392,8 @@ class GPUDecoder:
             if k:  # the state is re-initialised for this call's size: the last call's work first
                 self._done(self.stream)
             if self.planar:
-                ps = [places[int(i)] for i in idx[part]]
-                self.hw.decode_planes(ptrs[part], lengths[part], [p[0] for p in ps], [p[1] for p in ps],
-                                      self.stream.ptr, None if ps[0][3] is None else [p[3] for p in ps],
+                planes, pitches, _, rois = places.take(idx[part])
+                self.hw.decode_planes(ptrs[part], lengths[part], planes, pitches, self.stream.ptr, rois,
                                       native=self.native_submit)
             else:
                 rois, dst, pitch = places.take(idx[part])
@@ -408,23 +410,18 @@ class GPUDecoder:
         t = time.perf_counter()
         idx = idx.tolist()
         n = len(idx)
-        views = [np.frombuffer(buffers[i], np.uint8) for i in idx]  # alive until the decodes are queued
-        fmts, rois = np.empty(n, np.int64), np.empty((n, 4), np.int64)
-        planes, pitches = np.zeros((n, 3), np.int64), np.zeros((n, 3), np.int64)
-        for k, i in enumerate(idx):
-            if self.planar:
-                pl, pt, gray, roi = places[i]
-                c = 1 if gray else 3
-                fmts[k], rois[k] = OUTPUT_Y if gray else OUTPUT_YUV, (0, 0, -1, -1) if roi is None else roi
-                planes[k, :c], pitches[k, :c] = pl[:c], pt[:c]
-            else:
-                rx, ry, rw, rh, dst, pitch = places[i]
-                fmts[k], rois[k], planes[k, 0], pitches[k, 0] = OUTPUT_RGBI, (rx, ry, rw, rh), dst, pitch
+        ptrs, lengths = buffer_spans([buffers[i] for i in idx])  # `buffers` holds them until the call returns
+        if self.planar:
+            planes, pitches, gray, rois = places.take(idx)
+            fmts = np.where(gray, OUTPUT_Y, OUTPUT_YUV).astype(np.int64)
+        else:
+            rois, dst, pitch = places.take(idx)
+            fmts = np.full(n, OUTPUT_RGBI, np.int64)
+            planes, pitches = np.zeros((n, 3), np.int64), np.zeros((n, 3), np.int64)
+            planes[:, 0], pitches[:, 0] = dst, pitch
         with self.device:
-            bad = self.hybrid.decode_batch([v.ctypes.data for v in views], [len(v) for v in views], fmts, rois,
-                                           planes, pitches, native=self.native_submit)
+            bad = self.hybrid.decode_batch(ptrs, lengths, fmts, rois, planes, pitches, native=self.native_submit)
             self._hybrid_done(self.hybrid_stream)
-        del views
         return [idx[k] for k, _ in bad], time.perf_counter() - t
 
     def close(self):

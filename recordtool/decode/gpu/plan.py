@@ -79,6 +79,23 @@ def ends_with_eoi_py(buffers) -> np.ndarray:
     return np.fromiter((len(b) >= 2 and b[-2] == 0xFF and b[-1] == 0xD9 for b in buffers), bool, len(buffers))
 
 
+def buffer_spans(buffers) -> tuple:
+    """(addresses, lengths), int64 (n,) each, of the buffers' bytes: what nvJPEG's host-pointer
+    calls take (valid while the caller keeps the buffers). Natively when built (one C pass);
+    buffer_spans_py is its reference."""
+    from ..cpu import _native
+
+    if _native is not None and hasattr(_native, "buffer_spans"):
+        return _native.buffer_spans(buffers)
+    return buffer_spans_py(buffers)
+
+
+def buffer_spans_py(buffers) -> tuple:
+    views = [np.frombuffer(b, np.uint8) for b in buffers]
+    return (np.fromiter((v.ctypes.data for v in views), np.int64, len(views)),
+            np.fromiter((v.nbytes for v in views), np.int64, len(views)))
+
+
 Chroma = Literal["replicate", "interpolate", "nvjpeg"]
 """How the GPU decoders upsample 4:2:0 / 4:2:2 / 4:4:0 chroma: "replicate" (nvJPEG's RGBI output
 as it is: each chroma sample repeated), "interpolate" (nvJPEG's planar YCbCr, then libjpeg-turbo's
