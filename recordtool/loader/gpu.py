@@ -167,8 +167,7 @@ class GPUBatcher:
             with cupy.cuda.Device(self.gpu_id), dec.stream:
                 first = images
                 images = cupy.ascontiguousarray(images)
-                params = self._pass(slot, dec).params(op.batch_params(len(ids), b.keys, h, w), dec.stream)
-                op_launch(op, images, params)
+                op_launch(op, images, op.batch_params(len(ids), b.keys, h, w))
                 t3 = time.perf_counter()
                 images, ready = self._normalise(images, dec, slot, (first,), b.flips)
         elif self.user_op is not None:
@@ -191,7 +190,10 @@ class GPUBatcher:
 
         cupy = dec.cupy
         n, s = raw.shape[0], self.recipe.size
-        p = self._pass(slot, dec)
+        p = self._passes.get(slot)
+        if p is None:
+            with self._lock:  # producers add their slots' passes at once (as decoders, `decoder`)
+                p = self._passes[slot] = _Pass(cupy, self.max_batch)
         p.finish()  # its previous pass has read its samples and images: they may go
         raw = cupy.ascontiguousarray(raw)
         from ..decode.gpu.buffers import place_whole
@@ -207,14 +209,6 @@ class GPUBatcher:
         p.held = (raw,) + tuple(keep)
         return out, p.done
 
-    def _pass(self, slot: int, dec):
-        """The slot's _Pass, made on first use."""
-        p = self._passes.get(slot)
-        if p is None:
-            with self._lock:  # producers add their slots' passes at once (as decoders, `decoder`)
-                p = self._passes[slot] = _Pass(dec.cupy, self.max_batch, getattr(self.image_op, "nparams", 0))
-        return p
-
     def close(self) -> None:
         for p in self._passes.values():
             p.finish()
@@ -226,30 +220,15 @@ class GPUBatcher:
 
 class _Pass:
     """A producer slot's normalising pass (with a user op): its pinned and device sample table,
-    a compiled op's params (pinned and device: uploaded without a pageable copy's wait), the
-    event after its last launch and the uint8 images that launch reads."""
+    the event after its last launch and the uint8 images that launch reads."""
 
-    def __init__(self, cupy, max_batch: int, nparams: int = 0):
+    def __init__(self, cupy, max_batch: int):
         from ..decode.gpu import SAMPLE_DTYPE
 
         self._mem = cupy.cuda.alloc_pinned_memory(max_batch * SAMPLE_DTYPE.itemsize)
         self.samples = np.frombuffer(self._mem, SAMPLE_DTYPE, max_batch)
         self.samples_dev = cupy.empty(max_batch * SAMPLE_DTYPE.itemsize, np.uint8)
-        self._pmem = cupy.cuda.alloc_pinned_memory(max(1, max_batch * nparams) * 8) if nparams else None
-        self._params = np.frombuffer(self._pmem, np.float64, max_batch * nparams) if nparams else None
-        self._params_dev = cupy.empty(max_batch * nparams, np.float64) if nparams else None
         self.done, self.held = None, ()
-
-    def params(self, params: np.ndarray, stream):
-        """(n, k) float64 params on the device, queued on `stream` from pinned memory. The
-        slot's previous pass is waited for first: its launch has read the last ones."""
-        self.finish()
-        n, k = params.shape
-        host = self._params[: n * k].reshape(n, k)
-        host[...] = params
-        dev = self._params_dev[: n * k].reshape(n, k)
-        dev.set(host, stream=stream)
-        return dev
 
     def finish(self) -> None:
         """Wait for the last pass; then what it read may be reused."""

@@ -120,7 +120,7 @@ class Loader:
         split: cuda only — how the engines' images are shared with the CPU: "auto" (the CPU first,
             the engines while the consumer waits: plan.Demand; an image may be decoded by either,
             see README's fidelity bound), "gpu" (bit-identical runs), "cpu", or a CPU share in [0, 1].
-        hybrid: cuda only — progressive and gray files to nvJPEG's hybrid decoder (else the CPU).
+        hybrid: cuda only — progressive (and without same_pixels gray) files to nvJPEG's hybrid decoder, else the CPU.
         chroma: cuda only — how GPU-decoded 4:2:0 / 4:2:2 chroma is upsampled: "interpolate"
             (libjpeg-turbo's filter in our kernel: the CPU path's pixels), "replicate" (nvJPEG's
             output as it is) or "nvjpeg" (nvJPEG's own interpolation); see decode.gpu.plan.Chroma.

@@ -41,25 +41,20 @@ def grid(op, n: int, h: int, w: int):
     return ((h * w + THREADS - 1) // THREADS, n, 1), (THREADS, 1, 1)
 
 
-def launch(op, batch, params) -> None:
+def launch(op, batch, params: np.ndarray) -> None:
     """Run the op's kernel over a C-contiguous uint8 (n, h, w, 3) CuPy batch in place, on the
-    current stream. params: (n, nparams) float64, a NumPy array (it goes up on that stream: the
-    kernel sees it whatever the host does next) or a CuPy array already there (the Loader's,
-    queued from pinned memory)."""
+    current stream (params go up on it: the kernel sees them whatever the host does next)."""
     import cupy
 
     n, h, w = batch.shape[:3]
     if batch.dtype != cupy.uint8 or batch.ndim != 4 or batch.shape[3] != 3 or not batch.flags.c_contiguous:
         raise ValueError(f"batch must be C-contiguous uint8 (N, H, W, 3), got {batch.dtype} {batch.shape}")
-    on_device = isinstance(params, cupy.ndarray)
-    if not on_device:
-        params = np.ascontiguousarray(params, np.float64)
-    if params.shape != (n, op.nparams) or params.dtype != np.float64 or not params.flags.c_contiguous:
-        raise ValueError(f"params must be C-contiguous float64 ({n}, {op.nparams}), got {params.dtype} "
-                         f"{params.shape}")
+    params = np.ascontiguousarray(params, np.float64)
+    if params.shape != (n, op.nparams):
+        raise ValueError(f"params must be ({n}, {op.nparams}), got {params.shape}")
     if n == 0:
         return
     fn = kernel(op)
-    p = params if on_device else cupy.asarray(params)
+    p = cupy.asarray(params)
     g, b = grid(op, n, h, w)
     fn(g, b, (batch, np.int32(n), np.int32(h), np.int32(w), p, np.int32(op.nparams)))
