@@ -1,6 +1,7 @@
 // recordtool._nvsubmit: one batch of nvJPEG's hardware decode submitted in one call, GIL released;
-// one batch of headers read (nvjpegGetImageInfo) the same way; and the hybrid decoder's images
-// of a batch decoded one after another in one call.
+// one batch of headers read (nvjpegGetImageInfo) the same way; the hybrid decoder's images
+// of a batch decoded one after another in one call; and a stream's copies and launches (a user
+// op's pass) queued in one call.
 //
 // Why: from Python the submission is one ctypes call per image (nvjpegDecodeParamsSetROI) plus
 // the batched decode; each ctypes call releases and retakes the GIL, so a training loop on the
@@ -8,8 +9,8 @@
 // Here the whole loop runs without the GIL.
 //
 // Nothing links CUDA or nvJPEG: the functions are nvJPEG's own, passed by address from the
-// ctypes binding (recordtool/decode/nvjpeg.py, which loaded the library). Their C signatures
-// are nvjpeg.h's. Reference: HardwareDecoder.decode's Python loop (tests/test_gpu.py decodes
+// ctypes binding (recordtool/decode/nvjpeg.py, which loaded the library), and the CUDA driver's
+// likewise. Their C signatures are nvjpeg.h's and cuda.h's. Reference: HardwareDecoder.decode's Python loop (tests/test_gpu.py decodes
 // one batch both ways and compares the pixels) and _Handle.image_info.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -250,6 +251,92 @@ py::array_t<int64_t> hybrid(py::array_t<int64_t, py::array::c_style | py::array:
     return out;
 }
 
+using StreamWaitFn = int (*)(void* stream, void* event, unsigned int flags);  // cuStreamWaitEvent
+using CopyHtoDFn = int (*)(uint64_t dst, const void* src, size_t bytes, void* stream);  // cuMemcpyHtoDAsync_v2
+using LaunchFn = int (*)(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                         unsigned shared, void* stream, void** params, void** extra);  // cuLaunchKernel
+
+// Device work of one stream queued in one GIL-free call, in this order: wait (on the host) for
+// `prev` (an event, 0 = none); the stream waits for each of `waits`; the host-to-device copies
+// (dst, src, bytes) — src pinned, so truly queued; the kernel launches (function, grid x y z,
+// block x y z, shared bytes, nargs), each taking its next nargs argument slots of `slots`
+// (8 bytes each, the value in its first bytes: a pointer or int64 in all 8, an int32 or float
+// in the low 4); then `done` is recorded (0 = none). A user op's pass (loader/gpu.py: the op's
+// params and the normalising pass's samples up, the op's kernel, the normalising kernel) is
+// one such call: from Python each of those calls gives the GIL up and must take it back from a
+// busy training thread. Reference: GPUBatcher's CuPy calls (tests/test_nvsubmit.py replays
+// this against stand-ins, tests/test_gpu.py compares the pixels on a GPU).
+// Returns (status, call, index): call 0 = done, 1 cuEventSynchronize, 2 cuStreamWaitEvent of
+// waits[index], 3 the copy `index`, 4 the launch `index`, 5 cuEventRecord; status the
+// driver's (0 = success); nothing after a failed call is queued.
+py::tuple queue(py::array_t<int64_t, py::array::c_style | py::array::forcecast> fns, uintptr_t stream, uintptr_t prev,
+                py::array_t<int64_t, py::array::c_style | py::array::forcecast> waits,
+                py::array_t<int64_t, py::array::c_style | py::array::forcecast> copies,
+                py::array_t<int64_t, py::array::c_style | py::array::forcecast> launches,
+                py::array_t<int64_t, py::array::c_style | py::array::forcecast> slots, uintptr_t done) {
+    if (fns.size() != 5) throw std::invalid_argument("queue: fns holds 5 functions");
+    const int64_t* f = fns.data();
+    for (int k = 0; k < 5; ++k)
+        if (!f[k]) throw std::invalid_argument("queue: null function");
+    if (!stream) throw std::invalid_argument("queue: null stream (the legacy default stream is not taken)");
+    if (copies.ndim() != 2 || copies.shape(1) != 3) throw std::invalid_argument("queue: copies must be (m, 3)");
+    if (launches.ndim() != 2 || launches.shape(1) != 9) throw std::invalid_argument("queue: launches must be (k, 9)");
+    const py::ssize_t nw = waits.size(), nc = copies.shape(0), nl = launches.shape(0);
+    const int64_t* wt = waits.data();
+    const int64_t* cp = copies.data();
+    const int64_t* ln = launches.data();
+    int64_t need = 0;
+    for (py::ssize_t i = 0; i < nw; ++i)
+        if (!wt[i]) throw std::invalid_argument("queue: null event in waits");
+    for (py::ssize_t i = 0; i < nc; ++i)
+        if (cp[3 * i + 2] < 0 || (cp[3 * i + 2] > 0 && (!cp[3 * i] || !cp[3 * i + 1])))
+            throw std::invalid_argument("queue: a copy with a null pointer or a negative size");
+    for (py::ssize_t i = 0; i < nl; ++i) {
+        const int64_t* r = ln + 9 * i;
+        if (!r[0]) throw std::invalid_argument("queue: null kernel function");
+        for (int d = 1; d < 8; ++d)
+            if (r[d] < 0 || r[d] > 0xffffffffLL) throw std::invalid_argument("queue: grid, block and shared sizes are uint32");
+        for (int d = 1; d < 7; ++d)
+            if (r[d] == 0) throw std::invalid_argument("queue: a grid or block dimension of 0");
+        if (r[8] < 0) throw std::invalid_argument("queue: negative nargs");
+        need += r[8];
+    }
+    if (need != slots.size()) throw std::invalid_argument("queue: the launches' nargs must add up to the slots");
+    // the kernels' argument pointers, into the slots (cuLaunchKernel copies the values it is given)
+    std::vector<void*> argp((size_t)need);
+    int64_t* base = const_cast<int64_t*>(slots.data());
+    for (int64_t i = 0; i < need; ++i) argp[(size_t)i] = base + i;
+    auto sync = reinterpret_cast<SyncFn>(f[0]);
+    auto wait = reinterpret_cast<StreamWaitFn>(f[1]);
+    auto copy = reinterpret_cast<CopyHtoDFn>(f[2]);
+    auto launch = reinterpret_cast<LaunchFn>(f[3]);
+    auto record = reinterpret_cast<RecordFn>(f[4]);
+    void* st = reinterpret_cast<void*>(stream);
+    int status = 0, call = 0;
+    py::ssize_t at = 0;
+    {
+        py::gil_scoped_release nogil;
+        if (prev && (status = sync(reinterpret_cast<void*>(prev))) != 0) call = 1;
+        for (py::ssize_t i = 0; !call && i < nw; ++i)
+            if ((status = wait(st, reinterpret_cast<void*>(wt[i]), 0)) != 0) call = 2, at = i;
+        for (py::ssize_t i = 0; !call && i < nc; ++i)
+            if (cp[3 * i + 2] > 0 && (status = copy((uint64_t)cp[3 * i], reinterpret_cast<const void*>(cp[3 * i + 1]),
+                                                    (size_t)cp[3 * i + 2], st)) != 0)
+                call = 3, at = i;
+        size_t a = 0;
+        for (py::ssize_t i = 0; !call && i < nl; ++i) {
+            const int64_t* r = ln + 9 * i;
+            if ((status = launch(reinterpret_cast<void*>(r[0]), (unsigned)r[1], (unsigned)r[2], (unsigned)r[3],
+                                 (unsigned)r[4], (unsigned)r[5], (unsigned)r[6], (unsigned)r[7], st,
+                                 r[8] ? argp.data() + a : nullptr, nullptr)) != 0)
+                call = 4, at = i;
+            a += (size_t)r[8];
+        }
+        if (!call && done && (status = record(reinterpret_cast<void*>(done), st)) != 0) call = 5;
+    }
+    return py::make_tuple(status, call, at);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_nvsubmit, m) {
@@ -261,4 +348,6 @@ PYBIND11_MODULE(_nvsubmit, m) {
     m.def("infos", &infos, py::arg("get_info"), py::arg("handle"), py::arg("host_ptrs"), py::arg("lengths"));
     m.def("hybrid", &hybrid, py::arg("fns"), py::arg("objs"), py::arg("sets"), py::arg("st"), py::arg("host_ptrs"),
           py::arg("lengths"), py::arg("formats"), py::arg("rois"), py::arg("planes"), py::arg("pitches"));
+    m.def("queue", &queue, py::arg("fns"), py::arg("stream"), py::arg("prev"), py::arg("waits"), py::arg("copies"),
+          py::arg("launches"), py::arg("slots"), py::arg("done"));
 }

@@ -737,6 +737,65 @@ def test_cuda_loader_with_a_compiled_op_same_for_any_producers_and_equal_to_the_
         assert all(np.array_equal(a, b) for a, b in zip(one, ref)), op.name
 
 
+class _Invert:
+    """A parameter-free compiled op (nparams = 0): its pass uploads no params."""
+
+    @staticmethod
+    def make():
+        from recordtool.ops import ImageOp
+
+        class Invert(ImageOp):
+            nparams = 0
+            cuda_name = "rt_invert"
+            cuda_source = r"""extern "C" __global__ void rt_invert(unsigned char* b, int n, int h, int w,
+                const double* p, int k) {
+                long long i = (long long)blockIdx.y * h * w * 3 + ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 3;
+                if ((blockIdx.x * blockDim.x + threadIdx.x) >= h * w) return;
+                b[i] = 255 - b[i]; b[i + 1] = 255 - b[i + 1]; b[i + 2] = 255 - b[i + 2];
+            }"""
+
+            def params(self, n, keys, h, w):
+                return np.zeros((n, 0))
+
+            @staticmethod
+            def image(img, p):
+                img[...] = 255 - img
+
+            def reference(self, batch, params):
+                batch[...] = 255 - batch
+                return batch
+
+        return Invert()
+
+
+@gpu
+@pytest.mark.parametrize("dtype, layout", [("float32", "NCHW"), ("float16", "NHWC")])
+def test_cuda_user_op_pass_queued_in_one_call_equals_its_cupy_calls(packed_mix, monkeypatch, dtype, layout):
+    """A user op's pass (params and samples up, the op's kernel, the normalising kernel, the
+    event) queued in one GIL-free call (StreamWork, _nvsubmit.queue) gives the batches of the
+    same CuPy calls made one by one (GPUBatcher.native_queue = False): compiled ops with and
+    without params, a batch op; the parameter-free op equals its host reference too."""
+    from recordtool.decode.gpu.work import native_available
+    from recordtool.loader import Loader
+    from recordtool.loader.gpu import GPUBatcher
+    from recordtool.ops import ColorJitter, ReferenceOp
+    from recordtool.ops.batch import Cutout
+
+    assert native_available()
+    kw = dict(batch_size=8, size=48, seed=4, split="gpu", as_torch=False, dtype=dtype, layout=layout, producers=2)
+    for op in (ColorJitter(0.5, 0.5, 0.5), _Invert.make(), Cutout(12)):
+        native = [cupy.asnumpy(x) for x, _ in Loader(packed_mix, device="cuda", user_op=op, **kw)]
+        with monkeypatch.context() as m:
+            m.setattr(GPUBatcher, "native_queue", False)
+            calls = [cupy.asnumpy(x) for x, _ in Loader(packed_mix, device="cuda", user_op=op, **kw)]
+        assert len(native) == len(calls) > 1
+        assert all(np.array_equal(a, b) for a, b in zip(native, calls)), type(op).__name__
+    inv = _Invert.make()
+    ref = [cupy.asnumpy(x) for x, _ in Loader(packed_mix, device="cuda", user_op=ReferenceOp(inv), **kw)]
+    got = [cupy.asnumpy(x) for x, _ in Loader(packed_mix, device="cuda", user_op=inv, **kw)]
+    assert all(np.array_equal(a, b) for a, b in zip(ref, got))
+
+
 @gpu
 def test_cuda_kernel_that_nvrtc_refuses_is_a_clear_error():
     from recordtool.errors import OpCompileError

@@ -326,3 +326,150 @@ def test_hybrid_batch_refuses_bad_arguments():
     with pytest.raises(ValueError):  # rois not (n, 4)
         nvsubmit.hybrid(np.ones(9, np.int64), np.ones(5, np.int64), np.ones(6, np.int64), np.zeros(8, np.int64),
                         z, z, z, np.zeros((2, 3), np.int64), np.zeros((2, 3), np.int64), np.zeros((2, 3), np.int64))
+
+
+# ------------------------------------------------------------------ queue: a stream's work in one call
+SYNC = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+WAIT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint)
+COPY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *([ctypes.c_uint] * 7), ctypes.c_void_p,
+                          ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
+RECORD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+
+
+class _Ptr:  # what StreamWork reads of CuPy's events, streams, functions and arrays
+    def __init__(self, ptr, nbytes=0):
+        self.ptr, self.nbytes = ptr, nbytes
+        self.data = self
+
+
+def _driver_standins(log, fail=None, kinds=None):
+    """Stand-ins for the five driver functions; the launch reads each kernel argument through
+    the pointer it is given, as the `kinds` ("p" 8 bytes, "i" int32, "f" float32, "d" float64)."""
+    def status(name):  # 700 for the fail-th call (0-based) of that name, just logged
+        return 700 if fail == (name, sum(1 for c in log if c[0] == name) - 1) else 0
+
+    @SYNC
+    def sync(ev):
+        log.append(("sync", ev))
+        return status("sync")
+
+    @WAIT
+    def wait(stream, ev, flags):
+        log.append(("wait", stream, ev, flags))
+        return status("wait")
+
+    @COPY
+    def copy(dst, src, nbytes, stream):
+        log.append(("copy", dst, bytes(ctypes.string_at(src, nbytes)), stream))
+        return status("copy")
+
+    @LAUNCH
+    def launch(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        kind = kinds[f]
+        vals = []
+        for i, k in enumerate(kind):
+            c = {"p": ctypes.c_int64, "i": ctypes.c_int32, "f": ctypes.c_float, "d": ctypes.c_double}[k]
+            vals.append(ctypes.cast(params[i], ctypes.POINTER(c))[0])
+        log.append(("launch", f, (gx, gy, gz), (bx, by, bz), shared, stream, tuple(vals), extra))
+        return status("launch")
+
+    @RECORD
+    def record(ev, stream):
+        log.append(("record", ev, stream))
+        return status("record")
+
+    fns = (sync, wait, copy, launch, record)
+    return fns, np.array([ctypes.cast(f, ctypes.c_void_p).value for f in fns], np.int64)
+
+
+def _work(monkeypatch, log, fail=None):
+    from recordtool.decode.gpu import work as W
+
+    kinds = {901: "pidid", 902: "ppiiffffff"}
+    keep, addrs = _driver_standins(log, fail, kinds)
+    monkeypatch.setattr(W, "_functions", lambda: addrs)
+    monkeypatch.setattr(W, "context_current", lambda: None)
+    w = W.StreamWork()
+    params = np.arange(6, dtype=np.float64) / 7
+    table = np.frombuffer(bytes(range(40)), np.uint8).copy()
+    w.wait(_Ptr(71))
+    w.copy(_Ptr(5000, 64), params)
+    w.copy(_Ptr(6000, 40), table)
+    w.launch(_Ptr(901), (3, 2, 1), (256, 1, 1), (_Ptr(1 << 33), np.int32(-3), np.float64(2.5), np.int32(48),
+                                                  np.float64(-1e300)))
+    w.launch(_Ptr(902), (2, 6, 4), (32, 8, 1), (_Ptr(6000), _Ptr(1 << 34), np.int32(48), np.int32(40),
+                                                np.float32(0.25), np.float32(-1.5), np.float32(3e-8),
+                                                np.float32(1), np.float32(2), np.float32(-0.0)))
+    return w, keep, params, table
+
+
+def test_queue_makes_the_calls_of_the_reference_in_order_with_the_arguments_it_is_given(monkeypatch):
+    """StreamWork.queue through _nvsubmit.queue (one GIL-free call) on stand-ins of the driver:
+    the previous pass waited for, then the stream's waits, copies (the host bytes as they are),
+    launches (each argument read back through its pointer at its own type) and the event
+    recorded — the order of the CuPy calls of the reference (native=False)."""
+    log = []
+    w, keep, params, table = _work(monkeypatch, log)
+    w.queue(_Ptr(55), prev=_Ptr(81), done=_Ptr(82))
+    assert [c[0] for c in log] == ["sync", "wait", "copy", "copy", "launch", "launch", "record"]
+    assert log[0] == ("sync", 81) and log[1] == ("wait", 55, 71, 0)
+    assert log[2] == ("copy", 5000, params.tobytes(), 55) and log[3] == ("copy", 6000, table.tobytes(), 55)
+    assert log[4] == ("launch", 901, (3, 2, 1), (256, 1, 1), 0, 55, (1 << 33, -3, 2.5, 48, -1e300), None)
+    f32 = [float(np.float32(v)) for v in (0.25, -1.5, 3e-8, 1, 2, -0.0)]
+    assert log[5] == ("launch", 902, (2, 6, 4), (32, 8, 1), 0, 55, (6000, 1 << 34, 48, 40, *f32), None)
+    assert log[6] == ("record", 82, 55)
+    log.clear()
+    w.queue(_Ptr(55))  # no previous pass, no event after
+    assert [c[0] for c in log] == ["wait", "copy", "copy", "launch", "launch"]
+
+
+@pytest.mark.parametrize("fail, last", [(("sync", 0), "sync"), (("copy", 1), "copy"), (("launch", 0), "launch"),
+                                        (("record", 0), "record")])
+def test_queue_stops_at_the_failing_call_and_names_it(monkeypatch, fail, last):
+    from recordtool.decode.gpu.work import CudaError
+
+    log = []
+    w, *_ = _work(monkeypatch, log, fail)
+    with pytest.raises(CudaError, match=r"cu\w+ .*failed with CUDA error 700") as e:
+        w.queue(_Ptr(55), prev=_Ptr(81), done=_Ptr(82))
+    assert log[-1][0] == last and e.value.status == 700  # nothing after the failed call
+    if last == "launch":
+        assert "(launch 1 of 2)" in str(e.value)
+
+
+def test_queue_refuses_bad_arguments_without_calling_anything():
+    log = []
+    keep, fns = _driver_standins(log)
+    z2, z3 = np.zeros((0, 3), np.int64), np.zeros((0, 9), np.int64)
+    one = np.array([[901, 1, 1, 1, 32, 1, 1, 0, 2]], np.int64)
+    bad = [
+        dict(fns=fns[:4]),                                       # four functions, not five
+        dict(stream=0),                                          # the legacy default stream
+        dict(copies=np.array([[0, 8, 16]], np.int64)),           # a copy to a null pointer
+        dict(copies=np.array([[8, 8, -1]], np.int64)),           # a negative size
+        dict(launches=one, slots=np.zeros(1, np.int64)),         # nargs 2, one slot
+        dict(launches=np.where(np.arange(9) == 1, 0, one), slots=np.zeros(2, np.int64)),  # a grid of 0
+        dict(launches=np.where(np.arange(9) == 7, 1 << 40, one), slots=np.zeros(2, np.int64)),  # shared > uint32
+        dict(waits=np.array([0], np.int64)),                     # a null event
+        dict(launches=np.zeros((1, 8), np.int64)),               # not (k, 9)
+    ]
+    for b in bad:
+        kw = dict(fns=fns, stream=55, prev=0, waits=np.zeros(0, np.int64), copies=z2, launches=z3,
+                  slots=np.zeros(0, np.int64), done=0)
+        kw.update(b)
+        with pytest.raises(ValueError):
+            nvsubmit.queue(**kw)
+    assert log == []
+
+
+def test_pack_args_puts_each_value_in_the_low_bytes_of_its_slot():
+    from recordtool.decode.gpu.work import pack_args
+
+    s = pack_args([_Ptr(0xDEADBEEF12), np.int32(-2), np.float32(1.5), np.float64(-0.1), np.uint64(1 << 63),
+                   np.uint32(7)])
+    assert s[0] == 0xDEADBEEF12 and s[1:2].view(np.int32)[0] == -2 and s[2:3].view(np.float32)[0] == 1.5
+    assert s[3:4].view(np.float64)[0] == -0.1 and s[4:5].view(np.uint64)[0] == 1 << 63
+    assert s[5] == 7  # the high bytes of a 32-bit value's slot are zero
+    with pytest.raises(TypeError):
+        __import__("recordtool.decode.gpu.work", fromlist=["StreamWork"]).StreamWork().launch(_Ptr(1), (1,), (1,), (3,))

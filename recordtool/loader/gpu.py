@@ -65,6 +65,10 @@ def demand_from_env(environ=None):
 class GPUBatcher:
     """Makes the batches of a cuda Loader.
 
+    With a user op, each batch's op and normalising pass is queued in one GIL-free call
+    (decode.gpu.work.StreamWork); `native_queue = False` makes the same CuPy calls one by one
+    (its reference, for the tests).
+
     Args:
         recipe: what a batch is, and its output (recipe.spec).
         gpu_id: CUDA device id (producer threads do not inherit the caller's current device).
@@ -77,6 +81,8 @@ class GPUBatcher:
         slots: output batches alive at once.
         max_batch: images per batch at most.
     """
+
+    native_queue = True
 
     def __init__(self, recipe: Recipe, *, gpu_id: int, producers: int, threads: int, user_op, split, hybrid: bool,
                  slots: int, max_batch: int, chroma: str | None = None, same_pixels: bool = True):
@@ -161,15 +167,11 @@ class GPUBatcher:
         t2 = t3 = time.perf_counter()
         ready = None
         if op is not None:
-            from ..ops.cuda import launch as op_launch
-
             h, w = self.spec.size
+            params = op.batch_params(len(ids), b.keys, h, w)
+            t3 = time.perf_counter()
             with cupy.cuda.Device(self.gpu_id), dec.stream:
-                first = images
-                images = cupy.ascontiguousarray(images)
-                op_launch(op, images, op.batch_params(len(ids), b.keys, h, w))
-                t3 = time.perf_counter()
-                images, ready = self._normalise(images, dec, slot, (first,), b.flips)
+                images, ready = self._normalise(images, dec, slot, flips=b.flips, op=(op, params))
         elif self.user_op is not None:
             with cupy.cuda.Device(self.gpu_id), dec.stream:
                 first = images
@@ -180,34 +182,55 @@ class GPUBatcher:
         stages.update({"gpu." + k: v for k, v in dec.last.stages.items()})
         return Made(images, b.labels, dec.last.errors, stages, dec.last, ready)
 
-    def _normalise(self, raw, dec, slot: int, keep=(), flips=None):
+    def _normalise(self, raw, dec, slot: int, keep=(), flips=None, op=None):
         """uint8 NHWC (n, s, s, 3) → the output format, through the resize kernel at 1:1, mirrored
-        where flips (default none). Queued, not waited for: returns (batch, event after the
-        pass); the consumer's stream waits for the event. The pass has its own sample table per
-        slot, and keeps what it reads (`raw` and `keep`, uint8 ring slots) until the slot's next
-        pass, which first waits for this one."""
-        from ..decode.gpu.kernel import launch
+        where flips (default none); op: (compiled ImageOp, its params) run on `raw` in place
+        first. Queued, not waited for, in one call (StreamWork: the uploads, the op's kernel,
+        the normalising kernel): returns (batch, event after the pass); the consumer's stream
+        waits for the event. The pass has its own sample table and params per slot (two host
+        sets: one is filled while the last pass may still read the other), and keeps what it
+        reads (`raw` and `keep`, uint8 ring slots) until the slot's next pass, which first
+        waits for this one."""
+        from ..decode.gpu.buffers import place_whole
+        from ..decode.gpu.kernel import geometry
+        from ..decode.gpu.work import StreamWork
+        from ..ops.cuda import call
 
         cupy = dec.cupy
         n, s = raw.shape[0], self.recipe.size
         p = self._passes.get(slot)
         if p is None:
             with self._lock:  # producers add their slots' passes at once (as decoders, `decoder`)
-                p = self._passes[slot] = _Pass(cupy, self.max_batch)
-        p.finish()  # its previous pass has read its samples and images: they may go
+                nparams = self.image_op.nparams if self.image_op is not None else 0
+                p = self._passes[slot] = _Pass(cupy, self.max_batch, nparams)
         raw = cupy.ascontiguousarray(raw)
-        from ..decode.gpu.buffers import place_whole
-
-        place_whole(p.samples, np.arange(n), (s, s), raw.data.ptr)
-        samples = p.samples[:n]
+        samples, host_params = p.host()
+        samples = samples[:n]
+        place_whole(samples, np.arange(n), (s, s), raw.data.ptr)
         samples["mirror"] = 0 if flips is None else np.asarray(flips, np.int32)
-        p.samples_dev[: samples.nbytes].set(samples.view(np.uint8), stream=dec.stream)
-        out = self.ring.acquire(n, dec.stream)
-        launch(self._normalize, p.samples_dev, n, out, (s, s), self.spec.mean, self.spec.std, dec.stream)
-        p.done = cupy.cuda.Event(disable_timing=True)
-        p.done.record(dec.stream)
-        p.held = (raw,) + tuple(keep)
-        return out, p.done
+        work = StreamWork()
+        if op is not None and n:
+            image_op, params = op
+            if params.size:
+                host_params = host_params[: params.size]
+                host_params[:] = params.reshape(-1)
+                work.copy(p.params_dev, host_params)
+            work.launch(*call(image_op, raw, p.params_dev))
+        out, ev = self.ring.take(n)
+        if ev is not None:
+            work.wait(ev)
+        if n:
+            work.copy(p.samples_dev, samples.view(np.uint8))
+            work.launch(self._normalize, *geometry(p.samples_dev, n, out, (s, s), self.spec.mean, self.spec.std))
+        done = cupy.cuda.Event(disable_timing=True)
+        try:
+            work.queue(dec.stream, prev=p.done, done=done, native=self.native_queue)
+        except Exception:
+            dec.stream.synchronize()  # nothing queued may still read this slot's host sets
+            p.done, p.held = None, ()
+            raise
+        p.done, p.held = done, (raw,) + tuple(keep)
+        return out, done
 
     def close(self) -> None:
         for p in self._passes.values():
@@ -219,16 +242,27 @@ class GPUBatcher:
 
 
 class _Pass:
-    """A producer slot's normalising pass (with a user op): its pinned and device sample table,
-    the event after its last launch and the uint8 images that launch reads."""
+    """A producer slot's normalising pass (with a user op): two pinned host sets of its sample
+    table and op params, used in turn (a pass waits for the one before it, so the set of the
+    pass before that is free), their device copies, the event after its last pass and the
+    uint8 images that pass reads."""
 
-    def __init__(self, cupy, max_batch: int):
+    def __init__(self, cupy, max_batch: int, nparams: int):
         from ..decode.gpu import SAMPLE_DTYPE
 
-        self._mem = cupy.cuda.alloc_pinned_memory(max_batch * SAMPLE_DTYPE.itemsize)
-        self.samples = np.frombuffer(self._mem, SAMPLE_DTYPE, max_batch)
-        self.samples_dev = cupy.empty(max_batch * SAMPLE_DTYPE.itemsize, np.uint8)
+        table = max_batch * SAMPLE_DTYPE.itemsize  # a multiple of 8: the params that follow are aligned
+        self._mem = [cupy.cuda.alloc_pinned_memory(table + 8 * max(1, max_batch * nparams)) for _ in range(2)]
+        self._sets = [(np.frombuffer(m, SAMPLE_DTYPE, max_batch),
+                       np.frombuffer(m, np.float64, max_batch * nparams, offset=table)) for m in self._mem]
+        self._next = 0
+        self.samples_dev = cupy.empty(table, np.uint8)
+        self.params_dev = cupy.empty(max(1, max_batch * nparams), np.float64)
         self.done, self.held = None, ()
+
+    def host(self):
+        """(sample table, params) of the next host set."""
+        k, self._next = self._next, self._next ^ 1
+        return self._sets[k]
 
     def finish(self) -> None:
         """Wait for the last pass; then what it read may be reused."""

@@ -41,20 +41,33 @@ def grid(op, n: int, h: int, w: int):
     return ((h * w + THREADS - 1) // THREADS, n, 1), (THREADS, 1, 1)
 
 
+def check_batch(batch) -> None:
+    import cupy
+
+    if batch.dtype != cupy.uint8 or batch.ndim != 4 or batch.shape[3] != 3 or not batch.flags.c_contiguous:
+        raise ValueError(f"batch must be C-contiguous uint8 (N, H, W, 3), got {batch.dtype} {batch.shape}")
+
+
+def call(op, batch, params_dev) -> tuple:
+    """(kernel, grid, block, args) of the op over a C-contiguous uint8 (n, h, w, 3) CuPy batch
+    (n ≥ 1) with its params already on the device (float64, n × nparams from their start)."""
+    check_batch(batch)
+    n, h, w = batch.shape[:3]
+    g, b = grid(op, n, h, w)
+    return kernel(op), g, b, (batch, np.int32(n), np.int32(h), np.int32(w), params_dev, np.int32(op.nparams))
+
+
 def launch(op, batch, params: np.ndarray) -> None:
     """Run the op's kernel over a C-contiguous uint8 (n, h, w, 3) CuPy batch in place, on the
     current stream (params go up on it: the kernel sees them whatever the host does next)."""
     import cupy
 
-    n, h, w = batch.shape[:3]
-    if batch.dtype != cupy.uint8 or batch.ndim != 4 or batch.shape[3] != 3 or not batch.flags.c_contiguous:
-        raise ValueError(f"batch must be C-contiguous uint8 (N, H, W, 3), got {batch.dtype} {batch.shape}")
+    check_batch(batch)
+    n = batch.shape[0]
     params = np.ascontiguousarray(params, np.float64)
     if params.shape != (n, op.nparams):
         raise ValueError(f"params must be ({n}, {op.nparams}), got {params.shape}")
     if n == 0:
         return
-    fn = kernel(op)
-    p = cupy.asarray(params)
-    g, b = grid(op, n, h, w)
-    fn(g, b, (batch, np.int32(n), np.int32(h), np.int32(w), p, np.int32(op.nparams)))
+    fn, g, b, args = call(op, batch, cupy.asarray(params))
+    fn(g, b, args)

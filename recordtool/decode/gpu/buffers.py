@@ -272,6 +272,14 @@ class OutputRing:
 
     def acquire(self, n: int, stream):
         """An (n, ...) array over a free slot; `stream` waits until its last user is done."""
+        out, ev = self.take(n)
+        if ev is not None:
+            stream.wait_event(ev)
+        return out
+
+    def take(self, n: int):
+        """(an (n, ...) array over a free slot, the event after its last user or None): the
+        stream that writes it must wait for that event first (`acquire` does)."""
         cupy = self.cupy
         shape = (n,) + self.shape[1:]
         with self._lock:
@@ -280,11 +288,9 @@ class OutputRing:
             if k is None:
                 self.spills += 1
         if k is None:
-            return cupy.empty(shape, self.dtype)
-        if ev is not None:
-            stream.wait_event(ev)
+            return cupy.empty(shape, self.dtype), None
         mem = cupy.cuda.UnownedMemory(self._mem[k].ptr, self.nbytes, _Slot(self, k), self.device)
-        return cupy.ndarray(shape, self.dtype, cupy.cuda.MemoryPointer(mem, 0))
+        return cupy.ndarray(shape, self.dtype, cupy.cuda.MemoryPointer(mem, 0)), ev
 
     def _release(self, k: int) -> None:
         cupy = self.cupy

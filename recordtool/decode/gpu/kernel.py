@@ -61,12 +61,18 @@ def kernel(dtype: DType, layout: Layout):
     return _modules[bf16].get_function(_NAMES[(dtype, layout)])
 
 
-def launch(fn, samples_dev, n: int, out, size, mean, std, stream) -> None:
-    """Run the kernel over n samples on `stream` into `out` (n, 3, h, w) or (n, h, w, 3)."""
+def geometry(samples_dev, n: int, out, size, mean, std) -> tuple:
+    """(grid, block, args) of the kernel over n samples into `out` (n, 3, h, w) or (n, h, w, 3)."""
     from ..spec import scale_bias
 
     h, w = size
     sc, bi = scale_bias(mean, std)  # the CPU path's constants: its normalised values, bit for bit
+    return (((w + 31) // 32, (h + 7) // 8, n), (32, 8, 1),
+            (samples_dev, out, np.int32(w), np.int32(h), sc[0], sc[1], sc[2], bi[0], bi[1], bi[2]))
+
+
+def launch(fn, samples_dev, n: int, out, size, mean, std, stream) -> None:
+    """Run the kernel over n samples on `stream` into `out` (n, 3, h, w) or (n, h, w, 3)."""
+    grid, block, args = geometry(samples_dev, n, out, size, mean, std)
     with stream:
-        fn(((w + 31) // 32, (h + 7) // 8, n), (32, 8, 1),
-           (samples_dev, out, np.int32(w), np.int32(h), sc[0], sc[1], sc[2], bi[0], bi[1], bi[2]))
+        fn(grid, block, args)
