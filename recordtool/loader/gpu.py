@@ -226,7 +226,10 @@ class GPUBatcher:
         try:
             work.queue(dec.stream, prev=p.done, done=done, native=self.native_queue)
         except Exception:
-            dec.stream.synchronize()  # nothing queued may still read this slot's host sets
+            try:  # nothing queued may still read this slot's host sets
+                dec.stream.synchronize()
+            except Exception:  # noqa: BLE001  (a device in an error state: the first error is the one to raise)
+                pass
             p.done, p.held = None, ()
             raise
         p.done, p.held = done, (raw,) + tuple(keep)
