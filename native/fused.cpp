@@ -604,6 +604,20 @@ static void pools_after_fork_in_child() {
 
 using namespace rt;
 
+// A buffer whose bytes are one C-contiguous block (a JPEG's bytes): for a strided or reversed
+// view, ptr .. ptr + size · itemsize would not be its bytes, or not even its memory. Names the
+// buffer's position otherwise (ValueError in Python).
+static py::buffer_info contiguous_buffer(const py::object& obj, size_t i) {
+    py::buffer_info b = py::buffer(obj).request();
+    py::ssize_t expect = b.itemsize;
+    for (py::ssize_t d = b.ndim - 1; d >= 0; --d) {
+        if (b.shape[(size_t)d] > 1 && b.strides[(size_t)d] != expect)
+            throw std::invalid_argument("buffer " + std::to_string(i) + " is not C-contiguous (a strided view of bytes)");
+        expect *= b.shape[(size_t)d];
+    }
+    return b;
+}
+
 // Tasks of one batch: buffers (sequence of bytes-likes, kept alive by `keep`) and windows
 // (N, 4) float64 (y, x, h, w). `out` (uint8 slots) is set by the caller or by Emit.
 static std::vector<Task> make_tasks(py::sequence buffers, py::array_t<double, py::array::c_style> windows,
@@ -615,8 +629,7 @@ static std::vector<Task> make_tasks(py::sequence buffers, py::array_t<double, py
     keep.reserve(n);
     auto win = windows.unchecked<2>();
     for (size_t i = 0; i < n; i++) {
-        py::object obj = buffers[i];
-        keep.emplace_back(py::buffer(obj).request());
+        keep.emplace_back(contiguous_buffer(buffers[i], i));
         const py::buffer_info& b = keep.back();
         tasks[i].data = static_cast<const uint8_t*>(b.ptr);
         tasks[i].size = (size_t)b.size * b.itemsize;
@@ -799,7 +812,7 @@ static py::array_t<int64_t> gather(py::sequence buffers, uintptr_t dst, size_t c
     auto off = offsets.mutable_unchecked<1>();
     size_t pos = 0;
     for (size_t i = 0; i < n; i++) {
-        keep.emplace_back(py::buffer(buffers[i]).request());
+        keep.emplace_back(contiguous_buffer(buffers[i], i));
         off(i) = (int64_t)pos;
         pos += ((size_t)keep.back().size * keep.back().itemsize + align - 1) / align * align;
     }
@@ -820,7 +833,7 @@ static py::array_t<bool> ends_with_eoi(py::sequence buffers) {
     py::array_t<bool> out(n);
     auto o = out.mutable_unchecked<1>();
     for (size_t i = 0; i < n; i++) {
-        py::buffer_info b = py::buffer(buffers[i]).request();
+        py::buffer_info b = contiguous_buffer(buffers[i], i);
         const size_t len = (size_t)b.size * b.itemsize;
         const uint8_t* p = static_cast<const uint8_t*>(b.ptr);
         o(i) = len >= 2 && p[len - 2] == 0xFF && p[len - 1] == 0xD9;
@@ -837,7 +850,7 @@ static py::tuple buffer_spans(py::sequence buffers) {
     auto p = ptrs.mutable_unchecked<1>();
     auto l = lens.mutable_unchecked<1>();
     for (size_t i = 0; i < n; i++) {
-        py::buffer_info b = py::buffer(buffers[i]).request();
+        py::buffer_info b = contiguous_buffer(buffers[i], i);
         p(i) = (int64_t)reinterpret_cast<uintptr_t>(b.ptr);
         l(i) = (int64_t)((size_t)b.size * b.itemsize);
     }

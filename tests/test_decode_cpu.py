@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import photo_like
+from conftest import jpeg_bytes, photo_like
 from recordtool.decode import (DecodeError, decode_crop_resize, eval_transform, mirror, normalize,
                                random_windows)
 from recordtool.decode import cpu, reference as R
@@ -335,6 +335,26 @@ def test_buffer_spans_native_matches_its_reference():
         assert np.array_equal(got[1], want[1]) and got[0].dtype == got[1].dtype == np.int64
         nonempty = want[1] > 0  # an empty buffer's address is whatever its exporter says
         assert np.array_equal(got[0][nonempty], want[0][nonempty])
+
+
+@pytest.mark.skipif(not cpu.native_available(), reason="native decoder not built")
+def test_strided_views_of_bytes_are_refused_naming_the_buffer():
+    """The native passes read a buffer as ptr .. ptr + length: a strided or reversed view is not
+    its bytes there (a reversed one not even its memory), so each refuses it with a ValueError
+    naming its position — as the Python references do; a contiguous slice or array passes."""
+    from recordtool import _native
+    from recordtool.decode.gpu.plan import buffer_spans_py, ends_with_eoi_py
+
+    good = jpeg_bytes()
+    for bad in (memoryview(good)[::2], memoryview(good)[::-1], np.frombuffer(good * 2, np.uint8).reshape(2, -1)[:, ::3]):
+        bufs = [good, bad]
+        for f in (_native.ends_with_eoi, _native.buffer_spans, ends_with_eoi_py, buffer_spans_py,
+                  lambda b: _native.gather(b, np.zeros(4 * len(good), np.uint8).ctypes.data, 4 * len(good), 64),
+                  lambda b: cpu.decode_crop_resize(b, np.array([[0, 0, 8, 8]] * 2, np.float64), (16, 16))):
+            with pytest.raises(ValueError, match="buffer 1 is not C-contiguous"):
+                f(bufs)
+    fine = [good, memoryview(good)[:], np.frombuffer(good, np.uint8).reshape(1, -1)]
+    assert _native.ends_with_eoi(fine).all() and np.array_equal(_native.buffer_spans(fine)[1], [len(good)] * 3)
 
 
 def test_background_nice_variable_is_checked(monkeypatch):

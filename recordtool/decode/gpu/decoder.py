@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -309,7 +310,11 @@ class GPUDecoder:
                 t_gpu = max(t_submit, self.cupy.cuda.get_elapsed_time(ev_start, ev_decoded) / 1e3)
         n_gpu = len(plan.engine) - len(hw_failed)
         n_hyb = len(plan.hybrid) - len(hyb_failed)
-        self.planner.observe(n, n_gpu, t_gpu, len(plan.cpu), t_cpu, n_hyb, t_hyb if not hyb_failed else None)
+        if self.planner.observe(n, n_gpu, t_gpu, len(plan.cpu), t_cpu, n_hyb, t_hyb if not hyb_failed else None,
+                                engines_failed=bool(hw_failed)):
+            warnings.warn(f"nvJPEG's hardware decoder refused {self.planner.refused} batches in a row "
+                          f"({self.last_gpu_error}); this decoder sends their images to the CPU from now on",
+                          RuntimeWarning, stacklevel=2)
         r = self.planner.rates
         t_end = time.perf_counter()
         self.last = BatchReport(n=n, gpu=n_gpu, hybrid=n_hyb, cpu=len(cpu_idx), cpu_forced=plan.forced,

@@ -76,7 +76,17 @@ def ends_with_eoi(buffers) -> np.ndarray:
 
 
 def ends_with_eoi_py(buffers) -> np.ndarray:
-    return np.fromiter((len(b) >= 2 and b[-2] == 0xFF and b[-1] == 0xD9 for b in buffers), bool, len(buffers))
+    return np.fromiter((len(b) >= 2 and b[-2] == 0xFF and b[-1] == 0xD9 for b in _contiguous(buffers)), bool,
+                       len(buffers))
+
+
+def _contiguous(buffers):
+    """The buffers, each checked to be one C-contiguous block of bytes (as the native passes
+    check: they read ptr .. ptr + length)."""
+    for i, b in enumerate(buffers):
+        if not memoryview(b).c_contiguous:
+            raise ValueError(f"buffer {i} is not C-contiguous (a strided view of bytes)")
+    return buffers
 
 
 def buffer_spans(buffers) -> tuple:
@@ -91,7 +101,7 @@ def buffer_spans(buffers) -> tuple:
 
 
 def buffer_spans_py(buffers) -> tuple:
-    views = [np.frombuffer(b, np.uint8) for b in buffers]
+    views = [np.frombuffer(b, np.uint8) for b in _contiguous(buffers)]
     return (np.fromiter((v.ctypes.data for v in views), np.int64, len(views)),
             np.fromiter((v.nbytes for v in views), np.int64, len(views)))
 
@@ -233,6 +243,11 @@ class SplitPlanner:
     rates: Rates = field(default_factory=Rates)
     cpu_fraction: float = 0.0
     demand: Demand | None = None
+    refused: int = 0  # batches in a row the engines refused (observe's engines_failed)
+
+    # the engines refused this many batches in a row: they get no more images (each refused
+    # batch is decoded twice, and a share measured on nothing may grow to the whole batch)
+    ENGINES_OFF_AFTER = 3
 
     def __post_init__(self):
         self.split = check_split(self.split)
@@ -268,14 +283,24 @@ class SplitPlanner:
         return Plan(engine=kept, hybrid=hyb, cpu=np.concatenate([forced, moved]).astype(np.int64),
                     forced=len(forced))
 
-    def observe(self, n: int, n_gpu: int, t_gpu, n_cpu: int, t_cpu, n_hyb: int = 0, t_hyb=None) -> None:
+    def observe(self, n: int, n_gpu: int, t_gpu, n_cpu: int, t_cpu, n_hyb: int = 0, t_hyb=None,
+                engines_failed: bool = False) -> bool:
         """Fold one batch's timings in, then move the CPU share so that both sides would take
-        the same time on the next batch (only with split="auto" and working engines)."""
+        the same time on the next batch (only with split="auto" and working engines).
+        engines_failed: the engines refused this batch (the CPU decoded their images). Returns
+        True when that made the engines stop here (ENGINES_OFF_AFTER refusals in a row)."""
+        stopped = False
+        if engines_failed:
+            self.refused += 1
+            if self.engines and self.refused >= self.ENGINES_OFF_AFTER:
+                self.engines, stopped = False, True
+        elif n_gpu:
+            self.refused = 0
         self.rates.update("gpu", n_gpu, t_gpu, 8)
         self.rates.update("cpu", n_cpu, t_cpu, 8)
         self.rates.update("hybrid", n_hyb, t_hyb, 2)
         if self.split != "auto" or not self.engines:
-            return
+            return stopped
         rg, rc = self.rates.gpu, self.rates.cpu
         if rg and rc:
             self.cpu_fraction = float(np.clip(rc / (rc + rg), 0.0, 0.9))
@@ -283,3 +308,4 @@ class SplitPlanner:
             self.cpu_fraction = max(0.05, 8.5 / max(n, 1))  # measure the CPU once (≥ 8 images)
         elif rc and not rg:
             self.cpu_fraction = 0.5
+        return False
