@@ -298,7 +298,8 @@ py::tuple queue(py::array_t<int64_t, py::array::c_style | py::array::forcecast> 
             if (r[d] < 0 || r[d] > 0xffffffffLL) throw std::invalid_argument("queue: grid, block and shared sizes are uint32");
         for (int d = 1; d < 7; ++d)
             if (r[d] == 0) throw std::invalid_argument("queue: a grid or block dimension of 0");
-        if (r[8] < 0) throw std::invalid_argument("queue: negative nargs");
+        if (r[8] < 0 || r[8] > (int64_t)slots.size() - need)  // (no overflow: need ≤ slots.size() so far)
+            throw std::invalid_argument("queue: the launches' nargs must add up to the slots");
         need += r[8];
     }
     if (need != slots.size()) throw std::invalid_argument("queue: the launches' nargs must add up to the slots");

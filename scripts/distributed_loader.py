@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import recordtool  # noqa: E402
-from recordtool.tools.train_ddp import cover, resume_matches  # noqa: E402
+from recordtool.tools.train_ddp import cover, end_rank, resume_matches  # noqa: E402
 
 
 def main():
@@ -135,7 +135,7 @@ def main():
                 json.dump({"world": world, "device": a.device, "backend": backend, "threads": threads, "pinned": a.pin,
                            "epochs": epochs, "median_img_s": med, "stages_ms_per_image": stages,
                            "resume_ok": resume_ok, "ok": ok}, f, indent=1)
-    sys.exit(0 if ok else 1)
+    end_rank(0 if ok else 1)  # not sys.exit: train_ddp.end_rank says why
 
 
 if __name__ == "__main__":

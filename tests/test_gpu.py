@@ -634,32 +634,44 @@ def test_gpu_measurement_settings_are_checked_without_a_gpu(monkeypatch):
 
 
 @pytest.mark.parametrize("split", ["auto", "gpu"])
-def test_planner_stops_using_engines_that_refuse_every_batch(split):
+def test_planner_pauses_engines_that_refuse_every_batch_and_retries_them(split):
     """Engines that refuse every batch (the CPU redoes each one) and so never get a rate: after
-    ENGINES_OFF_AFTER refusals in a row they get no images (observe says so once, for the
-    decoder's warning); refusals with a success between them do not add up."""
+    ENGINES_OFF_AFTER refusals in a row they get no images for ENGINES_RETRY_AFTER batches
+    (observe says so once, for the decoder's warning), then one batch again; a refused retry
+    doubles the pause, a decoded one ends the pauses; refusals with a success between them do
+    not add up."""
     from recordtool.decode.gpu import Demand, SplitPlanner
 
     routes = np.array([ENGINE] * 16, np.int8)
     eoi = np.ones(16, bool)
     demand = Demand()
     p = SplitPlanner(split, demand=demand)
-    sent, stops = [], []
-    for _ in range(12):  # a consumer that always waits: the CPU-first share would keep moving to the engines
-        plan = p.plan(routes, eoi)
-        ne = len(plan.engine)  # all refused: the CPU decodes them too
-        sent.append(ne > 0)
-        stops.append(p.observe(16, 0, None, 16, 16 / 1000, engines_failed=ne > 0))
-        demand.observe(wait=0.02, interval=0.05)
+    p.ENGINES_RETRY_AFTER = 5
+
+    def run(batches, works=False):
+        sent, stops = [], []
+        for _ in range(batches):  # a consumer that always waits: the CPU-first share keeps moving to the engines
+            plan = p.plan(routes, eoi)
+            ne = len(plan.engine)
+            sent.append(ne > 0)
+            ok = works and ne > 0
+            stops.append(p.observe(16, ne if ok else 0, ne / 4000 if ok else None, 16 - ne if ok else 16, 0.016,
+                                   engines_failed=ne > 0 and not works))
+            demand.observe(wait=0.02, interval=0.05)
+        return sent, stops
+
+    sent, stops = run(12)
     first = sent.index(True)
-    off = first + SplitPlanner.ENGINES_OFF_AFTER - 1  # the batch of the last refusal
-    assert sent == [False] * first + [True] * SplitPlanner.ENGINES_OFF_AFTER + [False] * (11 - off)
-    assert stops == [k == off for k in range(12)] and not p.engines
-    assert len(p.plan(routes, eoi).cpu) == 16
+    off = first + SplitPlanner.ENGINES_OFF_AFTER - 1  # the batch of the third refusal
+    # paused for 5 batches, one retry (refused: paused for 10), the batches after it paused
+    assert sent[first:] == [True] * SplitPlanner.ENGINES_OFF_AFTER + [False] * 5 + [True] + [False] * (3 - first)
+    assert stops == [k == off for k in range(12)] and p.paused == 10 - (3 - first) and p.pause == 10
+    sent, stops = run(p.paused + 1, works=True)  # the pause ends; the engines decode again
+    assert sent == [False] * (len(sent) - 1) + [True] and not any(stops) and p.pause == p.refused == 0
     q = SplitPlanner(split)
     for failed in (True, True, False, True, True, False, True):
         q.observe(16, 0 if failed else 12, None if failed else 0.01, 16, 0.016, engines_failed=failed)
-    assert q.engines and q.refused == 1
+    assert q.paused == 0 and q.refused == 1 and len(q.plan(routes, eoi).engine) > 0
 
 
 def test_planner_auto_split_follows_measured_rates():

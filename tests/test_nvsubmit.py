@@ -424,8 +424,8 @@ def test_queue_makes_the_calls_of_the_reference_in_order_with_the_arguments_it_i
     assert [c[0] for c in log] == ["wait", "copy", "copy", "launch", "launch"]
 
 
-@pytest.mark.parametrize("fail, last", [(("sync", 0), "sync"), (("copy", 1), "copy"), (("launch", 0), "launch"),
-                                        (("record", 0), "record")])
+@pytest.mark.parametrize("fail, last", [(("sync", 0), "sync"), (("wait", 0), "wait"), (("copy", 1), "copy"),
+                                        (("launch", 0), "launch"), (("record", 0), "record")])
 def test_queue_stops_at_the_failing_call_and_names_it(monkeypatch, fail, last):
     from recordtool.decode.gpu.work import CudaError
 
@@ -453,6 +453,7 @@ def test_queue_refuses_bad_arguments_without_calling_anything():
         dict(launches=np.where(np.arange(9) == 7, 1 << 40, one), slots=np.zeros(2, np.int64)),  # shared > uint32
         dict(waits=np.array([0], np.int64)),                     # a null event
         dict(launches=np.zeros((1, 8), np.int64)),               # not (k, 9)
+        dict(launches=np.repeat(np.where(np.arange(9) == 8, 1 << 62, one), 4, axis=0)),  # nargs that wrap to 0
     ]
     for b in bad:
         kw = dict(fns=fns, stream=55, prev=0, waits=np.zeros(0, np.int64), copies=z2, launches=z3,
@@ -473,3 +474,63 @@ def test_pack_args_puts_each_value_in_the_low_bytes_of_its_slot():
     assert s[5] == 7  # the high bytes of a 32-bit value's slot are zero
     with pytest.raises(TypeError):
         __import__("recordtool.decode.gpu.work", fromlist=["StreamWork"]).StreamWork().launch(_Ptr(1), (1,), (1,), (3,))
+
+
+def test_queue_launch_without_arguments_and_launch_dimensions(monkeypatch):
+    """A kernel without arguments gets no parameter pointer; grid and block of fewer than three
+    dimensions are padded with 1 (as CuPy's launch pads them); what is not a CuPy array or a
+    NumPy scalar of a kernel parameter type is refused when added."""
+    from recordtool.decode.gpu import work as W
+
+    log = []
+    got = []
+    LAUNCH0 = LAUNCH
+
+    @LAUNCH0
+    def launch(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        got.append(((gx, gy, gz), (bx, by, bz), bool(params)))
+        return 0
+
+    keep, addrs = _driver_standins(log)
+    addrs = addrs.copy()
+    addrs[3] = ctypes.cast(launch, ctypes.c_void_p).value
+    monkeypatch.setattr(W, "_functions", lambda: addrs)
+    monkeypatch.setattr(W, "context_current", lambda: None)
+    w = W.StreamWork()
+    w.launch(_Ptr(7), (4,), 32, ())
+    w.launch(_Ptr(8), [2, 3], (8, 8), (np.int32(1),))
+    w.queue(_Ptr(55))
+    assert got == [((4, 1, 1), (32, 1, 1), False), ((2, 3, 1), (8, 8, 1), True)]
+    for bad in (3, 2.0, np.int16(1), np.float16(1), np.bool_(True), np.zeros(2)):
+        with pytest.raises(TypeError):
+            w.launch(_Ptr(7), 1, 1, (bad,))
+    for dims in ((0,), (1, 1, 1, 1), ()):
+        with pytest.raises(ValueError):
+            w.launch(_Ptr(7), dims, 1, ())
+
+
+class _FakeCupy:  # what _Pass allocates with
+    class cuda:
+        alloc_pinned_memory = staticmethod(lambda n: bytearray(n))
+
+    empty = staticmethod(lambda n, dtype: np.empty(n, dtype))
+
+
+@pytest.mark.parametrize("nparams", [0, 3])
+def test_a_pass_fills_its_two_host_sets_in_turn_and_only_after_a_queued_pass(nparams):
+    """GPUBatcher's pass per producer slot: two host sets (sample table, params) in turn; the
+    set stays the next one until a pass has been queued from it (a pass that failed before
+    queueing must not make the next one fill the set whose copies may still be pending)."""
+    from recordtool.decode.gpu import SAMPLE_DTYPE
+    from recordtool.loader.gpu import _Pass
+
+    p = _Pass(_FakeCupy, 8, nparams)
+    a = p.host()
+    assert a[0].dtype == SAMPLE_DTYPE and len(a[0]) == 8 and a[1].shape == (8 * nparams,)
+    assert p.host()[0] is a[0]  # no pass queued: the same set
+    p.used()
+    b = p.host()
+    assert b[0] is not a[0] and not np.shares_memory(a[0], b[0]) and not np.shares_memory(a[1], b[1])
+    p.used()
+    assert p.host()[0] is a[0]
+    assert p.params_dev.size >= 1 and p.samples_dev.nbytes == 8 * SAMPLE_DTYPE.itemsize

@@ -171,7 +171,7 @@ class GPUBatcher:
             params = op.batch_params(len(ids), b.keys, h, w)
             t3 = time.perf_counter()
             with cupy.cuda.Device(self.gpu_id), dec.stream:
-                images, ready = self._normalise(images, dec, slot, flips=b.flips, op=(op, params))
+                images, ready = self._normalise(images, dec, slot, (images,), flips=b.flips, op=(op, params))
         elif self.user_op is not None:
             with cupy.cuda.Device(self.gpu_id), dec.stream:
                 first = images
@@ -204,7 +204,7 @@ class GPUBatcher:
                 nparams = self.image_op.nparams if self.image_op is not None else 0
                 p = self._passes[slot] = _Pass(cupy, self.max_batch, nparams)
         raw = cupy.ascontiguousarray(raw)
-        samples, host_params = p.host()
+        samples, host_params = p.host()  # the set is p's next only once this pass is queued
         samples = samples[:n]
         place_whole(samples, np.arange(n), (s, s), raw.data.ptr)
         samples["mirror"] = 0 if flips is None else np.asarray(flips, np.int32)
@@ -233,6 +233,7 @@ class GPUBatcher:
             p.done, p.held = None, ()
             raise
         p.done, p.held = done, (raw,) + tuple(keep)
+        p.used()
         return out, done
 
     def close(self) -> None:
@@ -263,9 +264,13 @@ class _Pass:
         self.done, self.held = None, ()
 
     def host(self):
-        """(sample table, params) of the next host set."""
-        k, self._next = self._next, self._next ^ 1
-        return self._sets[k]
+        """(sample table, params) of the host set to fill: the one the pass before last used
+        (its copies are done: the last pass waited for it). The same set until `used`."""
+        return self._sets[self._next]
+
+    def used(self) -> None:
+        """The set `host` gave is queued: the next pass fills the other one."""
+        self._next ^= 1
 
     def finish(self) -> None:
         """Wait for the last pass; then what it read may be reused."""

@@ -218,7 +218,8 @@ def write_json(res: Result, path: str) -> None:
                    "commit": os.environ.get("RECORDTOOL_COMMIT")}, f, indent=1, default=float)
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int | None:
+    """The command line; returns the DDP form's exit code (None for the one-process form)."""
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -251,8 +252,8 @@ def main(argv=None) -> None:
                 with open(a.json, "w") as f:
                     json.dump(dict(report, commit=os.environ.get("RECORDTOOL_COMMIT")), f, indent=1, default=float)
             if not (report["every_sample_once"] and all(report["resume_identical"])):
-                sys.exit(1)
-        return
+                return 1
+        return 0
     res = run(a.packed, a.files, a.arch, a.size, a.batch, a.steps, a.warmup, a.repeats,
               [p for p in a.pipelines.split(";" if ";" in a.pipelines else ",") if p], a.threads, a.device,
               a.compile, a.consumer_ms)
@@ -262,4 +263,8 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    code = main()
+    if code is not None:  # the DDP form's rank (train_ddp.end_rank says why it ends so)
+        from .train_ddp import end_rank
+
+        end_rank(code)

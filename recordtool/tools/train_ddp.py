@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
+from typing import NoReturn
 
 from .train_pipelines import dali, endless, make_loader, parse_options, synthetic
 from .train_step import ARCH_SIZES, release, train
@@ -157,6 +159,18 @@ def ddp_run(packed: str, files: str | None, arch: str, size: int | None, batch: 
     dist.barrier()
     dist.destroy_process_group()
     return report if rank == 0 else {}
+
+
+def end_rank(code: int) -> NoReturn:
+    """End a rank's process with `code`, without the interpreter's finalisation. torch's gloo
+    worker threads outlive destroy_process_group; one still dropping a finished collective's
+    tensors then takes the GIL of a finalising interpreter, which ends that thread by an unwind
+    through noexcept frames: std::terminate, SIGABRT at exit (about one run in four on two
+    ranks). The caller has written and closed what it reports; the standard streams are
+    flushed here."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def ddp_table(report: dict) -> str:

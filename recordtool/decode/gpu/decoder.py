@@ -312,9 +312,10 @@ class GPUDecoder:
         n_hyb = len(plan.hybrid) - len(hyb_failed)
         if self.planner.observe(n, n_gpu, t_gpu, len(plan.cpu), t_cpu, n_hyb, t_hyb if not hyb_failed else None,
                                 engines_failed=bool(hw_failed)):
-            warnings.warn(f"nvJPEG's hardware decoder refused {self.planner.refused} batches in a row "
-                          f"({self.last_gpu_error}); this decoder sends their images to the CPU from now on",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(f"nvJPEG's hardware decoder refused {self.planner.ENGINES_OFF_AFTER} batches in a row "
+                          f"({self.last_gpu_error}); this decoder sends their images to the CPU for the next "
+                          f"{self.planner.paused} batches, then tries the engines again (less often while they "
+                          "keep refusing)", RuntimeWarning, stacklevel=2)
         r = self.planner.rates
         t_end = time.perf_counter()
         self.last = BatchReport(n=n, gpu=n_gpu, hybrid=n_hyb, cpu=len(cpu_idx), cpu_forced=plan.forced,

@@ -76,8 +76,8 @@ def ends_with_eoi(buffers) -> np.ndarray:
 
 
 def ends_with_eoi_py(buffers) -> np.ndarray:
-    return np.fromiter((len(b) >= 2 and b[-2] == 0xFF and b[-1] == 0xD9 for b in _contiguous(buffers)), bool,
-                       len(buffers))
+    flat = [memoryview(b).cast("B") for b in _contiguous(buffers)]  # the bytes, whatever the buffer's shape
+    return np.fromiter((len(b) >= 2 and b[-2] == 0xFF and b[-1] == 0xD9 for b in flat), bool, len(flat))
 
 
 def _contiguous(buffers):
@@ -244,10 +244,16 @@ class SplitPlanner:
     cpu_fraction: float = 0.0
     demand: Demand | None = None
     refused: int = 0  # batches in a row the engines refused (observe's engines_failed)
+    paused: int = 0  # batches left before the engines get images again (0: not paused)
+    pause: int = 0  # the length of the last pause (0: none since they last decoded a batch)
 
-    # the engines refused this many batches in a row: they get no more images (each refused
-    # batch is decoded twice, and a share measured on nothing may grow to the whole batch)
+    # the engines refused this many batches in a row: they get no images for ENGINES_RETRY_AFTER
+    # batches (each refused batch is decoded twice, and a share measured on nothing may grow to
+    # the whole batch), then one batch again; each retry refused doubles the pause, up to
+    # ENGINES_RETRY_MAX batches (a transient failure or a run of damaged files ends)
     ENGINES_OFF_AFTER = 3
+    ENGINES_RETRY_AFTER = 64
+    ENGINES_RETRY_MAX = 4096
 
     def __post_init__(self):
         self.split = check_split(self.split)
@@ -260,7 +266,7 @@ class SplitPlanner:
         routes = np.asarray(routes)
         n = len(routes)
         routes = np.where(np.asarray(eoi, bool), routes, CPU)
-        eligible = np.nonzero(routes == ENGINE)[0] if self.engines else np.zeros(0, np.int64)
+        eligible = np.nonzero(routes == ENGINE)[0] if self.engines and not self.paused else np.zeros(0, np.int64)
         hyb = np.nonzero(routes == HYBRID)[0] if self.hybrid else np.zeros(0, np.int64)
         share = self.cpu_fraction
         if self.split == "auto" and self.demand is not None:
@@ -288,14 +294,20 @@ class SplitPlanner:
         """Fold one batch's timings in, then move the CPU share so that both sides would take
         the same time on the next batch (only with split="auto" and working engines).
         engines_failed: the engines refused this batch (the CPU decoded their images). Returns
-        True when that made the engines stop here (ENGINES_OFF_AFTER refusals in a row)."""
+        True when that paused the engines for the first time since they last decoded a batch
+        (ENGINES_OFF_AFTER refusals in a row; see ENGINES_RETRY_AFTER)."""
         stopped = False
         if engines_failed:
             self.refused += 1
-            if self.engines and self.refused >= self.ENGINES_OFF_AFTER:
-                self.engines, stopped = False, True
+            if self.engines and not self.paused and self.refused >= self.ENGINES_OFF_AFTER:
+                stopped = self.pause == 0
+                self.pause = min(2 * self.pause, self.ENGINES_RETRY_MAX) if self.pause else self.ENGINES_RETRY_AFTER
+                self.paused = self.pause
+                self.refused = self.ENGINES_OFF_AFTER - 1  # a refused retry pauses them again
+        elif self.paused:
+            self.paused -= 1
         elif n_gpu:
-            self.refused = 0
+            self.refused = self.pause = 0
         self.rates.update("gpu", n_gpu, t_gpu, 8)
         self.rates.update("cpu", n_cpu, t_cpu, 8)
         self.rates.update("hybrid", n_hyb, t_hyb, 2)
@@ -308,4 +320,4 @@ class SplitPlanner:
             self.cpu_fraction = max(0.05, 8.5 / max(n, 1))  # measure the CPU once (≥ 8 images)
         elif rc and not rg:
             self.cpu_fraction = 0.5
-        return False
+        return stopped

@@ -66,12 +66,16 @@ class StreamWork:
         self.copies.append((dst, src))
 
     def launch(self, fn, grid, block, args, shared: int = 0) -> None:
-        """fn: a cupy RawKernel or Function; args: CuPy arrays (their pointers) and NumPy scalars
-        of the kernel's parameter types (int32, uint32, float32, int64, uint64, float64)."""
+        """fn: a cupy RawKernel or Function; grid, block: up to 3 dimensions (the rest 1);
+        args: CuPy arrays (their pointers) and NumPy scalars of the kernel's parameter types
+        (int32, uint32, float32, int64, uint64, float64)."""
         for a in args:
-            if not isinstance(a, _SCALARS) and not hasattr(a, "data"):
-                raise TypeError(f"launch: a kernel argument must be a CuPy array or a NumPy scalar, not {type(a)}")
-        self.launches.append((getattr(fn, "kernel", fn), tuple(grid), tuple(block), tuple(args), int(shared)))
+            if isinstance(a, np.generic) and not isinstance(a, _SCALARS) or \
+                    not isinstance(a, _SCALARS) and not hasattr(getattr(a, "data", None), "ptr"):
+                raise TypeError(f"launch: a kernel argument must be a CuPy array or a NumPy scalar of "
+                                f"{', '.join(t.__name__ for t in _SCALARS)}, not {type(a).__name__}")
+        grid, block = _dims(grid), _dims(block)
+        self.launches.append((getattr(fn, "kernel", fn), grid, block, tuple(args), int(shared)))
 
     def queue(self, stream, prev=None, done=None, native: bool = True) -> None:
         """Wait (on the host) for the event `prev`, then queue everything on `stream` (of the
@@ -108,6 +112,14 @@ class StreamWork:
             what = f" (launch {at + 1} of {len(self.launches)})" if call == 4 else \
                 f" (copy {at + 1} of {len(self.copies)})" if call == 3 else ""
             raise CudaError(_CALLS[call], status, what)
+
+
+def _dims(d) -> tuple:
+    """Up to 3 launch dimensions, each ≥ 1, as 3 (as CuPy's launch pads them)."""
+    d = tuple(int(v) for v in (d if isinstance(d, tuple | list) else (d,)))
+    if not 1 <= len(d) <= 3 or min(d) < 1:
+        raise ValueError(f"launch: 1 to 3 dimensions of at least 1, not {d}")
+    return d + (1,) * (3 - len(d))
 
 
 def context_current() -> None:
