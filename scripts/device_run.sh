@@ -285,7 +285,9 @@ cat "$OUT/skipped.log" 2>/dev/null; echo "total $SECONDS s"
 if ls "$OUT"/bench_op_*.json > /dev/null 2>&1; then  # the ops table last: what the step is for
   echo "--- ops (recordtool bench --op; scripts/ops_table.py)"; python3 scripts/ops_table.py "$OUT"/bench_op_*.json
 fi
-# only a few files come back from the machine: one archive of every log and JSON
+# only a few files come back from the machine: one archive of every log and JSON per run of this
+# script (all.tgz, then all.1.tgz, … when one command runs it more than once, e.g. with TREE=old)
 rc=0; grep -q " failed" "$OUT/pytest.log" 2>/dev/null && rc=1
-(cd "$OUT" && tar czf all.tgz --exclude=all.tgz . ; find . -type f ! -name all.tgz -delete)
+(cd "$OUT" && k=0 && name=all.tgz && while [ -e "$name" ]; do k=$((k + 1)); name=all.$k.tgz; done \
+  && tar czf "$name" --exclude='all.tgz' --exclude='all.*.tgz' . ; find . -type f ! -name 'all.tgz' ! -name 'all.*.tgz' -delete)
 exit $rc

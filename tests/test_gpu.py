@@ -423,7 +423,7 @@ def packed_layouts(tmp_path_factory):
 
 
 @gpu
-@pytest.mark.parametrize("dtype,split", [("float32", "auto"), ("float16", "gpu")])
+@pytest.mark.parametrize("dtype,split", [("float32", "auto"), ("float32", "gpu"), ("float16", "gpu")])
 def test_cuda_loader_gives_4_4_4_and_gray_bit_for_bit(packed_layouts, dtype, split):
     """same_pixels (the default): a cuda Loader's 4:4:4 and gray images are device="cpu"'s,
     bit for bit, normalised values included; the others within the fidelity bound. Without
