@@ -343,9 +343,10 @@ class _Ptr:  # what StreamWork reads of CuPy's events, streams, functions and ar
         self.data = self
 
 
-def _driver_standins(log, fail=None, kinds=None):
+def _driver_standins(log, fail=None, kinds=None, write=False):
     """Stand-ins for the five driver functions; the launch reads each kernel argument through
-    the pointer it is given, as the `kinds` ("p" 8 bytes, "i" int32, "f" float32, "d" float64)."""
+    the pointer it is given, as the `kinds` ("p" 8 bytes, "i" int32, "f" float32, "d" float64);
+    write: the copy writes its bytes to dst (host memory standing for the device's)."""
     def status(name):  # 700 for the fail-th call (0-based) of that name, just logged
         return 700 if fail == (name, sum(1 for c in log if c[0] == name) - 1) else 0
 
@@ -362,6 +363,8 @@ def _driver_standins(log, fail=None, kinds=None):
     @COPY
     def copy(dst, src, nbytes, stream):
         log.append(("copy", dst, bytes(ctypes.string_at(src, nbytes)), stream))
+        if write and not status("copy"):
+            ctypes.memmove(dst, src, nbytes)
         return status("copy")
 
     @LAUNCH
@@ -534,3 +537,120 @@ def test_a_pass_fills_its_two_host_sets_in_turn_and_only_after_a_queued_pass(npa
     p.used()
     assert p.host()[0] is a[0]
     assert p.params_dev.size >= 1 and p.samples_dev.nbytes == 8 * SAMPLE_DTYPE.itemsize
+
+
+# ------------------------------------------------------------------ a user op's pass, on stand-ins
+class _Arr:  # a CuPy array as the pass sees it, over host memory standing for the device's
+    def __init__(self, a):
+        self.a = a
+        self.data, self.nbytes, self.shape, self.dtype, self.ndim, self.flags = \
+            _Ptr(a.ctypes.data), a.nbytes, a.shape, a.dtype, a.ndim, a.flags
+        self.size = a.size
+
+
+class _PassCupy:
+    class cuda:
+        alloc_pinned_memory = staticmethod(lambda n: bytearray(n))
+
+        class Event:
+            made = 0
+
+            def __init__(self, disable_timing=False):
+                type(self).made += 1
+                self.ptr = 7000 + type(self).made
+
+    empty = staticmethod(lambda n, dtype: _Arr(np.zeros(n, dtype)))
+    ascontiguousarray = staticmethod(lambda a: a)
+
+
+class _Stream:
+    ptr = 55
+
+    def __init__(self):
+        self.synced = 0
+
+    def synchronize(self):
+        self.synced += 1
+
+
+def _batcher(monkeypatch, op, fail=None):
+    """A GPUBatcher with only what its pass reads, on the driver's stand-ins (the copies write)."""
+    import threading
+    from types import SimpleNamespace
+
+    from recordtool.decode.gpu import work as W
+    from recordtool.decode.spec import OutputSpec
+    from recordtool.loader.gpu import GPUBatcher
+    from recordtool.ops import cuda as C
+
+    log = []
+    keep, addrs = _driver_standins(log, fail, {901: "piiipi", 902: "ppiiffffff"}, write=True)
+    monkeypatch.setattr(W, "_functions", lambda: addrs)
+    monkeypatch.setattr(W, "context_current", lambda: None)
+    monkeypatch.setattr(C, "kernel", lambda op: _Ptr(901))
+    g = object.__new__(GPUBatcher)
+    out = np.zeros((8, 3, 16, 16), np.float32)
+    g.recipe, g.spec = SimpleNamespace(size=16), OutputSpec(16)
+    g._passes, g._lock, g.image_op, g.max_batch = {}, threading.Lock(), op, 8
+    g.ring = SimpleNamespace(take=lambda n: (_Arr(out[:n]), _Ptr(71)))
+    g._normalize = _Ptr(902)
+    dec = SimpleNamespace(cupy=_PassCupy, stream=_Stream())
+    return g, dec, log, keep
+
+
+@pytest.mark.parametrize("nparams", [3, 0])
+def test_user_op_pass_queues_its_copies_and_launches_in_one_call(monkeypatch, nparams):
+    """GPUBatcher._normalise with a compiled op on the driver's stand-ins: the ring's wait, the
+    params (none for a parameter-free op) and the 1:1 sample table up — each image's source
+    packed back to back in the uint8 batch, mirrored where flipped — the op's kernel on the batch
+    with its params, the normalising kernel into the ring's slot with the CPU path's constants,
+    the event; the next pass waits for this one first and fills the other host set; a pass whose
+    copy fails raises CudaError, waits for its stream and leaves the host set to the next pass."""
+    from recordtool.decode.gpu import SAMPLE_DTYPE
+    from recordtool.decode.gpu.work import CudaError
+    from recordtool.decode.spec import scale_bias
+    from recordtool.ops import ColorJitter, ImageOp
+
+    class Flat(ImageOp):
+        cuda_name, cuda_source = "flat", "x"
+
+        def params(self, n, keys, h, w):
+            return np.zeros((n, 0))
+
+    op = ColorJitter() if nparams else Flat()
+    g, dec, log, keep = _batcher(monkeypatch, op)
+    n = 5
+    raw = _Arr(np.zeros((n, 16, 16, 3), np.uint8))
+    params = np.arange(n * nparams, dtype=np.float64).reshape(n, nparams) + 0.5
+    flips = np.array([1, 0, 0, 1, 1], bool)
+    out, done = g._normalise(raw, dec, 0, (), flips=flips, op=(op, params))
+    names = [c[0] for c in log]
+    assert names == ["wait"] + ["copy"] * (2 if nparams else 1) + ["launch", "launch", "record"]
+    p = g._passes[0]
+    if nparams:
+        assert log[1][1] == p.params_dev.data.ptr and log[1][2] == params.tobytes()
+        assert np.array_equal(p.params_dev.a[: n * nparams], params.ravel())
+    table = np.frombuffer(bytes(p.samples_dev.a[: n * SAMPLE_DTYPE.itemsize]), SAMPLE_DTYPE)
+    assert table["src"].tolist() == [raw.data.ptr + i * 16 * 16 * 3 for i in range(n)]
+    assert table["mirror"].tolist() == flips.astype(int).tolist() and (table["rw"] == 16).all()
+    op_launch, norm_launch = [c for c in log if c[0] == "launch"]
+    grid = (n, 1, 1) if op.cuda_block_per_image else ((16 * 16 + 255) // 256, n, 1)
+    assert op_launch[1:4] == (901, grid, (256, 1, 1))
+    assert op_launch[6] == (raw.data.ptr, n, 16, 16, p.params_dev.data.ptr, nparams)
+    sc, bi = scale_bias(g.spec.mean, g.spec.std)
+    assert norm_launch[1] == 902 and norm_launch[2] == (1, 2, n)
+    assert norm_launch[6] == (p.samples_dev.data.ptr, out.data.ptr, 16, 16, *(float(v) for v in (*sc, *bi)))
+    assert log[-1] == ("record", done.ptr, 55) and p.done is done and p.held[0] is raw
+    assert p.host()[0] is p._sets[1][0]  # the next pass fills the other host set
+    log.clear()
+    g._normalise(raw, dec, 0, (), flips=~flips, op=(op, params))  # the next pass waits for this one first
+    assert log[0] == ("sync", done.ptr)
+    table = np.frombuffer(bytes(p.samples_dev.a[: n * SAMPLE_DTYPE.itemsize]), SAMPLE_DTYPE)
+    assert table["mirror"].tolist() == (~flips).astype(int).tolist()
+    assert p.host()[0] is p._sets[0][0]  # two passes queued: the first set again
+    g2, dec2, log2, keep2 = _batcher(monkeypatch, op, fail=("copy", 0))
+    with pytest.raises(CudaError, match=r"cuMemcpyHtoDAsync \(copy 1 of"):
+        g2._normalise(raw, dec2, 0, (), flips=flips, op=(op, params))
+    p2 = g2._passes[0]
+    assert dec2.stream.synced == 1 and p2.done is None and p2.held == ()
+    assert p2.host()[0] is p2._sets[0][0]  # the failed pass's set is the next pass's again

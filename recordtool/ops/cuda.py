@@ -42,9 +42,7 @@ def grid(op, n: int, h: int, w: int):
 
 
 def check_batch(batch) -> None:
-    import cupy
-
-    if batch.dtype != cupy.uint8 or batch.ndim != 4 or batch.shape[3] != 3 or not batch.flags.c_contiguous:
+    if batch.dtype != np.uint8 or batch.ndim != 4 or batch.shape[3] != 3 or not batch.flags.c_contiguous:
         raise ValueError(f"batch must be C-contiguous uint8 (N, H, W, 3), got {batch.dtype} {batch.shape}")
 
 
