@@ -288,7 +288,7 @@ def test_hybrid_batch_makes_the_python_loops_calls(monkeypatch, fail):
     and the next one decoded, and the same decoder state after."""
     from recordtool.decode import nvjpeg
 
-    monkeypatch.setattr(nvjpeg._thread, "context", True, raising=False)
+    monkeypatch.setattr(nvjpeg, "context_current", lambda: None)
     n = 6
     ptrs, lengths = np.arange(n) * 4096 + (1 << 30), np.arange(n) + 5000
     fmts = np.array([nvjpeg.OUTPUT_RGBI, nvjpeg.OUTPUT_RGBI, nvjpeg.OUTPUT_YUV, nvjpeg.OUTPUT_YUV, nvjpeg.OUTPUT_Y,
@@ -392,7 +392,7 @@ def _work(monkeypatch, log, fail=None):
     kinds = {901: "pidid", 902: "ppiiffffff"}
     keep, addrs = _driver_standins(log, fail, kinds)
     monkeypatch.setattr(W, "_functions", lambda: addrs)
-    monkeypatch.setattr(W, "context_current", lambda: None)
+    monkeypatch.setattr(W.nvjpeg, "context_current", lambda: None)
     w = W.StreamWork()
     params = np.arange(6, dtype=np.float64) / 7
     table = np.frombuffer(bytes(range(40)), np.uint8).copy()
@@ -498,7 +498,7 @@ def test_queue_launch_without_arguments_and_launch_dimensions(monkeypatch):
     addrs = addrs.copy()
     addrs[3] = ctypes.cast(launch, ctypes.c_void_p).value
     monkeypatch.setattr(W, "_functions", lambda: addrs)
-    monkeypatch.setattr(W, "context_current", lambda: None)
+    monkeypatch.setattr(W.nvjpeg, "context_current", lambda: None)
     w = W.StreamWork()
     w.launch(_Ptr(7), (4,), 32, ())
     w.launch(_Ptr(8), [2, 3], (8, 8), (np.int32(1),))
@@ -586,7 +586,7 @@ def _batcher(monkeypatch, op, fail=None):
     log = []
     keep, addrs = _driver_standins(log, fail, {901: "piiipi", 902: "ppiiffffff"}, write=True)
     monkeypatch.setattr(W, "_functions", lambda: addrs)
-    monkeypatch.setattr(W, "context_current", lambda: None)
+    monkeypatch.setattr(W.nvjpeg, "context_current", lambda: None)
     monkeypatch.setattr(C, "kernel", lambda op: _Ptr(901))
     g = object.__new__(GPUBatcher)
     out = np.zeros((8, 3, 16, 16), np.float32)

@@ -153,7 +153,7 @@ _HYBRID_CALLS = {1: "cuEventSynchronize", 2: "nvjpegJpegStreamParse", 3: "nvjpeg
                  4: "nvjpegDecodeParamsSetROI", 5: "nvjpegStateAttachPinnedBuffer", 6: "nvjpegDecodeJpegHost",
                  7: "nvjpegDecodeJpegTransferToDevice", 8: "cuEventRecord", 9: "nvjpegDecodeJpegDevice"}
 _cuda = None
-_thread = threading.local()  # per thread: has decode_batch made the device's context current here
+_thread = threading.local()  # per thread: the devices whose primary context context_current made current here
 
 
 def _driver():
@@ -163,6 +163,22 @@ def _driver():
     if _cuda is None:
         _cuda = ctypes.CDLL("libcuda.so.1")
     return _cuda
+
+
+def context_current() -> None:
+    """Make the current device's primary context current on this thread, once per thread and
+    device: the driver's calls (by address in _nvsubmit) need one, and a runtime call alone may
+    leave none; cudaSetDevice makes it current."""
+    import cupy
+
+    rt = cupy.cuda.runtime
+    dev = rt.getDevice()
+    seen = getattr(_thread, "devices", None)
+    if seen is None:
+        seen = _thread.devices = set()
+    if dev not in seen:
+        rt.setDevice(dev)
+        seen.add(dev)
 
 
 def _addr(fn) -> int:
@@ -451,14 +467,7 @@ class HybridDecoder(_Handle):
         rois = np.asarray(rois, np.int64).reshape(n, 4)
         planes, pitches = np.asarray(planes, np.int64).reshape(n, 3), np.asarray(pitches, np.int64).reshape(n, 3)
         if native and _nvsubmit is not None and hasattr(_nvsubmit, "hybrid") and n:
-            if not getattr(_thread, "context", False):
-                # the driver's event calls need a current context on this thread; cudaSetDevice
-                # makes the primary context current (a runtime call alone may leave none)
-                import cupy
-
-                rt = cupy.cuda.runtime
-                rt.setDevice(rt.getDevice())
-                _thread.context = True
+            context_current()  # the driver's event calls need the device's context here
             if self._fns is None:
                 L, cu = self.L, _driver()
                 self._fns = np.array([_addr(f) for f in (

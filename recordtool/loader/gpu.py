@@ -114,7 +114,6 @@ class GPUBatcher:
         # cores) ran 15-25 % slower than this, 8 per pool ~13 % slower.
         self.cpu_threads = max(1, (threads - producers) // producers)
         ix = recipe.ds.index
-        self.same_pixels = same_pixels
         self.routes = route(ix.chroma, ix.progressive, ix.colorspace, same_pixels=same_pixels)
         s = recipe.size
         self._decoders: dict = {}

@@ -30,11 +30,9 @@ from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, Chroma, Demand, Split, S
                    buffer_spans, ends_with_eoi)
 from .roi import plan_rois
 
-# nvJPEG chroma code → (horizontal, vertical) subsampling the kernel upsamples; (0, 0): grayscale
-_PLANAR_LAYOUT = {0: (1, 1), 1: (2, 1), 2: (2, 2), 3: (1, 2), 6: (0, 0)}
-# the same as lookup tables by chroma code (-1: a layout the kernel does not take)
-_PLANAR_HS = np.array([_PLANAR_LAYOUT.get(c, (-1, -1))[0] for c in range(8)], np.int64)
-_PLANAR_VS = np.array([_PLANAR_LAYOUT.get(c, (-1, -1))[1] for c in range(8)], np.int64)
+# nvJPEG chroma code (row) → (horizontal, vertical) subsampling the kernel upsamples; (0, 0):
+# grayscale; (-1, -1): a layout the kernel does not take
+_PLANAR_LAYOUT = np.array([(1, 1), (2, 1), (2, 2), (1, 2), (-1, -1), (-1, -1), (0, 0), (-1, -1)], np.int64)
 
 
 @dataclass
@@ -341,9 +339,8 @@ class GPUDecoder:
         ptrs, lengths = buffer_spans([buffers[i] for i in idx.tolist()])
         info = (self.hw or self.hybrid).image_infos(ptrs, lengths)
         status, nc, css, w0, h0, w1, h1 = info.T
-        known = (css >= 0) & (css < len(_PLANAR_HS))
-        hs = np.where(known, _PLANAR_HS[np.clip(css, 0, len(_PLANAR_HS) - 1)], -1)
-        vs = np.where(known, _PLANAR_VS[np.clip(css, 0, len(_PLANAR_VS) - 1)], -1)
+        known = (css >= 0) & (css < len(_PLANAR_LAYOUT))
+        hs, vs = np.where(known[:, None], _PLANAR_LAYOUT[np.clip(css, 0, len(_PLANAR_LAYOUT) - 1)], -1).T
         gray = hs == 0
         win = windows[idx]
         ok = ((status == 0) & (hs >= 0) & (nc == np.where(gray, 1, 3)) & (w0 * h0 > 0) & (w0 * h0 <= DEFAULT_MAX_PIXELS)
@@ -390,7 +387,7 @@ class GPUDecoder:
             for o, b in zip(offs, bufs):
                 stage[o:o + len(b)] = np.frombuffer(b, np.uint8)
         ptrs = base + np.asarray(offs, np.int64)
-        lengths = np.fromiter((len(b) for b in bufs), np.int64, len(bufs))
+        lengths = buffer_spans(bufs)[1]
         n = len(idx)
         parts = np.array_split(np.arange(n), -(-n // self.chunk)) if self.chunk and n > self.chunk else [slice(None)]
         native = None  # stays None where the native submission is not built (the ctypes loop)

@@ -12,17 +12,15 @@ pinned and left alone until `done` has passed (the caller's double buffering).
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
 from ...errors import RecordtoolError
+from .. import nvjpeg
 from ..nvjpeg import _addr, _driver, _nvsubmit
 
 _CALLS = {1: "cuEventSynchronize", 2: "cuStreamWaitEvent", 3: "cuMemcpyHtoDAsync", 4: "cuLaunchKernel",
           5: "cuEventRecord"}
 _fns = None
-_thread = threading.local()  # per thread: the devices whose primary context queue() made current here
 _SCALARS = (np.int32, np.uint32, np.float32, np.int64, np.uint64, np.float64)
 
 
@@ -99,7 +97,7 @@ class StreamWork:
             done.record(stream)
 
     def _native(self, stream, prev, done) -> None:
-        context_current()
+        nvjpeg.context_current()
         waits = np.array([ev.ptr for ev in self.waits], np.int64)
         copies = np.array([(dst.data.ptr, src.ctypes.data, src.nbytes) for dst, src in self.copies],
                           np.int64).reshape(-1, 3)
@@ -120,21 +118,6 @@ def _dims(d) -> tuple:
     if not 1 <= len(d) <= 3 or min(d) < 1:
         raise ValueError(f"launch: 1 to 3 dimensions of at least 1, not {d}")
     return d + (1,) * (3 - len(d))
-
-
-def context_current() -> None:
-    """Make the current device's primary context current on this thread (the driver's calls
-    need one; a runtime call alone may leave none), once per thread and device."""
-    import cupy
-
-    rt = cupy.cuda.runtime
-    dev = rt.getDevice()
-    seen = getattr(_thread, "devices", None)
-    if seen is None:
-        seen = _thread.devices = set()
-    if dev not in seen:
-        rt.setDevice(dev)
-        seen.add(dev)
 
 
 def pack_args(args) -> np.ndarray:
