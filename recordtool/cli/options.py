@@ -9,13 +9,23 @@ import functools
 import click
 
 from .. import checks
-from ..errors import OptionError, RecordtoolError
+from ..errors import OptionError, RecordtoolError, Signalled
+
+
+class Interrupted(click.ClickException):
+    """Ctrl-C: one line, and the status shells give a command that SIGINT ended (128 + 2)."""
+
+    exit_code = 130
+
+    def __init__(self):
+        super().__init__("interrupted")
 
 
 def errors(command):
     """The one error policy of every command: recordtool's errors, the system's (a missing
     file, a full disk), a bad value and a missing optional package become one line on stderr
-    and exit status 1; anything else is a bug and keeps its traceback."""
+    and exit status 1; Ctrl-C is `Error: interrupted` and exit status 130 (the command has
+    stopped its workers by then); anything else is a bug and keeps its traceback."""
 
     @functools.wraps(command)
     def run(*args, **kwargs):
@@ -23,6 +33,10 @@ def errors(command):
             return command(*args, **kwargs)
         except (RecordtoolError, OSError, ValueError, ImportError) as e:
             raise click.ClickException(str(e)) from None
+        except KeyboardInterrupt as e:
+            if isinstance(e, Signalled):  # SIGTERM / SIGHUP: the process ends by that signal
+                raise
+            raise Interrupted() from None
 
     return run
 

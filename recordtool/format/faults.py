@@ -5,11 +5,14 @@ byte-identical.
 
 Points: `record` (after each record written, any shard), `record@part-NNNNN` (after each
 record of that part file), `publish` (before each file moved into OUT, the manifest apart),
-`published` (after the manifest is in place, before .partial is removed).
+`published` (after the manifest is in place, before .partial is removed), `worker-start` (in a
+spawned worker process while it imports recordtool: before its initializer ran).
 `name:N:FLAG` fires only in the one process that creates the file FLAG first (a worker
 killed once, then retried by Ray). RECORDTOOL_FAULT_ACTION changes what a firing point
 does, for the tests of a driver's signals: `hang` sleeps for good (a hung worker), `slow`
-sleeps 0.5 s at this and every later hit, then goes on (a worker that is still busy).
+sleeps 0.5 s at this and every later hit, then goes on (a worker that is still busy);
+`pause:DIR` creates DIR/paused.<pid> and waits until DIR/go exists (at most 10 minutes): the
+test knows the process is at that point, does what it tests, then lets it go on.
 
 Nothing of this is on the production path: `recordtool/__init__.py` calls `install()` only
 when RECORDTOOL_FAULT is set (so in every process of a pack: driver, worker processes, Ray
@@ -20,6 +23,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import sys
 import time
 
 from ..io import files
@@ -42,6 +46,13 @@ def hit(name: str) -> None:
         except FileExistsError:
             return
     action = os.environ.get("RECORDTOOL_FAULT_ACTION", "kill")
+    if action.startswith("pause:"):
+        folder = action[len("pause:"):]
+        os.close(files.create_exclusive(os.path.join(folder, f"paused.{os.getpid()}")))
+        deadline = time.monotonic() + 600
+        while not os.path.exists(os.path.join(folder, "go")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return
     if action == "slow":
         time.sleep(0.5)
         return
@@ -57,6 +68,8 @@ def install() -> None:
 
     if getattr(writer.ShardWriter.add, "_fault", False):
         return
+    if "--multiprocessing-fork" in getattr(sys, "orig_argv", sys.argv):  # a spawned worker, unpickling its work
+        hit("worker-start")
     add, move, published = writer.ShardWriter.add, writer.DatasetWriter._move, writer.DatasetWriter._published
 
     @functools.wraps(add)

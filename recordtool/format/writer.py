@@ -40,6 +40,7 @@ class ShardWriter:
 
     def __init__(self, path: str, number: int, fs=None, name: str | None = None):
         self.number = number
+        self.path = path
         self.name = name or os.path.basename(path)
         self.index = ix.IndexBuilder()
         self.pos = 0
@@ -53,9 +54,12 @@ class ShardWriter:
         offset = self.pos
         # pieces go to the (buffered) file as they are: small headers are gathered by its
         # buffer, the image bytes pass through without an extra copy
-        for p in frame(enc):
-            self._f.write(p)
-            self.crc = crc32c.crc32c(p, self.crc)
+        try:
+            for p in frame(enc):
+                self._f.write(p)
+                self.crc = crc32c.crc32c(p, self.crc)
+        except OSError as e:
+            raise self._named(e) from None
         self.pos += LENGTH_SIZE + enc.size
         self.index.add(self.number, offset, enc.size, offset + LENGTH_SIZE + enc.payload_offset, len(jpeg), label,
                        info)
@@ -67,18 +71,40 @@ class ShardWriter:
         if self._f is not None:
             f, self._f = self._f, None
             try:
-                if durable:
-                    f.flush()
-                    try:
-                        os.fsync(f.fileno())
-                    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
-                        pass  # object stores: the upload completes at close
-            finally:
-                f.close()
+                try:
+                    if durable:
+                        f.flush()
+                        try:
+                            os.fsync(f.fileno())
+                        except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+                            pass  # object stores: the upload completes at close
+                finally:
+                    f.close()  # a failed flush still closes the file
+            except OSError as e:
+                raise self._named(e) from None
         return {"name": self.name, "records": self.records, "bytes": self.pos, "crc32c": f"{self.crc:08x}"}
 
     def finish(self, durable: bool = False) -> "FinishedShard":
         return FinishedShard(self.close(durable), self.index)
+
+    def discard(self) -> None:
+        """Close the file without writing what its buffer still holds: what is thrown away must
+        not need a write, which a full disk refuses (the flush of `close` would raise ENOSPC
+        again, before the caller's cleanup). The file itself stays: its owner removes it."""
+        if self._f is not None:
+            f, self._f = self._f, None
+            raw = getattr(f, "raw", None)  # a buffered file: closing its raw file drops the buffer
+            try:
+                (raw if raw is not None else f).close()
+            except (OSError, ValueError):
+                pass
+
+    def _named(self, e: OSError) -> OSError:
+        """`e` naming the part file (a buffered write's error names none: "No space left on
+        device" alone does not say where)."""
+        if e.filename is not None or e.errno is None or isinstance(e, RecordtoolError):
+            return e
+        return OSError(e.errno, e.strerror, self.path)  # the subclass of the errno (OSError picks it)
 
 
 @dataclass
@@ -238,9 +264,9 @@ class DatasetWriter:
     def abort(self) -> None:
         """Drop everything written so far: an aborted pack leaves no trace that looks finished.
         Files already moved into OUT by a commit that failed half-way are ours (the marker
-        lists them) and go too."""
+        lists them) and go too. Nothing here writes: a full disk does not stop it."""
         for w in self.writers:
-            w.close()
+            w.discard()
         marker = read_marker(self.out)
         if marker and not os.path.exists(os.path.join(self.out, mf.MANIFEST_FILE)):
             for name in marker.get("publishing", []):
@@ -257,7 +283,7 @@ class DatasetWriter:
         """Stop holding OUT's lock after a failure, leaving .partial as it is: its finished
         shards are for the next run of the same plan to reuse."""
         for w in self.writers:
-            w.close()
+            w.discard()
         self._unlock()
 
     def _unlock(self) -> None:

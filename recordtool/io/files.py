@@ -108,14 +108,21 @@ def create_exclusive(path: str, mode: int = 0o644) -> int:
 
 
 def write_new(path: str, data: bytes) -> None:
-    """Write `data` to a file that must not exist yet (see create_exclusive)."""
+    """Write `data` to a file that must not exist yet (see create_exclusive); a write that
+    fails (a full disk) removes the file it created, so no part-written file is left."""
     fd = create_exclusive(path)
     try:
         view = memoryview(data)
         while len(view):
             view = view[os.write(fd, view):]
-    finally:
+    except BaseException:
         os.close(fd)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        raise
+    os.close(fd)
 
 
 def replace_tmp(path: str, data: bytes) -> None:

@@ -36,6 +36,7 @@ from ..io.fs import get_fs, is_url
 from ..sources.base import Source, source_paths
 from .engines import Engine, engine_of, ordered_chunks
 from .plan import Options, Plan, make_plan, shuffle
+from .semaphores import sweep as sweep_semaphores
 from .task import finished, merge_notes
 from .transcode import NO_TRANSCODE, Transcode
 
@@ -166,12 +167,15 @@ def pack(src: str | os.PathLike | Source, out: str | os.PathLike, *, shards: int
             packs only); False starts over.
 
     SIGTERM and SIGHUP (when they have their default action) stop the workers as Ctrl-C does,
-    then end the process by the same signal.
+    then end the process by the same signal. Worker processes ignore Ctrl-C: the caller's
+    KeyboardInterrupt stops them. The semaphores of a process-engine pack killed with its
+    resource tracker (SIGKILL to its process group) are removed by the next pack (Linux).
     """
     config = configure(shards=shards, shard_size=shard_size, workers=workers, seed=seed, on_error=on_error,
                        overwrite=overwrite, max_pixels=max_pixels, transcode=transcode, progress=progress,
                        engine=engine, ray_address=ray_address, resume=resume)
     out = os.fspath(out)
+    sweep_semaphores()  # what an earlier process-engine pack killed with its tracker left in /dev/shm
     with stop_on_signals():
         if not is_url(out):
             return _pack_into(src, get_fs(out)[1], config)  # a local path (file:// URLs too)

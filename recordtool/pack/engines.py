@@ -15,6 +15,7 @@ in `ENGINES`.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing.context as mpc
 import os
 import signal
 import threading
@@ -27,6 +28,7 @@ from ..errors import ShardStopped, WorkerLost
 from ..sources.base import Source
 from ..util import cores
 from .plan import Options
+from .semaphores import named
 from .task import fill_shard, light_source, load_chunk, load_item
 
 CHUNK = 16  # items per unit of by-size loading (a future per item costs more than reading a small file)
@@ -225,6 +227,12 @@ def _die_with(parent: int) -> None:
 
 
 def _process_init(source, progress, stop, parent):
+    # Ctrl-C reaches the whole process group: the driver handles it (stops the workers, one
+    # line, exit 130), so a worker ignores it instead of printing its own KeyboardInterrupt.
+    # Started with SIGINT blocked (_WorkerProcess), it drops one that came meanwhile here.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _die_with(parent)
     _worker.update(source=source, progress=progress, stop=stop)
 
@@ -249,16 +257,54 @@ def _process_fill(task, options, partial):
             q.put(pending[0])
 
 
+@contextlib.contextmanager
+def _sigint_held():
+    """SIGINT blocked in this thread for the block, and (in the main thread) its handler run
+    only when the block ends. A process started in the block inherits the mask: a Ctrl-C that
+    lands while it starts stays pending there until its initializer ignores it, instead of
+    raising KeyboardInterrupt in its imports. Here, a KeyboardInterrupt half-way through a
+    start would leave a worker the pool does not know, waiting for data that never comes."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    got = []
+    handler = None
+    if threading.current_thread() is threading.main_thread():
+        handler = signal.signal(signal.SIGINT, lambda signum, frame: got.append(frame))
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
+            if got and callable(handler):
+                handler(signal.SIGINT, got[0])
+            elif got and handler == signal.SIG_DFL:
+                os.kill(os.getpid(), signal.SIGINT)
+
+
+class _WorkerProcess(mpc.SpawnProcess):
+    """A spawned worker started with SIGINT held (`_sigint_held`)."""
+
+    def start(self):
+        with _sigint_held():
+            super().start()
+
+
+class _WorkerContext(mpc.SpawnContext):
+    Process = _WorkerProcess
+
+
 class _ProcessSession:
     retried = 0
 
     def __init__(self, source, options, processes):
-        import multiprocessing as mp
-
         self.source, self.options, self.processes = source, options, processes
         self.window = processes * AHEAD
-        self.ctx = mp.get_context("spawn")
-        self.progress, self.stop = self.ctx.SimpleQueue(), self.ctx.Event()
+        self.ctx = _WorkerContext()
+        with named():  # the semaphores behind them: see pack/semaphores.py
+            self.progress, self.stop = self.ctx.SimpleQueue(), self.ctx.Event()
         self._pool = None
         self._procs = {}
 
@@ -266,9 +312,10 @@ class _ProcessSession:
         if self._pool is None:
             from concurrent.futures import ProcessPoolExecutor
 
-            self._pool = ProcessPoolExecutor(n, mp_context=self.ctx, initializer=_process_init,
-                                             initargs=(light_source(self.source), self.progress, self.stop,
-                                                       os.getpid()))
+            with named():
+                self._pool = ProcessPoolExecutor(n, mp_context=self.ctx, initializer=_process_init,
+                                                 initargs=(light_source(self.source), self.progress, self.stop,
+                                                           os.getpid()))
             procs = getattr(self._pool, "_processes", None)  # the pool's own dict (filled as it spawns): to name a death
             self._procs = procs if isinstance(procs, dict) else {}
         return self._pool

@@ -136,7 +136,7 @@ def fill_shard(task: ShardTask, source: Source, options: Options, partial: str, 
                 progress(1)
         info = writer.close(durable=True)
     except BaseException:
-        writer.close()
+        writer.discard()  # no flush: after ENOSPC it would fail again and keep the file
         try:
             fs.remove(tmp)
         except OSError:
