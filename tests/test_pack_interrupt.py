@@ -1,0 +1,125 @@
+"""Ctrl-C in `recordtool pack`: one line (`Error: interrupted`), exit status 130, and no
+traceback from worker processes — also when it lands while they start.
+
+Each case runs the real command in a process group of its own and sends SIGINT to the group,
+as a terminal does. Nothing depends on timing: RECORDTOOL_FAULT (format/faults.py) slows the
+pack at its first record or holds each worker process inside its start, and the signal goes
+only once a file proves the pack got there.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import jpeg_bytes, write
+
+# the driver starts with SIGINT at its default action whatever this process inherited (a
+# shell's background job ignores it, and exec keeps that): Python then turns it into
+# KeyboardInterrupt, as in a terminal
+_WITH_SIGINT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                "os.execv(sys.executable, [sys.executable] + sys.argv[1:])")
+CLI = [sys.executable, "-c", _WITH_SIGINT, "-m", "recordtool.cli", "pack", "-q"]
+DEADLINE = 240
+
+
+@pytest.fixture
+def src(tmp_path):
+    root = tmp_path / "src"
+    for i in range(40):
+        write(str(root / f"c{i % 2}" / f"{i}.jpg"), jpeg_bytes(40 + i, 32, seed=i))
+    return root
+
+
+def _start(args, env):
+    return subprocess.Popen(CLI + args, env=dict(os.environ, **env), start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(p, ready, what):
+    deadline = time.monotonic() + DEADLINE
+    while not ready():
+        if p.poll() is not None:
+            raise AssertionError(f"pack ended before {what}: {p.communicate()[1][-3000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never saw {what}")
+        time.sleep(0.05)
+
+
+def _finish(p):
+    """The command's (exit status, stderr); the whole group killed if it does not end."""
+    try:
+        _, err = p.communicate(timeout=DEADLINE)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        raise
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # what is left of the group (workers die with the driver anyway)
+        except ProcessLookupError:
+            pass
+    return p.returncode, err
+
+
+def _assert_interrupted(code, err, out):
+    assert code == 130, err
+    assert err.splitlines() == ["Error: interrupted"], err  # one line: no traceback, the workers' included
+    assert not (out / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("engine, args", [
+    ("local", []),                             # by size, reader threads
+    ("process", []),                           # by size, worker processes
+    ("process", ["--shards", "4"]),            # planned, each part file on a worker process
+])
+def test_ctrl_c_mid_pack_is_one_line_and_exit_130(src, tmp_path, engine, args):
+    """The pack is at work (a part file is being written, records 0.5 s apart) when Ctrl-C comes."""
+    out = tmp_path / "out"
+    p = _start(["--engine", engine, "--workers", "2"] + args + [str(src), str(out)],
+               {"RECORDTOOL_FAULT": "record:1", "RECORDTOOL_FAULT_ACTION": "slow"})
+    partial = out / ".partial"
+
+    def writing():
+        names = os.listdir(partial) if partial.is_dir() else []
+        return any(n.startswith("part-") for n in names)
+
+    _wait_for(p, writing, "a part file being written")
+    os.killpg(p.pid, signal.SIGINT)
+    _assert_interrupted(*_finish(p), out)
+
+
+@pytest.mark.parametrize("args", [[], ["--shards", "4"]])
+def test_ctrl_c_while_workers_start_is_one_line_and_exit_130(src, tmp_path, args):
+    """Both worker processes are held inside their start (importing recordtool, before any
+    code of the pool's runs in them) when Ctrl-C reaches the group; then they go on."""
+    out, held = tmp_path / "out", tmp_path / "held"
+    held.mkdir()
+    p = _start(["--engine", "process", "--workers", "2"] + args + [str(src), str(out)],
+               {"RECORDTOOL_FAULT": "worker-start", "RECORDTOOL_FAULT_ACTION": f"pause:{held}"})
+    _wait_for(p, lambda: len([n for n in os.listdir(held) if n.startswith("paused.")]) >= 2,
+              "both workers held in their start")
+    os.killpg(p.pid, signal.SIGINT)  # pending in every process of the group once this returns
+    (held / "go").touch()
+    _assert_interrupted(*_finish(p), out)
+
+
+def test_ctrl_c_in_the_python_api_stays_a_keyboard_interrupt(src, tmp_path):
+    """Only the command turns Ctrl-C into a line and 130: `pack()` raises KeyboardInterrupt
+    (after stopping its workers), as any Python call does."""
+    out = tmp_path / "out"
+    code = ("import sys\nfrom recordtool.pack import pack\ntry:\n    pack(sys.argv[1], sys.argv[2], engine='process', "
+            "workers=2, shards=4, progress=False)\nexcept KeyboardInterrupt:\n    sys.exit(42)\n")
+    p = subprocess.Popen([sys.executable, "-c", _WITH_SIGINT, "-c", code, str(src), str(out)],
+                         env=dict(os.environ, RECORDTOOL_FAULT="record:1", RECORDTOOL_FAULT_ACTION="slow"),
+                         start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    partial = out / ".partial"
+    _wait_for(p, lambda: partial.is_dir() and any(n.endswith(".tmp") for n in os.listdir(partial)),
+              "a part file being written")
+    os.killpg(p.pid, signal.SIGINT)
+    code, err = _finish(p)
+    assert code == 42 and "Traceback" not in err, err
