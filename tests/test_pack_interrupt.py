@@ -123,3 +123,21 @@ def test_ctrl_c_in_the_python_api_stays_a_keyboard_interrupt(src, tmp_path):
     os.killpg(p.pid, signal.SIGINT)
     code, err = _finish(p)
     assert code == 42 and "Traceback" not in err, err
+
+
+def test_a_ctrl_c_while_the_pool_starts_a_worker_is_raised_after_it():
+    """The driver's KeyboardInterrupt never lands inside the pool's `submit` (which may be
+    starting a worker the pool would then not know, and wait for at shutdown): it comes
+    when the submit is done, and a worker started meanwhile inherits SIGINT blocked."""
+    from recordtool.pack.engines import _sigint_deferred
+
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with _sigint_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            reached.append("after the signal")
+            assert signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # what a child inherits
+            reached.append("end of the block")
+    assert reached == ["after the signal", "end of the block"]
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -82,7 +82,8 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
     0..K-1). JPEG bytes are copied unchanged; CMYK JPEGs, PNGs and other images are converted
     to RGB JPEG; unreadable files or records are skipped and listed in OUT/pack_report.json.
     With --shards each part file is filled by its own task; a re-run after a crash reuses the
-    part files the killed run finished. SIGTERM and SIGHUP stop the workers as Ctrl-C does.
+    part files the killed run finished. SIGTERM and SIGHUP stop the workers as Ctrl-C does
+    (Ctrl-C: one line, exit status 130).
     """
     from ..format.manifest import MAX_CLASSES
     from ..pack import pack as run_pack

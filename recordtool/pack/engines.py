@@ -258,37 +258,48 @@ def _process_fill(task, options, partial):
 
 
 @contextlib.contextmanager
-def _sigint_held():
-    """SIGINT blocked in this thread for the block, and (in the main thread) its handler run
-    only when the block ends. A process started in the block inherits the mask: a Ctrl-C that
-    lands while it starts stays pending there until its initializer ignores it, instead of
-    raising KeyboardInterrupt in its imports. Here, a KeyboardInterrupt half-way through a
-    start would leave a worker the pool does not know, waiting for data that never comes."""
+def _sigint_blocked():
+    """SIGINT blocked in this thread for the block. A process started in it inherits the mask:
+    a Ctrl-C that lands while a worker starts stays pending there until its initializer
+    ignores it, instead of raising KeyboardInterrupt in its imports."""
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
-    got = []
-    handler = None
-    if threading.current_thread() is threading.main_thread():
-        handler = signal.signal(signal.SIGINT, lambda signum, frame: got.append(frame))
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        if handler is not None:
-            signal.signal(signal.SIGINT, handler)
-            if got and callable(handler):
-                handler(signal.SIGINT, got[0])
-            elif got and handler == signal.SIG_DFL:
-                os.kill(os.getpid(), signal.SIGINT)
+
+
+@contextlib.contextmanager
+def _sigint_deferred():
+    """In the main thread, Ctrl-C's KeyboardInterrupt raised only when the block ends (and
+    SIGINT blocked meanwhile, see `_sigint_blocked`): around the pool's `submit`, which may
+    start a worker — interrupted half-way, the pool would not know a worker it started, and
+    its shutdown would wait for it."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        with _sigint_blocked():  # (None: a handler set outside Python, which could not be put back)
+            yield
+        return
+    got = []
+    handler = signal.signal(signal.SIGINT, lambda signum, frame: got.append(frame))
+    try:
+        with _sigint_blocked():
+            yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        if got and callable(handler):
+            handler(signal.SIGINT, got[0])
+        elif got and handler == signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGINT)
 
 
 class _WorkerProcess(mpc.SpawnProcess):
-    """A spawned worker started with SIGINT held (`_sigint_held`)."""
+    """A spawned worker started with SIGINT blocked (`_sigint_blocked`)."""
 
     def start(self):
-        with _sigint_held():
+        with _sigint_blocked():
             super().start()
 
 
@@ -321,7 +332,9 @@ class _ProcessSession:
         return self._pool
 
     def load(self, chunk):
-        return _Result(self, self._executor(self.processes).submit(_process_load, chunk, self.options))
+        ex = self._executor(self.processes)
+        with _sigint_deferred():
+            return _Result(self, ex.submit(_process_load, chunk, self.options))
 
     def fill(self, tasks, partial, bar=None):
         ex = self._executor(max(1, min(self.processes, len(tasks))))
@@ -332,7 +345,8 @@ class _ProcessSession:
                 if bar is not None:
                     bar.update(k)
 
-        futures = [ex.submit(_process_fill, t, self.options, partial) for t in tasks]
+        with _sigint_deferred():
+            futures = [ex.submit(_process_fill, t, self.options, partial) for t in tasks]
         pending = set(futures)
         try:
             while pending:
