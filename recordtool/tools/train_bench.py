@@ -96,9 +96,11 @@ class Result:
 
     def summary(self) -> dict:
         """pipeline → {median, min, max, spread (max/min), wait_ms, vs_synthetic, vs_dali, cores_busy,
-        gpu_mib, gpu_process_mib, rss_mib}: medians over the runs; vs_dali against the best plain
-        DALI row (best_dali), gpu_mib the process's device memory minus the synthetic pipeline's
-        (the fewest of its runs: the model and optimiser alone); None where not measured."""
+        gpu_mib, gpu_process_mib, rss_mib}: medians over the runs, but the memories the least of
+        them (the pipelines share one process, and what an earlier one leaves behind — DALI's
+        pools, freed Python arenas — adds to later readings); vs_dali against the best plain DALI
+        row (best_dali); gpu_mib the process's device memory minus the synthetic pipeline's (its
+        model and optimiser alone); None where not measured."""
         rows = {}
         for name, runs in self.by_pipeline().items():
             ok = [r for r in runs if r.error is None]
@@ -110,13 +112,13 @@ class Result:
                           "spread": max(rates) / min(rates), "runs": rates,
                           "wait_ms": statistics.median(r.wait_ms for r in ok),
                           "cores_busy": _median([r.cores_busy for r in ok]),
-                          "gpu_process_mib": _median([r.gpu_mib for r in ok]),
-                          "rss_mib": _median([r.rss_mib for r in ok])}
-        synth = [r.gpu_mib for r in self.by_pipeline().get("synthetic", []) if r.error is None and r.gpu_mib is not None]
+                          "gpu_process_mib": _least([r.gpu_mib for r in ok]),
+                          "rss_mib": _least([r.rss_mib for r in ok])}
+        synth = rows.get("synthetic", {}).get("gpu_process_mib")
         for row in rows.values():
             if "median" in row:
                 own = row["gpu_process_mib"]
-                row["gpu_mib"] = round(own - min(synth)) if synth and own is not None else None
+                row["gpu_mib"] = round(own - synth) if synth is not None and own is not None else None
         best = best_dali(rows)
         for ref, name in (("synthetic", "synthetic"), ("dali", best)):
             base = rows.get(name, {}).get("median") if name else None
@@ -129,6 +131,11 @@ class Result:
 def _median(values, digits: int = 2):
     values = [v for v in values if v is not None]
     return round(statistics.median(values), digits) if values else None
+
+
+def _least(values):
+    values = [v for v in values if v is not None]
+    return min(values) if values else None
 
 
 def best_dali(rows: dict) -> str | None:

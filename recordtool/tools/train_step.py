@@ -141,16 +141,17 @@ def gpu_used_mib(device: str) -> float | None:
 
 class Probe:
     """What a pipeline costs beside its img/s, over the timed steps: cores busy (the process's and
-    its children's CPU seconds / wall), the device memory the process holds (read at both ends,
-    the larger kept), the host's peak RSS (sampled on a thread every `every` s) and the CPUs the
-    process's threads were allowed (process_affinity, at the end)."""
+    its children's CPU seconds / wall), the device memory the process holds (read once the clock
+    has stopped, the pipeline still running: nvidia-smi takes a while, and a pipeline that kept
+    filling its queue meanwhile would start the timed steps ahead), the host's peak RSS (sampled
+    on a thread every `every` s) and the CPUs the process's threads were allowed (process_affinity,
+    at the end)."""
 
     def __init__(self, device: str, every: float = 0.05):
         self.device, self.every = device, every
         self.report: dict = {}
 
     def start(self) -> None:
-        self.gpu0 = gpu_used_mib(self.device)  # before the clock starts: nvidia-smi takes a while
         self.peak, self.stop_ev = rss_mib(), threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True, name="bench-probe")
         self.cpu0, self.t0 = process_cpu(), time.perf_counter()
@@ -168,9 +169,9 @@ class Probe:
         self.thread.join()
         r = rss_mib()
         peak = max((v for v in (self.peak, r) if v is not None), default=None)
-        gpu = [v for v in (self.gpu0, gpu_used_mib(self.device)) if v is not None]
+        gpu = gpu_used_mib(self.device)
         self.report = {"cores_busy": round(cpu / wall, 2) if wall > 0 else None,
-                       "gpu_mib": round(max(gpu)) if gpu else None,
+                       "gpu_mib": round(gpu) if gpu is not None else None,
                        "rss_mib": round(peak) if peak is not None else None, "affinity": process_affinity()}
         return self.report
 
