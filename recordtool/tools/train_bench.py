@@ -52,7 +52,6 @@ from dataclasses import asdict, dataclass, field
 
 from .. import checks
 from ..errors import OptionError
-
 from .train_pipelines import (Beside, dali, endless, make_loader, option_env, parse_options, synthetic,
                               torchvision_folder)
 from .train_step import ARCH_SIZES, Probe, consume_cpu, release, train
@@ -261,7 +260,7 @@ def run(packed: str, files: str | None = None, arch: str = "resnet18", size: int
     size = size or ARCH_SIZES.get(arch, 224)
     res = Result(arch if device == "cuda" else f"consumer {consumer_ms:g} ms", size, batch, device, len(cpus), cpus,
                  threads)
-    with pinned(cpus):
+    with pinned(cpus) if cores is not None else contextlib.nullcontext():
         _runs(res, packed, files, arch, size, batch, steps, warmup, repeats, pipelines, threads, device, compile_,
               consumer_ms, log)
     return res
@@ -410,6 +409,8 @@ def main(argv=None) -> int | None:
                     help="the DDP form, under torchrun: one rank per GPU, each pinned to its share of the cores")
     ap.add_argument("--no-pin", dest="pin", action="store_false", help="--ddp: leave the ranks' cores unpinned")
     a = ap.parse_args(argv)
+    if a.ddp and (a.cores is not None or a.dali_load is not None):
+        ap.error("--cores and --dali-load are the one-process form's (--ddp pins each rank to its share)")
     if a.ddp:
         from .train_ddp import ddp_run, ddp_table
 
