@@ -326,6 +326,7 @@ def _runs(res, packed, files, arch, size, batch, steps, warmup, repeats, pipelin
                     if closer is not None:
                         closer()
                     del it
+                    ld = closer = None  # the Loader freed before release() gives the pools back
                     release(device)
             res.runs.append(r)
             log(f"  run {rep + 1}/{repeats} {name:<28} " + (f"{r.img_s:9,.0f} img/s  wait {r.wait_ms:6.1f} ms/step"

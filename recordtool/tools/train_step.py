@@ -279,6 +279,9 @@ def consume_cpu(batches, steps: int, warmup: int, consumer_ms: float, probe: Pro
 
 
 def release(device: str) -> None:
+    """Between two runs: what the last pipeline freed given back to the device and the host —
+    torch's cache and CuPy's default pools (the Loader's buffers) — so that the next run's
+    memory readings are its own."""
     import gc
 
     gc.collect()
@@ -287,3 +290,7 @@ def release(device: str) -> None:
 
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
+        cupy = sys.modules.get("cupy")
+        if cupy is not None:
+            cupy.get_default_memory_pool().free_all_blocks()
+            cupy.get_default_pinned_memory_pool().free_all_blocks()
