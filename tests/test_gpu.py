@@ -1590,17 +1590,16 @@ def test_host_wait_policy_switch_sets_the_context_flags(monkeypatch):
 def test_training_bench_at_a_node_share_reports_cores_and_memory(packed_mix):
     """bench --train on the GPU at 2 cores: every run pinned there, cores busy and host RSS
     measured, the device memory the process holds read (nvidia-smi for this pid, else
-    memGetInfo), the Loader's share beside the model above the synthetic pipeline's."""
+    memGetInfo), the Loader's share beside the model above the synthetic pipeline's. (DALI is
+    left out: this set's CMYK file is not for it; scripts/device_run.sh's trainbench runs it.)"""
     import os
 
     pytest.importorskip("torch")
-    from recordtool.tools import peers, train_bench
+    from recordtool.tools import train_bench
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores")
-    files = os.path.join(os.path.dirname(packed_mix), "src")
-    pipes = ["synthetic", "recordtool"] + (["dali"] if peers.dali_available() else [])
-    res = train_bench.run(packed_mix, files, "tiny", 32, 8, 3, 2, 1, pipes, None, "cuda", dali_load="0.65,0.99",
+    res = train_bench.run(packed_mix, None, "tiny", 32, 8, 3, 2, 1, ["synthetic", "recordtool"], None, "cuda",
                           log=lambda m: None, cores=2)
     cpus = sorted(os.sched_getaffinity(0))[:2]
     assert res.threads == 2 and res.cpus == cpus
@@ -1609,6 +1608,3 @@ def test_training_bench_at_a_node_share_reports_cores_and_memory(packed_mix):
         assert r.affinity == cpus and r.cores_busy > 0 and r.rss_mib > 0 and r.gpu_mib > 0, r
     s = res.summary()
     assert s["synthetic"]["gpu_mib"] == 0 and s["recordtool"]["gpu_mib"] > 0, s
-    if peers.dali_available():
-        assert train_bench.best_dali(s) in ("dali:load=0.65", "dali:load=0.99")
-        assert s["recordtool"]["vs_dali"] > 0
