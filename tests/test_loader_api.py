@@ -291,4 +291,10 @@ def test_non_square_sizes_in_every_layout(packed, layout, memory_format):
         x, _ = next(iter(ld))
         assert x.shape == ((4, 3, 12, 20) if layout == "NCHW" else (4, 12, 20, 3)) and np.isfinite(x).all()
         ld.close()
+        seen = []
+        with_op = Loader(packed, batch_size=4, size=(12, 20), train=train, layout=layout, memory_format=memory_format,
+                         as_torch=False, user_op=lambda b: seen.append(b.shape) or b, **kw)
+        y, _ = next(iter(with_op))  # the uint8 batch the op sees is h × w too, and so is what it gives back
+        with_op.close()
+        assert seen[0] == (4, 12, 20, 3) and np.array_equal(x, y)
     assert Loader(packed, batch_size=4, size=(16, 16), as_torch=False).size == 16
