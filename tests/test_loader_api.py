@@ -169,8 +169,8 @@ def test_output_spec_is_validated_once_and_frozen():
 
 
 def test_loader_arguments_raise_config_errors(packed):
-    for kw in ({"batch_size": 0}, {"batch_size": "8"}, {"size": 0}, {"size": (16, 0)}, {"size": (16, 24, 3)}, {"dtype": "float64"},
-               {"layout": "CHW"},
+    for kw in ({"batch_size": 0}, {"batch_size": "8"}, {"size": 0}, {"size": (16, 0)}, {"size": (16, 24, 3)},
+               {"dtype": "float64"}, {"layout": "CHW"},
                {"prefetch": 0}, {"threads": 0}, {"rank": 2, "world_size": 2}, {"seed": -1}):
         with pytest.raises(ConfigError):
             Loader(packed, **dict({"batch_size": 4}, **kw))

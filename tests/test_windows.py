@@ -190,7 +190,8 @@ def test_eval_windows_follow_crop_pct_and_non_square_sizes(size, crop_pct):
         assert math.isclose(got[k][3] / got[k][2], size[1] / size[0], rel_tol=2 / box)
 
 
-@pytest.mark.parametrize("scale,ratio", [((0.25, 0.5), (0.5, 2.0)), ((0.5, 0.5), (1.0, 1.0)), ((0.02, 0.3), (0.2, 0.4))])
+@pytest.mark.parametrize("scale,ratio", [((0.25, 0.5), (0.5, 2.0)), ((0.5, 0.5), (1.0, 1.0)),
+                                         ((0.02, 0.3), (0.2, 0.4))])
 def test_scale_and_ratio_follow_torchvision(scale, ratio):
     n = 20_000
     W, H = 500, 375
