@@ -20,7 +20,8 @@ import numpy as np
 
 from ..datasets import open_dataset
 from ..decode.cpu import cores
-from ..decode.spec import IMAGENET_MEAN, IMAGENET_STD, OutputSpec
+from ..decode.spec import (DEFAULT_CROP_PCT, DEFAULT_HFLIP, DEFAULT_RATIO, DEFAULT_SCALE, IMAGENET_MEAN,
+                           IMAGENET_STD, CropSpec, OutputSpec)
 from ..errors import BadState, ConfigError, OnError, RecordError, on_error as _on_error
 from ..reader import Dataset
 from .device import parse_device, resolve
@@ -83,14 +84,28 @@ class Loader:
         batch_size: images per batch (≥ 1).
         device: "cpu" (native CPU decoder), or a GPU (NVJPG engines + hybrid decoder + CPU share):
             "cuda" (the caller's current CUDA device), "cuda:1", torch.device("cuda", 1), or 1.
-        train: RandomResizedCrop windows + random horizontal flip, keyed by (seed, epoch, sample
-            id); False: resize to size·256/224 + centre crop.
+        train: RandomResizedCrop windows (`scale`, `ratio`) + random horizontal flip (`hflip`),
+            keyed by (seed, epoch, sample id); False: resize + centre crop (`crop_pct`).
         shuffle: a new order every epoch (keyed by seed and epoch); default: `train`. False:
             record order, the same every epoch (evaluation).
         drop_last: drop the last partial batch (and cut the epoch to equal rank shares); default:
             `train`. False: every sample once (ranks padded to equal shares, as torch's
             DistributedSampler does).
-        size: output side (1..16384).
+        size: the output: an int (square, size × size) or (h, w), each side 1..16384 — what
+            torchvision's RandomResizedCrop(size) / CenterCrop(size) take.
+        scale, ratio: train — RandomResizedCrop's: the crop's area as a share of the image's,
+            0 < lo ≤ hi ≤ 1 (default (0.08, 1.0)), and its aspect (width / height) range,
+            0 < lo ≤ hi, drawn log-uniformly (default (3/4, 4/3)). The window does not depend
+            on `size`: it is resized to (h, w) whatever its aspect, as torchvision does.
+        hflip: train — the probability of a horizontal flip, 0..1 (default 0.5:
+            RandomHorizontalFlip()); 0 never flips.
+        crop_pct: evaluation — the centre crop's share of the resized image (timm's crop_pct,
+            0.01..1; default 0.875 = 224/256): the image is resized keeping its aspect to cover
+            floor(h / crop_pct) × floor(w / crop_pct) (square: its shorter side to
+            floor(size / crop_pct), torchvision's Resize(int(size / crop_pct))) and its centre
+            (h, w) is the output (CenterCrop(size)).
+            The training options with train=False, or crop_pct with train=True, set away from
+            their defaults, are a ConfigError (they would do nothing).
         mean, std: normalisation per channel, 0..1 units (torchvision's).
         dtype: "float32", "float16" or "bfloat16" (torch dtypes too). bfloat16 comes as a
             torch.bfloat16 tensor; with as_torch=False as its bits in a uint16 array.
@@ -147,7 +162,7 @@ class Loader:
     # shuffles through it): the Loader batches itself, so there is no batch sampler
     batch_sampler = None
 
-    def __init__(self, path, batch_size: int, device: DeviceLike = "cpu", train: bool = True, size: int = 224,
+    def __init__(self, path, batch_size: int, device: DeviceLike = "cpu", train: bool = True, size: int | tuple = 224,
                  mean=IMAGENET_MEAN, std=IMAGENET_STD, dtype: Literal["float32", "float16", "bfloat16"] = "float32",
                  layout: Literal["NCHW", "NHWC"] = "NCHW", seed: int = 0, rank: int | None = None,
                  world_size: int | None = None, drop_last: bool | None = None, prefetch: int = 2,
@@ -155,16 +170,24 @@ class Loader:
                  with_ids: bool = False, split="auto", hybrid: bool = True, on_error: OnError | str = "raise",
                  cache_dir: str | None = None, cache_limit: int | None = None, block_shards: int | None = None,
                  shuffle: bool | None = None, memory_format: str = "contiguous", chroma: str | None = None,
-                 storage_options: dict | None = None, continuous: bool = True, same_pixels: bool = True):
+                 storage_options: dict | None = None, continuous: bool = True, same_pixels: bool = True,
+                 scale: tuple = DEFAULT_SCALE, ratio: tuple = DEFAULT_RATIO, hflip: float = DEFAULT_HFLIP,
+                 crop_pct: float = DEFAULT_CROP_PCT):
         # every argument checked here, once, into frozen values (OutputSpec, Device) or ints
         from ..decode.gpu.plan import DEFAULT_CHROMA, check_chroma, check_split  # pure NumPy
 
         dev = parse_device(device)
         self.batch_size = _count(batch_size, "batch_size", 1)
-        self.spec = OutputSpec(_count(size, "size", 1), mean, std, dtype, layout, memory_format)  # square
+        self.spec = OutputSpec(size, mean, std, dtype, layout, memory_format)  # an int: square
         if not self.spec.normalized:
             raise ConfigError("dtype must be float32, float16 or bfloat16 (the Loader normalises)")
         self.train = _flag(train, "train")
+        self.crop = CropSpec(scale, ratio, hflip, crop_pct)
+        unused = self.crop.unused(self.train)
+        if unused:  # a setting that does nothing is refused, not ignored
+            what = "evaluation's centre crop" if self.train else "training's RandomResizedCrop and flip"
+            raise ConfigError(f"{', '.join(unused)}: set for {what}, nothing with train={self.train}; leave "
+                              f"{'it' if len(unused) == 1 else 'them'} at the default or pass train={not self.train}")
         self.shuffle = self.train if shuffle is None else _flag(shuffle, "shuffle")
         self.drop_last = self.train if drop_last is None else _flag(drop_last, "drop_last")
         self.seed = _count(seed, "seed")
@@ -185,7 +208,11 @@ class Loader:
         self.gpu_id = resolve(dev) if dev.type == "cuda" else None
         self.ds = path if isinstance(path, Dataset) else open_dataset(path, cache_dir=cache_dir, cache_limit=cache_limit,
                                                                       storage_options=storage_options)
-        self.size, self.mean, self.std = self.spec.size[0], self.spec.mean, self.spec.std
+        h, w = self.spec.size
+        self.size = h if h == w else (h, w)  # an int for a square output, as given
+        self.mean, self.std = self.spec.mean, self.spec.std
+        self.scale, self.ratio, self.hflip, self.crop_pct = (self.crop.scale, self.crop.ratio, self.crop.hflip,
+                                                             self.crop.crop_pct)
         self.dtype, self.layout, self.memory_format = self.spec.dtype, self.spec.layout, self.spec.memory_format
         self.user_op, self.with_ids, self.split, self.hybrid = user_op, with_ids, split, hybrid
         rank, world_size = _dist_defaults(rank, world_size)
@@ -224,7 +251,7 @@ class Loader:
         self.last_split = None  # cuda: the last yielded batch's BatchReport
         # producer-side seconds per stage, and (cuda) images per decoder, summed over yielded batches
         self.stage_seconds, self.decoded = {}, {}
-        recipe = Recipe(self.ds, self.train, self.spec, self.seed)
+        recipe = Recipe(self.ds, self.train, self.spec, self.seed, self.crop)
         # batches alive at once: queued (producers × prefetch), being made (producers), and the
         # consumer's current and previous one; each as large as the largest batch this rank makes
         slots = self.producers * (self.prefetch + 1) + 2
@@ -233,7 +260,7 @@ class Loader:
         if need > bound:
             where = "RAM" if self.gpu_id is None else f"GPU {self.gpu_id}'s memory"
             raise ConfigError(f"the output ring would take {need / 2**30:.1f} GiB ({slots} batches of {max_batch} "
-                              f"{self.spec.dtype} images of {self.size}²), more than {RING_MEMORY_SHARE:.0%} of "
+                              f"{self.spec.dtype} images of {h}×{w}), more than {RING_MEMORY_SHARE:.0%} of "
                               f"{where} ({bound / 2**30:.1f} GiB): lower batch_size, size, prefetch or producers")
         if self.device == "cpu":
             from .cpu import CPUBatcher
