@@ -86,7 +86,7 @@ fi
 if has tests && fits tests 400; then
   # the whole suite, never -x: a failure must not hide what comes after it (the GPU rule, README)
   # the GPU suite: every test file that runs the decoders, the Loader or the native part
-  GPU_SUITE="tests/test_gpu.py tests/test_gpu_roi.py tests/test_loader.py tests/test_loader_stream.py tests/test_loader_api.py tests/test_torch.py tests/test_distributed.py tests/test_cli_user.py tests/test_nvsubmit.py tests/test_decode_cpu.py tests/test_ops.py"
+  GPU_SUITE="tests/test_gpu.py tests/test_gpu_roi.py tests/test_lightning.py tests/test_epochs.py tests/test_loader.py tests/test_loader_stream.py tests/test_loader_api.py tests/test_torch.py tests/test_distributed.py tests/test_cli_user.py tests/test_nvsubmit.py tests/test_decode_cpu.py tests/test_ops.py"
   RECORDTOOL_REQUIRE_NATIVE=1 timeout ${TESTS_TIMEOUT:-480} python3 -m pytest -q -p no:cacheprovider -rs ${PYTEST_ARGS:-$GPU_SUITE} \
     > "$OUT/pytest.log" 2>&1
   rc=$?; (( rc == 124 )) && echo "pytest: TIMED OUT after ${TESTS_TIMEOUT:-480} s (raise TESTS_TIMEOUT)" | tee -a "$OUT/pytest.log"
@@ -188,14 +188,22 @@ if has train && fits train 150; then
   done
 fi
 if has trainbench && fits trainbench 150; then
-  # end-to-end training throughput (recordtool.tools.train_bench): each TRAIN_CONFIGS entry arch:batch
-  for cfg in ${TRAIN_CONFIGS:-resnet18:512 resnet50:256}; do
-    a=${cfg%%:*}; b=${cfg##*:}
-    fits "trainbench $a" 60 || break
-    one_gpu timeout ${TRAIN_TIMEOUT:-300} $PY -m recordtool.tools.train_bench ${TRAIN_DATA:-/tmp/bench-packed} --files /tmp/bench \
-      --arch "$a" --batch "$b" --repeats ${TRAIN_REPEATS:-3} --steps ${TRAIN_STEPS:-50} --warmup ${TRAIN_WARMUP:-15} \
-      --pipelines "${TRAIN_PIPELINES:-synthetic;recordtool;synthetic+recordtool;dali;torchvision}" ${TRAIN_ARGS:-} \
-      --json "$OUT/train_bench_${a}_${b}${TRAIN_TAG:-}.json" > "$OUT/train_bench_${a}_${b}${TRAIN_TAG:-}.log" 2>&1
+  # end-to-end training throughput (recordtool.tools.train_bench): each TRAIN_CONFIGS entry arch:batch at
+  # each TRAIN_CORES count (e.g. "16 8 4": --cores N pins the process to the first N of one_gpu's cores,
+  # its threads following; unset: one run on all of them, without --cores, which a TREE=old tree may not
+  # know). DALI runs at each TRAIN_DALI_LOAD (--dali-load; default on cuda 0.65,0.75,0.9,0.99), the
+  # best is the reference. TRAIN_EST: the seconds one arch at one core count is expected to take
+  for n in ${TRAIN_CORES:-all}; do
+    c=""; tag=""; [ "$n" != all ] && { c="--cores $n"; tag="_c$n"; }
+    for cfg in ${TRAIN_CONFIGS:-resnet18:512 resnet50:256}; do
+      a=${cfg%%:*}; b=${cfg##*:}
+      fits "trainbench $a $n" ${TRAIN_EST:-60} || break 2
+      one_gpu timeout ${TRAIN_TIMEOUT:-300} $PY -m recordtool.tools.train_bench ${TRAIN_DATA:-/tmp/bench-packed} --files /tmp/bench \
+        --arch "$a" --batch "$b" --repeats ${TRAIN_REPEATS:-3} --steps ${TRAIN_STEPS:-50} --warmup ${TRAIN_WARMUP:-15} $c \
+        ${TRAIN_DALI_LOAD:+--dali-load "$TRAIN_DALI_LOAD"} \
+        --pipelines "${TRAIN_PIPELINES:-synthetic;recordtool;synthetic+recordtool;dali;torchvision}" ${TRAIN_ARGS:-} \
+        --json "$OUT/train_bench_${a}_${b}${tag}${TRAIN_TAG:-}.json" > "$OUT/train_bench_${a}_${b}${tag}${TRAIN_TAG:-}.log" 2>&1
+    done
   done
 fi
 if has gilprobe && fits gilprobe 90; then

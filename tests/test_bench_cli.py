@@ -37,6 +37,22 @@ def test_bench_cli(tmp_path):
         assert flag in h.stdout
 
 
+def test_bench_train_cores_out_of_reach_is_one_error_line(tmp_path):
+    """--cores 0, or more cores than the process may use: one `Error:` line naming --cores, before
+    any pipeline runs."""
+    src = tmp_path / "src"
+    for i in range(4):
+        write(str(src / "c0" / f"{i}.jpg"), jpeg_bytes(64, 48, seed=i))
+    pack(str(src), str(tmp_path / "out"), shards=1, progress=False)
+    for cores in ("0", str(len(os.sched_getaffinity(0)) + 1)):
+        p = subprocess.run([sys.executable, "-m", "recordtool.cli", "bench", str(tmp_path / "out"), "--train",
+                            "resnet18", "--device", "cpu", "--cores", cores, "--pipelines", "synthetic", "-q"],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 1 and p.stdout == "", (p.stdout, p.stderr)
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: --cores"), p.stderr
+
+
 def test_dali_peer_reads_records_and_files(tmp_path):
     """DALI's CPU pipeline (what `recordtool bench --device cpu` compares with) on our records and
     on the original files; a PNG named .JPEG is left out of the files DALI is given."""

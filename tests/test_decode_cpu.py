@@ -8,7 +8,8 @@ import pytest
 from PIL import Image
 
 from conftest import jpeg_bytes, photo_like
-from recordtool.decode import (DecodeError, decode_crop_resize, eval_transform, mirror, normalize,
+import recordtool
+from recordtool.decode import (DecodeError, decode_crop_resize, eval_transform, mirror, normalize, random_flips,
                                random_windows)
 from recordtool.decode import cpu, reference as R
 
@@ -365,3 +366,106 @@ def test_background_nice_variable_is_checked(monkeypatch):
         cpu._background_nice()
     monkeypatch.setenv("RECORDTOOL_CPU_SHARE_NICE", "3")
     assert cpu._background_nice() == 3
+
+
+# ---------------------------------------------------------------- the Loader's sizes and crops against Pillow
+
+PIXELS = dict(mean=(0, 0, 0), std=(1 / 255,) * 3, layout="NHWC", as_torch=False, with_ids=True, shuffle=False,
+              drop_last=False)  # normalised values that are the pixels themselves
+
+
+@pytest.fixture(scope="module")
+def packed_photos(tmp_path_factory):
+    from conftest import write
+    from recordtool.pack import pack
+
+    root = tmp_path_factory.mktemp("sizes")
+    for k, (w, h) in enumerate([(640, 480), (480, 640), (500, 333), (301, 777), (256, 256), (900, 200)]):
+        write(str(root / "src" / "c" / f"{k}.jpg"), encode(photo_like(w, h, seed=40 + k), subsampling=k % 3))
+    pack(str(root / "src"), str(root / "out"), shards=1, progress=False)
+    return str(root / "out")
+
+
+def _batch(loader):
+    x, _, ids = next(iter(loader))
+    loader.close()
+    return np.clip(np.rint(np.asarray(x, np.float64)), 0, 255).astype(np.uint8), np.asarray(ids)
+
+
+@pytest.mark.parametrize("size", [(96, 160), (160, 96), 112])
+@pytest.mark.parametrize("crop_pct", [0.875, 0.95])
+def test_loader_eval_sizes_and_crop_pct_match_pillow_resize_then_centre_crop(packed_photos, size, crop_pct):
+    """train=False with size (h, w) and crop_pct: Pillow's Resize keeping the aspect (to cover
+    floor(h / crop_pct) × floor(w / crop_pct)) then CenterCrop((h, w)) — timm's evaluation
+    transform — inside (edges see other pixels in the one-pass resample), and Pillow's crop →
+    resize of that window on the whole image."""
+    from recordtool.loader import Loader
+
+    ds = recordtool.open(packed_photos)
+    ld = Loader(packed_photos, batch_size=len(ds), size=size, train=False, crop_pct=crop_pct, **PIXELS)
+    got, ids = _batch(ld)
+    h, w = (size, size) if isinstance(size, int) else size
+    assert got.shape == (len(ds), h, w, 3)
+    for k, i in enumerate(ids):
+        data = ds[int(i)][0]
+        im = Image.open(io.BytesIO(bytes(data))).convert("RGB")
+        W, H = im.size
+        bh, bw = int(h / crop_pct), int(w / crop_pct)
+        rw, rh = (bw, int(bw * H / W)) if bw * H >= bh * W else (int(bh * W / H), bh)
+        top, left = int(round((rh - h) / 2)), int(round((rw - w) / 2))
+        ref = np.asarray(im.resize((rw, rh), Image.BILINEAR).crop((left, top, left + w, top + h)))
+        assert psnr(got[k][3:-3, 3:-3], ref[3:-3, 3:-3]) > 36, (W, H, size, crop_pct)
+        window = (top * H / rh, left * W / rw, h * H / rh, w * W / rw)
+        assert psnr(got[k], R.truth(data, window, w, h)) >= 40, (W, H, size, crop_pct)
+
+
+@pytest.mark.parametrize("size", [(96, 160), (160, 96)])
+@pytest.mark.parametrize("hflip", [0.0, 1.0])
+def test_loader_train_sizes_scale_ratio_and_flip_match_pillow_crop_then_resize(packed_photos, size, hflip):
+    """train=True with size (h, w), scale, ratio and hflip: each image is Pillow's decode → crop
+    of its window → resize(BILINEAR) to (w, h), mirrored when hflip=1 and never when 0; the
+    windows keep to scale and ratio (or are torchvision's whole-image fallback)."""
+    from recordtool.loader import Loader
+
+    ds = recordtool.open(packed_photos)
+    scale, ratio = (0.2, 0.6), (0.5, 0.8)
+    ld = Loader(packed_photos, batch_size=len(ds), size=size, scale=scale, ratio=ratio, hflip=hflip, seed=4, **PIXELS)
+    got, ids = _batch(ld)
+    win, flips = ld.batcher.recipe.draws(ids, 0)
+    assert flips.all() if hflip else not flips.any()
+    h, w = size
+    for k, i in enumerate(ids):
+        data = ds[int(i)][0]
+        W, H = int(ds.index.width[i]), int(ds.index.height[i])
+        y, x, wh, ww = win[k]
+        if wh < H and ww < W:  # not torchvision's fallback (a centre crop of the whole height or width)
+            assert scale[0] * 0.97 <= wh * ww / (W * H) <= scale[1] * 1.03
+            assert ratio[0] * 0.95 <= ww / wh <= ratio[1] * 1.05
+        ref = R.truth(data, win[k], w, h)
+        assert psnr(got[k], ref[:, ::-1] if hflip else ref) >= 40, (W, H, size, tuple(win[k]))
+
+
+def test_loader_defaults_give_the_batches_of_before(packed_photos):
+    """With every crop option at its default the Loader's batch is, bit for bit, the fused
+    pass over the windows and flips of before (RandomResizedCrop (0.08, 1) × (3/4, 4/3), flip
+    at 0.5; evaluation 256 → 224)."""
+    from recordtool.decode.cpu import decode_crop_resize_normalize
+    from recordtool.loader import Loader
+    from test_windows import old_center_windows
+
+    ds = recordtool.open(packed_photos)
+    ix = ds.index
+    for train in (True, False):
+        kw = dict(batch_size=len(ds), seed=6, as_torch=False, with_ids=True, shuffle=False, drop_last=False)
+        ld = Loader(packed_photos, train=train, **kw)
+        ld.set_epoch(2)
+        x, _, ids = next(iter(ld))
+        ld.close()
+        W, H = ix.width[ids], ix.height[ids]
+        if train:
+            win, flips = random_windows(W, H, ids, 6, 2), random_flips(ids, 6, 2)
+        else:
+            win, flips = old_center_windows(W, H, 256, 224), np.zeros(len(ids), bool)
+        ref = decode_crop_resize_normalize([ds[int(i)][0] for i in ids], win, flips, (224, 224), fallback=True)
+        assert np.array_equal(np.asarray(x), ref), train
+

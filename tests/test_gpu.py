@@ -461,6 +461,45 @@ def test_cuda_loader_gives_4_4_4_and_gray_bit_for_bit(packed_layouts, dtype, spl
 
 
 @gpu
+@pytest.mark.parametrize("train,crop,user_op", [
+    (True, dict(size=(48, 80), scale=(0.2, 0.7), ratio=(0.5, 1.5), hflip=0.3), False),
+    (False, dict(size=(80, 48), crop_pct=0.95), False),
+    (True, dict(size=(40, 72), hflip=1.0), True),  # the uint8 ring and the normalising pass at h × w
+    (False, dict(size=64, crop_pct=0.5), True)])
+def test_cuda_loader_sizes_and_crops_match_the_cpu_loader(packed_layouts, train, crop, user_op):
+    """size=(h, w), scale, ratio, hflip and crop_pct on cuda: the same windows, flips and labels
+    as device="cpu"; 4:4:4 and gray images bit for bit (same_pixels), the others within the
+    fidelity bound — with and without a user op (its uint8 batch and pass are h × w)."""
+    import recordtool
+    from recordtool.decode.gpu.plan import SAME_PIXELS_CHROMA
+    from recordtool.loader import Loader
+
+    ds = recordtool.open(packed_layouts)
+    same = np.isin(ds.index.chroma, SAME_PIXELS_CHROMA)
+    kw = dict(batch_size=8, seed=5, train=train, drop_last=False, as_torch=False, layout="NHWC", with_ids=True, **crop)
+    cpu = {i: (x, y) for xs, ys, ids in Loader(ds, device="cpu", **kw)
+           for i, x, y in zip(np.asarray(ids).tolist(), xs, ys)}
+    op = (lambda b: b) if user_op else None
+    ld = Loader(ds, device="cuda", split="gpu", user_op=op, **kw)
+    h, w = ld.spec.size
+    std = np.array([0.229, 0.224, 0.225], np.float32)
+    mean = np.array([0.485, 0.456, 0.406], np.float32)
+    seen = 0
+    for xs, ys, ids in ld:
+        assert xs.shape[1:] == (h, w, 3)
+        for i, x, y in zip(np.asarray(ids).tolist(), cupy.asnumpy(xs), cupy.asnumpy(ys)):
+            xc, yc = cpu[i]
+            assert y == yc
+            if same[i]:
+                assert np.array_equal(x, xc), i
+            else:
+                assert psnr((x * std + mean) * 255, (xc * std + mean) * 255) >= 40, i
+            seen += 1
+    assert seen == len(ds)
+    ld.close()
+
+
+@gpu
 def test_cuda_loader_memory_fixed_after_warmup(packed_mix):
     torch = pytest.importorskip("torch")
     from recordtool.loader import Loader
@@ -1584,3 +1623,27 @@ def test_host_wait_policy_switch_sets_the_context_flags(monkeypatch):
 
     with pytest.raises(ConfigError, match="RECORDTOOL_GPU_SCHEDULE"):
         host_wait_policy(0, "fast")
+
+
+@gpu
+def test_training_bench_at_a_node_share_reports_cores_and_memory(packed_mix):
+    """bench --train on the GPU at 2 cores: every run pinned there, cores busy and host RSS
+    measured, the device memory the process holds read (nvidia-smi for this pid, else
+    memGetInfo), the Loader's share beside the model above the synthetic pipeline's. (DALI is
+    left out: this set's CMYK file is not for it; scripts/device_run.sh's trainbench runs it.)"""
+    import os
+
+    pytest.importorskip("torch")
+    from recordtool.tools import train_bench
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores")
+    res = train_bench.run(packed_mix, None, "tiny", 32, 8, 3, 2, 1, ["synthetic", "recordtool"], None, "cuda",
+                          log=lambda m: None, cores=2)
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    assert res.threads == 2 and res.cpus == cpus
+    for r in res.runs:
+        assert r.error is None, r
+        assert r.affinity == cpus and r.cores_busy > 0 and r.rss_mib > 0 and r.gpu_mib > 0, r
+    s = res.summary()
+    assert s["synthetic"]["gpu_mib"] == 0 and s["recordtool"]["gpu_mib"] > 0, s

@@ -139,7 +139,7 @@ def test_load_state_dict_checks_every_field(packed, change, match):
     state = dict(ld.state_dict(), **change)
     with pytest.raises(BadState, match=match):
         ld.load_state_dict(state)
-    assert (ld.epoch, ld._start_batch) == (0, 0)  # nothing taken from a bad state
+    assert ld.state_dict()["epoch"] == 0 and ld.state_dict()["batch"] == 0  # nothing taken from a bad state
 
 
 def test_load_state_dict_names_a_missing_key(packed):
@@ -169,8 +169,8 @@ def test_output_spec_is_validated_once_and_frozen():
 
 
 def test_loader_arguments_raise_config_errors(packed):
-    for kw in ({"batch_size": 0}, {"batch_size": "8"}, {"size": 0}, {"size": (16, 24)}, {"dtype": "float64"},
-               {"layout": "CHW"},
+    for kw in ({"batch_size": 0}, {"batch_size": "8"}, {"size": 0}, {"size": (16, 0)}, {"size": (16, 24, 3)},
+               {"dtype": "float64"}, {"layout": "CHW"},
                {"prefetch": 0}, {"threads": 0}, {"rank": 2, "world_size": 2}, {"seed": -1}):
         with pytest.raises(ConfigError):
             Loader(packed, **dict({"batch_size": 4}, **kw))
@@ -246,3 +246,55 @@ def test_record_info_gives_filename_class_and_features(tmp_path):
     assert ds.info(-1) == infos[-1]
     with pytest.raises(IndexError):
         ds.info(3)
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"scale": (0.0, 1.0)}, "scale"), ({"scale": (0.5, 0.2)}, "scale"), ({"scale": (0.1, 1.5)}, "scale"),
+    ({"scale": "ab"}, "scale"), ({"scale": (0.1,)}, "scale"), ({"scale": (0.1, float("nan"))}, "scale"),
+    ({"scale": 0.5}, "scale"), ({"ratio": (0, 1)}, "ratio"), ({"ratio": (2, 1)}, "ratio"),
+    ({"ratio": (1, float("inf"))}, "ratio"), ({"ratio": (True, 2)}, "ratio"), ({"hflip": 1.5}, "hflip"),
+    ({"hflip": -0.1}, "hflip"), ({"hflip": True}, "hflip"), ({"hflip": "0.5"}, "hflip"),
+    ({"crop_pct": 0, "train": False}, "crop_pct"), ({"crop_pct": 1.2, "train": False}, "crop_pct"),
+    ({"crop_pct": None, "train": False}, "crop_pct"), ({"size": (16, 0)}, r"size \(width\)"),
+    ({"size": (16, 24, 3)}, "size"),
+    # set away from their defaults where they would do nothing
+    ({"scale": (0.5, 1.0), "train": False}, "scale"), ({"hflip": 0.0, "ratio": (1, 1), "train": False}, "ratio, hflip"),
+    ({"crop_pct": 0.95}, "crop_pct")])
+def test_crop_options_are_checked_at_the_edge_naming_the_option(packed, kw, match):
+    with pytest.raises(ConfigError, match=match):
+        Loader(packed, **dict({"batch_size": 4, "size": 16}, **kw))
+
+
+def test_crop_options_are_frozen_and_the_defaults_are_torchvisions(packed):
+    from dataclasses import FrozenInstanceError
+
+    from recordtool.decode.spec import CropSpec
+
+    ld = Loader(packed, batch_size=4, size=16, as_torch=False)
+    assert ld.crop == CropSpec() and ld.batcher.recipe.crop is ld.crop
+    assert (ld.scale, ld.ratio, ld.hflip) == ((0.08, 1.0), (0.75, 4 / 3), 0.5)
+    with pytest.raises(FrozenInstanceError):
+        ld.crop.hflip = 1.0
+    ev = Loader(packed, batch_size=4, size=16, train=False, crop_pct=0.9, as_torch=False)
+    assert ev.crop_pct == 0.9 and ev.batcher.recipe.crop == CropSpec(crop_pct=0.9)
+
+
+@pytest.mark.parametrize("layout,memory_format", [("NCHW", "contiguous"), ("NHWC", "contiguous"),
+                                                  ("NCHW", "channels_last")])
+def test_non_square_sizes_in_every_layout(packed, layout, memory_format):
+    """size=(h, w) — torchvision's RandomResizedCrop((h, w)) / CenterCrop((h, w)) — gives h × w
+    batches in training and evaluation; an int, or (s, s), stays square."""
+    for train, kw in ((True, dict(scale=(0.3, 0.9), ratio=(0.5, 2.0), hflip=0.3)), (False, dict(crop_pct=0.95))):
+        ld = Loader(packed, batch_size=4, size=(12, 20), train=train, layout=layout, memory_format=memory_format,
+                    as_torch=False, **kw)
+        assert ld.size == (12, 20) and ld.spec.size == (12, 20)
+        x, _ = next(iter(ld))
+        assert x.shape == ((4, 3, 12, 20) if layout == "NCHW" else (4, 12, 20, 3)) and np.isfinite(x).all()
+        ld.close()
+        seen = []
+        with_op = Loader(packed, batch_size=4, size=(12, 20), train=train, layout=layout, memory_format=memory_format,
+                         as_torch=False, user_op=lambda b: seen.append(b.shape) or b, **kw)
+        y, _ = next(iter(with_op))  # the uint8 batch the op sees is h × w too, and so is what it gives back
+        with_op.close()
+        assert seen[0] == (4, 12, 20, 3) and np.array_equal(x, y)
+    assert Loader(packed, batch_size=4, size=(16, 16), as_torch=False).size == 16

@@ -101,14 +101,15 @@ def test_any_other_start_discards_what_was_made_ahead(packed):
     same(epoch_of(ld), fresh(5, path=packed))
     it = iter(ld)  # epoch 6, left after two batches
     next(it), next(it)
-    same(epoch_of(ld), fresh(6, path=packed))  # a new iteration starts the epoch again
+    assert (ld.state_dict()["epoch"], ld.state_dict()["batch"]) == (6, 2)
+    same(epoch_of(ld), fresh(7, path=packed))  # a new iteration goes on with the next epoch
     state = ld.state_dict()
-    assert state["epoch"] == 7 and state["batch"] == 0
+    assert state["epoch"] == 8 and state["batch"] == 0
     it = iter(ld)
     next(it)
     mid = ld.state_dict()
-    ld.load_state_dict(mid)  # resume where it stands: batches 1.. of epoch 7
-    same(epoch_of(ld), fresh(7, start=1, path=packed))
+    ld.load_state_dict(mid)  # resume where it stands: batches 1.. of epoch 8
+    same(epoch_of(ld), fresh(8, start=1, path=packed))
     ld.close()
 
 
@@ -125,14 +126,14 @@ def test_resume_at_an_epoch_end_goes_on_with_the_next_epoch(packed):
     resumed.close()
 
 
-def test_two_iterators_the_second_restarts_and_the_first_stops(packed):
+def test_two_iterators_the_second_goes_on_and_the_first_stops(packed):
     ld = Loader(packed, producers=2, **KW)
     a = iter(ld)
     next(a)
-    b = iter(ld)  # a new start of epoch 0: the first iterator's producers are stopped
+    b = iter(ld)  # epoch 0 was started: the new iteration runs epoch 1; the first one's producers stop
     with pytest.raises(RuntimeError, match="stopped"):
         next(a)
-    same(list(b), fresh(0, path=packed))
+    same(list(b), fresh(1, path=packed))
     ld.close()
 
 

@@ -573,7 +573,7 @@ class _Stream:
         self.synced += 1
 
 
-def _batcher(monkeypatch, op, fail=None):
+def _batcher(monkeypatch, op, fail=None, size=16):
     """A GPUBatcher with only what its pass reads, on the driver's stand-ins (the copies write)."""
     import threading
     from types import SimpleNamespace
@@ -589,8 +589,8 @@ def _batcher(monkeypatch, op, fail=None):
     monkeypatch.setattr(W.nvjpeg, "context_current", lambda: None)
     monkeypatch.setattr(C, "kernel", lambda op: _Ptr(901))
     g = object.__new__(GPUBatcher)
-    out = np.zeros((8, 3, 16, 16), np.float32)
-    g.recipe, g.spec = SimpleNamespace(size=16), OutputSpec(16)
+    g.recipe, g.spec = SimpleNamespace(), OutputSpec(size)
+    out = np.zeros((8, 3, *g.spec.size), np.float32)
     g._passes, g._lock, g.image_op, g.max_batch = {}, threading.Lock(), op, 8
     g.ring = SimpleNamespace(take=lambda n: (_Arr(out[:n]), _Ptr(71)))
     g._normalize = _Ptr(902)
@@ -654,3 +654,43 @@ def test_user_op_pass_queues_its_copies_and_launches_in_one_call(monkeypatch, np
     p2 = g2._passes[0]
     assert dec2.stream.synced == 1 and p2.done is None and p2.held == ()
     assert p2.host()[0] is p2._sets[0][0]  # the failed pass's set is the next pass's again
+
+
+def test_user_op_pass_of_a_non_square_size_resamples_h_by_w_in_the_kernels_own_source(monkeypatch, tmp_path):
+    """size=(h, w) through GPUBatcher._normalise on the driver's stand-ins: each image's source
+    is h × w (packed back to back), the normalising kernel's grid and (W, H) arguments are the
+    output's; the sample table it uploads, run through native/gpu_resize.cu built for the host,
+    gives the uint8 batch back (a 1:1 resample is a copy), mirrored where flipped."""
+    import ctypes as C
+
+    from host_kernel import build
+
+    from recordtool.decode.gpu import SAMPLE_DTYPE
+    from recordtool.ops import ImageOp
+
+    class Flat(ImageOp):
+        cuda_name, cuda_source = "flat", "x"
+
+        def params(self, n, keys, h, w):
+            return np.zeros((n, 0))
+
+    h, w, n = 12, 20, 5
+    g, dec, log, keep = _batcher(monkeypatch, Flat(), size=(h, w))
+    raw = _Arr(np.random.default_rng(0).integers(0, 256, (n, h, w, 3), dtype=np.uint8))
+    flips = np.array([1, 0, 0, 1, 1], bool)
+    g._normalise(raw, dec, 0, (), flips=flips, op=(Flat(), np.zeros((n, 0))))
+    p = g._passes[0]
+    table = np.frombuffer(bytes(p.samples_dev.a[: n * SAMPLE_DTYPE.itemsize]), SAMPLE_DTYPE).copy()
+    assert table["src"].tolist() == [raw.data.ptr + i * h * w * 3 for i in range(n)]
+    assert (table["rw"] == w).all() and (table["rh"] == h).all() and (table["pitch"] == w * 3).all()
+    assert (table["x1"] == w).all() and (table["y1"] == h).all()
+    norm_launch = [c for c in log if c[0] == "launch"][-1]
+    assert norm_launch[2] == ((w + 31) // 32, (h + 7) // 8, n) and norm_launch[6][2:4] == (w, h)
+    lib = build(tmp_path)
+    if lib is None:
+        pytest.skip("no C++ compiler")
+    out = np.zeros((n, h, w, 3), np.uint8)
+    lib.run(C.c_void_p(table.ctypes.data), n, C.c_void_p(out.ctypes.data), w, h)
+    want = raw.a.copy()
+    want[flips] = want[flips, :, ::-1]
+    assert np.array_equal(out, want)

@@ -391,7 +391,7 @@ def test_loader_over_s3_gives_the_local_batches(s3, s3_config, remote, packed, t
     with pytest.raises(CacheFull, match="lower block_shards"):
         Loader(url, cache_dir=str(tmp_path / "cache"), cache_limit=limit, **kw)  # default: 4 shards a block
     ld = Loader(url, cache_dir=str(tmp_path / "cache"), cache_limit=limit, block_shards=2, **kw)
-    assert isinstance(ld.sampler, BlockSampler) and ld.ds.cache_limit == limit
+    assert isinstance(ld.sampler.order, BlockSampler) and ld.ds.cache_limit == limit
     assert not ld.continuous  # the cache's fetch-ahead follows one epoch's plan: no run into the next
     ref = Loader(local, block_shards=2, **kw)
     for epoch in range(2):

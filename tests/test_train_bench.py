@@ -11,6 +11,7 @@ import time
 import pytest
 
 from conftest import jpeg_bytes, write
+from recordtool.errors import OptionError
 from recordtool.tools import peers, train_bench, train_step
 from recordtool.pack import pack
 
@@ -25,21 +26,40 @@ def data(tmp_path_factory):
 
 
 def test_train_bench_cli_cpu_form(data, tmp_path):
+    """--cores 1: every run pinned to the first CPU of the process's affinity (the union of what
+    every thread of the process, the Loader's and DALI's included, was allowed at the end of the
+    timed steps), --threads following it; each DALI pipeline once per --dali-load."""
+    dali = peers.dali_available()
     pipes = "synthetic;recordtool;synthetic+recordtool;recordtool:producers=1" + (";dali;dali:op=jitter"
-                                                                                  if peers.dali_available() else "")
+                                                                                  if dali else "")
     p = subprocess.run([sys.executable, "-m", "recordtool.cli", "bench", str(data / "out"), "--train", "resnet18",
-                        "--device", "cpu", "--batch-size", "8", "--steps", "3", "--repeats", "2", "--threads", "2",
-                        "--consumer-ms", "5", "--pipelines", pipes, "--dali-files", str(data / "src"),
-                        "--json", str(tmp_path / "t.json")], capture_output=True, text=True, timeout=600)
+                        "--device", "cpu", "--batch-size", "8", "--steps", "3", "--repeats", "2", "--cores", "1",
+                        "--dali-load", "0.65,0.99", "--consumer-ms", "5", "--pipelines", pipes,
+                        "--dali-files", str(data / "src"), "--json", str(tmp_path / "t.json")],
+                       capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     assert "training throughput" in p.stdout and "recordtool:producers=1" in p.stdout
+    for column in ("cores", "GPU MiB", "RSS MiB", "1 core(s)"):
+        assert column in p.stdout
     r = json.loads((tmp_path / "t.json").read_text())
+    first = min(os.sched_getaffinity(0))
+    assert r["config"]["cores"] == 1 and r["config"]["cpus"] == [first] and r["config"]["threads"] == 1
+    expected = pipes.replace("dali;dali:op=jitter", "dali:load=0.65;dali:load=0.99;dali:op=jitter,load=0.65;"
+                                                    "dali:op=jitter,load=0.99").split(";")
     names = [x["pipeline"] for x in r["runs"]]
-    assert names == pipes.split(";") * 2  # interleaved repeats
+    assert names == expected * 2  # interleaved repeats
     for run in r["runs"]:
         assert run["error"] is None, run
         assert run["img_s"] > 0 and run["steps"] == 3 and run["cores"]["total"] >= 0
+        assert run["affinity"] == [first], run  # pinned, the pipeline's own threads included
+        assert run["cores_busy"] > 0 and run["rss_mib"] > 0 and run["gpu_mib"] is None, run
     s = r["summary"]
+    for row in s.values():
+        assert row["cores_busy"] > 0 and row["rss_mib"] > 0 and row["gpu_mib"] is None, row
+    if dali:  # the ratio is against the faster plain DALI row, never the op's
+        best = max(("dali:load=0.65", "dali:load=0.99"), key=lambda k: s[k]["median"])
+        assert r["best_dali"] == best and s[best]["vs_dali"] == pytest.approx(1.0)
+        assert f"against {best}" in p.stdout
     assert s["synthetic"]["vs_synthetic"] == pytest.approx(1.0)
     assert s["recordtool"]["spread"] >= 1.0 and len(s["recordtool"]["runs"]) == 2
     assert s["synthetic+recordtool"]["wait_ms"] >= 0
@@ -146,3 +166,96 @@ def test_split_state_reports_the_planner_and_the_demand():
                                "allowed": 0.25}
     ld.batcher = SimpleNamespace()  # RECORDTOOL_GPU_DEMAND=off: no Demand
     assert "allowed" not in split_state(ld)
+
+
+def test_a_run_at_one_core_pins_every_thread_and_restores_them(data):
+    """run(cores=1) in this process: the threads alive before it (a sleeping one here) are pinned
+    too, not only the calling one, and each thread's affinity is what it was afterwards."""
+    before = os.sched_getaffinity(0)
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, name="bystander")
+    t.start()
+    try:
+        seen = []
+        res = train_bench.run(str(data / "out"), None, "resnet18", 32, 8, 2, 1, 1, ["synthetic"], None, "cpu",
+                              consumer_ms=1, log=lambda m: seen.append(os.sched_getaffinity(t.native_id)), cores=1)
+        assert res.runs[0].error is None and res.runs[0].affinity == [min(before)] and res.threads == 1
+        assert seen == [{min(before)}]  # the bystander, pinned while the run was measured
+        assert os.sched_getaffinity(0) == before and os.sched_getaffinity(t.native_id) == before
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_node_cpus_and_dali_loads_refuse_what_cannot_be_measured():
+    avail = sorted(os.sched_getaffinity(0))
+    assert train_bench.node_cpus(None) == avail and train_bench.node_cpus(1) == avail[:1]
+    for bad in (0, -1, len(avail) + 1, 1.5, True):
+        with pytest.raises(OptionError, match="--cores"):
+            train_bench.node_cpus(bad)
+    assert train_bench.dali_loads(None, "cuda") == (0.65, 0.75, 0.9, 0.99)
+    assert train_bench.dali_loads(None, "cpu") == ()  # the value means nothing to DALI's CPU decoder
+    assert train_bench.dali_loads("0.65, 0.99,0.65") == (0.65, 0.99) and train_bench.dali_loads(0.5) == (0.5,)
+    for bad in ("", "0.5,x", "1.5", "nan", [-0.1]):
+        with pytest.raises(OptionError, match="--dali-load"):
+            train_bench.dali_loads(bad)
+    assert train_bench.with_loads(["synthetic", "dali", "dali:op=jitter", "dali:load=0.8"], (0.65, 0.99)) == [
+        "synthetic", "dali:load=0.65", "dali:load=0.99", "dali:op=jitter,load=0.65", "dali:op=jitter,load=0.99",
+        "dali:load=0.8"]
+    assert train_bench.with_loads(["dali"], ()) == ["dali"]
+
+
+def test_summary_against_the_best_dali_and_the_pipelines_gpu_memory_beside_the_model():
+    """vs_dali against the fastest plain DALI row (an op's DALI row is no reference); GPU MiB the
+    process's least reading minus the synthetic pipeline's (its model and optimiser alone), the
+    least because what an earlier pipeline leaves in the process adds to later readings."""
+    from recordtool.tools.train_bench import Result, Run
+
+    res = Result("resnet18", 176, 8, "cuda", 4, [0, 1, 2, 3], 4)
+    for rate, gpu in ((1000, 1100), (1000, 1000)):
+        res.runs.append(Run("synthetic", rate, 0.0, 3, cores_busy=1.0, gpu_mib=gpu, rss_mib=900))
+    for name, rate in (("dali:load=0.65", 100), ("dali:load=0.99", 150), ("dali:op=jitter,load=0.9", 300)):
+        res.runs.append(Run(name, rate, 1.0, 3, cores_busy=2.0, gpu_mib=2500, rss_mib=1500))
+    for gpu, rss in ((3200, 2600), (3000, 2000)):
+        res.runs.append(Run("recordtool", 180, 1.0, 3, cores_busy=3.5, gpu_mib=gpu, rss_mib=rss))
+    res.runs.append(Run("recordtool", float("nan"), float("nan"), 0, "RuntimeError: a failed run counts for nothing"))
+    s = res.summary()
+    assert train_bench.best_dali(s) == "dali:load=0.99"
+    assert s["recordtool"]["vs_dali"] == pytest.approx(1.2) and s["dali:op=jitter,load=0.9"]["vs_dali"] == 2.0
+    assert s["recordtool"]["gpu_mib"] == 2000 and s["synthetic"]["gpu_mib"] == 0 and s["dali:load=0.65"]["gpu_mib"] == 1500
+    assert s["recordtool"]["cores_busy"] == 3.5 and s["recordtool"]["rss_mib"] == 2000
+    text = train_bench.table(res)
+    assert "against dali:load=0.99" in text and "4 core(s) (CPUs 0-3)" in text
+    line = next(x for x in text.splitlines() if x.startswith("recordtool"))
+    assert line.split()[-3:] == ["3.5", "2,000", "2,000"]
+    assert "GPU MiB" in text and "RSS MiB" in text
+    res.runs = [r for r in res.runs if r.pipeline != "synthetic"]  # no model-alone reading: not measured
+    assert res.summary()["recordtool"]["gpu_mib"] is None and "–" in train_bench.table(res)
+    assert train_bench.best_dali({"recordtool": {"median": 1.0}}) is None
+
+
+def test_probe_reports_cores_busy_rss_and_affinity_and_no_gpu_in_the_cpu_form():
+    probe = train_step.Probe("cpu", every=0.01)
+    probe.start()
+    end = time.thread_time() + 0.2
+    while time.thread_time() < end:
+        pass
+    rep = probe.stop()
+    assert 0 < rep["cores_busy"] and rep["rss_mib"] > 10 and rep["gpu_mib"] is None
+    assert rep["affinity"] == sorted(os.sched_getaffinity(0))
+
+
+def test_gpu_memory_from_nvidia_smi_for_this_pid_else_none(tmp_path, monkeypatch):
+    """The per-process figure nvidia-smi gives for this pid; another pid's line is not this
+    process's, and with no CUDA library loaded nothing else answers: None, never a failure."""
+    smi = tmp_path / "nvidia-smi"
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    for pid, want in ((os.getpid(), 1234.0), (os.getpid() + 1, None)):
+        smi.write_text(f"#!/bin/sh\necho '1, 77'\necho '{pid}, 1234'\n")
+        smi.chmod(0o755)
+        assert train_step.gpu_used_mib("cuda") == want
+    assert train_step.gpu_used_mib("cpu") is None  # the CPU form asks nothing
+    smi.write_text("#!/bin/sh\nexit 9\n")
+    assert train_step.gpu_used_mib("cuda") is None

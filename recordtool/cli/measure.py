@@ -16,7 +16,7 @@ from .options import BATCH, EPOCHS, Finite, Ints, SEED, THREADS, errors
               help="Decode on the CPU (native threads) or the GPU (NVJPG engines + CPU, auto split).")
 @click.option("--batch-size", type=BATCH, default=256, show_default=True, help="Images per batch.")
 @click.option("--threads", type=THREADS, default=None,
-              help="CPU decode threads, and baseline processes (default: cores).")
+              help="CPU decode threads, and baseline processes (default: cores; with --train: --cores).")
 @click.option("--epochs", type=EPOCHS, default=2, show_default=True, help="Loader epochs timed (the first warms up).")
 @click.option("--images", type=click.IntRange(1), default=None,
               help="Use only this many records (default: all); the Loader runs whole epochs of about that many.")
@@ -40,6 +40,12 @@ from .options import BATCH, EPOCHS, Finite, Ints, SEED, THREADS, errors
 @click.option("--pipelines", default="synthetic;recordtool;dali;torchvision", show_default=True,
               help="--train: ';'-separated; 'recordtool:split=gpu,producers=2' sets Loader options.")
 @click.option("--compile", "compile_", is_flag=True, help="--train: torch.compile the model.")
+@click.option("--cores", type=int, default=None,
+              help="--train: pin the whole process to the first N cores it may use, a GPU's share of a node "
+                   "(default: all); --threads follows.")
+@click.option("--dali-load", default=None, metavar="LOADS",
+              help="--train: DALI's hw_decoder_load, comma-separated, each its own pipeline 'dali:load=X'; the "
+                   "ratio is against the best (default on cuda: 0.65,0.75,0.9,0.99).")
 @click.option("--consumer-ms", type=click.FloatRange(0, 10000), default=60.0, show_default=True,
               help="--train with --device cpu: CPU milliseconds the consumer spends per batch (no model).")
 @click.option("--op", type=click.Choice(["grayscale", "cutout", "jitter"]), default=None,
@@ -48,7 +54,7 @@ from .options import BATCH, EPOCHS, Finite, Ints, SEED, THREADS, errors
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @errors
 def bench(root, device, batch_size, threads, epochs, images, json_path, plot_path, producers, dali, dali_files,
-          baseline, op, train_arch, steps, repeats, pipelines, compile_, consumer_ms, quiet):
+          baseline, op, train_arch, steps, repeats, pipelines, compile_, consumer_ms, cores, dali_load, quiet):
     """Measure read, the decode stage and the full Loader on ROOT, against DALI and Pillow.
 
     DALI (RandomResizedCrop → resize → flip → normalize; on cuda the best of hw_decoder_load
@@ -57,7 +63,8 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
 
     With --train ARCH: end-to-end training throughput instead — the model trained with synthetic
     data, the Loader, DALI and torchvision's DataLoader (the last two on --dali-files) in turn,
-    each --repeats times; img/s, ratios to synthetic and DALI, the host's wait per step.
+    each --repeats times; img/s, ratios to synthetic and DALI (at its best --dali-load), the host's
+    wait per step, cores busy, the GPU memory the pipeline holds and the host's peak RSS, on --cores.
     """
     from ..tools import plots
     from ..tools.bench import run, table
@@ -69,7 +76,8 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
         if dali_files is None:
             names = [p for p in names if p.partition(":")[0] not in ("dali", "torchvision")]
         res = train_bench.run(root, dali_files, train_arch, None, batch_size, steps, 15, repeats, names, threads,
-                              device, compile_, consumer_ms, log=lambda m: None if quiet else click.echo(m))
+                              device, compile_, consumer_ms, dali_load, log=lambda m: None if quiet else click.echo(m),
+                              cores=cores)
         click.echo(train_bench.table(res))
         if json_path:
             train_bench.write_json(res, json_path)

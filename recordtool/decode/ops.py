@@ -8,9 +8,11 @@ from .cpu import decode_crop_resize, normalize  # noqa: F401  (loader/cpu.py imp
 from .windows import center_windows
 
 
-def eval_transform(buffers, widths, heights, resize: int = 256, crop: int = 224, **kw) -> np.ndarray:
-    """Resize shorter side to `resize`, centre crop `crop` — one native crop+resize pass."""
-    return decode_crop_resize(buffers, center_windows(widths, heights, resize, crop), size=(crop, crop), **kw)
+def eval_transform(buffers, widths, heights, resize=256, crop=224, **kw) -> np.ndarray:
+    """Resize (shorter side to `resize`, or to cover (rh, rw): center_windows), centre crop
+    `crop` (side or (h, w)) — one native crop+resize pass."""
+    size = (crop, crop) if np.isscalar(crop) else tuple(crop)
+    return decode_crop_resize(buffers, center_windows(widths, heights, resize, crop), size=size, **kw)
 
 
 def mirror(batch: np.ndarray, flags) -> np.ndarray:

@@ -87,7 +87,7 @@ class OutputSpec:
         if isinstance(size, (tuple, list)) and len(size) == 2:
             size = (_side(size[0], "size (height)"), _side(size[1], "size (width)"))
         else:
-            s = _side(size, "size")
+            s = _side(size, "size (an int, or (h, w))")
             size = (s, s)
         dtype, memory_format = name_of(self.dtype), name_of(self.memory_format)
         if dtype not in DTYPES:
@@ -139,6 +139,83 @@ class OutputSpec:
         if self.memory_format != "channels_last":
             return batch
         return batch.permute(0, 3, 1, 2) if hasattr(batch, "permute") else batch.transpose(0, 3, 1, 2)
+
+
+DEFAULT_SCALE = (0.08, 1.0)
+DEFAULT_RATIO = (3 / 4, 4 / 3)
+DEFAULT_HFLIP = 0.5
+DEFAULT_CROP_PCT = 0.875  # 224 / 256: torchvision's and timm's evaluation crop
+MIN_CROP_PCT = 0.01
+
+
+def _number(v, what: str) -> float:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(v):
+        raise ConfigError(f"{what} must be a finite number, not {v!r}")
+    return float(v)
+
+
+def _pair(v, what: str, low: float, high: float) -> tuple:
+    """(lo, hi) with low < lo ≤ hi ≤ high, or ConfigError naming the option."""
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__len__") or len(v) != 2:
+        raise ConfigError(f"{what} must be a pair (lo, hi), not {v!r}")
+    lo, hi = _number(v[0], what), _number(v[1], what)
+    if not low < lo <= hi <= high:
+        raise ConfigError(f"{what} must satisfy {low:g} < lo ≤ hi ≤ {high:g}, not {v!r}")
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class CropSpec:
+    """How each image's crop window and flip are chosen — torchvision's / timm's parameters,
+    validated once where a user hands them in (the Loader) into a frozen value that the windows
+    of every batch trust. The defaults are torchvision's RandomResizedCrop and
+    RandomHorizontalFlip and the evaluation crop of its reference scripts (resize 256, crop 224).
+
+    Args:
+        scale: training — RandomResizedCrop's area range, a share of the image's area:
+            0 < lo ≤ hi ≤ 1.
+        ratio: training — RandomResizedCrop's aspect (width / height) range, drawn
+            log-uniformly: 0 < lo ≤ hi.
+        hflip: training — the probability of a horizontal flip, 0..1.
+        crop_pct: evaluation — the centre crop's share of the resized image (timm's crop_pct):
+            the image is resized, keeping its aspect, to cover floor(h / crop_pct) ×
+            floor(w / crop_pct) of the output (h, w) — for a square output: its shorter side to
+            floor(size / crop_pct), torchvision's Resize(int) — and the centre (h, w) is cut
+            out of it. MIN_CROP_PCT..1 (above 1 the crop would need padding).
+    """
+
+    scale: tuple = DEFAULT_SCALE
+    ratio: tuple = DEFAULT_RATIO
+    hflip: float = DEFAULT_HFLIP
+    crop_pct: float = DEFAULT_CROP_PCT
+
+    def __post_init__(self):
+        set_ = object.__setattr__
+        set_(self, "scale", _pair(self.scale, "scale", 0.0, 1.0))
+        set_(self, "ratio", _pair(self.ratio, "ratio", 0.0, math.inf))
+        hflip = _number(self.hflip, "hflip")
+        if not 0.0 <= hflip <= 1.0:
+            raise ConfigError(f"hflip (the flip probability) must be in 0..1, not {self.hflip!r}")
+        crop_pct = _number(self.crop_pct, "crop_pct")
+        if not MIN_CROP_PCT <= crop_pct <= 1.0:
+            raise ConfigError(f"crop_pct must be in {MIN_CROP_PCT:g}..1 (the centre crop's share of the resized "
+                              f"image), not {self.crop_pct!r}")
+        set_(self, "hflip", hflip)
+        set_(self, "crop_pct", crop_pct)
+
+    def unused(self, train: bool) -> list:
+        """The options set away from their defaults that would do nothing with this `train`:
+        scale, ratio and hflip in evaluation, crop_pct in training."""
+        if train:
+            return ["crop_pct"] if self.crop_pct != DEFAULT_CROP_PCT else []
+        return [k for k, v, d in (("scale", self.scale, DEFAULT_SCALE), ("ratio", self.ratio, DEFAULT_RATIO),
+                                  ("hflip", self.hflip, DEFAULT_HFLIP)) if v != d]
+
+    def eval_resize(self, size) -> tuple:
+        """The evaluation resize box (h, w) of an output size (h, w): floor(side / crop_pct), as
+        timm computes it (224 at 0.875: 256)."""
+        return tuple(math.floor(s / self.crop_pct) for s in size)
 
 
 def scale_bias(mean, std):

@@ -88,22 +88,32 @@ def random_flips(ids, seed: int, epoch: int, p: float = 0.5) -> np.ndarray:
     return uniforms(ids, seed, epoch, [_FLIP_DRAW])[:, 0] < p
 
 
-def center_windows(widths, heights, resize: int = 256, crop: int = 224) -> np.ndarray:
-    """Eval transform as one window: torchvision Resize(resize) + CenterCrop(crop), mapped back
-    to source pixels. float64 (N, 4) (y, x, h, w) — fractional, resampled in one pass."""
+def center_windows(widths, heights, resize=256, crop=224) -> np.ndarray:
+    """Eval transform as one window: resize + centre crop, mapped back to source pixels.
+    float64 (N, 4) (y, x, h, w) — fractional, resampled in one pass.
+
+    Args:
+        resize: an int — torchvision's Resize(resize): the shorter side to `resize`, the longer
+            to int(resize · long / short); or (rh, rw) — the image scaled, keeping its aspect,
+            to cover rh × rw: the side that binds gets its length exactly, the other is
+            truncated as torchvision truncates (timm's ResizeKeepRatio, with torchvision's int()).
+            (r, r) is Resize(r).
+        crop: CenterCrop's side (int) or (h, w); the window is cut to the resized image where
+            the crop is larger.
+    """
     W = np.asarray(widths, dtype=np.float64)
     H = np.asarray(heights, dtype=np.float64)
-    short = np.minimum(W, H)
-    long_ = np.maximum(W, H)
-    new_long = np.floor(resize * long_ / short)  # torchvision: int(size * long / short)
-    rw = np.where(W <= H, resize, new_long)
-    rh = np.where(W <= H, new_long, resize)
+    ch, cw = (crop, crop) if np.isscalar(crop) else (crop[0], crop[1])
+    bh, bw = (resize, resize) if np.isscalar(resize) else (resize[0], resize[1])
+    x_binds = bw * H >= bh * W  # bw / W ≥ bh / H, exact in integers (a square box: W ≤ H)
+    rw = np.where(x_binds, bw, np.floor(bh * W / H))  # torchvision: int(size * long / short)
+    rh = np.where(x_binds, np.floor(bw * H / W), bh)
     sx, sy = W / rw, H / rh
-    top = np.round((rh - crop) / 2.0)
-    left = np.round((rw - crop) / 2.0)
+    top = np.round((rh - ch) / 2.0)
+    left = np.round((rw - cw) / 2.0)
     out = np.empty((len(W), 4), np.float64)
     out[:, 0] = np.clip(top * sy, 0, None)
     out[:, 1] = np.clip(left * sx, 0, None)
-    out[:, 2] = np.minimum(crop * sy, H - out[:, 0])
-    out[:, 3] = np.minimum(crop * sx, W - out[:, 1])
+    out[:, 2] = np.minimum(ch * sy, H - out[:, 0])
+    out[:, 3] = np.minimum(cw * sx, W - out[:, 1])
     return out

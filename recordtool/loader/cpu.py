@@ -94,10 +94,10 @@ class CPUBatcher:
         self.image_op = image_op(user_op)
         if self.image_op is not None:
             self.image_op.compiled()  # compile now: a refused function fails the Loader, not a batch
-        s = recipe.size
+        h, w = spec.size
         self.ring = HostRing(spec.buffer_shape(max_batch), spec.storage_dtype, slots)
         # producer slot → its uint8 batch for the user op (each producer writes only its own)
-        self._scratch = [np.empty((max_batch, s, s, 3), np.uint8) for _ in range(producers)] \
+        self._scratch = [np.empty((max_batch, h, w, 3), np.uint8) for _ in range(producers)] \
             if user_op is not None and self.image_op is None else []
         # one native pool per producer slot: batches of different producers decode at the same
         # time, so one batch's tail (its last, largest images) overlaps the next one's start
@@ -114,7 +114,7 @@ class CPUBatcher:
         t1 = time.perf_counter()
         errors: list = []
         out = self.ring.acquire(len(ids))
-        spec, s = self.spec, self.recipe.size
+        spec = self.spec
         pool = self._pools[slot]
         if self.user_op is None or self.image_op is not None:
             op = None
@@ -130,7 +130,7 @@ class CPUBatcher:
                               f" (sample ids {[int(ids[i]) for i, _ in e.failures[:5]]}, epoch {epoch})") from None
             t2 = t3 = time.perf_counter()
         else:
-            raw = cpu.decode_crop_resize(b.buffers, b.windows, (s, s), self.threads, self._scratch[slot][:len(ids)],
+            raw = cpu.decode_crop_resize(b.buffers, b.windows, spec.size, self.threads, self._scratch[slot][:len(ids)],
                                          on_error="skip", fallback=True, errors=errors, pool=pool)
             raw[b.flips] = raw[b.flips, :, ::-1]  # the user sees the batch as training will
             t2 = time.perf_counter()

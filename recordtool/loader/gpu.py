@@ -115,13 +115,13 @@ class GPUBatcher:
         self.cpu_threads = max(1, (threads - producers) // producers)
         ix = recipe.ds.index
         self.routes = route(ix.chroma, ix.progressive, ix.colorspace, same_pixels=same_pixels)
-        s = recipe.size
+        h, w = spec.size
         self._decoders: dict = {}
         self._lock = threading.Lock()
         self.ring = OutputRing(spec.buffer_shape(max_batch), spec.storage_dtype, slots, gpu_id)
         # with a user op the decoders write uint8 NHWC here; the op runs on it; the kernel then
         # normalises it into `ring` (a 1:1 resample is an exact copy)
-        self.raw_ring = OutputRing((max_batch, s, s, 3), "uint8", slots, gpu_id, producer_owned=True) \
+        self.raw_ring = OutputRing((max_batch, h, w, 3), "uint8", slots, gpu_id, producer_owned=True) \
             if user_op is not None else None
         self._passes: dict = {}  # producer slot → its normalising pass (_Pass), with a user op
         self._raw_spec = dataclasses.replace(spec, dtype="uint8", layout="NHWC", memory_format="contiguous")
@@ -182,7 +182,7 @@ class GPUBatcher:
         return Made(images, b.labels, dec.last.errors, stages, dec.last, ready)
 
     def _normalise(self, raw, dec, slot: int, keep=(), flips=None, op=None):
-        """uint8 NHWC (n, s, s, 3) → the output format, through the resize kernel at 1:1, mirrored
+        """uint8 NHWC (n, h, w, 3) → the output format, through the resize kernel at 1:1, mirrored
         where flips (default none); op: (compiled ImageOp, its params) run on `raw` in place
         first. Queued, not waited for, in one call (StreamWork: the uploads, the op's kernel,
         the normalising kernel): returns (batch, event after the pass); the consumer's stream
@@ -196,7 +196,7 @@ class GPUBatcher:
         from ..ops.cuda import call
 
         cupy = dec.cupy
-        n, s = raw.shape[0], self.recipe.size
+        n, size = raw.shape[0], self.spec.size
         p = self._passes.get(slot)
         if p is None:
             with self._lock:  # producers add their slots' passes at once (as decoders, `decoder`)
@@ -205,7 +205,7 @@ class GPUBatcher:
         raw = cupy.ascontiguousarray(raw)
         samples, host_params = p.host()  # the set is p's next only once this pass is queued
         samples = samples[:n]
-        place_whole(samples, np.arange(n), (s, s), raw.data.ptr)
+        place_whole(samples, np.arange(n), size, raw.data.ptr)
         samples["mirror"] = 0 if flips is None else np.asarray(flips, np.int32)
         work = StreamWork()
         if op is not None and n:
@@ -220,7 +220,7 @@ class GPUBatcher:
             work.wait(ev)
         if n:
             work.copy(p.samples_dev, samples.view(np.uint8))
-            work.launch(self._normalize, *geometry(p.samples_dev, n, out, (s, s), self.spec.mean, self.spec.std))
+            work.launch(self._normalize, *geometry(p.samples_dev, n, out, size, self.spec.mean, self.spec.std))
         done = cupy.cuda.Event(disable_timing=True)
         try:
             work.queue(dec.stream, prev=p.done, done=done, native=self.native_queue)

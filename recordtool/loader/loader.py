@@ -20,7 +20,8 @@ import numpy as np
 
 from ..datasets import open_dataset
 from ..decode.cpu import cores
-from ..decode.spec import IMAGENET_MEAN, IMAGENET_STD, OutputSpec
+from ..decode.spec import (DEFAULT_CROP_PCT, DEFAULT_HFLIP, DEFAULT_RATIO, DEFAULT_SCALE, IMAGENET_MEAN,
+                           IMAGENET_STD, CropSpec, OutputSpec)
 from ..errors import BadState, ConfigError, OnError, RecordError, on_error as _on_error
 from ..reader import Dataset
 from .device import parse_device, resolve
@@ -83,14 +84,28 @@ class Loader:
         batch_size: images per batch (≥ 1).
         device: "cpu" (native CPU decoder), or a GPU (NVJPG engines + hybrid decoder + CPU share):
             "cuda" (the caller's current CUDA device), "cuda:1", torch.device("cuda", 1), or 1.
-        train: RandomResizedCrop windows + random horizontal flip, keyed by (seed, epoch, sample
-            id); False: resize to size·256/224 + centre crop.
+        train: RandomResizedCrop windows (`scale`, `ratio`) + random horizontal flip (`hflip`),
+            keyed by (seed, epoch, sample id); False: resize + centre crop (`crop_pct`).
         shuffle: a new order every epoch (keyed by seed and epoch); default: `train`. False:
             record order, the same every epoch (evaluation).
         drop_last: drop the last partial batch (and cut the epoch to equal rank shares); default:
             `train`. False: every sample once (ranks padded to equal shares, as torch's
             DistributedSampler does).
-        size: output side (1..16384).
+        size: the output: an int (square, size × size) or (h, w), each side 1..16384 — what
+            torchvision's RandomResizedCrop(size) / CenterCrop(size) take.
+        scale, ratio: train — RandomResizedCrop's: the crop's area as a share of the image's,
+            0 < lo ≤ hi ≤ 1 (default (0.08, 1.0)), and its aspect (width / height) range,
+            0 < lo ≤ hi, drawn log-uniformly (default (3/4, 4/3)). The window does not depend
+            on `size`: it is resized to (h, w) whatever its aspect, as torchvision does.
+        hflip: train — the probability of a horizontal flip, 0..1 (default 0.5:
+            RandomHorizontalFlip()); 0 never flips.
+        crop_pct: evaluation — the centre crop's share of the resized image (timm's crop_pct,
+            0.01..1; default 0.875 = 224/256): the image is resized keeping its aspect to cover
+            floor(h / crop_pct) × floor(w / crop_pct) (square: its shorter side to
+            floor(size / crop_pct), torchvision's Resize(int(size / crop_pct))) and its centre
+            (h, w) is the output (CenterCrop(size)).
+            The training options with train=False, or crop_pct with train=True, set away from
+            their defaults, are a ConfigError (they would do nothing).
         mean, std: normalisation per channel, 0..1 units (torchvision's).
         dtype: "float32", "float16" or "bfloat16" (torch dtypes too). bfloat16 comes as a
             torch.bfloat16 tensor; with as_torch=False as its bits in a uint16 array.
@@ -133,11 +148,21 @@ class Loader:
             fsspec options that reach the store, as `recordtool.open` takes them (recordtool.remote).
         block_shards: `Dataset.sampler`'s — None: block shuffle for URLs, global permutation for local data.
 
+    Epochs: each `iter(loader)` runs one epoch. A loop that leaves an epoch early (a `break`,
+    Lightning's `limit_train_batches`) and iterates again gets the next epoch, never the same
+    batches again; `set_epoch(e)` (called directly or on `loader.sampler`, as Lightning does at
+    every epoch's start) chooses the epoch the next iteration runs, and `load_state_dict` the
+    epoch and batch. `state_dict()` names the dataset, so a state is not taken on another one.
+
     Errors (all RecordtoolError): ConfigError for a bad argument, DeviceUnavailable for a GPU
     this process cannot use, DatasetNotFound / FormatError for the path.
     """
 
-    def __init__(self, path, batch_size: int, device: DeviceLike = "cpu", train: bool = True, size: int = 224,
+    # what torch's DataLoader has and code written for it reads (Lightning asks whether a loader
+    # shuffles through it): the Loader batches itself, so there is no batch sampler
+    batch_sampler = None
+
+    def __init__(self, path, batch_size: int, device: DeviceLike = "cpu", train: bool = True, size: int | tuple = 224,
                  mean=IMAGENET_MEAN, std=IMAGENET_STD, dtype: Literal["float32", "float16", "bfloat16"] = "float32",
                  layout: Literal["NCHW", "NHWC"] = "NCHW", seed: int = 0, rank: int | None = None,
                  world_size: int | None = None, drop_last: bool | None = None, prefetch: int = 2,
@@ -145,16 +170,24 @@ class Loader:
                  with_ids: bool = False, split="auto", hybrid: bool = True, on_error: OnError | str = "raise",
                  cache_dir: str | None = None, cache_limit: int | None = None, block_shards: int | None = None,
                  shuffle: bool | None = None, memory_format: str = "contiguous", chroma: str | None = None,
-                 storage_options: dict | None = None, continuous: bool = True, same_pixels: bool = True):
+                 storage_options: dict | None = None, continuous: bool = True, same_pixels: bool = True,
+                 scale: tuple = DEFAULT_SCALE, ratio: tuple = DEFAULT_RATIO, hflip: float = DEFAULT_HFLIP,
+                 crop_pct: float = DEFAULT_CROP_PCT):
         # every argument checked here, once, into frozen values (OutputSpec, Device) or ints
         from ..decode.gpu.plan import DEFAULT_CHROMA, check_chroma, check_split  # pure NumPy
 
         dev = parse_device(device)
         self.batch_size = _count(batch_size, "batch_size", 1)
-        self.spec = OutputSpec(_count(size, "size", 1), mean, std, dtype, layout, memory_format)  # square
+        self.spec = OutputSpec(size, mean, std, dtype, layout, memory_format)  # an int: square
         if not self.spec.normalized:
             raise ConfigError("dtype must be float32, float16 or bfloat16 (the Loader normalises)")
         self.train = _flag(train, "train")
+        self.crop = CropSpec(scale, ratio, hflip, crop_pct)
+        unused = self.crop.unused(self.train)
+        if unused:  # a setting that does nothing is refused, not ignored
+            what = "evaluation's centre crop" if self.train else "training's RandomResizedCrop and flip"
+            raise ConfigError(f"{', '.join(unused)}: set for {what}, nothing with train={self.train}; leave "
+                              f"{'it' if len(unused) == 1 else 'them'} at the default or pass train={not self.train}")
         self.shuffle = self.train if shuffle is None else _flag(shuffle, "shuffle")
         self.drop_last = self.train if drop_last is None else _flag(drop_last, "drop_last")
         self.seed = _count(seed, "seed")
@@ -175,7 +208,11 @@ class Loader:
         self.gpu_id = resolve(dev) if dev.type == "cuda" else None
         self.ds = path if isinstance(path, Dataset) else open_dataset(path, cache_dir=cache_dir, cache_limit=cache_limit,
                                                                       storage_options=storage_options)
-        self.size, self.mean, self.std = self.spec.size[0], self.spec.mean, self.spec.std
+        h, w = self.spec.size
+        self.size = h if h == w else (h, w)  # an int for a square output, as given
+        self.mean, self.std = self.spec.mean, self.spec.std
+        self.scale, self.ratio, self.hflip, self.crop_pct = (self.crop.scale, self.crop.ratio, self.crop.hflip,
+                                                             self.crop.crop_pct)
         self.dtype, self.layout, self.memory_format = self.spec.dtype, self.spec.layout, self.spec.memory_format
         self.user_op, self.with_ids, self.split, self.hybrid = user_op, with_ids, split, hybrid
         rank, world_size = _dist_defaults(rank, world_size)
@@ -183,11 +220,12 @@ class Loader:
         self.rank = _count(rank, "rank")
         if self.rank >= self.world_size:
             raise ConfigError(f"rank {self.rank} not in [0, world_size={self.world_size})")
-        self.sampler = self.ds.sampler(seed=self.seed, rank=self.rank, world_size=self.world_size,
-                                       drop_last=self.drop_last, shuffle=self.shuffle, block_shards=block_shards)
-        if getattr(self.sampler, "on_plan", None) is not None:  # a remote dataset's cache plans one epoch
+        self._order = self.ds.sampler(seed=self.seed, rank=self.rank, world_size=self.world_size,
+                                      drop_last=self.drop_last, shuffle=self.shuffle, block_shards=block_shards)
+        self.sampler = LoaderSampler(self, self._order)
+        if getattr(self._order, "on_plan", None) is not None:  # a remote dataset's cache plans one epoch
             self.continuous = False
-        share = len(self.sampler)
+        share = len(self._order)
         if self.drop_last and share < self.batch_size:
             raise ConfigError(f"batch_size {self.batch_size} is more than the {share} records of this rank's share "
                               f"of {self.ds.root}: with drop_last every epoch would have no batch; lower batch_size "
@@ -199,16 +237,21 @@ class Loader:
             except ImportError:
                 as_torch = False
         self.as_torch = as_torch
-        self.epoch = 0
-        self._start_batch = 0  # set by load_state_dict: first batch of the next iteration
-        self._yielded = 0
+        # where the Loader stands (epoch, batch): the next iteration's start, or, while an epoch
+        # that an iteration took batches from is left unfinished (`_open`), where that epoch
+        # stands — the next iteration then begins the following epoch (DataLoader users' habit)
+        self._pos, self._open = (0, 0), False
+        self._resumed = False  # _pos came from load_state_dict: set_epoch of its epoch keeps its batch
+        self._generation = 0  # +1 at each iteration, set_epoch, load_state_dict: an older iteration's
+        # batches no longer move _pos (a set_epoch inside a running loop holds after it)
+        self._fingerprint = None  # the dataset's, for state_dict (computed once, when first asked)
         self._iterator = None  # weakref to the running EpochIterator
         self._stream = None  # the BatchStream the next iteration may take up
         self.bad_records: dict = {}  # record id → reason (on_error "warn" / "skip")
         self.last_split = None  # cuda: the last yielded batch's BatchReport
         # producer-side seconds per stage, and (cuda) images per decoder, summed over yielded batches
         self.stage_seconds, self.decoded = {}, {}
-        recipe = Recipe(self.ds, self.train, self.spec, self.seed)
+        recipe = Recipe(self.ds, self.train, self.spec, self.seed, self.crop)
         # batches alive at once: queued (producers × prefetch), being made (producers), and the
         # consumer's current and previous one; each as large as the largest batch this rank makes
         slots = self.producers * (self.prefetch + 1) + 2
@@ -217,7 +260,7 @@ class Loader:
         if need > bound:
             where = "RAM" if self.gpu_id is None else f"GPU {self.gpu_id}'s memory"
             raise ConfigError(f"the output ring would take {need / 2**30:.1f} GiB ({slots} batches of {max_batch} "
-                              f"{self.spec.dtype} images of {self.size}²), more than {RING_MEMORY_SHARE:.0%} of "
+                              f"{self.spec.dtype} images of {h}×{w}), more than {RING_MEMORY_SHARE:.0%} of "
                               f"{where} ({bound / 2**30:.1f} GiB): lower batch_size, size, prefetch or producers")
         if self.device == "cpu":
             from .cpu import CPUBatcher
@@ -233,20 +276,52 @@ class Loader:
 
     # ------------------------------------------------------------------ epoch bookkeeping
     def __len__(self) -> int:
-        n = len(self.sampler)
+        n = len(self._order)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
+    @property
+    def epoch(self) -> int:
+        """The epoch the Loader stands in: the one being iterated (or left unfinished, until the
+        next iteration begins the following one), else the one the next iteration runs."""
+        return self._pos[0]
+
     def set_epoch(self, epoch: int) -> None:
-        self.epoch, self._start_batch = int(epoch), 0
+        """Run `epoch` at the next iteration (torch's `DistributedSampler.set_epoch`; Lightning
+        calls it through `loader.sampler` at every epoch's start). Called inside a running loop,
+        that loop finishes its own epoch and the next one runs `epoch`. After `load_state_dict`,
+        the saved state's own epoch keeps its batch (a resume mid-epoch stays exact)."""
+        epoch = _count(epoch, "epoch")
+        self._generation += 1
+        if not (self._resumed and epoch == self._pos[0]):
+            self._pos, self._resumed = (epoch, 0), False
+        self._open = False
+
+    def _fingerprint_of_dataset(self) -> str:
+        """A digest of the dataset's manifest (its shards, sizes, checksums, classes, index):
+        a state saved on one dataset names it, and another dataset refuses that state."""
+        if self._fingerprint is None:
+            import hashlib
+            import json
+
+            text = json.dumps(self.ds.manifest, sort_keys=True, separators=(",", ":"), default=str)
+            self._fingerprint = hashlib.sha256(text.encode()).hexdigest()[:32]
+        return self._fingerprint
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch": self._yielded, "seed": self.seed, "rank": self.rank,
-                "world_size": self.world_size, "batch_size": self.batch_size}
+        """Where the Loader stands: `epoch` and `batch` (batches of it already taken), with the
+        settings a resume must share and the dataset's fingerprint. An epoch left early is saved
+        where it was left: a Loader that loads the state resumes it there."""
+        epoch, batch = self._pos
+        return {"epoch": epoch, "batch": batch, "seed": self.seed, "rank": self.rank,
+                "world_size": self.world_size, "batch_size": self.batch_size,
+                "dataset": self._fingerprint_of_dataset()}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume where `state` (from `state_dict()` of a loader with the same seed, rank,
-        world_size and batch_size) stood. Every field is checked first: BadState names a
-        missing key, a value of the wrong type or out of range, or another run's setting."""
+        world_size and batch_size, on the same dataset) stood: the next iteration runs that
+        epoch from that batch. Every field is checked first: BadState names a missing key, a
+        value of the wrong type or out of range, another run's setting or another dataset
+        (a state without `dataset`, from an older version, is taken on its other fields)."""
         if not isinstance(state, dict):
             raise BadState(f"state must be a dict from Loader.state_dict(), not {type(state).__name__}")
         missing = [k for k in ("epoch", "batch", "seed", "rank", "world_size", "batch_size") if k not in state]
@@ -260,14 +335,32 @@ class Loader:
             if int(state[key]) != getattr(self, key):
                 raise BadState(f"state_dict {key}={state[key]} does not match this loader's {getattr(self, key)}: "
                                "resume with the settings of the run that saved it")
+        if "dataset" in state:
+            mine = self._fingerprint_of_dataset()
+            if not isinstance(state["dataset"], str) or state["dataset"] != mine:
+                raise BadState(f"state_dict dataset={state['dataset']!r} was saved on another dataset than "
+                               f"{self.ds.root} ({mine}): resume on the dataset the state was taken from")
         batches = len(self)
         if not 0 <= int(state["batch"]) <= batches:
             raise BadState(f"state_dict batch={state['batch']} is outside this loader's epoch of {batches} batches")
-        self.epoch, self._start_batch = int(state["epoch"]), int(state["batch"])
+        self._generation += 1
+        self._pos, self._open, self._resumed = (int(state["epoch"]), int(state["batch"])), False, True
+
+    @property
+    def padding(self) -> int:
+        """Samples of this rank's epoch that are repeats (0 or 1): with drop_last=False the ranks'
+        shares are padded to equal length as torch's DistributedSampler pads them, by wrapping
+        around the epoch's order, and a padded sample is always the last one of this rank's
+        last batch. To count every sample once in a distributed evaluation, leave out the last
+        `padding` samples of the last batch (README: distributed evaluation)."""
+        n, world = len(self.ds), self.world_size
+        if self.drop_last or n % world == 0:
+            return 0
+        return 1 if self.rank >= n % world else 0
 
     def batch_ids(self, epoch: int) -> list:
         """The sample ids of each batch of `epoch` for this rank."""
-        return epoch_batches(self.sampler, self.batch_size, self.drop_last, epoch)
+        return epoch_batches(self._order, self.batch_size, self.drop_last, _count(epoch, "epoch"))
 
     @property
     def ring(self):
@@ -276,20 +369,36 @@ class Loader:
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> "EpochIterator":
-        start = (self.epoch, self._start_batch)
+        """One epoch's batches: the epoch the Loader stands at (`set_epoch`, `load_state_dict`),
+        or, when the last iteration took batches of an epoch and left it early, the next epoch
+        — an epoch is never repeated unless asked for."""
+        if self._open:
+            self._pos = (self._pos[0] + 1, 0)
+        self._open, self._resumed = False, False
+        self._generation += 1
+        start = self._pos
         it = self._iterator() if self._iterator is not None else None
         stream = self._stream
         if stream is None or stream.closed or stream.position != start or (it is not None and not it.finished):
             self.close()  # a new start: what the producers made ahead is not this
             stream = self._stream = BatchStream(  # kept before its producers start: one may run our __del__
-                self.batcher, self.sampler, self.batch_size, self.drop_last, len(self), *start, launch=False,
+                self.batcher, self._order, self.batch_size, self.drop_last, len(self), *start, launch=False,
                 producers=self.producers, depth=self.prefetch, continuous=self.continuous,
                 draws=self.batcher.recipe.draws)
             stream.launch()
         it = EpochIterator(self, stream, *start)
-        self._start_batch = 0
         self._iterator = weakref.ref(it)
         return it
+
+    def _taken(self, generation: int, epoch: int, taken: int) -> None:
+        """An iteration took `taken` batches of `epoch`: the Loader stands there, unless it was
+        told another place since that iteration began (set_epoch, load_state_dict, a new one)."""
+        if generation != self._generation:
+            return
+        if taken >= len(self):
+            self._pos, self._open = (epoch + 1, 0), False
+        else:
+            self._pos, self._open = (epoch, taken), taken > 0
 
     def close(self) -> None:
         """Stop the producer threads (also done by a new start and `del`)."""
@@ -309,6 +418,39 @@ class Loader:
             pass
 
 
+class LoaderSampler:
+    """`Loader.sampler`: the Loader's per-epoch order as torch's samplers present it, so that what
+    calls `set_epoch` on a DataLoader's sampler (Lightning, at every epoch's start; scripts written
+    for DistributedSampler) reaches the Loader. `len()` is this rank's share of an epoch,
+    iterating gives the sample ids of the epoch the Loader stands in, and `order` is the order
+    itself (Sampler or BlockSampler; its other attributes are read through). Holds the Loader
+    weakly: it never keeps a Loader and its producers alive."""
+
+    def __init__(self, loader: Loader, order):
+        self._loader, self.order = weakref.ref(loader), order
+
+    def _owner(self) -> Loader:
+        loader = self._loader()
+        if loader is None:
+            raise ConfigError("this sampler's Loader is gone: set_epoch on the Loader you iterate")
+        return loader
+
+    def set_epoch(self, epoch: int) -> None:
+        """`Loader.set_epoch`."""
+        self._owner().set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __iter__(self):
+        return iter(self.order.indices(self._owner().epoch).tolist())
+
+    def __getattr__(self, name: str):
+        if name in ("order", "_loader"):  # not set yet (copy, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.order, name)
+
+
 class EpochIterator:
     """One epoch of a Loader: its batches from the BatchStream, in order; records where the
     epoch stands (for state_dict) and applies the on_error policy to bad records, in the
@@ -317,7 +459,7 @@ class EpochIterator:
     def __init__(self, loader: Loader, stream: BatchStream, epoch: int, start: int):
         self.loader, self.epoch, self._stream = loader, epoch, stream
         self._next, self._count = start, len(loader)
-        loader._yielded = start
+        self._generation = loader._generation  # the iteration this is: a later one supersedes it
         self._last, self.finished = None, False  # _last: when the previous batch was handed out
 
     def __iter__(self):
@@ -353,7 +495,7 @@ class EpochIterator:
             ld.stage_seconds[k] = ld.stage_seconds.get(k, 0.0) + v
         if made.errors:
             self._bad(ids, made.errors)
-        ld._yielded += 1
+        ld._taken(self._generation, self.epoch, self._next)
         if self._next == self._count:
             self._finish()
         images, labels = made.images, made.labels
@@ -366,12 +508,12 @@ class EpochIterator:
         return (images, labels, ids) if ld.with_ids else (images, labels)
 
     def _finish(self) -> None:
-        """The epoch's last batch is out: the Loader moves on to the next epoch (as DataLoader
-        users expect with set_epoch), also for loops that stop after len(loader) batches without
-        asking for one more (Lightning's fit loop does), and state_dict() says so."""
+        """The epoch's last batch is out: the Loader moves on to the next epoch, also for loops
+        that stop after len(loader) batches without asking for one more (Lightning's fit loop
+        does), and state_dict() says so."""
         if not self.finished and self._next == self._count:
             self.finished = True
-            self.loader.epoch, self.loader._yielded = self.epoch + 1, 0
+            self.loader._taken(self._generation, self.epoch, self._next)
 
     def _torch(self, images, labels):
         import torch

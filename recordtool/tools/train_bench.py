@@ -23,6 +23,16 @@ and optimiser, `warmup` untimed steps, then `steps` timed steps; img/s = images 
 the timed steps (GPU work included: synchronised at both ends). "wait" is the host's time
 blocked in the pipeline's `next()` per step — the training loop starved.
 
+The node's share: a GPU of a 4–8-GPU node gets 8–16 of the host's cores, shared with its training
+loop. `cores=N` pins the whole process — every thread it has and, by inheritance, every thread and
+DataLoader worker a pipeline starts — to the first N CPUs of its affinity for the measurement, and
+`threads` follows N. DALI is run at each `hw_decoder_load` of `dali_load` (on cuda by default the
+sweep 0.65/0.75/0.9/0.99, as a user would tune it), each its own pipeline `dali:load=0.99`, and the
+ratio to DALI is against the best of them. Beside img/s each run reports the cores busy (the
+process's and its children's CPU seconds / wall of the timed steps), the device memory the process
+holds (the pipeline's share: minus what the synthetic pipeline's model and optimiser hold) and
+the host's peak RSS, both during the timed steps (train_step.Probe).
+
 The CPU form (`device="cpu"`) replaces the model by a consumer that spends `consumer_ms` of CPU
 per batch in Python (holding the GIL, as an eager training step's dispatch does), for machines
 without a GPU.
@@ -33,17 +43,23 @@ reports (`run`, `table`, `write_json`, `main`).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 
+from .. import checks
+from ..errors import OptionError
 from .train_pipelines import (Beside, dali, endless, make_loader, option_env, parse_options, synthetic,
                               torchvision_folder)
-from .train_step import ARCH_SIZES, consume_cpu, release, train
+from .train_step import ARCH_SIZES, Probe, consume_cpu, release, train
 
 PIPELINES = ("synthetic", "recordtool", "synthetic+recordtool", "dali", "torchvision")
+# hw_decoder_load values DALI is tried at on cuda (MLPerf's submissions use 0.99); on the CPU the
+# value means nothing and DALI runs once
+DALI_LOADS = (0.65, 0.75, 0.9, 0.99)
 
 
 @dataclass
@@ -54,6 +70,10 @@ class Run:
     steps: int
     error: str | None = None
     cores: dict = field(default_factory=dict)  # thread group → cores busy during the timed steps
+    cores_busy: float | None = None  # the process's (and its children's) CPU seconds / wall
+    gpu_mib: float | None = None  # device memory the process held (None in the CPU form)
+    rss_mib: float | None = None  # the host's peak resident set
+    affinity: list | None = None  # the CPUs the process's threads were allowed, at the end
 
 
 @dataclass
@@ -62,6 +82,9 @@ class Result:
     size: int
     batch: int
     device: str
+    cores: int | None = None  # the node's share the process was pinned to (all it might use by default)
+    cpus: list | None = None
+    threads: int | None = None
     runs: list = field(default_factory=list)
 
     def by_pipeline(self) -> dict:
@@ -71,22 +94,130 @@ class Result:
         return out
 
     def summary(self) -> dict:
-        """pipeline → {median, min, max, spread (max/min), wait_ms, vs_synthetic, vs_dali}."""
+        """pipeline → {median, min, max, spread (max/min), wait_ms, vs_synthetic, vs_dali, cores_busy,
+        gpu_mib, gpu_process_mib, rss_mib}: medians over the runs, but the memories the least of
+        them (the pipelines share one process, and what an earlier one leaves behind — DALI's
+        pools, freed Python arenas — adds to later readings); vs_dali against the best plain DALI
+        row (best_dali); gpu_mib the process's device memory minus the synthetic pipeline's (its
+        model and optimiser alone); None where not measured."""
         rows = {}
         for name, runs in self.by_pipeline().items():
-            rates = [r.img_s for r in runs if r.error is None]
-            if not rates:
+            ok = [r for r in runs if r.error is None]
+            if not ok:
                 rows[name] = {"error": runs[-1].error}
                 continue
+            rates = [r.img_s for r in ok]
             rows[name] = {"median": statistics.median(rates), "min": min(rates), "max": max(rates),
                           "spread": max(rates) / min(rates), "runs": rates,
-                          "wait_ms": statistics.median(r.wait_ms for r in runs if r.error is None)}
-        for ref in ("synthetic", "dali"):
-            base = rows.get(ref, {}).get("median")
+                          "wait_ms": statistics.median(r.wait_ms for r in ok),
+                          "cores_busy": _median([r.cores_busy for r in ok]),
+                          "gpu_process_mib": _least([r.gpu_mib for r in ok]),
+                          "rss_mib": _least([r.rss_mib for r in ok])}
+        synth = rows.get("synthetic", {}).get("gpu_process_mib")
+        for row in rows.values():
+            if "median" in row:
+                own = row["gpu_process_mib"]
+                row["gpu_mib"] = round(own - synth) if synth is not None and own is not None else None
+        best = best_dali(rows)
+        for ref, name in (("synthetic", "synthetic"), ("dali", best)):
+            base = rows.get(name, {}).get("median") if name else None
             for row in rows.values():
                 if base and "median" in row:
                     row["vs_" + ref] = row["median"] / base
         return rows
+
+
+def _median(values, digits: int = 2):
+    values = [v for v in values if v is not None]
+    return round(statistics.median(values), digits) if values else None
+
+
+def _least(values):
+    values = [v for v in values if v is not None]
+    return min(values) if values else None
+
+
+def best_dali(rows: dict) -> str | None:
+    """The name of the fastest plain DALI row of a summary (`dali` or `dali:load=X`, no op): the
+    DALI a user would have tuned, which the ratios are against; None without one."""
+    plain = [(row["median"], name) for name, row in rows.items() if "median" in row
+             and name.partition(":")[0] == "dali" and set(parse_options(name.partition(":")[2])) <= {"load"}]
+    return max(plain)[1] if plain else None
+
+
+def node_cpus(cores: int | None) -> list:
+    """The first `cores` CPUs of this process's affinity (all of them for None), sorted: the
+    node's share a run is pinned to. OptionError naming --cores for 0, a non-integer or more
+    than the process may use."""
+    avail = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    if cores is None:
+        return avail if avail is not None else list(range(os.cpu_count() or 1))
+    n = checks.bounded_int("--cores", cores, 1)
+    if avail is None:
+        raise OptionError("--cores: this system cannot pin a process to cores")
+    if n > len(avail):
+        raise OptionError(f"--cores {n}: this process may use only {len(avail)} core(s)")
+    return avail[:n]
+
+
+@contextlib.contextmanager
+def pinned(cpus: list):
+    """Every thread of this process allowed only `cpus` for the block (threads and processes
+    started meanwhile inherit it from their starter), each thread's own affinity restored after.
+    sched_setaffinity(0) alone would pin the calling thread only."""
+    if not hasattr(os, "sched_setaffinity"):
+        yield
+        return
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    old = {}
+    for tid in tids:
+        try:
+            old[tid] = os.sched_getaffinity(tid)
+            os.sched_setaffinity(tid, cpus)
+        except OSError:  # a thread that ended meanwhile
+            continue
+    try:
+        yield
+    finally:
+        for tid, mask in old.items():
+            try:
+                os.sched_setaffinity(tid, mask)
+            except OSError:
+                continue
+
+
+def dali_loads(value, device: str = "cuda") -> tuple:
+    """DALI's hw_decoder_load values to run: a number, a sequence or '0.65,0.99' (each in 0..1);
+    None: DALI_LOADS on cuda, none on the CPU (where the value means nothing). OptionError
+    naming --dali-load otherwise."""
+    if value is None:
+        return DALI_LOADS if device == "cuda" else ()
+    if isinstance(value, str):
+        try:
+            value = [float(v) for v in value.split(",") if v.strip()]
+        except ValueError:
+            raise OptionError(f"--dali-load: comma-separated numbers in 0..1 expected, not {value!r}") from None
+    elif not isinstance(value, (list, tuple)):
+        value = [value]
+    if not value:
+        raise OptionError("--dali-load: no value given")
+    return tuple(dict.fromkeys(checks.bounded_float("--dali-load", v, 0.0, 1.0) for v in value))
+
+
+def with_loads(pipelines, loads: tuple) -> list:
+    """Each DALI pipeline without its own `load=` once per load: 'dali' → 'dali:load=0.65', …;
+    'dali:op=jitter' → 'dali:op=jitter,load=0.65', …; the others as they are."""
+    out = []
+    for name in pipelines:
+        base, _, spec = name.partition(":")
+        if base != "dali" or not loads or "load" in parse_options(spec):
+            out.append(name)
+        else:
+            out += [f"dali:{spec + ',' if spec else ''}load={x:g}" for x in loads]
+    return out
 
 
 def counted(it, taken: list):
@@ -99,7 +230,7 @@ def counted(it, taken: list):
 def run(packed: str, files: str | None = None, arch: str = "resnet18", size: int | None = None, batch: int = 256,
         steps: int = 50, warmup: int = 15, repeats: int = 3, pipelines=("synthetic", "recordtool", "dali"),
         threads: int | None = None, device: str = "cuda", compile_: bool = False, consumer_ms: float = 60.0,
-        dali_load: float = 0.75, log=print) -> Result:
+        dali_load=None, log=print, cores: int | None = None) -> Result:
     """Train with each pipeline `repeats` times, interleaved; see the module docstring.
 
     Args:
@@ -110,22 +241,38 @@ def run(packed: str, files: str | None = None, arch: str = "resnet18", size: int
         batch: images per step.
         steps, warmup: timed and untimed steps per run.
         repeats: runs per pipeline.
-        pipelines: names from PIPELINES; "recordtool:k=v,…" is the Loader with those options.
+        pipelines: names from PIPELINES; "recordtool:k=v,…" is the Loader with those options,
+            "dali:load=X" DALI at that hw_decoder_load.
         threads: CPU threads for every pipeline (DALI's num_threads, DataLoader workers; the
-            Loader's default unless given as an option).
+            Loader's default unless given as an option); default: `cores`.
         device: "cuda" (train the model) or "cpu" (a consumer spending consumer_ms per batch).
         compile_: torch.compile the model.
         consumer_ms: the CPU form's work per batch.
-        dali_load: DALI's hw_decoder_load.
+        dali_load: DALI's hw_decoder_load, or several (each a pipeline of its own, see dali_loads;
+            default: DALI_LOADS on cuda).
         log: where each finished run is reported.
+        cores: pin the process to the first this many CPUs of its affinity while it measures
+            (default: all of them); see node_cpus.
     """
-    threads = threads or os.cpu_count()
+    cpus = node_cpus(cores)
+    pipelines = with_loads(pipelines, dali_loads(dali_load, device))
+    threads = threads or len(cpus)
     size = size or ARCH_SIZES.get(arch, 224)
-    res = Result(arch if device == "cuda" else f"consumer {consumer_ms:g} ms", size, batch, device)
+    res = Result(arch if device == "cuda" else f"consumer {consumer_ms:g} ms", size, batch, device, len(cpus), cpus,
+                 threads)
+    with pinned(cpus) if cores is not None else contextlib.nullcontext():
+        _runs(res, packed, files, arch, size, batch, steps, warmup, repeats, pipelines, threads, device, compile_,
+              consumer_ms, log)
+    return res
+
+
+def _runs(res, packed, files, arch, size, batch, steps, warmup, repeats, pipelines, threads, device, compile_,
+          consumer_ms, log) -> None:
+    """run()'s runs, interleaved, appended to res.runs."""
     for rep in range(repeats):
         for name in pipelines:
             base, _, spec = name.partition(":")
-            it, beside, closer, ld, taken = None, None, None, None, [0]
+            it, beside, closer, ld, taken, probe = None, None, None, None, [0], Probe(device)
             opts = parse_options(spec)
             with option_env(opts):  # env.NAME=VALUE pseudo-options, set for this run
                 # diagnostic pseudo-option: the interpreter's GIL switch interval during this run
@@ -145,9 +292,10 @@ def run(packed: str, files: str | None = None, arch: str = "resnet18", size: int
                     elif base == "dali":
                         if files is None:
                             raise ValueError("dali needs the original files (--files)")
-                        it = dali(files, batch, size, threads, dali_load, device, op=opts.pop("op", None))
+                        load = checks.bounded_float("dali's load", opts.pop("load", 0.75), 0.0, 1.0)
+                        it = dali(files, batch, size, threads, load, device, op=opts.pop("op", None))
                         if opts:
-                            raise ValueError(f"dali takes only op=NAME, not {', '.join(opts)}")
+                            raise ValueError(f"dali takes only op=NAME and load=X, not {', '.join(opts)}")
                     elif base == "torchvision":
                         if files is None:
                             raise ValueError("torchvision needs the original files (--files)")
@@ -155,9 +303,9 @@ def run(packed: str, files: str | None = None, arch: str = "resnet18", size: int
                     else:
                         raise ValueError(f"unknown pipeline {name!r} (one of {', '.join(PIPELINES)})")
                     if device == "cuda":
-                        rate, wait, cores = train(it, arch, steps, warmup, compile_)
+                        rate, wait, cores = train(it, arch, steps, warmup, compile_, probe=probe)
                     else:
-                        rate, wait, cores = consume_cpu(it, steps, warmup, consumer_ms)
+                        rate, wait, cores = consume_cpu(it, steps, warmup, consumer_ms, probe=probe)
                     if ld is not None and taken[0]:  # where the producers' time per batch went (diagnostic)
                         cores["loader_stage_ms_per_batch"] = {k: round(1e3 * v / taken[0], 3)
                                                               for k, v in ld.stage_seconds.items()}
@@ -168,7 +316,7 @@ def run(packed: str, files: str | None = None, arch: str = "resnet18", size: int
                         b, beside = beside, None
                         b.close()  # raises what failed beside
                         cores["beside_batches"] = b.batches
-                    r = Run(name, rate, wait, steps, cores=cores)
+                    r = Run(name, rate, wait, steps, cores=cores, **probe.report)
                 except Exception as e:  # a peer that cannot run here is reported, not fatal
                     r = Run(name, float("nan"), float("nan"), 0, f"{type(e).__name__}: {e}")
                 finally:
@@ -178,12 +326,13 @@ def run(packed: str, files: str | None = None, arch: str = "resnet18", size: int
                     if closer is not None:
                         closer()
                     del it
+                    ld = closer = None  # the Loader freed before release() gives the pools back
                     release(device)
             res.runs.append(r)
             log(f"  run {rep + 1}/{repeats} {name:<28} " + (f"{r.img_s:9,.0f} img/s  wait {r.wait_ms:6.1f} ms/step"
-                                                           f"  cores {r.cores}"
+                                                           f"  cores busy {r.cores_busy}  GPU {r.gpu_mib} MiB"
+                                                           f"  RSS {r.rss_mib} MiB  cores {r.cores}"
                                                            if r.error is None else f"failed: {r.error}"))
-    return res
 
 
 def split_state(ld) -> dict:
@@ -197,17 +346,31 @@ def split_state(ld) -> dict:
     return out
 
 
+def _cpus_text(cpus) -> str:
+    return f"{cpus[0]}-{cpus[-1]}" if cpus == list(range(cpus[0], cpus[-1] + 1)) else ",".join(map(str, cpus))
+
+
 def table(res: Result) -> str:
-    lines = [f"training throughput: {res.arch} @{res.size}, batch {res.batch}, {res.device}; "
-             f"img/s median of {len(res.by_pipeline().get('synthetic', res.runs[:1]))} run(s) (min–max)",
-             f"{'pipeline':<30}{'img/s':>9}{'min–max':>19}{'max/min':>9}{'× synth':>9}{'× DALI':>8}{'wait ms':>9}"]
-    for name, row in res.summary().items():
+    rows = res.summary()
+    best = best_dali(rows)
+    share = f"{res.cores} core(s) (CPUs {_cpus_text(res.cpus)})" if res.cpus else "cores unknown"
+    lines = [f"training throughput: {res.arch} @{res.size}, batch {res.batch}, {res.device}, {share}, "
+             f"{res.threads} threads; img/s median of {len(res.by_pipeline().get('synthetic', res.runs[:1]))} "
+             f"run(s) (min–max)" + (f"; × DALI against {best}, the best DALI" if best else ""),
+             f"{'pipeline':<30}{'img/s':>9}{'min–max':>19}{'max/min':>9}{'× synth':>9}{'× DALI':>8}{'wait ms':>9}"
+             f"{'cores':>7}{'GPU MiB':>9}{'RSS MiB':>9}"]
+
+    def num(v, width: int, fmt: str) -> str:  # "–" where not measured (the CPU form's GPU memory)
+        return f"{v:{width}{fmt}}" if v is not None else f"{'–':>{width}}"
+
+    for name, row in rows.items():
         if "error" in row:
             lines.append(f"{name:<30} failed: {row['error']}")
             continue
         lines.append(f"{name:<30}{row['median']:9,.0f}{row['min']:10,.0f}–{row['max']:<8,.0f}{row['spread']:9.2f}"
                      f"{row.get('vs_synthetic', float('nan')):9.2f}{row.get('vs_dali', float('nan')):8.2f}"
-                     f"{row['wait_ms']:9.1f}")
+                     f"{row['wait_ms']:9.1f}{num(row['cores_busy'], 7, '.1f')}{num(row['gpu_mib'], 9, ',.0f')}"
+                     f"{num(row['rss_mib'], 9, ',.0f')}")
     return "\n".join(lines)
 
 
@@ -215,6 +378,7 @@ def write_json(res: Result, path: str) -> None:
     with open(path, "w") as f:
         json.dump({"config": {k: v for k, v in asdict(res).items() if k != "runs"},
                    "runs": [asdict(r) for r in res.runs], "summary": res.summary(),
+                   "best_dali": best_dali(res.summary()),
                    "commit": os.environ.get("RECORDTOOL_COMMIT")}, f, indent=1, default=float)
 
 
@@ -232,7 +396,12 @@ def main(argv=None) -> int | None:
     ap.add_argument("--warmup", type=int, default=15)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--pipelines", default="synthetic,recordtool,dali")
-    ap.add_argument("--threads", type=int)
+    ap.add_argument("--threads", type=int, help="CPU threads of each pipeline (default: --cores)")
+    ap.add_argument("--cores", type=int,
+                    help="pin the process to the first N cores of its affinity, a GPU's share of a node "
+                         "(default: all it may use)")
+    ap.add_argument("--dali-load", help="DALI's hw_decoder_load, comma-separated: each its own pipeline "
+                                        f"(default on cuda: {','.join(map(str, DALI_LOADS))}; best is the reference)")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--consumer-ms", type=float, default=60.0)
@@ -241,6 +410,8 @@ def main(argv=None) -> int | None:
                     help="the DDP form, under torchrun: one rank per GPU, each pinned to its share of the cores")
     ap.add_argument("--no-pin", dest="pin", action="store_false", help="--ddp: leave the ranks' cores unpinned")
     a = ap.parse_args(argv)
+    if a.ddp and (a.cores is not None or a.dali_load is not None):
+        ap.error("--cores and --dali-load are the one-process form's (--ddp pins each rank to its share)")
     if a.ddp:
         from .train_ddp import ddp_run, ddp_table
 
@@ -254,9 +425,13 @@ def main(argv=None) -> int | None:
             if not (report["every_sample_once"] and all(report["resume_identical"])):
                 return 1
         return 0
+    try:
+        node_cpus(a.cores), dali_loads(a.dali_load, a.device)  # refused before any pipeline starts
+    except OptionError as e:
+        ap.error(str(e))
     res = run(a.packed, a.files, a.arch, a.size, a.batch, a.steps, a.warmup, a.repeats,
               [p for p in a.pipelines.split(";" if ";" in a.pipelines else ",") if p], a.threads, a.device,
-              a.compile, a.consumer_ms)
+              a.compile, a.consumer_ms, a.dali_load, cores=a.cores)
     print(table(res))
     if a.json:
         write_json(res, a.json)

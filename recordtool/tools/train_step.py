@@ -4,6 +4,8 @@ here knows which pipeline feeds it."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -42,6 +44,136 @@ def cores_busy(before: dict, after: dict, seconds: float) -> dict:
     out = {g: round(c / seconds, 2) for g, c in sorted(groups.items(), key=lambda kv: -kv[1]) if c > 0}
     out["total"] = round(total / seconds, 2)
     return out
+
+
+def process_cpu() -> float:
+    """CPU seconds of this process — every thread, those already ended included — and of its live
+    child processes (a DataLoader's workers): what "cores busy" divides by the wall time."""
+    total = time.process_time()
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for pid in child_pids():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                rest = f.read().rsplit(")", 1)[1].split()
+            total += (int(rest[11]) + int(rest[12])) / tick
+        except (OSError, IndexError, ValueError):  # ended meanwhile
+            continue
+    return total
+
+
+def child_pids() -> list:
+    """This process's live child processes, from /proc (Linux; else [])."""
+    pids = []
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return pids
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids += [int(p) for p in f.read().split()]
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def process_affinity() -> list | None:
+    """The union of the CPUs every thread of this process and of its child processes may run on
+    (sorted; None where the system does not say): what a pinned run really ran on, including
+    the threads and processes the pipeline started itself."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = set(os.sched_getaffinity(0))
+    try:
+        ids = [int(t) for t in os.listdir("/proc/self/task")] + child_pids()
+    except OSError:
+        ids = []
+    for i in ids:
+        try:
+            cpus |= os.sched_getaffinity(i)
+        except OSError:  # ended meanwhile
+            continue
+    return sorted(cpus)
+
+
+def rss_mib() -> float | None:
+    """This process's resident set now (VmRSS, MiB; None off Linux). Sampled during the timed
+    steps: getrusage's maxrss is the peak of the whole process life, every earlier pipeline's."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def gpu_used_mib(device: str) -> float | None:
+    """Device memory this process holds (MiB): NVML's per-process figure through nvidia-smi; where
+    it does not list this pid (no nvidia-smi, another pid namespace), the device's used memory
+    (total − free) from the CUDA library already loaded (torch, else CuPy), which counts other
+    processes on the GPU too. None in the CPU form or where neither answers."""
+    if device != "cuda":
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout
+        for line in out.splitlines():
+            pid, _, mib = line.partition(",")
+            if pid.strip() == str(os.getpid()):
+                return float(mib)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        pass
+    try:  # only a library this process already uses: importing one here would make a CUDA context
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            free, total = torch.cuda.mem_get_info()
+            return (total - free) / 2**20
+        cupy = sys.modules.get("cupy")
+        if cupy is not None:
+            free, total = cupy.cuda.runtime.memGetInfo()
+            return (total - free) / 2**20
+    except Exception:  # a measurement, never the reason a run fails
+        pass
+    return None
+
+
+class Probe:
+    """What a pipeline costs beside its img/s, over the timed steps: cores busy (the process's and
+    its children's CPU seconds / wall), the device memory the process holds (read once the clock
+    has stopped, the pipeline still running: nvidia-smi takes a while, and a pipeline that kept
+    filling its queue meanwhile would start the timed steps ahead), the host's peak RSS (sampled
+    on a thread every `every` s) and the CPUs the process's threads were allowed (process_affinity,
+    at the end)."""
+
+    def __init__(self, device: str, every: float = 0.05):
+        self.device, self.every = device, every
+        self.report: dict = {}
+
+    def start(self) -> None:
+        self.peak, self.stop_ev = rss_mib(), threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True, name="bench-probe")
+        self.cpu0, self.t0 = process_cpu(), time.perf_counter()
+        self.thread.start()
+
+    def _sample(self) -> None:
+        while not self.stop_ev.wait(self.every):
+            r = rss_mib()
+            if r is not None and (self.peak is None or r > self.peak):
+                self.peak = r
+
+    def stop(self) -> dict:
+        wall, cpu = time.perf_counter() - self.t0, process_cpu() - self.cpu0
+        self.stop_ev.set()
+        self.thread.join()
+        r = rss_mib()
+        peak = max((v for v in (self.peak, r) if v is not None), default=None)
+        gpu = gpu_used_mib(self.device)
+        self.report = {"cores_busy": round(cpu / wall, 2) if wall > 0 else None,
+                       "gpu_mib": round(gpu) if gpu is not None else None,
+                       "rss_mib": round(peak) if peak is not None else None, "affinity": process_affinity()}
+        return self.report
 
 
 def tiny_model(num_classes: int = 1000):
@@ -86,9 +218,10 @@ def train_step(model, opt, x, y, cuda: bool = True) -> None:
 
 
 def train(batches, arch: str, steps: int, warmup: int, compile_: bool, device: str = "cuda",
-           ddp: bool = False) -> tuple:
+           ddp: bool = False, probe: Probe | None = None) -> tuple:
     """Train `arch` with channels_last (bf16 autocast on cuda) on `batches` (an iterator of
-    (x, y)); returns (img/s, mean wait ms per timed step, cores busy per thread group)."""
+    (x, y)); returns (img/s, mean wait ms per timed step, cores busy per thread group). A
+    `probe` is started and stopped around the timed steps."""
     import torch
 
     cuda = device == "cuda"
@@ -99,6 +232,8 @@ def train(batches, arch: str, steps: int, warmup: int, compile_: bool, device: s
     for step in range(warmup + steps):
         if step == warmup:
             sync()
+            if probe is not None:
+                probe.start()
             t0, cpu0 = time.perf_counter(), threads_cpu()
             wait = 0.0
         tw = time.perf_counter()
@@ -113,14 +248,19 @@ def train(batches, arch: str, steps: int, warmup: int, compile_: bool, device: s
             seen += x.shape[0]
     sync()
     dt = time.perf_counter() - t0
-    return seen / dt, wait / steps * 1e3, cores_busy(cpu0, threads_cpu(), dt)
+    cores = cores_busy(cpu0, threads_cpu(), dt)
+    if probe is not None:
+        probe.stop()
+    return seen / dt, wait / steps * 1e3, cores
 
 
-def consume_cpu(batches, steps: int, warmup: int, consumer_ms: float) -> tuple:
+def consume_cpu(batches, steps: int, warmup: int, consumer_ms: float, probe: Probe | None = None) -> tuple:
     """The CPU form: each batch costs the consumer `consumer_ms` of CPU in Python (GIL held)."""
     seen, wait, t0, cpu0 = 0, 0.0, None, None
     for step in range(warmup + steps):
         if step == warmup:
+            if probe is not None:
+                probe.start()
             t0, wait, cpu0 = time.perf_counter(), 0.0, threads_cpu()
         tw = time.perf_counter()
         x, _ = next(batches)
@@ -132,10 +272,16 @@ def consume_cpu(batches, steps: int, warmup: int, consumer_ms: float) -> tuple:
         if step >= warmup:
             seen += len(x)
     dt = time.perf_counter() - t0
-    return seen / dt, wait / steps * 1e3, cores_busy(cpu0, threads_cpu(), dt)
+    cores = cores_busy(cpu0, threads_cpu(), dt)
+    if probe is not None:
+        probe.stop()
+    return seen / dt, wait / steps * 1e3, cores
 
 
 def release(device: str) -> None:
+    """Between two runs: what the last pipeline freed given back to the device and the host —
+    torch's cache and CuPy's default pools (the Loader's buffers) — so that the next run's
+    memory readings are its own."""
     import gc
 
     gc.collect()
@@ -144,3 +290,7 @@ def release(device: str) -> None:
 
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
+        cupy = sys.modules.get("cupy")
+        if cupy is not None:
+            cupy.get_default_memory_pool().free_all_blocks()
+            cupy.get_default_pinned_memory_pool().free_all_blocks()
