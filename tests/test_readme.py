@@ -93,9 +93,9 @@ def world(tmp_path_factory):
         pack(str(root / "src" / split), str(root / "out" / split), progress=False)
     server = S3()
     repo = os.path.dirname(README)
+    path = [repo] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # this checkout's recordtool
     env = dict(os.environ, FSSPEC_S3_ENDPOINT_URL=server.options["endpoint_url"], AWS_ACCESS_KEY_ID="testing",
-               AWS_SECRET_ACCESS_KEY="testing",
-               PYTHONPATH=os.pathsep.join([repo] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+               AWS_SECRET_ACCESS_KEY="testing", PYTHONPATH=os.pathsep.join(path))
     try:
         import fsspec.config
 
@@ -111,11 +111,11 @@ def world(tmp_path_factory):
 
 
 @pytest.mark.parametrize("line, code", blocks(), ids=[f"line{n}" for n, _ in blocks()])
-def test_readme_example_runs(world, line, code):
+def test_readme_example_runs(request, line, code):
     missing = sorted(n for n in needs(code) if n in AVAILABLE and not AVAILABLE[n]())
     if missing:
         pytest.skip(f"README.md line {line} needs {', '.join(missing)}")
-    root, env, server = world
+    root, env, server = request.getfixturevalue("world")
     code = (code.replace(README_ENDPOINT, server.options["endpoint_url"])
             .replace("/tmp/rt-cache", str(root / "rt-cache")).replace("/nvme/cache", str(root / "nvme-cache")))
     p = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=600)
