@@ -161,3 +161,33 @@ def test_the_semaphores_of_a_killed_process_pack_are_removed_by_the_next(src, tm
     assert all(os.path.exists(s) for s in left), (left, os.listdir("/dev/shm"))  # what the kill leaves
     subprocess.run(CLI + cmd, check=True, timeout=300)  # the next run (it resumes the same pack)
     assert not [s for s in left if os.path.exists(s)]
+
+
+@pytest.mark.skipif(not (sys.platform.startswith("linux") and os.path.isdir("/dev/shm")), reason="Linux /dev/shm")
+def test_the_sweep_removes_only_what_a_gone_pack_named(tmp_path):
+    """Names of a live creator, of another pid namespace and of other programs stay; a name
+    whose pid now belongs to another process (or to none) goes."""
+    from recordtool.pack import semaphores
+
+    ns, pid, start = semaphores._identity()
+    tag = f"sem.{semaphores.TAG}"
+    other = str(int(start) + 1)  # this pid, another start time: the creator is gone, the pid reused
+    names = {f"{tag}.{ns}.{pid}.{start}-live0001": True, f"{tag}.{ns}.{pid}.{other}-gone0001": False,
+             f"{tag}.{int(ns) + 1}.{pid}.{other}-elsewhere": True, f"sem.mp-{os.getpid()}notours": True,
+             f"{tag}.{ns}.{pid}.{other}-dir": True}
+    try:
+        for name in names:
+            if name.endswith("-dir"):
+                os.mkdir(os.path.join("/dev/shm", name))  # not a semaphore's file: never removed
+            else:
+                open(os.path.join("/dev/shm", name), "wb").close()
+        removed = semaphores.sweep()
+        assert f"{tag}.{ns}.{pid}.{other}-gone0001" in removed
+        assert {n: os.path.lexists(os.path.join("/dev/shm", n)) for n in names} == names
+    finally:
+        for name in names:
+            path = os.path.join("/dev/shm", name)
+            if os.path.isdir(path):
+                os.rmdir(path)
+            elif os.path.lexists(path):
+                os.unlink(path)
