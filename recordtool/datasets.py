@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from .io.fs import is_url
+from .io.fs import check_options, is_url
 from .io.transfer import Retry
 from .reader import Dataset
 from .remote import RemoteDataset
@@ -22,9 +22,12 @@ def open_dataset(path, cache_dir: str | None = None, cache_limit: int | None = N
         path: the dataset directory, a file:// URL, or an object-store URL (s3://bucket/prefix,
             gs://…, any fsspec URL).
         cache_dir, cache_limit, storage_options, retry: for object-store URLs (see
-            recordtool.remote.RemoteDataset); a local dataset is mapped in place and ignores them.
+            recordtool.remote.RemoteDataset); a local dataset is mapped in place and ignores them,
+            except storage_options: given with a local path they are a ConfigError (they would
+            be dropped in silence), as options that are not a dict of names are.
     """
     path = os.fspath(path)
+    storage_options = check_options(path, storage_options)
     if is_url(path):
         return RemoteDataset(path, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options,
                              retry=retry)

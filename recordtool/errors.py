@@ -93,6 +93,18 @@ OP_STATUS = {OP_RAISED: "raised an exception (run op.image on a copy of the imag
              OP_BAD_STRIDE: "called with a row stride other than width × 3"}
 
 
+class OpResultError(RecordtoolError, TypeError):
+    """A batch user op returned something other than what its contract says (the uint8 NHWC
+    batch it was given, or an array of that type, shape and dtype): normalising it would fail
+    later with an unrelated message, or train on what the op never edited."""
+
+
+class NotADataset(RecordtoolError, TypeError):
+    """A Loader used where a torch `Dataset` is expected (wrapped in `torch.utils.data.DataLoader`,
+    indexed, pickled into a worker process): the Loader is itself the data loader; the message
+    says what to do instead."""
+
+
 class RecordError(RecordtoolError, RuntimeError):
     """A record's image could not be decoded; the message names the shard file and byte offset."""
 
@@ -169,11 +181,11 @@ class OnError(str, Enum):
 
 
 def on_error(value) -> OnError:
-    """`value` as an OnError, or ValueError naming the accepted words."""
+    """`value` as an OnError, or OptionError (a ValueError) naming the accepted words."""
     try:
         return OnError(value)
     except ValueError:
-        raise ValueError(f"on_error must be one of {', '.join(repr(a.value) for a in OnError)}, not {value!r}") \
+        raise OptionError(f"on_error must be one of {', '.join(repr(a.value) for a in OnError)}, not {value!r}") \
             from None
 
 

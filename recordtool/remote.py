@@ -23,7 +23,7 @@ import threading
 
 import numpy as np
 
-from .errors import CacheFull, FormatError
+from .errors import CacheFull, FormatError, NoBucket, RemoteError
 from .format import index as ix
 from .format import manifest as mf
 from .io import cache as _cache
@@ -57,10 +57,12 @@ class RemoteDataset(Dataset):
                  storage_options: dict | None = None, retry: Retry | None = None):
         self._opened_as = (os.fspath(root), dict(cache_dir=cache_dir, cache_limit=cache_limit,
                                                  storage_options=storage_options, retry=retry))
-        self.fs, self._path = _fs.get_fs(root, **(storage_options or {}))
+        self.fs, self._path = _fs.get_fs(root, **_fs.check_options(root, storage_options))
         self._path = self._path.rstrip("/")
         self.root = self.fs.url(self._path)
         self.retry = retry or Retry()
+        if hasattr(self.fs, "probe"):
+            self.fs.probe()  # an endpoint that is not there: said at once, not after every retry
         manifest = self._load_manifest()
         total = sum(s["bytes"] for s in manifest["shards"])
         self.cache = _cache.ShardCache(self.fs, self._path, os.fspath(cache_dir or _cache.default_dir()), self.retry,
@@ -97,6 +99,14 @@ class RemoteDataset(Dataset):
         try:
             raw = self.retry.call(lambda: self.fs.read_bytes(path, mf.MAX_BYTES), url)
         except FileNotFoundError:
+            try:  # "no manifest" is true of a missing bucket too: say which it is
+                bucket = self.fs.missing_bucket(self._path, attempts=1, denied_is_missing=False) \
+                    if hasattr(self.fs, "missing_bucket") else None
+            except RemoteError:
+                bucket = None
+            if bucket is not None:
+                raise NoBucket(f"{bucket}: no such bucket on this store, so there is no dataset at {self.root}; "
+                               "check the URL (and endpoint_url / credentials)") from None
             raise FormatError(f"{url}: no manifest, so {self.root} is not a finished recordtool dataset") from None
         return mf.parse(raw, url)
 

@@ -46,7 +46,7 @@ from .options import BATCH, EPOCHS, Finite, Ints, SEED, THREADS, errors
 @click.option("--dali-load", default=None, metavar="LOADS",
               help="--train: DALI's hw_decoder_load, comma-separated, each its own pipeline 'dali:load=X'; the "
                    "ratio is against the best (default on cuda: 0.65,0.75,0.9,0.99).")
-@click.option("--consumer-ms", type=click.FloatRange(0, 10000), default=60.0, show_default=True,
+@click.option("--consumer-ms", type=Finite(0, 10000), default=60.0, show_default=True,
               help="--train with --device cpu: CPU milliseconds the consumer spends per batch (no model).")
 @click.option("--op", type=click.Choice(["grayscale", "cutout", "jitter"]), default=None,
               help="Also run the Loader with this user op compiled (recordtool.ops, needs recordtool[numba]) and as "
@@ -72,6 +72,8 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
     if train_arch is not None:
         from ..tools import train_bench
 
+        if device == "cuda":
+            train_bench.require_gpu()  # before any pipeline: one line, not each run's traceback
         names = [p for p in pipelines.split(";") if p]
         if dali_files is None:
             names = [p for p in names if p.partition(":")[0] not in ("dali", "torchvision")]
@@ -81,6 +83,9 @@ def bench(root, device, batch_size, threads, epochs, images, json_path, plot_pat
         click.echo(train_bench.table(res))
         if json_path:
             train_bench.write_json(res, json_path)
+        failed = res.all_failed()
+        if failed:
+            raise click.ClickException(failed)
         return
 
     if plot_path:

@@ -110,6 +110,35 @@ def _hint(root: str) -> str:
         return " (an unfinished pack is there: re-run `recordtool pack` to finish it)"
     if any(n.startswith("part-") for n in names):
         return " (part files without an index: run `recordtool index` on them)"
+    held = _source_images(root, names)
+    if held:
+        return (f" — it holds {held}, so it looks like a source folder: run `recordtool pack SRC OUT` first "
+                "(SRC: the folder of class folders; or recordtool.pack.pack), then open OUT")
+    return ""
+
+
+SOURCE_LOOK = 64  # entries of a folder looked at to tell a source folder of images
+
+
+def _source_images(root: str, names: list) -> str:
+    """What a folder given where a packed dataset was expected holds, when it is what `recordtool
+    pack` takes (class folders of images, ImageNet's layout) or one of its class folders (image
+    files): "image files" / "class folders of images", else "". Looks at a few entries only."""
+    from ..sources.imagefolder import IMAGE_EXTENSIONS
+
+    def images_in(names) -> bool:
+        return any(n.lower().endswith(IMAGE_EXTENSIONS) for n in names[:SOURCE_LOOK])
+
+    if images_in(names):
+        return "image files"
+    for n in sorted(names)[:SOURCE_LOOK]:
+        sub = os.path.join(root, n)
+        if os.path.isdir(sub) and not os.path.islink(sub):
+            try:
+                if images_in(os.listdir(sub)):
+                    return "class folders of images"
+            except OSError:
+                continue
     return ""
 
 

@@ -19,7 +19,7 @@ import tempfile
 
 from ..errors import FormatError, OutputExists
 from ..io import files
-from ..io.fs import get_fs
+from ..io.fs import check_options, get_fs
 from ..io.transfer import Retry
 from . import manifest as mf
 from .claim import listed, owned, parse_marker
@@ -118,7 +118,7 @@ def staged(out: str, overwrite: bool, storage_options: dict | None = None, retry
         retry: how store calls are retried (recordtool.io.Retry).
     """
     retry = retry or Retry()
-    fs, path = get_fs(out, **(storage_options or {}))
+    fs, path = get_fs(out, **check_options(out, storage_options))
     path = path.rstrip("/")
     ours = claim(fs, path, overwrite, retry)
     stage = tempfile.mkdtemp(prefix="recordtool-stage-")

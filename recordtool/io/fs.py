@@ -14,18 +14,27 @@ of memory, never the whole answer. `read_bytes` refuses an object over its limit
 """
 from __future__ import annotations
 
+import difflib
 import glob as _glob
 import hashlib
+import inspect
 import json
 import os
 import posixpath
+import socket
 import time
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
 from typing import BinaryIO, Protocol
 
-from ..errors import NoBucket, UnsafePath
+from ..errors import ConfigError, NoBucket, RemoteError, UnsafePath
 from . import files
 
 PIECE = 8 << 20  # bytes one read of a stream asks for at most
+# an endpoint that accepts no TCP connection within this many seconds (all tries together) is
+# reported as unreachable before any request: the clients' own retries would take a minute
+PROBE_SECONDS = 5.0
 
 
 class FileSystem(Protocol):
@@ -49,6 +58,74 @@ class FileSystem(Protocol):
 def is_url(path) -> bool:
     """True for object-store URLs (s3://, gs://, memory://, …); file:// is a local path."""
     return isinstance(path, str) and "://" in path and not path.startswith("file://")
+
+
+def check_options(path, options) -> dict:
+    """`storage_options` checked where they come in (recordtool.open, Loader, pack to a URL): a
+    mapping of option names, and only for an object-store URL — a local path has none to take,
+    so options given with one are a mistake, not something to drop in silence. ConfigError
+    names the option (never its value: it may be a secret). Returns a copy."""
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise ConfigError(f"storage_options must be a dict of fsspec options for the URL (e.g. "
+                          f"{{'endpoint_url': 'http://host:9000', 'key': …, 'secret': …}}), not a "
+                          f"{type(options).__name__}")
+    bad = [k for k in options if not isinstance(k, str)]
+    if bad:
+        raise ConfigError(f"storage_options keys are option names (str), not {type(bad[0]).__name__} {bad[0]!r}")
+    if options and not is_url(os.fspath(path) if isinstance(path, os.PathLike) else path):
+        raise ConfigError(f"storage_options ({', '.join(sorted(options))}) given for {os.fspath(path)!r}, a local "
+                          "path: they reach an object store (s3://bucket/prefix, gs://…); leave them out, or give "
+                          "the dataset's URL")
+    return dict(options)
+
+
+def _option_names(cls) -> tuple:
+    """(names the file-system class's constructors take, whether its own takes **kwargs too)."""
+    names, more = set(), False
+    for k in cls.__mro__:
+        init = k.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            params = inspect.signature(init).parameters.values()
+        except (TypeError, ValueError):
+            continue
+        for p in params:
+            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self":
+                names.add(p.name)
+            elif p.kind is p.VAR_KEYWORD and k is cls:
+                more = True
+    return names, more
+
+
+def _check_option_names(url: str, options: dict) -> None:
+    """ConfigError for a storage option the URL's file system cannot take: one its constructor
+    does not name, close to one it does (`endpoint` for s3fs's `endpoint_url`), or any unknown
+    one where the constructor takes no others. (s3fs hands unknown names on to its session when
+    it first connects: a misspelt one would fail there, after the retries.)"""
+    if not options or "::" in url:
+        return
+    import fsspec
+
+    protocol = url.split("://", 1)[0]
+    try:
+        cls = fsspec.get_filesystem_class(protocol)
+    except (ImportError, ValueError):  # url_to_fs says what is missing
+        return
+    names, more = _option_names(cls)
+    where = f"{cls.__module__.split('.')[0]}.{cls.__name__}"
+    for key in options:
+        if key in names:
+            continue
+        close = difflib.get_close_matches(key, sorted(names), n=1, cutoff=0.75)
+        if close:
+            raise ConfigError(f"storage_options key {key!r} is not an option of {where} ({url}); did you mean "
+                              f"{close[0]!r}?")
+        if not more:
+            raise ConfigError(f"storage_options key {key!r} is not an option of {where} ({url}); it takes "
+                              f"{', '.join(sorted(names))}")
 
 
 def get_fs(path, **options) -> tuple:
@@ -207,15 +284,19 @@ class FsspecFS:
             import fsspec
         except ImportError:
             raise ImportError(f"{url}: object storage needs fsspec (pip install 'recordtool[s3]')") from None
-        fs, path = fsspec.core.url_to_fs(url, **options)
+        _check_option_names(url, options)
+        try:
+            fs, path = fsspec.core.url_to_fs(url, **options)
+        except TypeError as e:  # the file system's constructor refused an option
+            raise ConfigError(f"{url}: storage_options refused by the file system ({e})") from None
         return cls(fs, url.split("://", 1)[0]), path
 
     def url(self, path: str) -> str:
         return f"{self.protocol}://{path}"
 
-    def store_id(self) -> str:
-        """The protocol and the options that select the store (endpoint, host, account …, from
-        the options given, fsspec's configuration, or AWS_ENDPOINT_URL[_S3] for s3)."""
+    def _store_options(self) -> dict:
+        """The options that select the store (endpoint, host, account …, from the options
+        given, fsspec's configuration, or AWS_ENDPOINT_URL[_S3] for s3), as strings."""
         opts = dict(getattr(self.fs, "storage_options", {}) or {})
         nested = opts.get("client_kwargs") if isinstance(opts.get("client_kwargs"), dict) else {}
         chosen = {k: str(opts.get(k, nested.get(k))) for k in STORE_KEYS if opts.get(k, nested.get(k)) is not None}
@@ -223,7 +304,55 @@ class FsspecFS:
             env = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
             if env:
                 chosen["endpoint_url"] = env
-        return self.protocol + ":" + json.dumps(chosen, sort_keys=True)
+        return chosen
+
+    def store_id(self) -> str:
+        """The protocol and the options that select the store (`_store_options`)."""
+        return self.protocol + ":" + json.dumps(self._store_options(), sort_keys=True)
+
+    def probe(self) -> None:
+        """RemoteError naming the endpoint when the store's endpoint URL (set in the options, in
+        fsspec's configuration or by AWS_ENDPOINT_URL) accepts no TCP connection: a closed port,
+        a name that does not resolve, no answer within PROBE_SECONDS. Called before the first
+        request: the clients retry a refused connection for a minute and then report it as
+        something else (s3fs's `exists` says False, "no such bucket"). Stores without an
+        endpoint URL, or reached through a proxy, are not probed; a probe that succeeded is not
+        repeated."""
+        if getattr(self, "_probed", False):
+            return
+        endpoint = self._store_options().get("endpoint_url")
+        u = urllib.parse.urlsplit(endpoint or "")
+        try:
+            host, port = u.hostname, u.port or {"http": 80, "https": 443}.get(u.scheme)
+        except ValueError:  # a port that is not a number: the client names it
+            return
+        if not host or not port or _proxied(u.scheme, host):
+            self._probed = True
+            return
+        deadline, last, k = time.monotonic() + PROBE_SECONDS, None, 0
+        while True:
+            try:
+                socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic())).close()
+                self._probed = True
+                return
+            except OSError as e:
+                last = e
+            pause = 0.1 * 2 ** k
+            if isinstance(last, (socket.timeout, socket.gaierror)) or k >= 3 or time.monotonic() + pause >= deadline:
+                break
+            time.sleep(pause)  # a refused connection, tried again for a server that is just starting
+            k += 1
+        if isinstance(last, socket.timeout):
+            why = f"no answer within {PROBE_SECONDS:g} s"
+        elif isinstance(last, socket.gaierror):
+            why = f"the host name {host!r} does not resolve: {last.strerror or last}"
+        elif isinstance(last, ConnectionRefusedError):
+            why = f"connection refused on port {port}: nothing listens there"
+        else:
+            why = f"{type(last).__name__}: {last}"
+        raise RemoteError(f"{endpoint}: the object store's endpoint cannot be reached ({why}); is the server "
+                          "running, and is endpoint_url (storage_options, fsspec's configuration or "
+                          "AWS_ENDPOINT_URL) right?")
 
     def join(self, *parts: str) -> str:
         return posixpath.join(*parts)
@@ -257,24 +386,54 @@ class FsspecFS:
     def exists(self, path: str) -> bool:
         return self.fs.exists(path)
 
-    def check_bucket(self, path: str, attempts: int = 3, backoff: float = 0.5) -> None:
-        """NoBucket when the bucket (container) at the start of `path` does not exist; only for
-        stores with buckets (s3, gs, az …), where writing under a missing one fails late. The
-        clients answer "no" to any failed probe (a 5xx too), so "no" is asked `attempts` times,
-        `backoff`·2^k seconds apart, before it is believed."""
+    def missing_bucket(self, path: str, attempts: int = 3, backoff: float = 0.5,
+                       denied_is_missing: bool = True) -> str | None:
+        """The URL of the bucket (container) at the start of `path` when the store says it does
+        not exist, else None (also for stores without buckets). The endpoint is probed first
+        (`probe`). On s3 one HeadBucket answers: 404 is "missing", an error that is neither 404
+        nor 403 is asked again `attempts` times, `backoff`·2^k seconds apart, and then raised
+        as RemoteError — a failed probe is reported as what it is. 403 (a bucket these
+        credentials may not see, or may read objects of without listing it) counts as missing
+        when `denied_is_missing`, else as there. Other stores answer "no" to
+        any failed probe (`exists`), so there "no" is asked `attempts` times before it is
+        believed."""
         if self.protocol in ("memory", "file", "local"):
-            return
+            return None
         bucket = path.lstrip("/").split("/", 1)[0]
         if not bucket:
-            return
+            return None
+        self.probe()
+        head = getattr(self.fs, "call_s3", None) if self.protocol in ("s3", "s3a") else None
+        last = None
         for k in range(max(1, attempts)):
             if k:
                 time.sleep(backoff * 2 ** (k - 1))
-            if self.fs.exists(bucket):
-                return
-        raise NoBucket(f"{self.url(bucket)}: no such bucket (or not one these credentials may see); create it "
-                       f"first (for example `aws s3 mb {self.url(bucket)}`, or "
-                       f"s3fs.S3FileSystem(...).mkdir({bucket!r}))")
+            if head is None:
+                if self.fs.exists(bucket):
+                    return None
+                continue
+            try:
+                head("head_bucket", Bucket=bucket)
+                return None
+            except FileNotFoundError:
+                return self.url(bucket)
+            except PermissionError:
+                return self.url(bucket) if denied_is_missing else None
+            except Exception as e:  # noqa: BLE001 — a 5xx, a timeout, a cut connection: ask again
+                last = e
+        if head is None:
+            return self.url(bucket)
+        raise RemoteError(f"{self.url(bucket)}: could not find out whether the bucket exists: asked {max(1, attempts)} "
+                          f"times; last error: {type(last).__name__}: {last}") from last
+
+    def check_bucket(self, path: str, attempts: int = 3, backoff: float = 0.5) -> None:
+        """NoBucket when the bucket at the start of `path` does not exist (`missing_bucket`);
+        for writing, where writing under a missing one fails late."""
+        url = self.missing_bucket(path, attempts, backoff)
+        if url is not None:
+            bucket = url.split("://", 1)[1]
+            raise NoBucket(f"{url}: no such bucket (or not one these credentials may see); create it "
+                           f"first (for example `aws s3 mb {url}`, or s3fs.S3FileSystem(...).mkdir({bucket!r}))")
 
     def listdir(self, path: str) -> list:
         # refresh: a listing cached by this client may predate another process's writes
@@ -288,6 +447,13 @@ class FsspecFS:
 
     def glob(self, pattern: str) -> list:
         return sorted(self.fs.glob(pattern))
+
+
+def _proxied(scheme: str, host: str) -> bool:
+    """Whether the environment sends requests for this host through a proxy (then the client
+    connects to the proxy, not to the host, and a direct probe would tell nothing)."""
+    proxies = urllib.request.getproxies()
+    return bool(proxies.get(scheme) or proxies.get("all")) and not urllib.request.proxy_bypass(host)
 
 
 def store_key(fs, url: str) -> str:

@@ -12,7 +12,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from ..errors import Cancelled, Damaged, RecordtoolError, RemoteError
+from ..errors import Cancelled, ConfigError, Damaged, RecordtoolError, RemoteError
 from . import files
 from .fs import PIECE
 
@@ -25,7 +25,8 @@ class Retry:
     """How remote operations are retried: `attempts` tries in all, waiting backoff·2^k seconds
     (at most max_backoff) before try k+2. Anything but PERMANENT errors is retried (5xx answers,
     timeouts, cut connections, Damaged transfers); then RemoteError names the object and the
-    last error.
+    last error. A TypeError is a configuration the client refused (an unknown storage option
+    reaches it only when it first connects): ConfigError at once, never retried.
 
     Args:
         attempts: tries in all (≥ 1).
@@ -47,6 +48,9 @@ class Retry:
                 return fn()
             except PERMANENT:
                 raise
+            except TypeError as e:  # the same call fails the same way every time
+                raise ConfigError(f"{what}: the storage client refused its configuration ({e}): check "
+                                  "storage_options (and fsspec's configuration for this protocol)") from e
             except Exception as e:  # 5xx, timeouts, connection and checksum errors of any backend
                 last = e
         raise RemoteError(f"{what}: failed {max(1, self.attempts)} times (retried with backoff); last error: "

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import threading
 import time
+import types
 
 import numpy as np
 
 from ..decode import cpu
 from ..decode.ops import normalize
-from ..errors import OpError
+from ..errors import ConfigError, OpError, OpResultError
 from .recipe import Made, Recipe
 
 
@@ -157,7 +159,92 @@ def image_op(op):
 
 
 def call_user_op(op, batch, keys):
-    """op(batch, keys) for keyed ops (ops.batch.KeyedOp or `keyed = True`), else op(batch)."""
-    if getattr(op, "keyed", False):
-        return op(batch, keys)
-    return op(batch)
+    """op(batch, keys) for keyed ops (ops.batch.KeyedOp or `keyed = True`), else op(batch);
+    what it returned, checked against the contract (OpResultError): an array of the batch's
+    own kind (NumPy, or CuPy on the GPU), uint8, of the batch's shape — usually the batch itself,
+    edited in place. Anything else would be normalised into a wrong batch, or fail later with a
+    message about something else."""
+    out = op(batch, keys) if getattr(op, "keyed", False) else op(batch)
+    if out is batch:
+        return out
+    name = _op_name(op)
+    if out is None:
+        raise OpResultError(f"user_op {name} returned None: a user op returns the batch it was given (edited in "
+                            "place) or a new uint8 array of its shape")
+    if not isinstance(out, type(batch)) or out.dtype != np.uint8 or tuple(out.shape) != tuple(batch.shape):
+        got = f"{type(out).__module__}.{type(out).__qualname__}"
+        if hasattr(out, "shape") and hasattr(out, "dtype"):
+            got += f" of {out.dtype} {tuple(out.shape)}"
+        raise OpResultError(f"user_op {name} returned a {got}; a user op returns the uint8 NHWC batch it was given "
+                            f"({type(batch).__module__}.{type(batch).__qualname__} of uint8 {tuple(batch.shape)}), "
+                            "edited in place, or a new array of that type, dtype and shape")
+    return out
+
+
+def _op_name(op) -> str:
+    return getattr(op, "__qualname__", None) or type(op).__qualname__
+
+
+# what a torchvision transform a user passes as user_op is in recordtool (by class name)
+_TORCHVISION_EQUIVALENTS = {
+    "ColorJitter": "recordtool.ops.ColorJitter(brightness=, contrast=, saturation=) (compiled, "
+                   "needs recordtool[numba])",
+    "RandomErasing": "recordtool.ops.Cutout(size=) (one square of zeros per image; recordtool.ops.batch.Cutout "
+                     "without Numba)",
+    "RandomGrayscale": "recordtool.ops.RandomGrayscale(p=) (recordtool.ops.batch.RandomGrayscale without Numba)",
+    "Grayscale": "recordtool.ops.RandomGrayscale(p=1.0)",
+}
+_LOADER_DOES = ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "Normalize", "ToTensor",
+                "ToImage", "ToDtype", "ConvertImageDtype", "PILToTensor", "ToPureTensor")
+
+
+def _torchvision_advice(op) -> list:
+    """For each transform in `op` (a Compose's members in turn), what to pass instead."""
+    members = getattr(op, "transforms", None)
+    if type(op).__name__ == "Compose" and isinstance(members, (list, tuple)):
+        return [a for m in members for a in _torchvision_advice(m)]
+    name = type(op).__name__
+    if name in _TORCHVISION_EQUIVALENTS:
+        return [f"for {name}, {_TORCHVISION_EQUIVALENTS[name]}"]
+    if name in _LOADER_DOES:
+        return [f"{name} the Loader does itself (train=True: RandomResizedCrop and flips; train=False: resize and "
+                "centre crop; size=, mean=, std=, dtype=)"]
+    return []
+
+
+def _is_torch_module(op) -> bool:
+    """An instance of torch.nn.Module, told without importing torch."""
+    return any(c.__name__ == "Module" and c.__module__ == "torch.nn.modules.module" for c in type(op).__mro__)
+
+
+def check_user_op(op):
+    """`op` if the Loader can run it as a user op, else ConfigError saying what to pass instead.
+
+    Refused: what is not callable; torchvision transforms (and functions of
+    torchvision.transforms) — they work on PIL images and torch tensors: torchvision's v2
+    transforms hand a NumPy batch back untouched, a silent no-op, others fail inside; and any
+    torch.nn.Module, which takes tensors, not the uint8 NHWC NumPy / CuPy batch a user op gets."""
+    if op is None:
+        return None
+    if not callable(op):
+        raise ConfigError(f"user_op must be callable (op(batch) or a recordtool.ops op), not {op!r}")
+    target = op
+    while isinstance(target, functools.partial):
+        target = target.func
+    plain = isinstance(target, (types.FunctionType, types.BuiltinFunctionType, types.MethodType))
+    module = (getattr(target, "__module__", None) if plain else type(target).__module__) or ""
+    what = _op_name(target) if plain else type(target).__qualname__
+    instead = ("A user op is recordtool.ops.ColorJitter, Cutout or RandomGrayscale, a recordtool.ops.batch op, or "
+               "a function op(batch) that edits the uint8 NHWC batch (NumPy; CuPy on device='cuda') and returns "
+               "it; or apply the transform to the Loader's output tensors in the training loop")
+    if module == "torchvision" or module.startswith("torchvision."):
+        advice = "; ".join(dict.fromkeys(_torchvision_advice(op)))
+        raise ConfigError(f"user_op={what} ({module}) is a torchvision transform: torchvision works on torch "
+                          "tensors and PIL images, and on the Loader's NumPy batch its v2 transforms change nothing "
+                          "(a silent no-op) while others fail. " + (f"Instead: {advice}. " if advice else "")
+                          + instead + ".")
+    if _is_torch_module(op):
+        raise ConfigError(f"user_op={what} is a torch.nn.Module, which takes torch tensors; a user op gets the "
+                          "uint8 NHWC batch before normalisation as a NumPy array (CuPy on device='cuda'). "
+                          + instead + ".")
+    return op

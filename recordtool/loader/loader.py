@@ -22,8 +22,9 @@ from ..datasets import open_dataset
 from ..decode.cpu import cores
 from ..decode.spec import (DEFAULT_CROP_PCT, DEFAULT_HFLIP, DEFAULT_RATIO, DEFAULT_SCALE, IMAGENET_MEAN,
                            IMAGENET_STD, CropSpec, OutputSpec)
-from ..errors import BadState, ConfigError, OnError, RecordError, on_error as _on_error
+from ..errors import BadState, ConfigError, NotADataset, OnError, RecordError, on_error as _on_error
 from ..reader import Dataset
+from .cpu import check_user_op
 from .device import parse_device, resolve
 from .prefetch import on_producer_thread
 from .recipe import Recipe
@@ -128,7 +129,9 @@ class Loader:
             normalisation (numpy on CPU, CuPy on GPU); returns the batch. Or a compiled per-image
             op (recordtool.ops.ImageOp, needs recordtool[numba]): run by the native decode threads
             on each image after the resize, before mirror and normalize (on cuda: its CUDA
-            kernel, one launch per batch); compiled here, OpCompileError if it cannot be.
+            kernel, one launch per batch); compiled here, OpCompileError if it cannot be. A
+            torchvision transform or a torch.nn.Module is refused (ConfigError naming what to pass
+            instead): they take tensors, and v2 transforms hand a NumPy batch back unchanged.
         as_torch: torch tensors (DLPack on the GPU); default: when torch imports.
         producers: producer threads (default 2).
         with_ids: also yield each batch's sample ids.
@@ -204,8 +207,11 @@ class Loader:
         self.chroma = check_chroma(DEFAULT_CHROMA if chroma is None else chroma)
         self.same_pixels = _flag(same_pixels, "same_pixels")
         self.on_error = _on_error(on_error)
+        user_op = check_user_op(user_op)  # before the dataset opens: a refused op costs no download
         self.device = dev.type  # "cpu" or "cuda"
         self.gpu_id = resolve(dev) if dev.type == "cuda" else None
+        if isinstance(path, Dataset) and storage_options is not None:
+            raise ConfigError("storage_options are for opening a dataset URL; the Dataset given is open already")
         self.ds = path if isinstance(path, Dataset) else open_dataset(path, cache_dir=cache_dir, cache_limit=cache_limit,
                                                                       storage_options=storage_options)
         h, w = self.spec.size
@@ -366,6 +372,22 @@ class Loader:
     def ring(self):
         """The output ring (spills, free slots) — the GPU's OutputRing or the CPU's HostRing."""
         return self.batcher.ring
+
+    # ------------------------------------------------------------------ not a Dataset
+    _NOT_A_DATASET = ("the Loader is itself the data loader (batches made by its own threads): iterate it "
+                      "directly, `for images, labels in loader`, not through torch.utils.data.DataLoader. For "
+                      "DataLoader worker processes, give the DataLoader the Dataset instead: "
+                      "DataLoader(recordtool.open(path), collate_fn=...) with the decoding in collate_fn "
+                      "(README, Train: With PyTorch)")
+
+    def __getitem__(self, index):
+        """A DataLoader wrapping the Loader asks it for samples: say what to do instead."""
+        raise NotADataset(f"Loader[{index!r}]: {self._NOT_A_DATASET}")
+
+    def __reduce_ex__(self, protocol):
+        """A Loader holds threads, native pools and its output ring: it does not cross into
+        another process (a spawned DataLoader worker pickles its dataset); say what does."""
+        raise NotADataset(f"a Loader cannot be pickled into another process: {self._NOT_A_DATASET}")
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> "EpochIterator":

@@ -93,6 +93,13 @@ class Result:
             out.setdefault(r.pipeline, []).append(r)
         return out
 
+    def all_failed(self) -> str:
+        """"" when some pipeline ran; else the line saying that none did (the command then
+        exits non-zero: a table of failures is no measurement)."""
+        if not self.runs or any(r.error is None for r in self.runs):
+            return ""
+        return f"every pipeline failed ({len(self.runs)} run(s)); the first: {self.runs[0].error}"
+
     def summary(self) -> dict:
         """pipeline → {median, min, max, spread (max/min), wait_ms, vs_synthetic, vs_dali, cores_busy,
         gpu_mib, gpu_process_mib, rss_mib}: medians over the runs, but the memories the least of
@@ -218,6 +225,22 @@ def with_loads(pipelines, loads: tuple) -> list:
         else:
             out += [f"dali:{spec + ',' if spec else ''}load={x:g}" for x in loads]
     return out
+
+
+def require_gpu() -> None:
+    """DeviceUnavailable unless torch can train on a GPU here (the cuda form trains a model with
+    torch): checked once before the runs, so a machine without one gets one line."""
+    from ..errors import DeviceUnavailable
+
+    try:
+        import torch
+    except ImportError as e:
+        raise DeviceUnavailable(f"--device cuda trains a torch model, and torch does not import here ({e}); "
+                                "use --device cpu (the CPU form)") from None
+    if not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        raise DeviceUnavailable(f"--device cuda: torch {torch.__version__} ({build}) sees no GPU here; use "
+                                "--device cpu (the CPU form: --consumer-ms of CPU work per batch instead of a model)")
 
 
 def counted(it, taken: list):
@@ -435,6 +458,8 @@ def main(argv=None) -> int | None:
     print(table(res))
     if a.json:
         write_json(res, a.json)
+    if res.all_failed():
+        raise SystemExit(res.all_failed())  # exit status 1, the line on stderr
 
 
 if __name__ == "__main__":
