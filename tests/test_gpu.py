@@ -768,6 +768,27 @@ def test_cuda_keyed_user_op_same_for_any_producers_and_normalised_by_the_kernel(
     assert (x == 0).all(axis=1).any()  # the cutout squares are there
 
 
+@gpu
+@pytest.mark.parametrize("returns", ["none", "numpy", "float"])
+def test_cuda_user_op_returning_something_else_than_its_batch_is_named(packed_mix, returns):
+    """On the GPU too each batch checks what the op returned: the CuPy uint8 batch (or one of its
+    kind, dtype and shape); a host array, None or a float array is an OpResultError naming the op."""
+    from recordtool.errors import OpResultError
+    from recordtool.loader import Loader
+
+    def make(batch):
+        return {"none": None, "numpy": cupy.asnumpy(batch), "float": batch.astype(cupy.float32)}[returns]
+
+    ld = Loader(packed_mix, device="cuda", batch_size=8, size=48, as_torch=False, user_op=make)
+    with pytest.raises(OpResultError, match="make"):
+        next(iter(ld))
+    ld.close()
+    ok = Loader(packed_mix, device="cuda", batch_size=8, size=48, as_torch=False, layout="NHWC", mean=(0, 0, 0),
+                std=(1, 1, 1), user_op=lambda b: cupy.full_like(b, 255))  # a new CuPy batch: normalised
+    assert np.all(cupy.asnumpy(next(iter(ok))[0]) == 1.0)
+    ok.close()
+
+
 def _image_ops():
     # the GPU form needs no Numba (only the CPU form is compiled by it)
     from recordtool.ops import ColorJitter, Cutout, RandomGrayscale
