@@ -82,8 +82,9 @@ def check_options(path, options) -> dict:
 
 
 def _option_names(cls) -> tuple:
-    """(names the file-system class's constructors take, whether its own takes **kwargs too)."""
-    names, more = set(), False
+    """(names the file-system class's constructors take, whether the one that runs — its own or
+    the nearest base's — takes **kwargs too). A signature that cannot be read takes anything."""
+    names, more, first = set(), False, True
     for k in cls.__mro__:
         init = k.__dict__.get("__init__")
         if init is None:
@@ -91,12 +92,15 @@ def _option_names(cls) -> tuple:
         try:
             params = inspect.signature(init).parameters.values()
         except (TypeError, ValueError):
+            more = more or first
+            first = False
             continue
         for p in params:
             if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self":
                 names.add(p.name)
-            elif p.kind is p.VAR_KEYWORD and k is cls:
+            elif p.kind is p.VAR_KEYWORD and first:
                 more = True
+        first = False
     return names, more
 
 
@@ -412,6 +416,7 @@ class FsspecFS:
                 if self.fs.exists(bucket):
                     return None
                 continue
+            asked = k + 1
             try:
                 head("head_bucket", Bucket=bucket)
                 return None
@@ -421,10 +426,13 @@ class FsspecFS:
                 return self.url(bucket) if denied_is_missing else None
             except Exception as e:  # noqa: BLE001 — a 5xx, a timeout, a cut connection: ask again
                 last = e
+                if type(e).__name__ == "EndpointConnectionError" or isinstance(e, (ConnectionRefusedError,
+                                                                                     socket.gaierror)):
+                    break  # no connection at all, after the client's own retries: asking again tells nothing
         if head is None:
             return self.url(bucket)
-        raise RemoteError(f"{self.url(bucket)}: could not find out whether the bucket exists: asked {max(1, attempts)} "
-                          f"times; last error: {type(last).__name__}: {last}") from last
+        raise RemoteError(f"{self.url(bucket)}: could not find out whether the bucket exists (asked {asked} "
+                          f"time{'s' if asked > 1 else ''}); last error: {type(last).__name__}: {last}") from last
 
     def check_bucket(self, path: str, attempts: int = 3, backoff: float = 0.5) -> None:
         """NoBucket when the bucket at the start of `path` does not exist (`missing_bucket`);

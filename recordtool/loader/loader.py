@@ -210,7 +210,7 @@ class Loader:
         user_op = check_user_op(user_op)  # before the dataset opens: a refused op costs no download
         self.device = dev.type  # "cpu" or "cuda"
         self.gpu_id = resolve(dev) if dev.type == "cuda" else None
-        if isinstance(path, Dataset) and storage_options is not None:
+        if isinstance(path, Dataset) and storage_options not in (None, {}):
             raise ConfigError("storage_options are for opening a dataset URL; the Dataset given is open already")
         self.ds = path if isinstance(path, Dataset) else open_dataset(path, cache_dir=cache_dir, cache_limit=cache_limit,
                                                                       storage_options=storage_options)
