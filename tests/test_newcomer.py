@@ -59,7 +59,10 @@ def _refused(packed, op) -> str:
 def test_real_torchvision_transforms_are_refused_naming_what_to_pass(packed):
     """v2.ColorJitter hands a NumPy batch back untouched (training without the augmentation, no
     warning); v2.RandomErasing raises inside. Both are refused when the Loader is made."""
-    v2 = pytest.importorskip("torchvision.transforms.v2")
+    try:
+        from torchvision.transforms import v2
+    except Exception as e:  # not installed, or a build for another torch (README: Adding torchvision)
+        pytest.skip(f"torchvision does not import: {e}")
     msg = _refused(packed, v2.ColorJitter(brightness=0.4))
     assert "torchvision" in msg and "recordtool.ops.ColorJitter" in msg
     assert "recordtool.ops.Cutout" in _refused(packed, v2.RandomErasing())
