@@ -21,7 +21,7 @@ from conftest import jpeg_bytes, write
 from recordtool.cli import main
 from recordtool.errors import (ConfigError, FormatError, NoBucket, NotADataset, OpResultError, RecordtoolError,
                                RemoteError)
-from recordtool.io import Retry
+from recordtool.io import FsspecFS, Retry
 from recordtool.loader import Loader
 from recordtool.pack import pack
 
@@ -97,7 +97,9 @@ def test_torchvision_shaped_transforms_are_refused(packed):
 def test_torch_modules_and_non_callables_are_refused(packed):
     msg = _refused(packed, torch.nn.Identity())  # takes tensors: the batch is a NumPy array
     assert "torch.nn.Module" in msg and "NumPy" in msg and "recordtool.ops" in msg
-    _refused(packed, torch.nn.Sequential(torch.nn.Conv2d(3, 3, 1)))
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 1))
+    _refused(packed, conv)
+    assert "torch.nn.Module" in _refused(packed, conv.forward)
     assert "callable" in _refused(packed, "cutout")
 
 
@@ -224,6 +226,8 @@ def test_an_option_the_client_refuses_when_it_connects_is_not_retried(s3, remote
         recordtool.open(remote, cache_dir=str(tmp_path), retry=FAST,
                         storage_options=dict(s3.options, region_of_choice="eu"))
     assert "storage_options" in str(e.value) and not isinstance(e.value, RemoteError)
+    with pytest.raises(ConfigError, match="region_of_choice"):  # pack's bucket check: the same
+        FsspecFS.from_url("s3://nc-any/x", **dict(s3.options, region_of_choice="eu"))[0].check_bucket("nc-any/x")
 
 
 def test_a_closed_endpoint_is_named_before_any_retry(s3, remote, tmp_path):

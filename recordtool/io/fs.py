@@ -424,6 +424,9 @@ class FsspecFS:
                 return self.url(bucket)
             except PermissionError:
                 return self.url(bucket) if denied_is_missing else None
+            except TypeError as e:  # an option the client takes only when it connects: fails every time
+                raise ConfigError(f"{self.url(bucket)}: the storage client refused its configuration ({e}): check "
+                                  "storage_options (and fsspec's configuration for this protocol)") from e
             except Exception as e:  # noqa: BLE001 — a 5xx, a timeout, a cut connection: ask again
                 last = e
                 if type(e).__name__ == "EndpointConnectionError" or isinstance(e, (ConnectionRefusedError,

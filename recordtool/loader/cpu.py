@@ -238,12 +238,12 @@ def check_user_op(op):
                "a function op(batch) that edits the uint8 NHWC batch (NumPy; CuPy on device='cuda') and returns "
                "it; or apply the transform to the Loader's output tensors in the training loop")
     if module == "torchvision" or module.startswith("torchvision."):
-        advice = "; ".join(dict.fromkeys(_torchvision_advice(op)))
+        advice = "; ".join(dict.fromkeys(_torchvision_advice(getattr(target, "__self__", target))))
         raise ConfigError(f"user_op={what} ({module}) is a torchvision transform: torchvision works on torch "
                           "tensors and PIL images, and on the Loader's NumPy batch its v2 transforms change nothing "
                           "(a silent no-op) while others fail. " + (f"Instead: {advice}. " if advice else "")
                           + instead + ".")
-    if _is_torch_module(op):
+    if _is_torch_module(target) or _is_torch_module(getattr(target, "__self__", None)):  # a module, or its forward
         raise ConfigError(f"user_op={what} is a torch.nn.Module, which takes torch tensors; a user op gets the "
                           "uint8 NHWC batch before normalisation as a NumPy array (CuPy on device='cuda'). "
                           + instead + ".")
