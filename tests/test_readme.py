@@ -8,7 +8,8 @@ Three things of the README are replaced in the code before it runs, because they
 of the reader's machine: the server's address (README: http://127.0.0.1:5555; here the port
 the test server got) and the cache folders /tmp/rt-cache and /nvme/cache (here folders of the
 test's own). A block whose first lines hold `# needs: cuda` (a CUDA device and CuPy) or
-`# needs: torchvision` is skipped only where that is absent.
+`# needs: torchvision` is skipped only where that is absent; a block that names an `s3://` URL
+needs the S3 server's packages (moto, s3fs: the test extra, which CI installs).
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def blocks() -> list:
 
 def needs(code: str) -> set:
     """What a block declares it needs (`# needs: cuda, torchvision` among its leading comments)."""
-    out = set()
+    out = {"s3"} if "s3://" in code else set()
     for line in code.splitlines():
         if not line.startswith("#"):
             break
@@ -68,6 +69,7 @@ def _have_cuda() -> bool:
 AVAILABLE = {
     "cuda": _have_cuda,
     "torchvision": lambda: importlib.util.find_spec("torchvision") is not None,
+    "s3": lambda: all(importlib.util.find_spec(m) is not None for m in ("s3fs", "moto")),
 }
 
 
@@ -80,25 +82,28 @@ def test_the_readme_has_runnable_examples():
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    """(the folder the examples run in, their environment, the S3 server)."""
-    import s3fs
-
+    """(the folder the examples run in, their environment, the S3 server or None without its packages)."""
     from recordtool.pack import pack
-    from s3server import S3
 
     root = tmp_path_factory.mktemp("readme")
     for split, n in (("train", 272), ("val", 40)):  # train: more than one batch of 256
         for i in range(n):
             write(str(root / "src" / split / f"class{i % 4}" / f"{i}.jpg"), jpeg_bytes(40 + i % 24, 36, seed=i))
         pack(str(root / "src" / split), str(root / "out" / split), progress=False)
-    server = S3()
     repo = os.path.dirname(README)
     path = [repo] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # this checkout's recordtool
-    env = dict(os.environ, FSSPEC_S3_ENDPOINT_URL=server.options["endpoint_url"], AWS_ACCESS_KEY_ID="testing",
-               AWS_SECRET_ACCESS_KEY="testing", PYTHONPATH=os.pathsep.join(path))
-    try:
-        import fsspec.config
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+    if not AVAILABLE["s3"]():
+        yield root, env, None
+        return
+    import fsspec.config
+    import s3fs
+    from s3server import S3
 
+    server = S3()
+    env.update(FSSPEC_S3_ENDPOINT_URL=server.options["endpoint_url"], AWS_ACCESS_KEY_ID="testing",
+               AWS_SECRET_ACCESS_KEY="testing")
+    try:
         fs = s3fs.S3FileSystem(**server.options)
         with pytest.MonkeyPatch.context() as mp:
             mp.setitem(fsspec.config.conf, "s3", dict(server.options))  # what FSSPEC_S3_* set up, for pack here
@@ -116,7 +121,8 @@ def test_readme_example_runs(request, line, code):
     if missing:
         pytest.skip(f"README.md line {line} needs {', '.join(missing)}")
     root, env, server = request.getfixturevalue("world")
-    code = (code.replace(README_ENDPOINT, server.options["endpoint_url"])
-            .replace("/tmp/rt-cache", str(root / "rt-cache")).replace("/nvme/cache", str(root / "nvme-cache")))
+    if server is not None:
+        code = code.replace(README_ENDPOINT, server.options["endpoint_url"])
+    code = (code.replace("/tmp/rt-cache", str(root / "rt-cache")).replace("/nvme/cache", str(root / "nvme-cache")))
     p = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, f"README.md line {line}:\n{p.stderr[-4000:]}"
