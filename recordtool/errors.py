@@ -133,6 +133,11 @@ class CacheFull(RecordtoolError, OSError):
     shards that must be on disk at once, or every shard in it is in use)."""
 
 
+class CacheChanged(RecordtoolError, OSError):
+    """Another program keeps deleting or replacing files of the local shard cache while
+    recordtool writes them (a cache cleaner, say); the message names the path."""
+
+
 class OptionError(RecordtoolError, ValueError):
     """A parameter out of its range (`pack(max_side=-5)`, a shard size of 1e400 MB, ...): the
     API's error for what the CLI reports as a usage error (exit 2). The message names it."""

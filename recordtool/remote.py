@@ -4,7 +4,8 @@
 and the index once, checks them as for a local dataset, and then serves `ds[i]` exactly like a
 local dataset: zero-copy memoryviews of mmapped shard files — the cached copies. A shard is
 downloaded whole into the cache (recordtool.io.cache: bounded, LRU, shared by the processes of a
-machine, checked against the manifest's CRC32C) the first time one of its records is asked for,
+machine, checked against the manifest's SHA-256, or CRC32C for manifests without one) the first
+time one of its records is asked for,
 or earlier: the block sampler tells the dataset its epoch's block order, and a background
 thread fetches the rest of the current block and the next block while the current one is read.
 
@@ -70,7 +71,7 @@ class RemoteDataset(Dataset):
         self.cache_limit = self.cache.limit
         try:
             info = manifest["index"]
-            mapping, _ = self.cache.meta(info["file"], info["bytes"], info["crc32c"])
+            mapping, _ = self.cache.meta(info["file"], info["bytes"], info["crc32c"], info.get("sha256"))
             where = self.cache.url(info["file"])
             self._setup(manifest, ix.read_index(where, mapping), where)
         except BaseException:
@@ -80,6 +81,7 @@ class RemoteDataset(Dataset):
         self._fds: list = [None] * n
         self._names = [_cache.file_name(s["name"], s["crc32c"]) for s in self.shards]
         self._mapped: dict = {}  # mapped shards (→ None), oldest first
+        self._mapping = [threading.Lock() for _ in range(n)]  # one thread pins (and hashes) a shard at a time
         self._fits = total <= self.cache_limit  # everything fits: never unmap to make room
         # the epoch's plan (BlockSampler.on_plan): blocks in order, and per shard how many of
         # this rank's samples it holds and how many were served: a shard is done when all were
@@ -121,12 +123,15 @@ class RemoteDataset(Dataset):
                 return v[offset:offset + length]
         for _ in range(5):
             self._fetch(shard)  # outside the lock: may download, or wait for another process
-            with self._lock:
-                v = self._views[shard]
-                if v is None:
-                    v = self._map(shard)
-                if v is not None:
-                    return v[offset:offset + length]
+            with self._mapping[shard]:
+                with self._lock:
+                    v = self._views[shard]
+                    if v is not None:
+                        return v[offset:offset + length]
+                pinned = self._pin(shard)  # outside the lock too: checking the copy's digest takes a while
+                if pinned is not None:
+                    with self._lock:
+                        return self._install(shard, pinned)[offset:offset + length]
         raise CacheFull(f"{self.cache.url(self.shards[shard]['name'])}: evicted again each time before it could "
                         f"be mapped; raise cache_limit")
 
@@ -139,13 +144,13 @@ class RemoteDataset(Dataset):
         info = self.shards[shard]
         self._advance(shard)
         self.cache.fetch(info["name"], info["bytes"], info["crc32c"], protect=self._needed_names,
-                         release=self._release_done)
+                         release=self._release_done, sha256=info.get("sha256"))
 
     def _pin(self, shard: int):
         """(fd, mapping) of a cached shard, pinned until the fd is closed; None if it was
         evicted since it was fetched."""
         info = self.shards[shard]
-        fd = self.cache.pin(info["name"], info["bytes"], info["crc32c"])
+        fd = self.cache.pin(info["name"], info["bytes"], info["crc32c"], info.get("sha256"))
         if fd is None:
             return None
         try:
@@ -160,7 +165,8 @@ class RemoteDataset(Dataset):
         runs and let go after (recordtool verify reads every shard this way, in turn)."""
         for _ in range(5):
             info = self.shards[shard]
-            self.cache.fetch(info["name"], info["bytes"], info["crc32c"], release=self._release_all)
+            self.cache.fetch(info["name"], info["bytes"], info["crc32c"], release=self._release_all,
+                             sha256=info.get("sha256"))
             pinned = self._pin(shard)
             if pinned is not None:
                 break
@@ -175,11 +181,8 @@ class RemoteDataset(Dataset):
                 mm.close()
             os.close(fd)
 
-    def _map(self, shard: int):
-        """Pin and map a cached shard (under self._lock); None if it was evicted meanwhile."""
-        pinned = self._pin(shard)
-        if pinned is None:
-            return None
+    def _install(self, shard: int, pinned) -> memoryview:
+        """Keep a pinned shard (`_pin`) mapped (under self._lock); its view."""
         fd, mm = pinned
         self._fds[shard], self._maps[shard] = fd, mm
         self._views[shard] = memoryview(mm)
@@ -302,7 +305,8 @@ class RemoteDataset(Dataset):
             info = self.shards[shard]
             try:
                 self.cache.fetch(info["name"], info["bytes"], info["crc32c"], wait=False, protect=self._needed_names,
-                                 release=self._release_done, strict=True, patience=AHEAD_WAIT)
+                                 release=self._release_done, strict=True, patience=AHEAD_WAIT,
+                                 sha256=info.get("sha256"))
             except Exception:  # noqa: BLE001 — the reader fetches it again and raises with context
                 pass
 

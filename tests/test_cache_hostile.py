@@ -65,6 +65,25 @@ def _read_all(ds) -> list:
     return [(bytes(ds[i][0]), ds[i][1]) for i in range(len(ds))]
 
 
+def _copy(packed, tmp_path, name="copy") -> str:
+    import shutil
+
+    out = str(tmp_path / name)
+    shutil.copytree(packed, out)
+    return out
+
+
+def _without_digests(packed, tmp_path) -> str:
+    """A copy of the dataset whose manifest has no `sha256` (as manifests written before it)."""
+    root = _copy(packed, tmp_path, "old-manifest")
+    m = json.load(open(os.path.join(root, "manifest.json")))
+    for entry in m["shards"] + [m["index"]]:
+        del entry["sha256"]
+    with open(os.path.join(root, "manifest.json"), "w") as f:
+        json.dump(m, f)
+    return root
+
+
 def _small_limit(packed) -> int:
     """Room for two of the largest shards: reading everything evicts."""
     return sum(sorted((s["bytes"] for s in recordtool.open(packed).shards), reverse=True)[:2])
@@ -160,8 +179,12 @@ def test_cached_shard_changed_in_place_is_dropped_and_fetched_again(remote, pack
         third.close()
 
 
-def test_cached_shard_replaced_by_another_file_is_caught(remote, packed, tmp_path):
-    """A different file renamed into a cached shard's place (new inode, same size and mtime)."""
+@pytest.mark.parametrize("manifest", ["sha256", "crc32c only"])
+def test_cached_shard_replaced_by_another_file_is_caught(remote, packed, tmp_path, manifest):
+    """A different file renamed into a cached shard's place (new inode, same size and mtime):
+    caught by the manifest's SHA-256, or by its CRC32C for a manifest written before digests."""
+    if manifest != "sha256":
+        remote = _upload(_without_digests(packed, tmp_path))
     local = recordtool.open(packed)
     ds = _open(remote, tmp_path)
     _read_all(ds)
@@ -174,7 +197,7 @@ def test_cached_shard_replaced_by_another_file_is_caught(remote, packed, tmp_pat
     os.utime(fake, ns=(st.st_atime_ns, st.st_mtime_ns))
     os.replace(fake, path)
     again = _open(remote, tmp_path)
-    with pytest.warns(RuntimeWarning, match="CRC32C"):
+    with pytest.warns(RuntimeWarning, match="SHA-256" if manifest == "sha256" else "CRC32C"):
         assert _read_all(again) == _read_all(local)
     again.close()
 
@@ -230,12 +253,6 @@ def _rename_shard(root: str, k: int, new: str) -> None:
         json.dump(m, f)
 
 
-def _copy(packed, tmp_path, name="copy") -> str:
-    import shutil
-
-    out = str(tmp_path / name)
-    shutil.copytree(packed, out)
-    return out
 
 
 def test_shard_name_of_250_bytes_reads_locally_and_through_the_cache(packed, tmp_path):

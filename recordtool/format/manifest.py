@@ -22,6 +22,7 @@ MAX_BYTES = 256 << 20  # a manifest larger than this is refused unread (~2M shar
 # per label, so one record labelled 10**7 would otherwise make a manifest of a hundred megabytes.
 MAX_CLASSES = 1_000_000
 _HEX8 = re.compile(r"^[0-9a-f]{8}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def dump(obj) -> bytes:
@@ -46,8 +47,8 @@ def build(*, records: int, shards: list, index: dict, classes: list, keys: dict,
 
     Args:
         records: number of records (= index rows).
-        shards: `{name, records, bytes, crc32c}` per part file, in file-number order.
-        index: `{file, bytes, crc32c}` of index.rtx.
+        shards: `{name, records, bytes, crc32c, sha256}` per part file, in file-number order.
+        index: `{file, bytes, crc32c, sha256}` of index.rtx.
         classes: class names; position = label.
         keys: feature keys used for image, label, height, width, filename.
         source: what was packed (`{kind, ...}`).
@@ -152,6 +153,13 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63
 
 
+def _digest_ok(entry: dict) -> bool:
+    """`sha256` is optional (manifests written before it have none) but, when there, well formed:
+    a reader checks cached copies against it."""
+    v = entry.get("sha256")
+    return v is None and "sha256" not in entry or isinstance(v, str) and bool(_HEX64.match(v))
+
+
 def validate(m, path: str = MANIFEST_FILE) -> dict:
     """Check a parsed manifest's structure and types; return it. FormatError names the key."""
     _need(isinstance(m, dict), path, f"top level is {type(m).__name__}, not an object")
@@ -180,6 +188,7 @@ def validate(m, path: str = MANIFEST_FILE) -> dict:
                   f"{where}.{key} must be a non-negative integer, not {s.get(key)!r}")
         _need(isinstance(s.get("crc32c"), str) and bool(_HEX8.match(s["crc32c"])), path,
               f"{where}.crc32c must be 8 lowercase hex digits, not {s.get('crc32c')!r}")
+        _need(_digest_ok(s), path, f"{where}.sha256 must be 64 lowercase hex digits, not {s.get('sha256')!r}")
     _need(sum(s["records"] for s in shards) == m["records"], path,
           f"shards hold {sum(s['records'] for s in shards)} records, 'records' says {m['records']}")
     idx = m.get("index")
@@ -193,6 +202,7 @@ def validate(m, path: str = MANIFEST_FILE) -> dict:
     _need(_is_int(idx.get("bytes")) and idx["bytes"] >= 0, path, "index.bytes must be a non-negative integer")
     _need(isinstance(idx.get("crc32c"), str) and bool(_HEX8.match(idx["crc32c"])), path,
           "index.crc32c must be 8 lowercase hex digits")
+    _need(_digest_ok(idx), path, f"index.sha256 must be 64 lowercase hex digits, not {idx.get('sha256')!r}")
     classes = m.get("classes")
     _need(isinstance(classes, list) and all(isinstance(c, str) for c in classes), path,
           "'classes' must be a list of strings")

@@ -5,6 +5,7 @@ image bytes and label, a header probe of the JPEG. Afterwards nothing scans a sh
 """
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 
@@ -175,10 +176,11 @@ def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABE
                 builder.add(s, rec.offset, rec.length, a, b - a, label, info)
                 count += 1
             crc = crc32c.crc32c(mm) if size else 0
+            digest = hashlib.sha256(mm).hexdigest()
         finally:
             if isinstance(mm, mmap.mmap):
                 mm.close()
-        shards.append({"name": name, "records": count, "bytes": size, "crc32c": f"{crc:08x}"})
+        shards.append({"name": name, "records": count, "bytes": size, "crc32c": f"{crc:08x}", "sha256": digest})
         if bar is not None:
             bar.update(size)
     if bar is not None:
@@ -191,7 +193,8 @@ def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABE
     blob = ix.encode_index(index)
     manifest = mf.build(
         records=len(index), shards=shards,
-        index={"file": ix.INDEX_FILE, "bytes": len(blob), "crc32c": f"{crc32c.crc32c(blob):08x}"},
+        index={"file": ix.INDEX_FILE, "bytes": len(blob), "crc32c": f"{crc32c.crc32c(blob):08x}",
+               "sha256": hashlib.sha256(blob).hexdigest()},
         classes=[synsets.get(k, str(k)) for k in range(nclasses)],
         keys={"image": image_key, "label": label_key, "height": KEY_HEIGHT, "width": KEY_WIDTH,
               "filename": KEY_FILENAME},

@@ -9,6 +9,7 @@ left in .partial for the next run — when it ends with an exception.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import shutil
@@ -27,7 +28,8 @@ from ..io.fs import LocalFS
 
 
 class ShardWriter:
-    """One part file: records appended in order, its CRC32C and index rows kept as it goes.
+    """One part file: records appended in order, its CRC32C, SHA-256 and index rows kept as it
+    goes.
     Shards are independent files, so several can be written by different threads or
     processes at once. All I/O goes through a `FileSystem` (local disk or object storage).
 
@@ -45,6 +47,7 @@ class ShardWriter:
         self.index = ix.IndexBuilder()
         self.pos = 0
         self.crc = 0
+        self.sha256 = hashlib.sha256()  # (the manifest's digest: what a reader's cache checks copies against)
         self.records = 0
         self._f = (fs or LocalFS()).open_write(path)
 
@@ -58,6 +61,7 @@ class ShardWriter:
             for p in frame(enc):
                 self._f.write(p)
                 self.crc = crc32c.crc32c(p, self.crc)
+                self.sha256.update(p)
         except OSError as e:
             raise self._named(e) from None
         self.pos += LENGTH_SIZE + enc.size
@@ -67,7 +71,7 @@ class ShardWriter:
 
     def close(self, durable: bool = False) -> dict:
         """Close the file (`durable`: flushed to the device first, as far as the file system
-        can say) and return its manifest entry {name, records, bytes, crc32c}."""
+        can say) and return its manifest entry {name, records, bytes, crc32c, sha256}."""
         if self._f is not None:
             f, self._f = self._f, None
             try:
@@ -82,7 +86,8 @@ class ShardWriter:
                     f.close()  # a failed flush still closes the file
             except OSError as e:
                 raise self._named(e) from None
-        return {"name": self.name, "records": self.records, "bytes": self.pos, "crc32c": f"{self.crc:08x}"}
+        return {"name": self.name, "records": self.records, "bytes": self.pos, "crc32c": f"{self.crc:08x}",
+                "sha256": self.sha256.hexdigest()}
 
     def finish(self, durable: bool = False) -> "FinishedShard":
         return FinishedShard(self.close(durable), self.index)
@@ -111,7 +116,7 @@ class ShardWriter:
 class FinishedShard:
     """A complete part file: its manifest entry and its index rows."""
 
-    info: dict  # {name, records, bytes, crc32c}
+    info: dict  # {name, records, bytes, crc32c, sha256}
     index: ix.IndexBuilder
 
 
@@ -235,7 +240,8 @@ class DatasetWriter:
             names.append(mf.REPORT_FILE)
             fields["report"] = mf.REPORT_FILE
         manifest = mf.build(records=len(index), shards=infos,
-                            index={"file": ix.INDEX_FILE, "bytes": len(blob), "crc32c": f"{crc32c.crc32c(blob):08x}"},
+                            index={"file": ix.INDEX_FILE, "bytes": len(blob), "crc32c": f"{crc32c.crc32c(blob):08x}",
+                                   "sha256": hashlib.sha256(blob).hexdigest()},
                             keys=dict(KEYS), **fields)
         fs.write_bytes(os.path.join(self.tmp, mf.MANIFEST_FILE), mf.dump(manifest))
         clash = [n for n in names + [mf.MANIFEST_FILE] if os.path.lexists(os.path.join(self.out, n))]

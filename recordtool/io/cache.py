@@ -3,7 +3,7 @@
 Layout of `cache_dir/<key>/` (key: a hash of the store — its protocol and endpoint, see
 `FsspecFS.store_id` — and the dataset URL, plus the URL's last path component):
 
-    shards/<name>.<crc32c>        complete shards, checked against the manifest's size and CRC32C
+    shards/<name>.<crc32c>        complete shards, checked against the manifest's size and digest
     shards/<name>.<crc32c>.part   a download in progress, preallocated to its full size
     meta/<name>.<crc32c>          the index (small; not counted, replaced when the dataset changes)
     locks/<name>.<crc32c>         one lock file per cached file, holding the identity the cache
@@ -17,18 +17,32 @@ The folder is untrusted, as a dataset is:
   and must be this user's (io.files.open_dir); every file is reached through those folder fds.
   A planted link anywhere below `cache_dir` is an UnsafePath error, never followed.
 - Only files the cache names (`<name>.<8 hex>[.part]`), regular, this user's, with one link,
-  are counted or deleted; anything else in the folder is left alone.
-- What is served is checked: a shard is pinned only if its identity is the one recorded when
-  it was downloaded (or last pinned); on any difference its CRC32C is computed again, and a
-  copy that no longer matches the manifest is dropped (named in a warning and in `dropped`)
-  and downloaded again. The index is CRC-checked each time it is opened.
+  are counted or deleted; anything else in the folder is left alone. Lock files pass the same
+  checks before the cache writes its identity stamp into one.
+- What is served is checked against the store's manifest, which the folder cannot change.
+  When the manifest gives a file's SHA-256 (`sha256`, written by pack), a download is checked
+  against it as it arrives, and a cached shard again each time it is taken into use (pinned):
+  hashed after it is opened, before it is mapped — nothing on disk (a stamp, a date) is
+  trusted in place of the digest. The index is read into memory and checked there, so what
+  was checked is what is used. A copy that does not match is dropped (named in a warning and
+  in `dropped`) and downloaded again. A shard changed in place *while* a reader maps it is not
+  seen (a mapping shows the file as it is now).
+  Manifests without `sha256` (written before it existed) are checked as before: size and
+  CRC32C, the shard's CRC32C computed again only when its identity (inode, size, times)
+  differs from the one recorded at its download or last pin. A CRC can be forged by whoever
+  can write the folder; a SHA-256 cannot.
 
 Rules (all through fcntl.flock, so they hold between threads and processes alike, and a
 process that dies lets go of everything it held):
 - One download per file: the downloader holds the file's lock; whoever else wants the file
-  waits on that lock, then finds the complete file.
+  waits on that lock, then finds the complete file. The lock is held while downloading, never
+  while waiting for room: a download that finds no room lets go of the lock while it waits,
+  so a reader that needs the file now (and holds pins only it can let go) takes the lock and
+  makes room itself, instead of waiting on a download that waits on the reader.
 - Nothing half-downloaded is used: bytes go to the .part file, which is renamed into place only
-  after its size and CRC32C match the manifest; a .part left by a dead process is deleted.
+  after its size and digest match the manifest; a .part left by a dead process is deleted. A
+  .part deleted or replaced by another program during the download is noticed before the
+  rename, and downloaded again (CacheChanged naming it when that keeps happening).
 - Pinned files are never evicted: a reader keeps a shared flock on the open shard file for as
   long as it maps it; eviction deletes a file only after taking an exclusive flock without waiting.
 - Budget: shard files and .part files together stay within `limit` bytes. Before a download
@@ -40,7 +54,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import mmap
+import hashlib
 import os
 import re
 import shutil
@@ -48,12 +62,16 @@ import threading
 import time
 import warnings
 
-from ..errors import CacheFull, Cancelled, FormatError
+import crc32c
+
+from ..errors import CacheChanged, CacheFull, Cancelled, FormatError
 from . import files
-from .cachefolder import CacheFolder, _ident, crc_of, default_dir, file_name, key, touch  # noqa: F401  (default_dir: API)
+from .cachefolder import (CacheFolder, _ident, crc_of, default_dir, file_name, key, read_all,  # noqa: F401  (API)
+                          sha256_of, touch)
 from .transfer import Retry, download_into
 
 ROOM_WAIT = 120.0  # seconds a download waits for pinned shards to be let go before CacheFull
+LOST_TRIES = 3  # downloads whose .part another program deleted, before CacheChanged
 
 
 class ShardCache(CacheFolder):
@@ -199,10 +217,14 @@ class ShardCache(CacheFolder):
         return self.dropped[-1]
 
     # ------------------------------------------------------------------ reading
-    def pin(self, name: str, size: int, crc: str):
+    def pin(self, name: str, size: int, crc: str, sha256: str | None = None):
         """A read-only fd of the complete, checked shard holding a shared lock (pinned: not
         evicted until the fd is closed), or None if the shard is not in the cache (or its copy
-        was bad and has been dropped)."""
+        was bad and has been dropped).
+
+        With `sha256` (the manifest's digest) the copy is hashed each time, outside the cache's
+        lock (the shared lock keeps it from eviction meanwhile); without, it is checked by
+        identity and CRC32C (see the module docstring)."""
         fname = file_name(name, crc)
         where = os.path.join(self.shards_dir, fname)
         with self._locked():
@@ -216,21 +238,45 @@ class ShardCache(CacheFolder):
                 os.close(fd)
                 return None
             try:
-                why = self._bad(self._shards, fd, fname, size, crc, where, always=False)
+                if sha256 is None:
+                    why = self._bad(self._shards, fd, fname, size, crc, where, always=False)
+                else:
+                    st = os.fstat(fd)
+                    why = None if st.st_size == size else f"{st.st_size} bytes, the manifest says {size}"
                 if why is not None:
                     os.close(fd)
                     fd = None
                     self._drop(self._shards, fname, where, why)
                     return None
-                self._stamp(fname, touch(fd))  # last use, for LRU eviction
+                if sha256 is None:
+                    self._stamp(fname, touch(fd))  # last use, for LRU eviction
+                    return fd
             except BaseException:
                 if fd is not None:
                     os.close(fd)
                 raise
-            return fd
+        try:
+            got = sha256_of(fd, size)
+            if got == sha256:
+                with self._locked():
+                    self._stamp(fname, touch(fd))  # last use, for LRU eviction
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        mine = os.fstat(fd)
+        os.close(fd)
+        why = "cut short while it was checked" if got is None else \
+            f"SHA-256 {got[:16]}… differs from the manifest's {sha256[:16]}…"
+        with self._locked():  # the copy we hashed, not one put at its name since
+            with contextlib.suppress(FileNotFoundError):
+                st = os.stat(fname, dir_fd=self._shards, follow_symlinks=False)
+                if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
+                    self._drop(self._shards, fname, where, why)
+        return None
 
     def fetch(self, name: str, size: int, crc: str, wait: bool = True, protect=None, release=None,
-              strict: bool = False, patience: float | None = None) -> bool:
+              strict: bool = False, patience: float | None = None, sha256: str | None = None) -> bool:
         """Make sure the shard is in the cache, downloading it if needed.
 
         Args:
@@ -241,6 +287,7 @@ class ShardCache(CacheFolder):
             release: called when room is short, to let go of pins the caller can spare.
             strict: never evict protected files (a download ahead waits instead).
             patience: seconds to wait for room before CacheFull (default ROOM_WAIT).
+            sha256: the manifest's digest of the shard, checked as it arrives (when given).
         Returns:
             True when the shard is complete in the cache.
         """
@@ -251,42 +298,29 @@ class ShardCache(CacheFolder):
         if size > self.limit:
             raise CacheFull(f"{self.url(name)}: {size} bytes do not fit in cache_limit={self.limit}; raise "
                             f"cache_limit to at least a few shards")
-        lock = self._file_lock(fname, wait)
-        if lock is None:
-            return False
-        try:
-            if self._present(self._shards, fname, where):  # another process finished it while we waited
-                return True
-            fd = self._reserve(fname + ".part", size, protect, release, strict,
-                               ROOM_WAIT if patience is None else patience, name)
-            self._download(self._shards, fd, fname, name, size, crc)
-            return True
-        finally:
-            os.close(lock)
-
-    def _reserve(self, part: str, size: int, protect, release, strict: bool, patience: float, name: str) -> int:
-        """Room for `size` more bytes, then the .part file created and preallocated (under the
-        cache's lock, so the budget holds between processes). Tries: sparing protected files;
-        again after `release()`; then (not strict) letting protected files go; then waits."""
+        patience = ROOM_WAIT if patience is None else patience
         deadline = time.monotonic() + patience
+        lost = 0
         while True:
-            for attempt in range(2):
-                keep = protect() if protect is not None else ()
-                with self._locked():
-                    if self._make_room(size, keep) or (attempt and not strict and self._make_room(size, ())):
-                        fd = self._new_part(self._shards, part)
-                        try:
-                            _preallocate(fd, size)
-                        except OSError as e:
-                            os.close(fd)
-                            self._unlink(self._shards, part)
-                            if e.errno == errno.ENOSPC:
-                                raise CacheFull(f"{self.dir}: no space left on the disk for {self.url(name)} "
-                                                f"({size} bytes); lower cache_limit or free space") from None
-                            raise
-                        return fd
-                if attempt == 0 and release is not None:
-                    release()  # the caller unmaps what it does not use, then we try again at once
+            lock = self._file_lock(fname, wait)
+            if lock is None:  # (wait=False) someone else is downloading it, or waiting to
+                return False
+            try:
+                if self._present(self._shards, fname, where):  # another process finished it while we waited
+                    return True
+                fd = self._reserve(fname + ".part", size, protect, release, strict, name)
+                if fd is not None:
+                    if self._download(self._shards, fd, fname, name, size, crc, sha256):
+                        return True
+                    lost += 1
+                    if lost >= LOST_TRIES:
+                        raise CacheChanged(f"{where}.part: deleted or replaced by another program while it was being "
+                                           f"downloaded, {lost} times in a row; is a cache cleaner running on "
+                                           f"{self.dir}?")
+                    continue  # download it again at once
+            finally:
+                os.close(lock)
+            # no room now: wait with the download lock let go (see the module docstring)
             if self.closed.is_set():
                 raise Cancelled(f"{self.url(name)}: cache closed")
             if time.monotonic() > deadline:
@@ -295,30 +329,69 @@ class ShardCache(CacheFolder):
                                 f"(mapped by readers); {self.advice}")
             time.sleep(0.2 if strict else 0.05)
 
-    def _download(self, dir_fd: int, fd: int, fname: str, name: str, size: int, crc: str) -> None:
-        """Fill the .part file `fd`, then give it its name and record its identity."""
+    def _reserve(self, part: str, size: int, protect, release, strict: bool, name: str):
+        """Room for `size` more bytes, then the .part file created and preallocated (under the
+        cache's lock, so the budget holds between processes); None when there is no room now.
+        Tries: sparing protected files; again after `release()`; then (not strict) letting
+        protected files go."""
+        for attempt in range(2):
+            keep = protect() if protect is not None else ()
+            with self._locked():
+                if self._make_room(size, keep) or (attempt and not strict and self._make_room(size, ())):
+                    fd = self._new_part(self._shards, part)
+                    try:
+                        _preallocate(fd, size)
+                    except OSError as e:
+                        os.close(fd)
+                        self._unlink(self._shards, part)
+                        if e.errno == errno.ENOSPC:
+                            raise CacheFull(f"{self.dir}: no space left on the disk for {self.url(name)} "
+                                            f"({size} bytes); lower cache_limit or free space") from None
+                        raise
+                    return fd
+            if attempt == 0 and release is not None:
+                release()  # the caller unmaps what it does not use, then we try again at once
+        return None
+
+    def _download(self, dir_fd: int, fd: int, fname: str, name: str, size: int, crc: str,
+                  sha256: str | None = None) -> bool:
+        """Fill the .part file `fd`, then give it its name and record its identity. False when
+        the .part at its name is no longer `fd`'s file (another program deleted or replaced it
+        during the download): nothing is renamed then."""
         part = fname + ".part"
+        mine = os.fstat(fd)
         try:
             try:
                 download_into(self.fs, self.fs.join(self.root, name), fd, size, self.retry, crc,
-                              stop=self.closed.is_set)
+                              stop=self.closed.is_set, sha256=sha256)
             except FileNotFoundError:
                 raise FormatError(f"{self.url(name)}: missing on object storage (the dataset's manifest lists "
                                   f"it)") from None
             with self._locked():  # named and stamped at once: a pin sees both or neither
+                try:
+                    st = os.stat(part, dir_fd=dir_fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    return False
+                if (st.st_dev, st.st_ino) != (mine.st_dev, mine.st_ino):
+                    return False
                 os.replace(part, fname, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # complete and checked
                 self._stamp(fname, touch(fd))
+            return True
         except BaseException:
-            self._unlink(dir_fd, part)
+            with contextlib.suppress(OSError):
+                st = os.stat(part, dir_fd=dir_fd, follow_symlinks=False)
+                if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
+                    self._unlink(dir_fd, part)
             raise
         finally:
             os.close(fd)
 
     # ------------------------------------------------------------------ meta files
-    def meta(self, name: str, size: int, crc: str) -> tuple:
-        """(mapping, path) of a checked copy of a small dataset file (the index), downloaded
-        once and CRC-checked each time it is opened (a bad copy is dropped and fetched again);
-        older versions of it (a re-packed dataset) are deleted."""
+    def meta(self, name: str, size: int, crc: str, sha256: str | None = None) -> tuple:
+        """(bytes, path) of a checked copy of a small dataset file (the index), downloaded once,
+        then read into memory and checked each time it is opened — against `sha256` when the
+        manifest gives it, else its CRC32C (a bad copy is dropped and fetched again); older
+        versions of it (a re-packed dataset) are deleted."""
         fname = file_name(name, crc)
         where = os.path.join(self.meta_dir, fname)
         for _ in range(3):
@@ -328,13 +401,12 @@ class ShardCache(CacheFolder):
                 fd = None
             if fd is not None:
                 try:
-                    why = self._bad(self._meta, fd, fname, size, crc, where, always=True)
-                    if why is None:
-                        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else b""
-                        self._drop_old(name, fname)
-                        return mm, where
+                    data, why = _read_checked(fd, size, crc, sha256)
                 finally:
                     os.close(fd)
+                if why is None:
+                    self._drop_old(name, fname)
+                    return data, where
                 with self._locked():
                     self._drop(self._meta, fname, where, why)
                 continue
@@ -344,7 +416,8 @@ class ShardCache(CacheFolder):
                     free = shutil.disk_usage(self.meta_dir).free  # (a number only: the folder was checked)
                     if size > free:  # the manifest says how big: refuse before filling the disk
                         raise CacheFull(f"{self.url(name)}: {size} bytes, the disk of {self.dir} has {free} free")
-                    self._download(self._meta, self._new_part(self._meta, fname + ".part"), fname, name, size, crc)
+                    self._download(self._meta, self._new_part(self._meta, fname + ".part"), fname, name, size, crc,
+                                   sha256)  # (False: its .part was deleted meanwhile; the next round sees)
             finally:
                 os.close(lock)
         raise CacheFull(f"{where}: changed again each time after its download; is another program writing there?")
@@ -362,6 +435,26 @@ class ShardCache(CacheFolder):
     def close(self) -> None:
         """Stop downloads in progress (they raise Cancelled); the folders are let go with the object."""
         self.closed.set()
+
+
+def _read_checked(fd: int, size: int, crc: str, sha256: str | None) -> tuple:
+    """(bytes, None) of a cached meta file read into memory and matching the manifest, or
+    (None, why not)."""
+    st = os.fstat(fd)
+    if st.st_size != size:
+        return None, f"{st.st_size} bytes, the manifest says {size}"
+    data = read_all(fd, size)
+    if data is None:
+        return None, "cut short while it was read"
+    if sha256 is not None:
+        got = hashlib.sha256(data).hexdigest()
+        if got != sha256:
+            return None, f"SHA-256 {got[:16]}… differs from the manifest's {sha256[:16]}…"
+    else:
+        got = f"{crc32c.crc32c(data) if size else 0:08x}"
+        if got != crc:
+            return None, f"CRC32C {got} differs from the manifest's {crc}"
+    return data, None
 
 
 def _preallocate(fd: int, size: int) -> None:

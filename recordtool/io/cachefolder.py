@@ -7,7 +7,9 @@ protocol that uses them).
 relative to its parent's fd, without following links, and must be the user's
 (io.files.open_dir); every file is then reached through those fds. The cache's own files
 are named `<name>.<crc32c>[.part]`, regular, the user's, with one link (`_mine`): nothing
-else is counted or deleted.
+else is counted or deleted. Lock files (`locks/<name>.<crc32c>`, `.lock`) are written to (the
+identity stamp), so they pass the same checks before any byte goes into one: a hard link
+planted there to a file elsewhere is refused, never written through.
 """
 from __future__ import annotations
 
@@ -80,6 +82,37 @@ def touch(fd: int):
     return st
 
 
+def sha256_of(fd: int, size: int) -> str | None:
+    """SHA-256 of the first `size` bytes of an open file, as 64 hex digits; None when the file
+    ends before `size` (cut short meanwhile). Read with pread, not mapped: a file truncated
+    while it is hashed is a short read here, never a SIGBUS. Both the reads and hashlib let go
+    of the GIL, so other threads run meanwhile."""
+    h = hashlib.sha256()
+    buf = bytearray(min(size, 8 << 20))
+    view = memoryview(buf)
+    at = 0
+    while at < size:
+        n = os.preadv(fd, [view[:min(len(buf), size - at)]], at)
+        if not n:
+            return None
+        h.update(view[:n])
+        at += n
+    return h.hexdigest()
+
+
+def read_all(fd: int, size: int) -> bytes | None:
+    """The first `size` bytes of an open file (None when it ends before), read into memory:
+    what is checked is what is used, whatever happens to the file afterwards."""
+    parts, at = [], 0
+    while at < size:
+        b = os.pread(fd, min(size - at, 1 << 30), at)
+        if not b:
+            return None
+        parts.append(b)
+        at += len(b)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
 def crc_of(fd: int, size: int) -> str:
     """CRC32C of the first `size` bytes of an open file, as 8 hex digits."""
     import crc32c
@@ -102,7 +135,7 @@ class CacheFolder:
     """
 
     def __init__(self, cache_dir: str, name: str):
-        self.dir = os.path.join(os.fspath(cache_dir), name)
+        self.dir = os.path.join(os.path.abspath(os.fspath(cache_dir)), name)  # (messages name absolute paths)
         self.shards_dir = os.path.join(self.dir, "shards")
         self.meta_dir = os.path.join(self.dir, "meta")
         self.locks_dir = os.path.join(self.dir, "locks")
@@ -125,16 +158,29 @@ class CacheFolder:
 
     @staticmethod
     def _open_lockfile(dir_fd: int, name: str, what: str) -> int:
+        """An fd (read-write) of a lock file, created if missing. What is at its name must be a
+        file the cache could have made: regular, this user's, one link. A symbolic link is not
+        followed (O_NOFOLLOW), a FIFO does not block the open (O_NONBLOCK), and a hard link to
+        a file elsewhere is refused before the stamp is written into it: UnsafePath naming it."""
         try:
             fd = os.open(name, _LOCK_FLAGS, 0o600, dir_fd=dir_fd)
         except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise UnsafePath(f"{what}: is a symbolic link, not a lock file recordtool made") from None
+            kind = {errno.ELOOP: "a symbolic link", errno.EISDIR: "a directory",
+                    errno.ENXIO: "a socket or special file"}.get(e.errno)
+            if kind is not None:
+                raise UnsafePath(f"{what}: is {kind}, not a lock file recordtool made; remove it") from None
             raise
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise UnsafePath(f"{what}: is not a regular file, not a lock file recordtool made; remove it")
+            files.check_ours(st, what)
+            if st.st_nlink != 1:
+                raise UnsafePath(f"{what}: has {st.st_nlink} hard links (one is elsewhere); recordtool never "
+                                 f"makes one and writes nothing into it: remove it")
+        except BaseException:
             os.close(fd)
-            raise UnsafePath(f"{what}: is not a regular file")
+            raise
         return fd
 
     def _keep(self, fd: int) -> int:
@@ -177,6 +223,11 @@ class CacheFolder:
                              f"file was put there); remove it")
         return True
 
+    def _where(self, dir_fd: int, fname: str) -> str:
+        """The path of `fname` in one of the cache's folders (for messages)."""
+        folder = {self._shards: self.shards_dir, self._meta: self.meta_dir, self._locks: self.locks_dir}
+        return os.path.join(folder.get(dir_fd, self.dir), fname)
+
     def _unlink(self, dir_fd: int, fname: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(fname, dir_fd=dir_fd)
@@ -198,7 +249,7 @@ class CacheFolder:
         try:
             st = os.stat(part, dir_fd=dir_fd, follow_symlinks=False)
             if not self._mine(st, part):
-                raise UnsafePath(f"{os.path.join(self.dir, part)}: not a file the cache wrote; remove it")
+                raise UnsafePath(f"{self._where(dir_fd, part)}: not a file the cache wrote; remove it")
             self._unlink(dir_fd, part)
         except FileNotFoundError:
             pass

@@ -4,10 +4,12 @@ Object stores fail now and then (5xx answers, timeouts, cut connections): `Retry
 an operation again with exponential backoff and then raises RemoteError naming the object.
 A missing object or refused access is not retried. A download is checked as it arrives:
 exactly the expected size (a longer answer is cut off, never buffered) and, when the
-manifest gives one, its CRC32C; a transfer that fails either check is `Damaged` and retried.
+manifest gives them, its CRC32C and SHA-256; a transfer that fails a check is `Damaged` and
+retried.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from dataclasses import dataclass
@@ -57,10 +59,12 @@ class Retry:
                           f"{type(last).__name__}: {last}") from last
 
 
-def copy_into(fs, path: str, fd: int, size: int, crc: str | None = None, stop=None) -> None:
+def copy_into(fs, path: str, fd: int, size: int, crc: str | None = None, stop=None,
+              sha256: str | None = None) -> None:
     """One attempt at downloading `path` into the open file `fd` from offset 0: Damaged unless
-    exactly `size` bytes arrive (and their CRC32C is `crc`, 8 hex digits, when given). At most
-    size + 1 bytes are ever read, so a server answering with more costs nothing more.
+    exactly `size` bytes arrive (and their CRC32C is `crc`, their SHA-256 `sha256`, when
+    given). At most size + 1 bytes are ever read, so a server answering with more costs
+    nothing more.
 
     Args:
         fs, path: where the object is.
@@ -68,10 +72,12 @@ def copy_into(fs, path: str, fd: int, size: int, crc: str | None = None, stop=No
         size: the bytes expected.
         crc: their CRC32C, or None to check the size only.
         stop: a callable; when it returns True the copy ends with Cancelled.
+        sha256: their SHA-256 (64 hex digits), or None.
     """
     import crc32c
 
     got, c = 0, 0
+    h = hashlib.sha256() if sha256 is not None else None
     with fs.open_read(path, size) as f:
         while True:
             if stop is not None and stop():
@@ -88,18 +94,24 @@ def copy_into(fs, path: str, fd: int, size: int, crc: str | None = None, stop=No
                 view, pos = view[n:], pos + n
             if crc is not None:
                 c = crc32c.crc32c(chunk, c)
+            if h is not None:
+                h.update(chunk)
             got += len(chunk)
     if got != size:
         raise Damaged(f"{got} bytes arrived, {size} expected (truncated)")
     if crc is not None and f"{c:08x}" != crc:
         raise Damaged(f"CRC32C {c:08x} of the bytes that arrived differs from the manifest's {crc} "
                       f"(altered in transit or on the store)")
+    if h is not None and h.hexdigest() != sha256:
+        raise Damaged(f"SHA-256 {h.hexdigest()[:16]}… of the bytes that arrived differs from the manifest's "
+                      f"{sha256[:16]}… (altered in transit or on the store)")
 
 
-def download_into(fs, path: str, fd: int, size: int, retry: Retry, crc: str | None = None, stop=None) -> None:
+def download_into(fs, path: str, fd: int, size: int, retry: Retry, crc: str | None = None, stop=None,
+                  sha256: str | None = None) -> None:
     """`copy_into` retried: the object's checked bytes in `fd`, or RemoteError naming it after
     the retries; FileNotFoundError (not retried) when the store has no such object."""
-    retry.call(lambda: copy_into(fs, path, fd, size, crc, stop=stop), fs.url(path))
+    retry.call(lambda: copy_into(fs, path, fd, size, crc, stop=stop, sha256=sha256), fs.url(path))
 
 
 def download(fs, path: str, local: str, size: int, retry: Retry, crc: str | None = None) -> str:
