@@ -1,15 +1,20 @@
 """Adversarial suite for the storage layer: a hostile shard cache folder (planted links, foreign
-files, copies changed after their download), hostile names and manifests, and what a remote
-dataset may cost. The cache is reached through memory:// here (the same code as s3://, no
-server); tests/test_remote.py covers a real S3 server behind a misbehaving proxy."""
+files, copies changed after their download, lock files and .part files tampered with), hostile
+names and manifests, and what a remote dataset may cost. The cache is reached through memory://
+here (the same code as s3://, no server), but for the Loader at the smallest cache limit, which
+runs against a real S3 server (tests/s3server.py); tests/test_remote.py covers that server
+behind a misbehaving proxy."""
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing as mp
 import os
 import pickle
+import threading
 import warnings
 
+import crc32c
 import numpy as np
 import pytest
 
@@ -18,7 +23,7 @@ from conftest import jpeg_bytes, write
 fsspec = pytest.importorskip("fsspec")
 
 import recordtool  # noqa: E402
-from recordtool.errors import CacheFull, FormatError, RecordtoolError, UnsafePath  # noqa: E402
+from recordtool.errors import CacheFull, FormatError, RecordtoolError, RemoteError, UnsafePath  # noqa: E402
 from recordtool.io import Retry  # noqa: E402
 from recordtool.io import cache as rcache  # noqa: E402
 
@@ -78,7 +83,7 @@ def _without_digests(packed, tmp_path) -> str:
     root = _copy(packed, tmp_path, "old-manifest")
     m = json.load(open(os.path.join(root, "manifest.json")))
     for entry in m["shards"] + [m["index"]]:
-        del entry["sha256"]
+        entry.pop("sha256", None)
     with open(os.path.join(root, "manifest.json"), "w") as f:
         json.dump(m, f)
     return root
@@ -231,6 +236,336 @@ def test_verify_names_and_drops_a_bad_cached_copy(remote, packed, tmp_path):
     assert res.records == len(local)  # the copy fetched again was verified as well
     res = verify(remote, cache_dir=str(tmp_path / "cache"), retry=FAST)
     assert res.ok, res.errors
+
+
+# ------------------------------------------------------------------ copies that keep their CRC32C
+
+def _forge_crc(data: bytearray, at: int, want: int) -> None:
+    """Set data[at:at+4] so that the CRC32C of `data` is `want`, as whoever can write the cache
+    folder can: a CRC is affine in the bits, so 32 free bits reach any value."""
+    data[at:at + 4] = bytes(4)
+    base = crc32c.crc32c(bytes(data))
+    pivots = {}  # highest bit → (CRC change, the free bits that make it)
+    for bit in range(32):
+        d = bytearray(data)
+        d[at + bit // 8] ^= 1 << (bit % 8)
+        v, m = crc32c.crc32c(bytes(d)) ^ base, 1 << bit
+        while v:
+            h = v.bit_length() - 1
+            if h not in pivots:
+                pivots[h] = (v, m)
+                break
+            v, m = v ^ pivots[h][0], m ^ pivots[h][1]
+    x, t = 0, want ^ base
+    while t:
+        v, m = pivots[t.bit_length() - 1]
+        t, x = t ^ v, x ^ m
+    data[at:at + 4] = x.to_bytes(4, "little")
+    assert crc32c.crc32c(bytes(data)) == want
+
+
+def _index_padding(blob: bytes) -> int:
+    """An offset of 4 padding bytes between two columns of an index file."""
+    hdr = json.loads(blob[12:12 + int.from_bytes(blob[8:12], "little")])
+    cols = sorted((c["offset"], c["offset"] + hdr["count"] * np.dtype(c["dtype"]).itemsize) for c in hdr["columns"])
+    for (_, end), (nxt, _) in zip(cols, cols[1:]):
+        if nxt - end >= 4:
+            return end
+    raise AssertionError("no padding between the columns")
+
+
+def test_cached_index_rewritten_with_its_crc_kept_is_dropped(remote, packed, tmp_path):
+    """Every label of the cached index changed, and 4 padding bytes chosen to keep its size and
+    CRC32C: the manifest's SHA-256 catches it; the store's labels are served."""
+    local = recordtool.open(packed)
+    info = local.manifest["index"]
+    ds = _open(remote, tmp_path)
+    ds.close()
+    meta = os.path.join(ds.cache.meta_dir, f"{info['file']}.{info['crc32c']}")
+    blob = bytearray(open(meta, "rb").read())
+    hdr = json.loads(blob[12:12 + int.from_bytes(blob[8:12], "little")])
+    col = next(c for c in hdr["columns"] if c["name"] == "label")
+    labels = np.frombuffer(blob, "<i4", hdr["count"], col["offset"])
+    blob[col["offset"]:col["offset"] + 4 * hdr["count"]] = ((labels + 1) % len(local.classes)).astype("<i4").tobytes()
+    _forge_crc(blob, _index_padding(bytes(blob)), int(info["crc32c"], 16))
+    with open(meta, "r+b") as f:
+        f.write(blob)
+    with pytest.warns(RuntimeWarning, match="SHA-256"):
+        again = _open(remote, tmp_path)
+    assert np.array_equal(again.labels, local.labels)
+    assert [again[i][1] for i in range(len(again))] == [local[i][1] for i in range(len(local))]
+    again.close()
+
+
+def _forge_image(path: str, ds, shard: int) -> int:
+    """Change the image bytes of the shard's first record in the file at `path`, its CRC32C
+    kept; the record's number."""
+    i = int(np.nonzero(ds.index.shard == shard)[0][0])
+    at, n = int(ds.index.jpeg_offset[i]), int(ds.index.jpeg_length[i])
+    data = bytearray(open(path, "rb").read())
+    data[at + n // 2:at + n // 2 + 16] = bytes(16)
+    _forge_crc(data, at + n // 2 + 16, int(ds.shards[shard]["crc32c"], 16))
+    with open(path, "wb") as f:
+        f.write(data)
+    return i
+
+
+def test_cached_shard_rewritten_with_its_crc_kept_is_dropped(remote, packed, tmp_path):
+    """Image bytes of a cached shard changed in place, size and CRC32C kept: caught when the
+    shard is taken into use, dropped, fetched again; the store's bytes are served."""
+    local = recordtool.open(packed)
+    ds = _open(remote, tmp_path)
+    _read_all(ds)
+    ds.close()
+    s = local.shards[1]
+    cached = ds.cache.path(s["name"], s["crc32c"])
+    i = _forge_image(cached, local, 1)
+    assert open(cached, "rb").read() != open(os.path.join(packed, s["name"]), "rb").read()
+    again = _open(remote, tmp_path)
+    with pytest.warns(RuntimeWarning, match="SHA-256") as w:
+        assert bytes(again[i][0]) == bytes(local[i][0])
+    assert cached in str(w[0].message) and again.cache.dropped
+    assert _read_all(again) == _read_all(local)
+    again.close()
+
+
+def test_store_copy_with_its_crc_kept_is_refused_on_download(packed, tmp_path):
+    """A shard on the store altered with its CRC32C kept is Damaged (SHA-256) on every try:
+    RemoteError naming it, nothing cached."""
+    url = _upload(packed)
+    local = recordtool.open(packed)
+    s = local.shards[2]
+    obj = f"{url[len('memory://'):]}/{s['name']}"
+    mem = fsspec.filesystem("memory")
+    tmp = str(tmp_path / "altered")
+    mem.get(obj, tmp)
+    _forge_image(tmp, local, 2)
+    mem.put(tmp, obj)
+    ds = _open(url, tmp_path)
+    i = int(np.nonzero(ds.index.shard == 2)[0][0])
+    with pytest.raises(RemoteError, match="SHA-256") as e:
+        ds[i]
+    assert s["name"] in str(e.value)
+    assert not any(n.startswith(s["name"]) for n in os.listdir(ds.cache.shards_dir))
+    ds.close()
+
+
+@pytest.mark.parametrize("where", ["shards", "index"])
+def test_malformed_digest_in_a_manifest_is_a_named_error(packed, tmp_path, where):
+    root = _copy(packed, tmp_path)
+    m = json.load(open(os.path.join(root, "manifest.json")))
+    (m["shards"][1] if where == "shards" else m["index"])["sha256"] = "Z" * 64
+    with open(os.path.join(root, "manifest.json"), "w") as f:
+        json.dump(m, f)
+    with pytest.raises(FormatError, match=r"shards\[1\]\.sha256" if where == "shards" else r"index\.sha256"):
+        recordtool.open(root)
+
+
+@pytest.mark.parametrize("how", ["local", "process", "index"])
+def test_manifests_carry_each_files_sha256(tmp_path, how):
+    """pack (threads or worker processes; Ray's output is byte-identical to the threads',
+    tests/test_pack_ray.py) and `recordtool index` record each part file's and the index's
+    SHA-256."""
+    for i in range(8):
+        write(str(tmp_path / "src" / f"c{i % 2}" / f"{i}.jpg"), jpeg_bytes(40, 32, seed=i))
+    from recordtool.pack import pack
+
+    out = tmp_path / "out"
+    pack(str(tmp_path / "src"), str(out), shards=3, progress=False, engine="process" if how == "process" else "local")
+    if how == "index":
+        from recordtool.format.scan import index_parts
+
+        for name in ("manifest.json", "index.rtx", "pack_report.json"):
+            os.unlink(out / name)
+        index_parts(str(out), progress=False)
+    m = json.load(open(out / "manifest.json"))
+    for entry in m["shards"] + [m["index"]]:
+        name = entry.get("name") or entry["file"]
+        assert entry["sha256"] == hashlib.sha256((out / name).read_bytes()).hexdigest(), name
+    assert len(m["shards"]) == 3
+
+
+def test_manifest_without_digests_reads_as_before(packed, tmp_path):
+    """Manifests written before `sha256` existed: read through the cache, checked by CRC32C."""
+    url = _upload(_without_digests(packed, tmp_path))
+    local = recordtool.open(packed)
+    ds = _open(url, tmp_path)
+    assert _read_all(ds) == _read_all(local)
+    ds.close()
+
+
+# ------------------------------------------------------------------ lock files and .part files
+
+def _lock_path(ds, packed, which: str) -> str:
+    """The cache's lock file of a shard, of the index, or the cache's own `.lock`."""
+    local = recordtool.open(packed)
+    s, ix_ = local.shards[1], local.manifest["index"]
+    name = {"shard": os.path.join("locks", f"{s['name']}.{s['crc32c']}"),
+            "index": os.path.join("locks", f"meta-{ix_['file']}.{ix_['crc32c']}"), "cache": ".lock"}[which]
+    if which == "index":  # the index's lock is taken to download it: drop the cached copy
+        os.unlink(os.path.join(ds.cache.meta_dir, f"{ix_['file']}.{ix_['crc32c']}"))
+    return name
+
+
+@pytest.mark.parametrize("which", ["shard", "index", "cache"])
+def test_hard_link_at_a_lock_file_is_refused_and_never_written(remote, packed, tmp_path, which):
+    """A hard link to a file outside the cache, planted where a lock file goes: UnsafePath naming
+    it; the linked file keeps every byte (the identity stamp is never written into it)."""
+    ds = _open(remote, tmp_path)
+    ds.close()
+    path = os.path.join(ds.cache.dir, _lock_path(ds, packed, which))
+    victim = tmp_path / "precious.bin"
+    write(str(victim), b"the user's data, not a lock " * 8)
+    before = victim.read_bytes()
+    if os.path.exists(path):
+        os.unlink(path)
+    os.link(str(victim), path)
+    with pytest.raises(UnsafePath, match="hard link") as e:
+        again = _open(remote, tmp_path)
+        _read_all(again)
+    assert path in str(e.value)
+    assert victim.read_bytes() == before
+
+
+@pytest.mark.parametrize("which", ["shard", "index", "cache"])
+def test_directory_at_a_lock_files_name_is_unsafe_path(remote, packed, tmp_path, monkeypatch, which):
+    """A directory planted at a lock file's name: UnsafePath naming its absolute path, also when
+    the cache folder was given as a relative path."""
+    monkeypatch.chdir(tmp_path)
+    ds = recordtool.open(remote, cache_dir="cache", retry=FAST)
+    ds.close()
+    path = os.path.join(str(tmp_path), "cache", os.path.basename(ds.cache.dir), _lock_path(ds, packed, which))
+    if os.path.exists(path):
+        os.unlink(path)
+    os.mkdir(path)
+    with pytest.raises(UnsafePath, match="directory") as e:
+        again = recordtool.open(remote, cache_dir="cache", retry=FAST)
+        _read_all(again)
+    assert path in str(e.value)
+
+
+def _cleaner(monkeypatch, suffix: str, every: bool) -> list:
+    """Downloads whose .part file another program deletes as the last byte arrives (the first
+    one only, or `every` one) for objects whose path ends with `suffix`: the .part paths."""
+    real = rcache.download_into
+    deleted = []
+
+    def download_into(fs, path, fd, size, retry, *args, **kw):
+        real(fs, path, fd, size, retry, *args, **kw)
+        if path.endswith(suffix) and (every or not deleted):
+            part = os.readlink(f"/proc/self/fd/{fd}")
+            os.unlink(part)
+            deleted.append(part)
+
+    monkeypatch.setattr(rcache, "download_into", download_into)
+    return deleted
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="finds the .part through /proc")
+@pytest.mark.parametrize("what", ["shard", "index"])
+def test_part_file_deleted_during_its_download_is_downloaded_again(remote, packed, tmp_path, monkeypatch, what):
+    local = recordtool.open(packed)
+    deleted = _cleaner(monkeypatch, local.shards[1]["name"] if what == "shard" else "/index.rtx", every=False)
+    ds = _open(remote, tmp_path)
+    assert _read_all(ds) == _read_all(local)
+    assert len(deleted) == 1 and deleted[0].endswith(".part")
+    ds.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="finds the .part through /proc")
+@pytest.mark.parametrize("what", ["shard", "index"])
+def test_part_file_deleted_at_every_download_is_a_named_error(remote, packed, tmp_path, monkeypatch, what):
+    local = recordtool.open(packed)
+    deleted = _cleaner(monkeypatch, local.shards[1]["name"] if what == "shard" else "/index.rtx", every=True)
+    with pytest.raises(RecordtoolError) as e:
+        ds = _open(remote, tmp_path)
+        _read_all(ds)
+    assert deleted and os.path.join(str(tmp_path), "cache") in str(e.value)
+    if what == "shard":
+        assert deleted[0] in str(e.value)
+
+
+# ------------------------------------------------------------------ the Loader at the smallest cache limit
+
+@pytest.fixture(scope="module")
+def s3():
+    pytest.importorskip("moto")
+    s3fs = pytest.importorskip("s3fs")
+    from s3server import S3
+
+    server = S3()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(s3fs.S3FileSystem, "retries", 1)
+        yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def packed8(tmp_path_factory):
+    """48 small images in 8 shards: 4 blocks of 2 shards."""
+    tmp = tmp_path_factory.mktemp("cacheminimum")
+    for c in range(3):
+        for i in range(16):
+            write(str(tmp / "src" / f"c{c}" / f"{i}.jpg"), jpeg_bytes(48 + 4 * (i % 5), 40, seed=100 * c + i))
+    from recordtool.pack import pack
+
+    pack(str(tmp / "src"), str(tmp / "out"), shards=8, progress=False)
+    return str(tmp / "out")
+
+
+def test_loader_at_the_smallest_cache_limit_never_waits_on_itself(s3, packed8, tmp_path, monkeypatch):
+    """Loader on an S3 URL with cache_limit at its documented minimum (two blocks of the largest
+    shards), cold then warm cache: batches that straddle two blocks pin the old block's shards
+    while they wait for the next block's, which the read-ahead is fetching and finds no room
+    for. The read-ahead waits for room without holding the shard's download lock, so the batch
+    takes the lock and makes room itself. A download ahead here waits for room as long as it
+    takes: holding the lock meanwhile would be a hang, which the deadline turns into a failure."""
+    import s3fs
+
+    from recordtool import remote as rremote
+    from recordtool.loader import Loader
+
+    monkeypatch.setattr(rremote, "AHEAD_WAIT", 3600.0)
+    fs = s3fs.S3FileSystem(**s3.options)
+    fs.mkdir("minimum")
+    for name in sorted(os.listdir(packed8)):
+        fs.put_file(os.path.join(packed8, name), f"minimum/train/{name}")
+    local = recordtool.open(packed8)
+    limit = sum(sorted((s["bytes"] for s in local.shards), reverse=True)[:4])  # two blocks of 2
+    kw = dict(batch_size=5, size=32, as_torch=False, with_ids=True, block_shards=2, drop_last=False, rank=0,
+              world_size=1)
+    loaders, got, failed = [], [], []
+
+    def run():
+        try:
+            for seed in range(3):  # a cold cache, then warm ones (what earlier loaders left)
+                ld = Loader("s3://minimum/train", cache_dir=str(tmp_path / "cache"), cache_limit=limit,
+                            storage_options=s3.options, seed=seed, **kw)
+                loaders.append(ld)
+                ref = Loader(local, seed=seed, **kw)
+                for epoch in range(2):
+                    ld.set_epoch(epoch)
+                    ref.set_epoch(epoch)
+                    a = [(np.asarray(x).copy(), np.asarray(y).copy(), ids) for x, y, ids in ld]
+                    b = [(np.asarray(x).copy(), np.asarray(y).copy(), ids) for x, y, ids in ref]
+                    got.append(len(a) == len(b) and all(np.array_equal(p, q) for u, v in zip(a, b)
+                                                          for p, q in zip(u, v)))
+                    got[-1] = got[-1] and sorted(np.concatenate([g[2] for g in a]).tolist()) == list(range(48))
+                ld.close()
+                ref.close()
+                ld.ds.close()
+        except BaseException as e:  # noqa: BLE001 — reported by the test's thread
+            failed.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout=300)
+    hung = t.is_alive()
+    for ld in loaders:  # a hung loader's downloads end with Cancelled: the thread can finish
+        ld.ds.cache.closed.set()
+    assert not hung, "the Loader stopped making batches (waiting on its own read-ahead)"
+    assert not failed, failed
+    assert got == [True] * 6
 
 
 # ------------------------------------------------------------------ names and keys
