@@ -290,6 +290,31 @@ def _tree(root: str) -> dict:
     return out
 
 
+def _keep_crc(data: bytearray, at: int, want: int) -> None:
+    """Set data[at:at+4] so that the CRC32C of `data` is `want` (a CRC is affine in the bits:
+    32 free bits reach any value), as anyone who can write a file can."""
+    import crc32c
+
+    data[at:at + 4] = bytes(4)
+    base = crc32c.crc32c(bytes(data))
+    pivots = {}
+    for bit in range(32):
+        d = bytearray(data)
+        d[at + bit // 8] ^= 1 << (bit % 8)
+        v, m = crc32c.crc32c(bytes(d)) ^ base, 1 << bit
+        while v:
+            h = v.bit_length() - 1
+            if h not in pivots:
+                pivots[h] = (v, m)
+                break
+            v, m = v ^ pivots[h][0], m ^ pivots[h][1]
+    x, t = 0, want ^ base
+    while t:
+        v, m = pivots[t.bit_length() - 1]
+        t, x = t ^ v, x ^ m
+    data[at:at + 4] = x.to_bytes(4, "little")
+
+
 def _hostile_cache(rng, cache_dir: str, victim: str) -> str:
     """One random act against a cache folder (see run_cache); what it did."""
     entries = []
@@ -298,7 +323,7 @@ def _hostile_cache(rng, cache_dir: str, victim: str) -> str:
     if not entries:
         return "nothing cached"
     p = entries[int(rng.integers(0, len(entries)))]
-    act = int(rng.integers(0, 9))
+    act = int(rng.integers(0, 12))
     plain = os.path.isfile(p) and not os.path.islink(p) and os.stat(p).st_nlink == 1  # (never the user's, linked)
     if plain and act <= 3:
         data = open(p, "rb").read()
@@ -343,6 +368,24 @@ def _hostile_cache(rng, cache_dir: str, victim: str) -> str:
         d = p if os.path.isdir(p) and not os.path.islink(p) else os.path.dirname(p)
         os.link(os.path.join(victim, "precious"), os.path.join(d, f"zz{int(rng.integers(0, 1 << 30))}.0badc0de"))
         return f"hard link in {d}"
+    if act == 8 and plain and os.path.getsize(p) >= 16:  # bytes changed, size and CRC32C kept
+        import crc32c
+
+        data = bytearray(open(p, "rb").read())
+        want = crc32c.crc32c(bytes(data))
+        m = bytearray((mutate(rng, bytes(data)) + bytes(len(data)))[:len(data)])
+        _keep_crc(m, int(rng.integers(0, len(m) - 3)), want)
+        with open(p, "r+b") as f:
+            f.write(m)
+        return f"rewrote {p}, CRC32C kept"
+    is_lock = os.path.basename(os.path.dirname(p)) == "locks" or os.path.basename(p) == ".lock"
+    if act in (9, 10) and is_lock and os.path.isfile(p) and not os.path.islink(p):
+        os.unlink(p)
+        if act == 9:  # a hard link to the user's file where a lock file goes
+            os.link(os.path.join(victim, "precious"), p)
+            return f"hard link at {p}"
+        os.mkdir(p)  # a directory where a lock file goes
+        return f"directory at {p}"
     if os.path.isfile(p) and not os.path.islink(p):  # deleted (a lock file, a shard, the index)
         os.unlink(p)
         return f"deleted {p}"
@@ -351,8 +394,9 @@ def _hostile_cache(rng, cache_dir: str, victim: str) -> str:
 
 def run_cache(rng, n, stats, tmp):
     """A memory:// dataset read through a cache folder that is attacked between opens: each
-    input does 1–3 random acts (bytes changed in place, truncated, swapped, replaced; a link to
-    the user's folder or file, a FIFO, a hard link planted; files deleted), then opens the
+    input does 1–3 random acts (bytes changed in place — also with the CRC32C kept —, truncated,
+    swapped, replaced; a link to the user's folder or file, a FIFO, a hard link planted; a hard
+    link to the user's file or a directory where a lock file goes; files deleted), then opens the
     dataset with a small cache_limit and reads every record. Each record served must be its
     true bytes; nothing in the user's folder may change; errors must be RecordtoolErrors."""
     import shutil
