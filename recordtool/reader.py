@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import mmap
 import os
-import threading
 from dataclasses import dataclass
 
 import numpy as np
+# imported now, not where first used: NumPy loads numpy.random on first access, and that first
+# access (an epoch's order) is on a Loader's producer thread — a fork while it imports would
+# leave the forked child the import lock, and the child's first numpy.random never returns
+import numpy.random  # noqa: F401
 
 from .errors import FormatError
 from .format import index as ix
 from .format import manifest as mf
 from .io import files
 from .io.fs import get_fs, is_url
+from .util import ForkLock
 
 
 class Dataset:
@@ -61,7 +65,7 @@ class Dataset:
         check_rows(self.index, self.shards, index_path, len(self.classes))
         self._maps: list = [None] * len(self.shards)
         self._views: list = [None] * len(self.shards)
-        self._lock = threading.Lock()
+        self._lock = ForkLock()  # producers map shards under it: a forked child gets it unlocked
 
     def __reduce__(self):
         root, options = self._opened_as

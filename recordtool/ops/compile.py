@@ -18,14 +18,14 @@ Numba is imported here only, when an op is first compiled: `recordtool[numba]` i
 from __future__ import annotations
 
 import linecache
-import threading
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import OP_BAD_STRIDE, OP_RAISED, OpCompileError
+from ..util import ForkLock
 
-_lock = threading.Lock()
+_lock = ForkLock()  # producers look their op up here every batch: a forked child gets it unlocked
 _cache: dict = {}  # (function, k, fastmath, checked) → Compiled; kept for the process: the C pointers stay valid
 
 

@@ -11,10 +11,10 @@ Errors are OptionError (a ValueError), naming the op and the argument.
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass, field
 
 from ..errors import OptionError
+from ..util import ForkLock
 from .base import ImageOp
 from .examples import ColorJitter, Cutout, RandomGrayscale
 
@@ -29,7 +29,7 @@ class Entry:
     aliases: tuple = ()
 
 
-_lock = threading.Lock()
+_lock = ForkLock()
 _entries: dict = {}  # canonical name → Entry
 _names: dict = {}  # every key (canonical names and aliases, folded) → canonical name
 
