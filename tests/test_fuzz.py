@@ -94,8 +94,9 @@ def test_hostile_fuzz_small():
     bad = {k: s["outcomes"][k] for k in ("other", "wrong_label", "wrong_bytes", "crash", "hang")}
     assert not any(bad.values()), (bad, s["findings"][:3])
     assert not s["findings"], s["findings"][:3]
-    for kind, agg in s["kinds"].items():  # each kind reached both sides: not a run of refusals only
-        assert agg["accepted"] and agg["refused"], (kind, agg)
+    assert set(s["kinds"]) == set(fz.HOSTILE)
+    # both sides reached: not a run of refusals only (or of inputs the mutations left valid)
+    assert s["outcomes"]["accepted"] > 30 and s["outcomes"]["refused"] > 30, s["outcomes"]
 
 
 def test_local_index_changed_after_the_manifest_is_refused(tmp_path):
