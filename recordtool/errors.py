@@ -89,7 +89,8 @@ class OpError(RecordtoolError, RuntimeError):
 
 # statuses the compiled-op wrapper (recordtool.ops.compile) returns itself
 OP_RAISED, OP_BAD_STRIDE = -1, -2
-OP_STATUS = {OP_RAISED: "raised an exception (run op.image on a copy of the image, uncompiled, to see it)",
+OP_STATUS = {OP_RAISED: "raised an exception — with op.with_checks(), an index past the image too (run "
+                        "op.image on a copy of the image, uncompiled, to see it)",
              OP_BAD_STRIDE: "called with a row stride other than width × 3"}
 
 

@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import mmap
 import os
-import threading
 from dataclasses import dataclass
 
 import numpy as np
+# imported now, not where first used: NumPy loads numpy.random on first access, and that first
+# access (an epoch's order) is on a Loader's producer thread — a fork while it imports would
+# leave the forked child the import lock, and the child's first numpy.random never returns
+import numpy.random  # noqa: F401
 
 from .errors import FormatError
 from .format import index as ix
 from .format import manifest as mf
 from .io import files
 from .io.fs import get_fs, is_url
+from .util import ForkLock
 
 
 class Dataset:
@@ -45,7 +49,9 @@ class Dataset:
         _, self.root = get_fs(root)
         manifest = mf.load(self.root)
         index_path = files.inside(self.root, manifest["index"]["file"], "index file")
-        self._setup(manifest, ix.read_index(index_path), index_path)
+        index = ix.read_index(index_path)
+        check_index_file(index.buffer, manifest["index"], index_path)
+        self._setup(manifest, index, index_path)
 
     def _setup(self, manifest: dict, index, index_path: str) -> None:
         """Checks shared by local and remote datasets: record count, every index row in bounds."""
@@ -59,7 +65,7 @@ class Dataset:
         check_rows(self.index, self.shards, index_path, len(self.classes))
         self._maps: list = [None] * len(self.shards)
         self._views: list = [None] * len(self.shards)
-        self._lock = threading.Lock()
+        self._lock = ForkLock()  # producers map shards under it: a forked child gets it unlocked
 
     def __reduce__(self):
         root, options = self._opened_as
@@ -143,7 +149,9 @@ class Dataset:
             raise IndexError(f"record {i} out of range for {n} records")
         i = int(i) % n
         c = self.index.columns
-        buf = self.record(i)
+        # a copy (one record): a view into the shard mapping kept alive by the traceback of a
+        # refused record would make close() — `with Dataset(...)` leaving on that error — fail
+        buf = bytes(self.record(i))
         shard = self.shards[int(c["shard"][i])]["name"]
         try:
             parsed = decode_ofrecord(buf)
@@ -208,8 +216,14 @@ class Dataset:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, *exc):
+        try:
+            self.close()
+        except BufferError:
+            if exc_type is None:
+                raise
+            # leaving on an error whose traceback still holds views of the shards: that error
+            # is the one to see; the mappings go when the views do
 
     def __repr__(self):
         return f"<recordtool.Dataset {self.root!r}: {len(self)} records, {len(self.classes)} classes, " \
@@ -234,6 +248,23 @@ class RecordInfo:
     shard: str  # the part file holding it
     features: dict  # every OFRecord feature: key → list of bytes / ints / floats (the image included)
 
+
+
+def check_index_file(buffer, info: dict, where: str) -> None:
+    """The index file is the one the manifest describes: its size and CRC32C (`index.bytes`,
+    `index.crc32c`). Checked at every open (a CRC32C of the index costs milliseconds even for
+    a million records): an index damaged or rewritten after the manifest was written would
+    otherwise serve labels, or image bytes, that no bounds check can tell from the true ones.
+    FormatError names the file."""
+    import crc32c
+
+    size = len(buffer) if buffer is not None else 0
+    if size != info["bytes"]:
+        raise FormatError(f"{where}: {size} bytes, manifest says {info['bytes']} (truncated or rewritten)")
+    crc = f"{crc32c.crc32c(buffer) if size else 0:08x}"
+    if crc != info["crc32c"]:
+        raise FormatError(f"{where}: CRC32C {crc} differs from the manifest's {info['crc32c']} (changed after the "
+                          "dataset was written)")
 
 
 def check_rows(index, shards: list, where: str, classes: int | None = None) -> None:

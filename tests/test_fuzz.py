@@ -67,3 +67,87 @@ def test_ofrecord_walker_refuses_or_parses():
                 decode_ofrecord(m, r.data_offset, r.data_offset + r.length)
         except (FormatError, ValueError):
             pass
+
+
+# ------------------------------------------------------------------ hostile dataset, cache and state
+
+def _fuzz_script():
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "fuzz_hostile.py")
+    spec = importlib.util.spec_from_file_location("fuzz_hostile", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_hostile_fuzz_small():
+    """A CI-sized run of scripts/fuzz_hostile.py --kinds hostile: mutated index, manifest, part
+    files, cache folders and Loader state dicts, each chunk in a child process; every input is
+    served right or refused with a RecordtoolError — no other exception, crash, hang, or label
+    or image bytes that are not the record's."""
+    fz = _fuzz_script()
+    lines = []
+    s = fz.run(fz.HOSTILE, total=300, chunk=300, seed=7, timeout=300, log=lambda *a, **k: lines.append(a))
+    assert s["total"] == 300, s
+    bad = {k: s["outcomes"][k] for k in ("other", "wrong_label", "wrong_bytes", "crash", "hang")}
+    assert not any(bad.values()), (bad, s["findings"][:3])
+    assert not s["findings"], s["findings"][:3]
+    assert set(s["kinds"]) == set(fz.HOSTILE)
+    # both sides reached: not a run of refusals only (or of inputs the mutations left valid)
+    assert s["outcomes"]["accepted"] > 30 and s["outcomes"]["refused"] > 30, s["outcomes"]
+
+
+def test_local_index_changed_after_the_manifest_is_refused(tmp_path):
+    """A label rewritten inside the class list passes every bounds check; the index's CRC32C in
+    the manifest is what tells it from the packed one."""
+    import os
+
+    from conftest import write
+    from recordtool.errors import FormatError
+    from recordtool.format import index as ix
+    from recordtool.pack import pack
+    from recordtool.reader import Dataset
+
+    for i in range(4):
+        write(str(tmp_path / "src" / f"c{i % 2}" / f"{i}.jpg"), jpeg_bytes(40, 32, seed=i))
+    out = str(tmp_path / "ds")
+    pack(str(tmp_path / "src"), out, shards=1, progress=False)
+    path = os.path.join(out, "index.rtx")
+    blob = bytearray(open(path, "rb").read())
+    idx = ix.read_index(path)
+    at = next(int(c["offset"]) for c in __import__("json").loads(blob[12:12 + int.from_bytes(blob[8:12], "little")])
+              ["columns"] if c["name"] == "label")
+    blob[at] = 1 - int(idx.label[0])  # still a class of the dataset
+    del idx
+    os.unlink(path)
+    open(path, "wb").write(bytes(blob))
+    with pytest.raises(FormatError, match="index.rtx: CRC32C .* differs from the manifest"):
+        Dataset(out)
+
+
+def test_a_refused_record_leaves_a_with_block_as_its_own_error(tmp_path):
+    """`ds.info(i)` of a record that does not parse raises FormatError, and `with Dataset(...)`
+    leaving on it raises that error — not a BufferError from close() about views the
+    error's traceback holds."""
+    import os
+
+    from conftest import write
+    from recordtool.errors import FormatError
+    from recordtool.pack import pack
+    from recordtool.reader import Dataset
+
+    for i in range(2):
+        write(str(tmp_path / "src" / f"c{i}" / f"{i}.jpg"), jpeg_bytes(40, 32, seed=i))
+    out = str(tmp_path / "ds")
+    pack(str(tmp_path / "src"), out, shards=1, progress=False)
+    part = os.path.join(out, "part-00000")
+    b = bytearray(open(part, "rb").read())
+    b[8] = 0x0F  # the record's first field key: wire type 7, which no message has
+    os.unlink(part)
+    open(part, "wb").write(bytes(b))
+    with pytest.raises(FormatError, match="wire type"):
+        with Dataset(out) as ds:
+            ds[0]  # a view of the shard mapped
+            ds.info(0)

@@ -403,3 +403,110 @@ def test_an_ops_fastmath_option_reaches_numba():
 
     with pytest.raises(OpCompileError, match="Bogus.image.*\n.*fastmath"):
         Bogus(4).compiled()
+
+
+# ------------------------------------------------------------------ values checked where an op is made
+
+@pytest.mark.parametrize("make", [
+    lambda ops: ops.Cutout(size=float("inf")),
+    lambda ops: ops.by_name("cutout:size=1e400"),
+    lambda ops: ops.Cutout(size=1e30),
+    lambda ops: ops.Cutout(size=7.5),
+    lambda ops: user_ops.Cutout(size=0),
+    lambda ops: ops.Cutout(seed="x"),
+    lambda ops: ops.Cutout(seed=1.5),
+    lambda ops: ops.Cutout(seed=None),
+    lambda ops: ops.RandomGrayscale(seed=-1),
+    lambda ops: user_ops.RandomGrayscale(p="0.5"),
+    lambda ops: ops.RandomGrayscale(p=float("nan")),
+    lambda ops: ops.ColorJitter(contrast=None),
+    lambda ops: ops.by_name("jitter:brightness=inf"),
+    lambda ops: ops.by_name("cutout", seed="7"),
+    lambda ops: ops.register("blur:soft", Cutout),
+    lambda ops: ops.register("blur2", Cutout, aliases=("soft:blur",)),
+    lambda ops: ops.register(7, Cutout),
+], ids=["size-inf", "spec-1e400", "size-1e30", "size-7.5", "batch-size-0", "seed-str", "seed-float", "seed-none",
+        "seed-negative", "batch-p-str", "p-nan", "jitter-none", "spec-inf", "by-name-seed-str", "name-colon",
+        "alias-colon", "name-int"])
+def test_op_values_are_checked_when_the_op_is_made(make):
+    """A bad size, amplitude or seed is an OptionError (a ValueError) when the op is made — not
+    an OverflowError, and not a failure at the first batch inside a producer thread; a name
+    `by_name` could never reach is refused by `register`."""
+    from recordtool import ops
+    from recordtool.errors import OptionError
+
+    before = ops.names()
+    with pytest.raises(OptionError):
+        make(ops)
+    assert ops.names() == before
+
+
+def test_whole_float_sizes_and_numpy_seeds_are_taken():
+    from recordtool import ops
+
+    assert ops.Cutout(size=32.0).size == 32 and ops.by_name("cutout:size=9.0").size == 9
+    assert ops.Cutout(seed=np.uint64(5)).seed == 5 and type(ops.Cutout(seed=np.int32(3)).seed) is int
+
+
+# ------------------------------------------------------------------ a compiled op indexing past its image
+
+_OUT_OF_BOUNDS = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import recordtool
+    from recordtool.errors import OpError, RecordtoolError
+    from recordtool.ops import ImageOp
+    from recordtool.tools import bench
+
+    class PastTheEnd(ImageOp):
+        nparams = 1
+
+        def params(self, n, keys, h, w):
+            return np.full((n, 1), float(sys.argv[2]))
+
+        @staticmethod
+        def image(img, p):
+            img[img.shape[0] + int(p[0]), 0, 0] = 255  # p[0] rows past the last one
+
+    for rows in (0, 1 << 20):  # one row past (the decoder's heap), a megarow past (unmapped)
+        sys.argv[2] = str(rows)
+        ld = recordtool.Loader(sys.argv[1], batch_size=4, size=16, user_op=PastTheEnd().with_checks(),
+                               as_torch=False)
+        try:
+            next(iter(ld))
+        except OpError as e:
+            assert isinstance(e, RecordtoolError) and "PastTheEnd" in str(e) and "past the image" in str(e), e
+            print("checked", rows)
+        finally:
+            ld.close()
+    # bench --op runs the op checked before it times the unchecked one
+    bench.bench_ops = lambda name: (PastTheEnd(), None)
+    plain = recordtool.Loader(sys.argv[1], batch_size=4, size=16, as_torch=False, threads=1)
+    try:
+        bench.op_costs(plain, "past", 2)
+    except OpError:
+        print("bench stopped")
+""")
+
+
+def test_an_op_indexing_past_its_image_is_an_op_error_when_checked(packed):
+    """`op.with_checks()` compiles the op with Numba's bounds checks: an index one row or a
+    million rows past the image is an OpError naming the op, not a silent write into the
+    decoder's memory or a crash (a child process, so a crash would show as its exit status);
+    `bench --op`'s op_costs runs that checked epoch before timing anything."""
+    p = subprocess.run([sys.executable, "-c", _OUT_OF_BOUNDS, packed, "0"], capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, (p.returncode, p.stderr[-3000:])
+    assert p.stdout.split("\n")[:3] == ["checked 0", f"checked {1 << 20}", "bench stopped"], p.stdout
+
+
+def test_with_checks_is_a_copy_with_its_own_compiled_function():
+    op = Cutout(9, seed=2)
+    checked = op.with_checks()
+    assert checked is not op and checked.checked and not op.checked and checked.size == 9 and checked.seed == 2
+    assert checked.compiled() is not op.compiled() and checked.compiled() is Cutout(9).with_checks().compiled()
+    assert checked.compiled().kernel.targetoptions.get("boundscheck") is True
+    from recordtool.errors import OptionError
+
+    with pytest.raises(OptionError):
+        op.with_checks("yes")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -13,7 +12,7 @@ import numpy as np
 
 from ..errors import DecodeError, OnError, OpError, on_error as _on_error
 from ..format.jpeg import DEFAULT_MAX_PIXELS  # noqa: F401  (callers import it from here too)
-from ..util import cores  # noqa: F401  (cpu.cores: the default thread count)
+from ..util import ForkLock, cores  # noqa: F401  (cpu.cores: the default thread count)
 from . import reference
 from .spec import MAX_SIDE  # noqa: F401  (callers import it from here too)
 from .spec import IMAGENET_MEAN, IMAGENET_STD, out_dtype, scale_bias
@@ -31,7 +30,7 @@ def native_available() -> bool:
     return _native is not None
 
 
-_pool_lock = threading.Lock()
+_pool_lock = ForkLock()  # a producer may give its pool back (close) while another process forks
 _free_pools = list(range(1, 64))  # native pool ids not in use (0 is the default pool)
 _free_background = list(range(64, 128))  # pools whose threads run at BACKGROUND_NICE
 _shared_pools = itertools.count()

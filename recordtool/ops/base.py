@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import OptionError
 from .batch import KeyedOp, _xp
 
 
@@ -36,6 +37,9 @@ class ImageOp(KeyedOp):
 
     nparams = 0
     fastmath: bool | frozenset = False  # Numba's fastmath for `image` (True, or LLVM flags such as {"contract"})
+    # Numba's bounds checks on `image` (see `with_checks`): False is full speed, and an index
+    # past the image writes into the decoder's memory or kills the process
+    checked = False
     cuda_source: str | None = None
     cuda_name: str | None = None
     cuda_block_per_image = False  # True: one block of 256 threads per image (per-image reductions)
@@ -64,11 +68,26 @@ class ImageOp(KeyedOp):
             raise ValueError(f"{self.name}.params gave shape {p.shape}, expected ({n}, {self.nparams})")
         return p
 
+    def with_checks(self, checked: bool = True) -> "ImageOp":
+        """A copy of this op whose `image` is compiled with Numba's bounds checks (`checked`): an
+        index past the image raises — the Loader's OpError naming the op — instead of writing
+        into the decoder's memory (silently, one row past) or crashing the process (farther).
+        The checks cost speed; the tests and `recordtool bench --op` run ops checked. Use it
+        while writing an op."""
+        import copy
+
+        if not isinstance(checked, (bool, np.bool_)):
+            raise OptionError(f"{self.name}: checked must be True or False, not {checked!r}")
+        op = copy.copy(self)
+        op.checked = bool(checked)
+        return op
+
     def compiled(self):
-        """The Numba-compiled C function (compiled on first use, cached per class)."""
+        """The Numba-compiled C function (compiled on first use, cached per class and mode)."""
         from .compile import compile_image
 
-        return compile_image(type(self).image, self.nparams, f"{self.name}.image", fastmath=self.fastmath)
+        return compile_image(type(self).image, self.nparams, f"{self.name}.image", fastmath=self.fastmath,
+                             checked=self.checked)
 
     def native(self, params: np.ndarray):
         """This op with a batch's params, as the CPU decoder runs it."""

@@ -9,9 +9,39 @@ no per-batch state: several producers call it at the same time.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..decode.windows import uniforms
+from ..errors import OptionError
+
+MAX_SIDE = 2**31 - 1  # a square side bound (larger than any image: it covers the whole image)
+
+
+def check_seed(seed, op: str) -> int:
+    """An op's seed: an integer ≥ 0 (Python or NumPy, not a bool) — checked when the op is made,
+    not by the first batch inside a producer thread. OptionError names the op."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise OptionError(f"{op}: seed must be an integer ≥ 0, not {seed!r}")
+    return int(seed)
+
+
+def check_number(value, what: str, low: float, high: float) -> float:
+    """A finite real number in [low, high] (not a bool, not a string), or OptionError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or \
+            not math.isfinite(float(value)) or not low <= float(value) <= high:
+        raise OptionError(f"{what} must be in [{low:g}, {high:g}] (a finite number), not {value!r}")
+    return float(value)
+
+
+def check_side(value, what: str) -> int:
+    """A whole number of pixels in [1, MAX_SIDE] (an integral float such as 32.0 is taken;
+    1.5, inf, nan, a string are not), or OptionError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or \
+            not math.isfinite(float(value)) or float(value) != int(value) or not 1 <= int(value) <= MAX_SIDE:
+        raise OptionError(f"{what} must be a whole number of pixels in [1, {MAX_SIDE}], not {value!r}")
+    return int(value)
 
 
 def _xp(batch):
@@ -33,7 +63,7 @@ class KeyedOp:
     keyed = True  # the Loader passes BatchKeys with each call
 
     def __init__(self, seed: int = 0):
-        self.seed = seed
+        self.seed = check_seed(seed, type(self).__name__)
 
     def draws(self, n: int, counters, keys=None) -> np.ndarray:
         """U[0, 1) (n, len(counters)) keyed by (seed, keys.seed, keys.epoch, keys.ids); without
@@ -51,7 +81,7 @@ class RandomGrayscale(KeyedOp):
 
     def __init__(self, p: float = 0.2, seed: int = 0):
         super().__init__(seed)
-        self.p = p
+        self.p = check_number(p, "RandomGrayscale p", 0, 1)
 
     def __call__(self, batch, keys=None):
         xp = _xp(batch)
@@ -68,7 +98,7 @@ class Cutout(KeyedOp):
 
     def __init__(self, size: int = 56, seed: int = 0):
         super().__init__(seed)
-        self.size = size
+        self.size = check_side(size, "Cutout size")
 
     def __call__(self, batch, keys=None):
         xp = _xp(batch)

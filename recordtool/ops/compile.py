@@ -8,18 +8,25 @@ types, then wrapped in a `cfunc` of the decoder's ABI (recordtool.decode.cpu.Nat
 
 The wrapper returns 0, OP_RAISED when the function raised (Numba's try/except: no exception
 crosses into C), or OP_BAD_STRIDE for rows that are not packed (every caller passes w × 3).
+
+Numba does not check indices by default: an unchecked function that indexes past its image
+writes into whatever memory follows it (the decoder's heap) or kills the process. `checked`
+compiles it with Numba's bounds checks (`boundscheck=True`): such an index raises, the wrapper
+returns OP_RAISED and the Loader raises OpError naming the op — at the checks' cost in speed.
 Numba is imported here only, when an op is first compiled: `recordtool[numba]` is optional.
 """
 from __future__ import annotations
 
 import linecache
-import threading
 from dataclasses import dataclass
 
-from ..errors import OP_BAD_STRIDE, OP_RAISED, OpCompileError
+import numpy as np
 
-_lock = threading.Lock()
-_cache: dict = {}  # (function, k, fastmath) → Compiled; kept for the process: the C pointers stay valid
+from ..errors import OP_BAD_STRIDE, OP_RAISED, OpCompileError
+from ..util import ForkLock
+
+_lock = ForkLock()  # producers look their op up here every batch: a forked child gets it unlocked
+_cache: dict = {}  # (function, k, fastmath, checked) → Compiled; kept for the process: the C pointers stay valid
 
 
 @dataclass(frozen=True)
@@ -61,14 +68,19 @@ def _reason(e) -> str:
     return "\n".join(keep)
 
 
-def compile_image(fn, k: int, name: str | None = None, fastmath: bool | frozenset = False) -> Compiled:
+def compile_image(fn, k: int, name: str | None = None, fastmath: bool | frozenset = False,
+                  checked: bool = False) -> Compiled:
     """Compile `fn(img, p)` (img uint8 (h, w, 3), p float64 (k,)) into the decoder's C ABI;
-    cached per (fn, k, fastmath). `fastmath`: Numba's option (False, True or a set of LLVM
-    fast-math flags) — only for a function whose floating-point results do not depend on it.
+    cached per (fn, k, fastmath, checked). `fastmath`: Numba's option (False, True or a set of
+    LLVM fast-math flags) — only for a function whose floating-point results do not depend on
+    it. `checked`: Numba's bounds checks on every index (module docstring).
     OpCompileError names the line Numba refused and why."""
     if not isinstance(fastmath, bool):
         fastmath = frozenset(fastmath)
-    key = (fn, int(k), fastmath)
+    if not isinstance(checked, (bool, np.bool_)):
+        raise OpCompileError(f"checked must be True or False, not {checked!r}")
+    checked = bool(checked)
+    key = (fn, int(k), fastmath, checked)
     with _lock:
         hit = _cache.get(key)
         if hit is not None:
@@ -80,7 +92,8 @@ def compile_image(fn, k: int, name: str | None = None, fastmath: bool | frozense
         if not callable(fn):
             raise OpCompileError(f"user op {name}: image must be a function, not {type(fn).__name__}")
         try:
-            kernel = numba.njit(nogil=True, fastmath=fastmath if isinstance(fastmath, bool) else set(fastmath))(fn)
+            kernel = numba.njit(nogil=True, boundscheck=checked,
+                                fastmath=fastmath if isinstance(fastmath, bool) else set(fastmath))(fn)
             kernel.compile((types.Array(types.uint8, 3, "C"), types.Array(types.float64, 1, "C")))
         except Exception as e:  # Numba's TypingError, UnsupportedError, …: a user error
             raise OpCompileError(f"cannot compile user op {name} with Numba (nopython mode) at {_where(e, fn)}\n"

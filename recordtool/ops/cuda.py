@@ -3,14 +3,14 @@ on the current stream, with the params computed on the host by `ImageOp.params` 
 values as on the CPU."""
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 
 from ..errors import OpCompileError
+from ..util import ForkLock
 
 THREADS = 256  # per block; per-image kernels reduce over a block of exactly this many
-_lock = threading.Lock()
+_lock = ForkLock()  # taken on producer threads: a forked child gets it unlocked
 _kernels: dict = {}  # (source, name) → cupy RawKernel, compiled once per process
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import ImageOp
+from .batch import check_number, check_side
 
 # ITU-R 601 luma in 16-bit fixed point (Pillow's convert("L")): (R·19595 + G·38470 + B·7471 + 2^15) >> 16
 _LR, _LG, _LB = 19595, 38470, 7471
@@ -36,9 +37,7 @@ class RandomGrayscale(ImageOp):
 
     def __init__(self, p: float = 0.2, seed: int = 0):
         super().__init__(seed)
-        if not 0 <= p <= 1:
-            raise ValueError(f"p must be in [0, 1], not {p}")
-        self.p = float(p)
+        self.p = check_number(p, "RandomGrayscale p", 0, 1)
 
     def params(self, n, keys, h, w):
         return (self.draws(n, [101], keys)[:, :1] < self.p).astype(np.float64)
@@ -81,8 +80,8 @@ class Cutout(ImageOp):
     mirror: a flipped image's square is mirrored with it).
 
     Args:
-        size: side of the square.
-        seed: mixed into the draws.
+        size: side of the square, whole pixels in [1, 2**31 - 1] (larger than the image: all of it).
+        seed: mixed into the draws, an integer ≥ 0.
     """
 
     nparams = 4  # y0, y1, x0, x1: rows y0..y1-1, columns x0..x1-1
@@ -90,9 +89,7 @@ class Cutout(ImageOp):
 
     def __init__(self, size: int = 56, seed: int = 0):
         super().__init__(seed)
-        if int(size) < 1:
-            raise ValueError(f"size must be ≥ 1, not {size}")
-        self.size = int(size)
+        self.size = check_side(size, "Cutout size")
 
     def params(self, n, keys, h, w):
         u = self.draws(n, [102, 103], keys)
@@ -145,10 +142,8 @@ class ColorJitter(ImageOp):
 
     def __init__(self, brightness: float = 0.4, contrast: float = 0.4, saturation: float = 0.4, seed: int = 0):
         super().__init__(seed)
-        for v in (brightness, contrast, saturation):
-            if not 0 <= v <= 4:
-                raise ValueError(f"jitter amplitudes must be in [0, 4], not {v}")
-        self.amp = (float(brightness), float(contrast), float(saturation))
+        self.amp = tuple(check_number(v, f"ColorJitter {k}", 0, 4) for k, v in
+                         (("brightness", brightness), ("contrast", contrast), ("saturation", saturation)))
 
     def params(self, n, keys, h, w):
         u = self.draws(n, [104, 105, 106], keys)

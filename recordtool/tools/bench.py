@@ -89,7 +89,7 @@ def bench_ops(name: str):
     """(compiled per-image op, the same op as a batch op) for `--op`: the op `recordtool.ops.by_name`
     gives (grayscale — RandomGrayscale(0.2), cutout — Cutout(56), jitter — ColorJitter(0.4, 0.4,
     0.4)); the batch op is recordtool.ops.batch's where it has one, else the op's NumPy reference
-    on the whole batch."""
+    on the whole batch. (op_costs runs the compiled op checked first: `op.with_checks()`.)"""
     from .. import ops
     from ..ops import batch as batch_ops
 
@@ -108,10 +108,20 @@ def op_costs(plain: Loader, name: str, epochs: int, images: int | None = None) -
     """The Loader `plain` beside the same Loader with the op `name` compiled and as a batch op:
     after a warm-up epoch each, the timed epochs go round-robin over the three (none, compiled,
     batch), so a change in machine load hits all three alike; a cost per round (1 − rate with
-    the op / rate without it, of that round) gives the spread."""
+    the op / rate without it, of that round) gives the spread.
+
+    Before anything is timed, the compiled op runs one epoch compiled with Numba's bounds
+    checks (`with_checks`): an op that indexes past its image stops the benchmark with an
+    OpError naming it, instead of writing into the decoder's memory in the timed epochs. The
+    timed op is the unchecked one (what training runs; the checks cost several times its speed)."""
     compiled, batch_op = bench_ops(name)
     ds, kw = plain.ds, dict(batch_size=plain.batch_size, device=plain.device, threads=plain.threads, seed=plain.seed,
                             producers=plain.producers, dtype=plain.dtype, rank=plain.rank, world_size=plain.world_size)
+    checked = Loader(ds, user_op=compiled.with_checks(), **kw)
+    try:
+        loader_epochs(checked, 1, images)
+    finally:
+        checked.close()
     loaders = {"none": plain, "compiled": Loader(ds, user_op=compiled, **kw), "batch": Loader(ds, user_op=batch_op, **kw)}
     try:
         for ld in loaders.values():
@@ -123,7 +133,7 @@ def op_costs(plain: Loader, name: str, epochs: int, images: int | None = None) -
     finally:
         for k in ("compiled", "batch"):
             loaders[k].close()
-    out: dict = {"name": name, "rounds": len(rounds["none"])}
+    out: dict = {"name": name, "rounds": len(rounds["none"]), "checked_first": True}
     for k, rs in rounds.items():
         rates = [x["img_s"] for x in rs]
         cpu_ms = [1e3 * x["cores_busy"] / x["img_s"] for x in rs]
