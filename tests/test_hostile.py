@@ -181,7 +181,7 @@ def test_python_decode_path_refuses_the_same(monkeypatch):
 
     monkeypatch.setattr(cpu, "_native", None)
     monkeypatch.setattr(cpu, "_IMPORT_ERROR", "test", raising=False)
-    monkeypatch.setattr(cpu, "_warned", True)
+    monkeypatch.setattr(cpu, "_python_decoder", True)
     errors = []
     cpu.decode_crop_resize([hd.bomb_progressive(), hd.many_scans(2000), hd.corrupt_entropy(1), jpeg_bytes()],
                            np.array([[0, 0, 8, 8]] * 4), size=(8, 8), on_error="skip", errors=errors)
