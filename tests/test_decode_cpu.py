@@ -259,6 +259,8 @@ def test_python_decoder_when_allowed_same_results(photos, monkeypatch):
     allow_python_decoder(False)
     with pytest.raises(cpu.NativeDecoderMissing):
         decode_crop_resize(bufs, win)
+    with pytest.raises(cpu.OptionError, match="allow="):
+        allow_python_decoder("yes")
 
 
 # ---------------------------------------------------------------- mirror, normalize

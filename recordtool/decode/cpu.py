@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import DecodeError, NativeDecoderMissing, OnError, OpError, on_error as _on_error
+from ..errors import DecodeError, NativeDecoderMissing, OnError, OpError, OptionError, on_error as _on_error
 from ..format.jpeg import DEFAULT_MAX_PIXELS  # noqa: F401  (callers import it from here too)
 from ..util import cores  # noqa: F401  (cpu.cores: the default thread count)
 from . import reference
@@ -44,7 +44,9 @@ def allow_python_decoder(allow: bool = True) -> None:
     "spawn" (pack's process engine, DataLoader workers) do not inherit it: call it in them too.
     No effect where the native decoder is there."""
     global _python_decoder
-    _python_decoder = bool(allow)
+    if not isinstance(allow, bool):
+        raise OptionError(f"allow_python_decoder(allow=): True or False, not {allow!r}")
+    _python_decoder = allow
     if _python_decoder and _native is None:
         warnings.warn(f"recordtool: the native decoder is not built ({_IMPORT_ERROR}); decoding with the "
                       "Python decoder (PyTurboJPEG + Pillow), about 3x slower", RuntimeWarning, stacklevel=2)
