@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # the build's needs only (scripts/build_wheels.sh): the installed wheel carries libjpeg-turbo
 need=()
-for pkg in g++ libturbojpeg0 libjpeg62-turbo-dev; do
+for pkg in g++ unzip libturbojpeg0 libjpeg62-turbo-dev; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

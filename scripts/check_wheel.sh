@@ -64,9 +64,9 @@ maps = {l.split()[-1] for l in open("/proc/self/maps") if "jpeg" in l.split()[-1
 print("recordtool:", recordtool.__file__)
 print("jpeg libraries mapped:", sorted(maps))
 ours = {os.path.basename(p).split("-")[0] for p in maps if os.path.realpath(p).startswith(libs + os.sep)}
-assert ours == {"libjpeg", "libturbojpeg"}, maps  # (pillow.libs/: Pillow's own libjpeg)
+assert ours == {"libjpeg", "libturbojpeg"}, maps  # (pillow.libs/ holds the libjpeg of Pillow: not ours)
 assert not any(p.startswith(("/usr/", "/lib")) for p in maps), maps
-print(f"Loader: 2 epochs on the CPU, {n} images, native decoder; last batch {tuple(images.shape)} {images.dtype}")
+print(f"Loader on the CPU, native decoder: an epoch of each dataset, {n} images; last batch {tuple(images.shape)} {images.dtype}")
 EOF
 '
 echo "OK: $(basename "$whl") ($(stat -c %s "$whl" | awk '{printf "%.2f MB", $1 / 1e6}'))"

@@ -14,7 +14,7 @@ if os.environ.get("RECORDTOOL_TEST_INSTALLED") == "1":
     import recordtool
 
     _tree = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if os.path.abspath(recordtool.__file__).startswith(_tree + os.sep):
+    if os.path.dirname(os.path.abspath(recordtool.__file__)) == os.path.join(_tree, "recordtool"):
         pytest.exit(f"RECORDTOOL_TEST_INSTALLED=1 but recordtool comes from the source tree "
                     f"({recordtool.__file__}): run from outside it (scripts/test.sh)", returncode=3)
 
