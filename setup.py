@@ -1,7 +1,13 @@
-"""Builds the optional native extension; everything else is in pyproject.toml.
+"""Builds the native extensions; everything else is in pyproject.toml.
 
-The extension is optional: without a compiler or libjpeg headers, pip still installs and
-recordtool.decode falls back to PyTurboJPEG + Pillow with one warning.
+The extensions are optional for the build: without a compiler or libjpeg headers pip still
+installs, and the first decode raises recordtool.NativeDecoderMissing with the fix (the Python
+decoder runs only when a program asks for it: recordtool.decode.allow_python_decoder()).
+
+`_native` also links libturbojpeg, which it does not call: the platform wheels'
+`auditwheel repair` copies every library an extension links into recordtool.libs/, so this
+link is what puts PyTurboJPEG's library (pack's encoder, the reference decoder) in the wheel
+beside libjpeg; recordtool/_bundled.py finds it there.
 """
 import os
 import shutil
@@ -20,6 +26,17 @@ class build_py_with_kernel(build_py):
         shutil.copy(os.path.join("native", "gpu_resize.cu"), dst)
 
 
+def turbojpeg_link() -> list:
+    """Link flags for libturbojpeg's runtime library (libturbojpeg0: no -dev package needed),
+    or none where it is not installed: a source build then still has the decoder, and
+    PyTurboJPEG looks for the library itself. --no-as-needed keeps the unused library a
+    DT_NEEDED entry where the toolchain defaults to --as-needed (Ubuntu's does)."""
+    import ctypes.util
+
+    name = ctypes.util.find_library("turbojpeg")  # e.g. "libturbojpeg.so.0"
+    return ["-Wl,--no-as-needed", f"-l:{name}"] if name else []
+
+
 try:
     import pybind11
 
@@ -36,6 +53,7 @@ setup(
             depends=["native/resample.h"],
             include_dirs=include + ["native"],
             libraries=["jpeg"],
+            extra_link_args=turbojpeg_link(),
             extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden", "-Wall", "-msse4.1",
                                 # value · scale + bias never fused into one rounding (the GPU kernel rounds twice too)
                                 "-ffp-contract=off"],

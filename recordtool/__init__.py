@@ -1,8 +1,9 @@
 """recordtool: OFRecord shards + a size-sorted index for fast image-classification input."""
 from .version import __version__  # noqa: F401
 
-from .errors import (CacheFull, DecodeError, FormatError, NoBucket, OnError, OutputExists, PackError,  # noqa: E402,F401
-                     RecordError, RecordtoolError, Rejected, RemoteError, UnsafePath, WorkerLost)
+from .errors import (CacheFull, DecodeError, FormatError, NativeDecoderMissing, NoBucket, OnError,  # noqa: E402,F401
+                     OutputExists, PackError, RecordError, RecordtoolError, Rejected, RemoteError, UnsafePath,
+                     WorkerLost)
 from .datasets import open_dataset as open  # noqa: E402,F401  (recordtool.open)
 from .reader import BlockSampler, Dataset, Sampler  # noqa: E402,F401
 
@@ -27,4 +28,4 @@ def __getattr__(name):
 
 __all__ = ["Dataset", "Sampler", "BlockSampler", "Loader", "open", "pack", "OnError", "RecordtoolError",
            "FormatError", "UnsafePath", "PackError", "WorkerLost", "Rejected", "OutputExists", "DecodeError",
-           "RecordError", "RemoteError", "CacheFull", "__version__"]
+           "RecordError", "RemoteError", "CacheFull", "NativeDecoderMissing", "__version__"]

@@ -106,6 +106,13 @@ class NotADataset(RecordtoolError, TypeError):
     says what to do instead."""
 
 
+class NativeDecoderMissing(RecordtoolError, ImportError):
+    """The native decoder (`recordtool._native`) is not in this install, and the program did
+    not opt in to the Python decoder (`recordtool.decode.allow_python_decoder()`, about 3×
+    slower). Raised at the first decode, not at import: the message holds the one-line fix.
+    An ImportError too, since what is missing is a module."""
+
+
 class RecordError(RecordtoolError, RuntimeError):
     """A record's image could not be decoded; the message names the shard file and byte offset."""
 

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # an installed recordtool first
 import recordtool  # noqa: E402
 from recordtool.tools.bench import best_of, pil_rrc_rate  # noqa: E402
 from recordtool.decode import decode_crop_resize, native_available, random_windows  # noqa: E402

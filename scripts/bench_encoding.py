@@ -21,7 +21,7 @@ import time
 import numpy as np
 from PIL import Image
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # an installed recordtool first
 from recordtool.decode import decode_crop_resize, random_windows  # noqa: E402
 
 VARIANTS = {

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.append(os.path.join(os.path.dirname(__file__), ".."))  # an installed recordtool first
 import recordtool  # noqa: E402
 from recordtool.format import index as ix  # noqa: E402
 from recordtool.format import manifest as mf  # noqa: E402

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # an installed recordtool first
 import recordtool  # noqa: E402
 from recordtool.tools import peers  # noqa: E402
 from recordtool.tools.bench import loader_epochs  # noqa: E402

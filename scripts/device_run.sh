@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (no network): set up from carried wheels, build the native part,
+# One call on the GPU machine (no network): install the carried wheels — recordtool's own cp312
+# platform wheel among them (native decoder and libjpeg-turbo inside: nothing is compiled) —
 # then the steps asked for. Logs and JSON go to $OUT (one archive); a short table is printed last.
-#   carry: .whl and .carry (scripts/prepare_device_carry.sh), and for DALI one part per call:
+#   carry: .whl (recordtool's wheel and the ones the machine lacks) and .carry (scripts/prepare_device_carry.sh), and for DALI one part per call:
 #          .dali/dali-part-N, and .dali/dali-extra once (../shared/tools/dali_carry.sh .dali). Parts
 #          and extras are kept in /tmp while the machine stays warm; with all three parts there,
 #          DALI is assembled and imported by every benchmark. A chained call on a warm machine may
@@ -42,7 +43,9 @@ if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
 elif [ ! -d /tmp/site ]; then echo "no .whl carried and no /tmp/site from an earlier call"; exit 1; fi
-export PYTHONPATH=/tmp/site:$PWD
+# the installed wheel, never the tree: PYTHONSAFEPATH keeps `python3 -m`/`-c` (and scripts) from
+# putting the working directory (this tree's recordtool/, with no compiled part) first on sys.path
+export PYTHONPATH=/tmp/site PYTHONSAFEPATH=1
 # Numba (the compiled user ops): llvmlite unpacked from its archive, numba from its wheel
 if [ -f .numba/llvmlite-cp312.tar.xz ] && [ ! -f /tmp/site/.numba-done ]; then
   python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall('/tmp/site', filter='data')" \
@@ -51,7 +54,6 @@ if [ -f .numba/llvmlite-cp312.tar.xz ] && [ ! -f /tmp/site/.numba-done ]; then
     || exit 1
   touch /tmp/site/.numba-done
 fi
-[ -f .carry/libturbojpeg.so.0 ] && cp .carry/libturbojpeg.so.0 /usr/lib/x86_64-linux-gnu/ && ldconfig
 # DALI: stash this call's part (and the extras folder) in /tmp; assemble once all three parts are there
 mkdir -p /tmp/dali-parts; cp .dali/dali-part-* /tmp/dali-parts/ 2>/dev/null
 [ -d .dali/dali-extra ] && [ ! -d /tmp/dali-extra ] && cp -r .dali/dali-extra /tmp/dali-extra
@@ -66,19 +68,19 @@ echo "parts: $(ls /tmp/dali-parts | tr '\n' ' ')"
 nproc; nvidia-smi -L; python3 -c "import numpy, PIL, cv2, torch; print('numpy', numpy.__version__, 'PIL', PIL.__version__, 'cv2', cv2.__version__, 'torch', torch.__version__, 'gpus', torch.cuda.device_count())"
 python3 -c "import nvidia.dali as d; print('DALI', d.__version__)" 2>/dev/null || echo "DALI not assembled"
 python3 -c "import numba; print('numba', numba.__version__)" 2>/dev/null || echo "numba not installed (carry .numba)"
-# rebuilt too when a kept build predates its source (mtimes of a carried tree can mislead)
-if [ ! -f recordtool/_native*.so ] || [ native/fused.cpp -nt recordtool/_native*.so ] \
-   || ! python3 -c "from recordtool import _nvsubmit as m, _native as n; assert hasattr(m, 'hybrid') and hasattr(n, 'ends_with_eoi')" 2>/dev/null; then
-  python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-fi
-python3 -c "from recordtool import _native; print('native ok, libjpeg API', _native.LIBJPEG_VERSION)"
+python3 -c "import recordtool; from recordtool import _native, _nvsubmit, _bundled; \
+assert recordtool.__file__.startswith('/tmp/site/'), recordtool.__file__; \
+print('recordtool', recordtool.__file__, 'native ok, libjpeg API', _native.LIBJPEG_VERSION, 'turbojpeg', _bundled.turbojpeg_path())" \
+  || { echo "recordtool's wheel is not installed in /tmp/site (carry .whl: scripts/prepare_device_carry.sh)"; exit 1; }
 # A/B on one machine: a carried .old (git archive OLDER recordtool | tar -x -C .old) is kept in
-# /tmp/old; with TREE=old the steps run that library (with this build's native part) instead
+# /tmp/old; with TREE=old the steps run that library (with the installed wheel's native part) instead
 PY=python3
 if [ -d .old/recordtool ]; then rm -rf /tmp/old && cp -r .old /tmp/old; fi
 if [ "${TREE:-}" = old ]; then
   [ -d /tmp/old/recordtool ] || { echo "TREE=old: no .old carried on this machine"; exit 1; }
-  cp recordtool/_native*.so recordtool/_nvsubmit*.so /tmp/old/recordtool/ && cp -r native /tmp/old/ && export PYTHONPATH=/tmp/old:$PYTHONPATH
+  cp /tmp/site/recordtool/_native*.so /tmp/site/recordtool/_nvsubmit*.so /tmp/old/recordtool/ \
+    && rm -rf /tmp/old/recordtool.libs && cp -r /tmp/site/recordtool.libs /tmp/old/ && cp -r native /tmp/old/ \
+    && export PYTHONPATH=/tmp/old:$PYTHONPATH
   PY="python3 -P"  # -P: `-m` does not put the working directory (this tree) ahead of PYTHONPATH
   $PY -c "import recordtool, sys; assert recordtool.__file__.startswith('/tmp/old'), recordtool.__file__" || exit 1
   echo "library: the older tree (/tmp/old)"
@@ -86,8 +88,8 @@ fi
 if has tests && fits tests 400; then
   # the whole suite, never -x: a failure must not hide what comes after it (the GPU rule, README)
   # the GPU suite: every test file that runs the decoders, the Loader or the native part
-  GPU_SUITE="tests/test_gpu.py tests/test_gpu_roi.py tests/test_lightning.py tests/test_epochs.py tests/test_readme.py tests/test_loader.py tests/test_loader_stream.py tests/test_loader_api.py tests/test_torch.py tests/test_distributed.py tests/test_cli_user.py tests/test_nvsubmit.py tests/test_decode_cpu.py tests/test_ops.py"
-  RECORDTOOL_REQUIRE_NATIVE=1 timeout ${TESTS_TIMEOUT:-480} python3 -m pytest -q -p no:cacheprovider -rs ${PYTEST_ARGS:-$GPU_SUITE} \
+  GPU_SUITE="tests/test_install.py tests/test_gpu.py tests/test_gpu_roi.py tests/test_lightning.py tests/test_epochs.py tests/test_readme.py tests/test_loader.py tests/test_loader_stream.py tests/test_loader_api.py tests/test_torch.py tests/test_distributed.py tests/test_cli_user.py tests/test_nvsubmit.py tests/test_decode_cpu.py tests/test_ops.py"
+  RECORDTOOL_REQUIRE_NATIVE=1 RECORDTOOL_TEST_INSTALLED=1 timeout ${TESTS_TIMEOUT:-480} python3 -m pytest -q -p no:cacheprovider -rs ${PYTEST_ARGS:-$GPU_SUITE} \
     > "$OUT/pytest.log" 2>&1
   rc=$?; (( rc == 124 )) && echo "pytest: TIMED OUT after ${TESTS_TIMEOUT:-480} s (raise TESTS_TIMEOUT)" | tee -a "$OUT/pytest.log"
   echo "pytest: $(tail -1 "$OUT/pytest.log") ($SECONDS s)"

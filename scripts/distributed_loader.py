@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # an installed recordtool first
 import recordtool  # noqa: E402
 from recordtool.tools.train_ddp import cover, end_rank, resume_matches  # noqa: E402
 

@@ -3,7 +3,7 @@
 # chroma mode of the GPU decoders (replicate = nvJPEG's RGBI as before, interpolate = planar
 # YCbCr of each window's region + libjpeg's fancy upsampling in our kernel, nvjpeg =
 # NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION).
-# Called by scripts/device_run.sh's `fidelity` step (its setup: wheels, PYTHONPATH, native build,
+# Called by scripts/device_run.sh's `fidelity` step (its setup: wheels with recordtool's own, PYTHONPATH,
 # /tmp/bench-packed); logs under $OUT/fidelity, a short table last.
 #   FID_IMAGES (3000): size of the generated fidelity set; FID_WINDOWS (6): windows per photo variant;
 #   FID_DALI=1: DALI in the speed run too (needs it assembled); FID_BUDGET (230 s): stop starting steps after it

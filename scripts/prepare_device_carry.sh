@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Prepare what scripts/device_run.sh needs on the GPU machine (it has no network):
-#   .whl/   wheels for Python 3.12 it lacks: crc32c, protobuf, pyturbojpeg (built here)
+#   .whl/   recordtool's cp312 platform wheel of this tree (scripts/build_wheels.sh: the native
+#           decoder and libjpeg-turbo inside, ~1 MB; device_run.sh installs it, compiling nothing)
+#           and the wheels for Python 3.12 the machine lacks: crc32c, protobuf, pyturbojpeg
 #   (DALI and nvImageCodec, the peers, travel separately: ../shared/tools/dali_carry.sh .dali)
-#   .carry/ Debian's libturbojpeg.so.0 (PyTurboJPEG's library), ../shared/photos, the commit id
+#   .carry/ ../shared/photos, the commit id
 #   .rayc/  (RAY=1 only, for STEPS=raypack) Ray for Python 3.12: its wheel unpacked without the
 #           Java jars and packed as ray-cp312.tar.xz (~33 MB; the wheel itself is 79 MB, over the
 #           64 MiB a call carries), plus the wheels Ray depends on (~4 MB)
@@ -22,7 +24,10 @@ plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platfo
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" \
   -d .whl crc32c==2.9.post0 protobuf==7.36.2
 [ -n "$(ls .whl/pyturbojpeg-*.whl 2>/dev/null)" ] || python3 -m pip wheel -q --no-deps -w .whl 'pyturbojpeg==1.8.3'
-cp -L /usr/lib/x86_64-linux-gnu/libturbojpeg.so.0 .carry/
+rm -f .whl/recordtool-*.whl .carry/libturbojpeg.so.0  # (the wheel carries libturbojpeg now)
+tmp=$(mktemp -d)
+bash scripts/build_wheels.sh "$tmp" 3.12 | tail -2
+mv "$tmp"/recordtool-*-cp312-cp312-*.whl .whl/ && rm -rf "$tmp"
 if [ -d ../shared/photos ]; then cp ../shared/photos/*.jpg .carry/photos/; fi
 git rev-parse --short HEAD > .carry/commit
 if [ "${RAY:-0}" = 1 ]; then

@@ -8,6 +8,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
+# scripts/test.sh (and so CI) tests the installed wheel: a run that imports the source tree's
+# recordtool instead would test what no user installs
+if os.environ.get("RECORDTOOL_TEST_INSTALLED") == "1":
+    import recordtool
+
+    _tree = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.path.dirname(os.path.abspath(recordtool.__file__)) == os.path.join(_tree, "recordtool"):
+        pytest.exit(f"RECORDTOOL_TEST_INSTALLED=1 but recordtool comes from the source tree "
+                    f"({recordtool.__file__}): run from outside it (scripts/test.sh)", returncode=3)
+
 # Ray tests (pack --engine ray): every Ray process on the loopback address, no usage report
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

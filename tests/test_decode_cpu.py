@@ -215,22 +215,52 @@ def test_fallback_policy_uses_pillow_for_what_it_can(photos, monkeypatch):
 
 # ---------------------------------------------------------------- Python fallback path, same API
 
-def test_python_fallback_path_same_results(photos, monkeypatch):
+def test_missing_native_decoder_is_an_error_with_the_fix(photos, monkeypatch):
+    """No silent slow path: without the extension the first decode raises (both entry points),
+    naming the fix and the opt-in, and no Python decoder runs."""
+    import recordtool
+    from recordtool.errors import NativeDecoderMissing, RecordtoolError
+
+    bufs = [encode(photos[(640, 480)])]
+    win = random_windows([640], [480], [0], 0, 0)
+    monkeypatch.setattr(cpu, "_native", None)
+    monkeypatch.setattr(cpu, "_IMPORT_ERROR", "No module named 'recordtool._native'", raising=False)
+    monkeypatch.setattr(cpu, "_python_decoder", False)
+    monkeypatch.setattr(R, "python_batch", lambda *a: pytest.fail("the Python decoder ran"))
+    for call in (lambda: decode_crop_resize(bufs, win), lambda: cpu.decode_crop_resize_normalize(bufs, win)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # an error, not a warning
+            with pytest.raises(NativeDecoderMissing, match="allow_python_decoder") as e:
+                call()
+        assert isinstance(e.value, RecordtoolError) and isinstance(e.value, ImportError)
+        assert "recordtool._native" in str(e.value) and "wheel" in str(e.value)
+    assert recordtool.NativeDecoderMissing is NativeDecoderMissing
+
+
+def test_python_decoder_when_allowed_same_results(photos, monkeypatch):
+    from recordtool.decode import allow_python_decoder
+
     bufs = [encode(photos[(640, 480)], subsampling=s) for s in (0, 1, 2)]
     win = random_windows([640] * 3, [480] * 3, [0, 1, 2], 0, 0)
     nat = decode_crop_resize(bufs, win)
     monkeypatch.setattr(cpu, "_native", None)
     monkeypatch.setattr(cpu, "_IMPORT_ERROR", "test", raising=False)
-    monkeypatch.setattr(cpu, "_warned", False)
-    with pytest.warns(RuntimeWarning, match="native decoder not built"):
-        py = decode_crop_resize(bufs, win)
-    for a, b in zip(nat, py):
-        assert psnr(a, b) > 45
+    monkeypatch.setattr(cpu, "_python_decoder", False)
+    with pytest.warns(RuntimeWarning, match="Python decoder"):  # loud where the opt-in takes effect
+        allow_python_decoder()
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # warns once only
+        warnings.simplefilter("error")  # and only there
+        py = decode_crop_resize(bufs, win)
         errors = []
         decode_crop_resize(bufs + [b""], np.vstack([win, win[:1]]), on_error="skip", errors=errors)
+    for a, b in zip(nat, py):
+        assert psnr(a, b) > 45
     assert [i for i, _ in errors] == [3]
+    allow_python_decoder(False)
+    with pytest.raises(cpu.NativeDecoderMissing):
+        decode_crop_resize(bufs, win)
+    with pytest.raises(cpu.OptionError, match="allow="):
+        allow_python_decoder("yes")
 
 
 # ---------------------------------------------------------------- mirror, normalize

@@ -181,7 +181,7 @@ def test_python_decode_path_refuses_the_same(monkeypatch):
 
     monkeypatch.setattr(cpu, "_native", None)
     monkeypatch.setattr(cpu, "_IMPORT_ERROR", "test", raising=False)
-    monkeypatch.setattr(cpu, "_warned", True)
+    monkeypatch.setattr(cpu, "_python_decoder", True)
     errors = []
     cpu.decode_crop_resize([hd.bomb_progressive(), hd.many_scans(2000), hd.corrupt_entropy(1), jpeg_bytes()],
                            np.array([[0, 0, 8, 8]] * 4), size=(8, 8), on_error="skip", errors=errors)
@@ -804,7 +804,7 @@ def test_one_decodable_rule_refuses_a_tiny_baseline_file_declaring_8192_squared(
         cap(400)
         for native in (True, False):  # the Loader's fused path with its Pillow retry; the Python path
             if not native:
-                cpu._native, cpu._warned = None, True
+                cpu._native, cpu._python_decoder = None, True
             errors = []
             cpu.decode_crop_resize_normalize([data], np.array([[0, 0, 8192, 8192]]), size=(16, 16), threads=1,
                                              on_error="skip", fallback=True, errors=errors)

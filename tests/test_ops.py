@@ -296,6 +296,7 @@ def test_without_the_native_extension_the_op_runs_through_ctypes(monkeypatch):
     p = op.batch_params(6, None, 20, 20)
     monkeypatch.setattr(cpu, "_native", None)
     monkeypatch.setattr(cpu, "_IMPORT_ERROR", "test", raising=False)
+    monkeypatch.setattr(cpu, "_python_decoder", True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         raw = decode_crop_resize(bufs, win, (20, 20))

@@ -123,3 +123,16 @@ def test_process_engine_by_size_same_bytes_as_threads(tmp_path):
              engine="process")
     assert b.engine == "process" and a.shards == b.shards > 1 and b.records == 40
     assert tree(tmp_path / "threads") == tree(tmp_path / "procs")
+
+
+def test_missing_native_decoder_stops_a_transcoding_pack(big_folder, tmp_path, monkeypatch):
+    """Without the extension (and no opt-in) pack's shrink raises the decoder's error with its
+    fix; it is not each file's fault, so no file becomes a rejected record."""
+    from recordtool.errors import NativeDecoderMissing
+
+    monkeypatch.setattr(cpu, "_native", None)
+    monkeypatch.setattr(cpu, "_IMPORT_ERROR", "test", raising=False)
+    monkeypatch.setattr(cpu, "_python_decoder", False)
+    with pytest.raises(NativeDecoderMissing, match="allow_python_decoder"):
+        pack(str(big_folder), str(tmp_path / "o"), workers=1, transcode=Transcode(max_side=96), progress=False,
+             engine="local")

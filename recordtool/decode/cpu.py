@@ -1,33 +1,64 @@
-"""CPU fused decode → crop → resize (→ mirror → normalize), batched, on the native thread pool (or
-the Python fallback of decode/reference.py); `normalize` on its own for a decoded uint8 batch."""
+"""CPU fused decode → crop → resize (→ mirror → normalize), batched, on the native thread pool;
+`normalize` on its own for a decoded uint8 batch.
+
+Without the native extension the first decode raises NativeDecoderMissing with the fix: a
+training script must not run ~3× slower because an install went wrong and a warning scrolled
+by. The Python decoder of decode/reference.py (PyTurboJPEG + Pillow, same API and results
+within 45 dB) runs only after the program asks for it with allow_python_decoder()."""
 from __future__ import annotations
 
 import itertools
 import os
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import DecodeError, OnError, OpError, on_error as _on_error
+from ..errors import DecodeError, NativeDecoderMissing, OnError, OpError, OptionError, on_error as _on_error
 from ..format.jpeg import DEFAULT_MAX_PIXELS  # noqa: F401  (callers import it from here too)
 from ..util import ForkLock, cores  # noqa: F401  (cpu.cores: the default thread count)
 from . import reference
+from .reference import refusal
 from .spec import MAX_SIDE  # noqa: F401  (callers import it from here too)
 from .spec import IMAGENET_MEAN, IMAGENET_STD, out_dtype, scale_bias
 
 try:
     from .. import _native
-except ImportError as e:  # extension not built: same API through PyTurboJPEG + Pillow
+except ImportError as e:  # extension not built: NativeDecoderMissing at the first decode
     _native = None
     _IMPORT_ERROR = str(e)
 
-_warned = False
+_python_decoder = False  # allow_python_decoder() was called
 
 
 def native_available() -> bool:
     return _native is not None
+
+
+def allow_python_decoder(allow: bool = True) -> None:
+    """Opt in (for this process) to the Python decoder where the native one is not built:
+    PyTurboJPEG + Pillow, the same API and results within 45 dB, about 3× slower. Without this
+    call a missing native decoder is NativeDecoderMissing at the first decode. It warns when
+    it takes effect, so the slow path shows in the program's output. Processes started with
+    "spawn" (pack's process engine, DataLoader workers) do not inherit it: call it in them too.
+    No effect where the native decoder is there."""
+    global _python_decoder
+    if not isinstance(allow, bool):
+        raise OptionError(f"allow_python_decoder(allow=): True or False, not {allow!r}")
+    _python_decoder = allow
+    if _python_decoder and _native is None:
+        warnings.warn(f"recordtool: the native decoder is not built ({_IMPORT_ERROR}); decoding with the "
+                      "Python decoder (PyTurboJPEG + Pillow), about 3x slower", RuntimeWarning, stacklevel=2)
+
+
+def require_native() -> None:
+    """NativeDecoderMissing unless the native decoder is there or the Python one was allowed."""
+    if _native is None and not _python_decoder:
+        raise NativeDecoderMissing(
+            f"recordtool's native decoder (recordtool._native) is not in this install ({_IMPORT_ERROR}). "
+            "Fix: pip install --force-reinstall a platform wheel of recordtool (it carries the decoder "
+            "and libjpeg-turbo), or rebuild from source with a C++ compiler and libjpeg62-turbo-dev installed; "
+            "or call recordtool.decode.allow_python_decoder() to decode about 3x slower in Python")
 
 
 _pool_lock = ForkLock()  # a producer may give its pool back (close) while another process forks
@@ -85,27 +116,6 @@ def reserve(widths, heights, threads: int, pool: int = 0) -> None:
     if _native is not None and len(widths):
         big = int((np.asarray(widths, np.int64) * np.asarray(heights, np.int64)).max()) * 3
         _native.reserve(big, int(threads), int(pool))
-
-
-def _fallback_warning():
-    global _warned
-    if not _warned:
-        _warned = True
-        warnings.warn(f"recordtool native decoder not built ({_IMPORT_ERROR}); using the slower "
-                      "PyTurboJPEG + Pillow path", RuntimeWarning, stacklevel=3)
-
-
-def refusal(data, max_pixels: int = DEFAULT_MAX_PIXELS) -> str | None:
-    """Why a decoder must not start on these bytes: format.jpeg.decode_refusal (the native
-    decoder's own checks), for the Python paths — the fallback decoder and the Pillow retry.
-    None when the header does not parse as a JPEG (the decoder then fails on its own, cheaply)."""
-    from ..format.jpeg import BadJPEG, NotJPEG, decode_refusal, probe
-
-    try:
-        info = probe(data)
-    except (NotJPEG, BadJPEG):
-        return None
-    return decode_refusal(info, len(data), max_pixels)
 
 
 @dataclass(frozen=True)
@@ -195,39 +205,6 @@ def _pillow_retry(data, window, ow: int, oh: int, max_pixels: int, reason: str) 
         raise _StillFailed(f"{reason}; Pillow fallback: {type(e).__name__}: {e}") from None
 
 
-def _python_batch(buffers, windows, out, threads, max_pixels, margin):
-    import io
-
-    from PIL import Image
-
-    oh, ow = out.shape[1:3]
-
-    def one(i):
-        data = buffers[i]
-        try:
-            why = refusal(data, max_pixels)
-            if why:
-                out[i] = 0
-                return i, why
-            with Image.open(io.BytesIO(bytes(data))) as im:
-                if im.width * im.height > max_pixels:
-                    out[i] = 0
-                    return i, f"header declares {im.width}x{im.height}, more than max_pixels {max_pixels}"
-            out[i] = reference.decode_crop_resize_one(data, windows[i], ow, oh, margin=margin)
-            return i, None
-        except Exception as e:  # per-image failures never abort the batch
-            out[i] = 0
-            return i, f"{type(e).__name__}: {e}"
-
-    order = np.argsort([-len(b) for b in buffers], kind="stable")  # largest first
-    # libjpeg's corrupt-data warnings (PyTurboJPEG warns) are failures, as in the native path;
-    # the filter is process-wide, so it is set here, around the pool, and only for turbojpeg
-    with warnings.catch_warnings(), ThreadPoolExecutor(threads) as ex:
-        warnings.filterwarnings("error", module="turbojpeg")
-        results = list(ex.map(one, order))
-    return sorted((i, r) for i, r in results if r is not None)
-
-
 def decode_crop_resize(buffers, windows, size=(224, 224), threads: int | None = None, out=None,
                        on_error: OnError | str = "raise", fallback: bool = False,
                        max_pixels: int = DEFAULT_MAX_PIXELS, errors: list | None = None,
@@ -277,8 +254,8 @@ def decode_crop_resize(buffers, windows, size=(224, 224), threads: int | None = 
                                               0, float(scale_margin), int(pool),
                                               *((op.address, op.params, status) if op else ()))
     else:
-        _fallback_warning()
-        failures = _python_batch(buffers, win, out, threads, max_pixels, scale_margin)
+        require_native()
+        failures = reference.python_batch(buffers, win, out, threads, max_pixels, scale_margin)
         if op is not None:
             status[:] = apply_op_reference(out, op)
     if op is not None:
@@ -389,7 +366,8 @@ def decode_crop_resize_normalize(buffers, windows, flips=None, size=(224, 224), 
     if n == 0:
         return out
     win = np.ascontiguousarray(np.asarray(windows, dtype=np.float64).reshape(n, 4))
-    if _native is None:  # the reference: decode, then normalize
+    if _native is None:  # the Python decoder (when allowed): decode, then normalize
+        require_native()
         errs: list = []
         img = decode_crop_resize(buffers, win, size, threads, on_error="skip", fallback=fallback, max_pixels=max_pixels,
                                  errors=errs, scale_margin=scale_margin, op=op)

@@ -1,5 +1,5 @@
-"""Plain-Python references for the native routines — the tests' yardstick, and the fallback
-when the extension is not built.
+"""Plain-Python references for the native routines — the tests' yardstick, and the Python
+decoder a program may opt in to where the extension is not built (cpu.allow_python_decoder).
 
 - `choose_scale`, `min_scale`: smallest DCT scale M/8 keeping the window ≥ margin × the
   output size, within the scales that keep fidelity for the file's chroma layout.
@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import io
 import math
+import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from PIL import Image
 
+from ..format.jpeg import DEFAULT_MAX_PIXELS
 from .spec import bfloat16_bits
 
 
@@ -60,7 +63,9 @@ def _turbojpeg():
     if _tj is None:
         from turbojpeg import TurboJPEG
 
-        _tj = TurboJPEG()
+        from .._bundled import turbojpeg_path
+
+        _tj = TurboJPEG(turbojpeg_path())  # the wheel's own library; None: PyTurboJPEG searches
     return _tj
 
 
@@ -124,3 +129,47 @@ def normalize(batch, scale, bias, layout, dtype, flips):
     if str(dtype) == "bfloat16":
         return bfloat16_bits(x)
     return x.astype(dtype, copy=False)
+
+
+def refusal(data, max_pixels: int = DEFAULT_MAX_PIXELS) -> str | None:
+    """Why a decoder must not start on these bytes: format.jpeg.decode_refusal (the native
+    decoder's own checks), for the Python paths — the Python decoder and the Pillow retry.
+    None when the header does not parse as a JPEG (the decoder then fails on its own, cheaply)."""
+    from ..format.jpeg import BadJPEG, NotJPEG, decode_refusal, probe
+
+    try:
+        info = probe(data)
+    except (NotJPEG, BadJPEG):
+        return None
+    return decode_refusal(info, len(data), max_pixels)
+
+
+def python_batch(buffers, windows, out, threads, max_pixels, margin):
+    """The Python decoder (cpu.allow_python_decoder): decode_crop_resize_one on a thread pool,
+    into `out`; returns the sorted (index, reason) failures, as the native batch call does."""
+    oh, ow = out.shape[1:3]
+
+    def one(i):
+        data = buffers[i]
+        try:
+            why = refusal(data, max_pixels)
+            if why:
+                out[i] = 0
+                return i, why
+            with Image.open(io.BytesIO(bytes(data))) as im:
+                if im.width * im.height > max_pixels:
+                    out[i] = 0
+                    return i, f"header declares {im.width}x{im.height}, more than max_pixels {max_pixels}"
+            out[i] = decode_crop_resize_one(data, windows[i], ow, oh, margin=margin)
+            return i, None
+        except Exception as e:  # per-image failures never abort the batch
+            out[i] = 0
+            return i, f"{type(e).__name__}: {e}"
+
+    order = np.argsort([-len(b) for b in buffers], kind="stable")  # largest first
+    # libjpeg's corrupt-data warnings (PyTurboJPEG warns) are failures, as in the native path;
+    # the filter is process-wide, so it is set here, around the pool, and only for turbojpeg
+    with warnings.catch_warnings(), ThreadPoolExecutor(threads) as ex:
+        warnings.filterwarnings("error", module="turbojpeg")
+        results = list(ex.map(one, order))
+    return sorted((i, r) for i, r in results if r is not None)

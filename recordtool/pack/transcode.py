@@ -123,12 +123,13 @@ def _encode(rgb_array_or_image, quality: int) -> bytes:
 
 def _shrink_jpeg(data: bytes, info: JpegInfo, t: Transcode) -> Prepared:
     """Shrink with the fused native decoder (DCT-domain scaling + antialiased resample in one
-    pass), else PyTurboJPEG's scaled decode (scaling_factor) + Pillow resize; re-encode."""
+    pass), else (cpu.allow_python_decoder) PyTurboJPEG's scaled decode + Pillow resize; re-encode."""
     import numpy as np
 
     from ..decode import cpu
 
     w, h = _target(info.width, info.height, t.max_side)
+    cpu.require_native()  # a missing decoder stops the pack (its fix), it is no fault of this file
     try:
         if cpu.native_available():
             rgb = cpu.decode_crop_resize([data], np.array([[0, 0, info.height, info.width]]), size=(h, w),
