@@ -125,7 +125,7 @@ def _source_images(root: str, names: list) -> str:
     """What a folder given where a packed dataset was expected holds, when it is what `recordtool
     pack` takes (class folders of images, ImageNet's layout) or one of its class folders (image
     files): "image files" / "class folders of images", else "". Looks at a few entries only."""
-    from ..sources.imagefolder import IMAGE_EXTENSIONS
+    from .schema import IMAGE_EXTENSIONS
 
     def images_in(names) -> bool:
         return any(n.lower().endswith(IMAGE_EXTENSIONS) for n in names[:SOURCE_LOOK])

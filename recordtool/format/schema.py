@@ -31,6 +31,10 @@ DONE_MAX_BYTES = 256 << 20
 # must not cost its size in memory per reader thread.
 MAX_IMAGE_BYTES = 256 << 20
 
+# torchvision's IMG_EXTENSIONS: what ImageFolder would load (sources/imagefolder.py packs these;
+# others are reported, not packed). Here so the manifest reader can tell a source folder too.
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
 # names a pack writes into OUT: a foreign file by one of these names is never replaced
 OUR_NAMES = re.compile(r"^(part-\d+|index\.rtx|manifest\.json|pack_report\.json)(\.tmp)?$")
 # in .partial: what a shard task finished (kept for a re-run of the same plan)

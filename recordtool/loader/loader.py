@@ -10,9 +10,6 @@ the epoch stands, and resuming yields exactly the batches an uninterrupted run w
 """
 from __future__ import annotations
 
-import os
-import time
-import warnings
 import weakref
 from typing import Literal, Union
 
@@ -22,59 +19,18 @@ from ..datasets import open_dataset
 from ..decode.cpu import cores
 from ..decode.spec import (DEFAULT_CROP_PCT, DEFAULT_HFLIP, DEFAULT_RATIO, DEFAULT_SCALE, IMAGENET_MEAN,
                            IMAGENET_STD, CropSpec, OutputSpec)
-from ..errors import BadState, ConfigError, NotADataset, OnError, RecordError, on_error as _on_error
+from ..errors import BadState, ConfigError, NotADataset, OnError, on_error as _on_error
 from ..reader import Dataset
+from .args import RING_MEMORY_SHARE, count as _count, dist_defaults as _dist_defaults, flag as _flag
+from .args import memory_bound as _memory_bound
 from .cpu import check_user_op
 from .device import parse_device, resolve
 from .prefetch import on_producer_thread
 from .recipe import Recipe
+from .epoch import EpochIterator, LoaderSampler
 from .stream import BatchStream, epoch_batches
 
 DeviceLike = Union[Literal["cpu", "cuda"], str, int, object]  # also "cuda:1", torch.device, cupy Device
-
-# The output ring's memory at most, as a share of this machine's RAM (host ring) or of the GPU's
-# memory (device ring): past it the Loader refuses to start and says what to lower.
-RING_MEMORY_SHARE = 0.5
-
-
-def _dist_defaults(rank, world_size):
-    if rank is not None and world_size is not None:
-        return rank, world_size
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return (dist.get_rank() if rank is None else rank), (dist.get_world_size() if world_size is None
-                                                                 else world_size)
-    except ImportError:
-        pass
-    return (int(os.environ.get("RANK", 0)) if rank is None else rank,
-            int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size)
-
-
-def _count(value, what: str, low: int = 0) -> int:
-    """An integer argument (not a bool, not a string) ≥ low, or ConfigError naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ConfigError(f"{what} must be an integer ≥ {low}, not {value!r}")
-    return int(value)
-
-
-def _flag(value, what: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise ConfigError(f"{what} must be True or False, not {value!r}")
-    return bool(value)
-
-
-def _memory_bound(gpu_id: int | None) -> int:
-    """Bytes the output ring may take: RING_MEMORY_SHARE of RAM, or of the GPU's memory."""
-    if gpu_id is None:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    else:
-        import cupy
-
-        with cupy.cuda.Device(gpu_id):
-            total = cupy.cuda.runtime.memGetInfo()[1]
-    return int(total * RING_MEMORY_SHARE)
 
 
 class Loader:
@@ -436,149 +392,5 @@ class Loader:
             self.close()
             if not on_producer:
                 self.batcher.close()
-        except Exception:
-            pass
-
-
-class LoaderSampler:
-    """`Loader.sampler`: the Loader's per-epoch order as torch's samplers present it, so that what
-    calls `set_epoch` on a DataLoader's sampler (Lightning, at every epoch's start; scripts written
-    for DistributedSampler) reaches the Loader. `len()` is this rank's share of an epoch,
-    iterating gives the sample ids of the epoch the Loader stands in, and `order` is the order
-    itself (Sampler or BlockSampler; its other attributes are read through). Holds the Loader
-    weakly: it never keeps a Loader and its producers alive."""
-
-    def __init__(self, loader: Loader, order):
-        self._loader, self.order = weakref.ref(loader), order
-
-    def _owner(self) -> Loader:
-        loader = self._loader()
-        if loader is None:
-            raise ConfigError("this sampler's Loader is gone: set_epoch on the Loader you iterate")
-        return loader
-
-    def set_epoch(self, epoch: int) -> None:
-        """`Loader.set_epoch`."""
-        self._owner().set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return len(self.order)
-
-    def __iter__(self):
-        return iter(self.order.indices(self._owner().epoch).tolist())
-
-    def __getattr__(self, name: str):
-        if name in ("order", "_loader"):  # not set yet (copy, unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.order, name)
-
-
-class EpochIterator:
-    """One epoch of a Loader: its batches from the BatchStream, in order; records where the
-    epoch stands (for state_dict) and applies the on_error policy to bad records, in the
-    consumer's thread. Left before its end (or collected so), it stops the stream."""
-
-    def __init__(self, loader: Loader, stream: BatchStream, epoch: int, start: int):
-        self.loader, self.epoch, self._stream = loader, epoch, stream
-        self._next, self._count = start, len(loader)
-        self._generation = loader._generation  # the iteration this is: a later one supersedes it
-        self._last, self.finished = None, False  # _last: when the previous batch was handed out
-
-    def __iter__(self):
-        return self
-
-    def __len__(self) -> int:
-        return self._count - self._next
-
-    def __next__(self):
-        ld = self.loader
-        if self._next >= self._count:
-            self._finish()  # the epoch is out (or had nothing left to yield: resumed at its end)
-            raise StopIteration
-        t = time.perf_counter()
-        try:
-            epoch, j, ids, made = self._stream.take()
-        except StopIteration:
-            raise RuntimeError("recordtool: the loader's producers were stopped (Loader.close(), a new "
-                               "iteration, or an error this epoch raised) while this epoch was being "
-                               "iterated") from None
-        if (epoch, j) != (self.epoch, self._next):  # an invariant of BatchStream
-            raise RuntimeError(f"recordtool: batch {j} of epoch {epoch} came for batch {self._next} of {self.epoch}")
-        self._next += 1
-        now = time.perf_counter()
-        steer = getattr(ld.batcher, "consumer_waited", None)
-        if steer is not None and self._last is not None:  # how long the training loop waited
-            steer(now - t, now - self._last)
-        self._last = now
-        if made.report is not None:
-            ld.last_split = r = made.report
-            ld.decoded = {side: ld.decoded.get(side, 0) + getattr(r, side) for side in ("gpu", "hybrid", "cpu")}
-        for k, v in made.stages.items():
-            ld.stage_seconds[k] = ld.stage_seconds.get(k, 0.0) + v
-        if made.errors:
-            self._bad(ids, made.errors)
-        ld._taken(self._generation, self.epoch, self._next)
-        if self._next == self._count:
-            self._finish()
-        images, labels = made.images, made.labels
-        if made.ready is not None:  # its producer queued the batch's last pass without waiting for it
-            from ..decode.gpu.decoder import wait_ready
-            wait_ready(made.ready, ld.gpu_id, ld.as_torch)
-        if ld.as_torch:
-            images, labels = self._torch(images, labels)
-        images = ld.spec.arrange(images)  # channels_last: the NCHW-shaped view of the NHWC batch
-        return (images, labels, ids) if ld.with_ids else (images, labels)
-
-    def _finish(self) -> None:
-        """The epoch's last batch is out: the Loader moves on to the next epoch, also for loops
-        that stop after len(loader) batches without asking for one more (Lightning's fit loop
-        does), and state_dict() says so."""
-        if not self.finished and self._next == self._count:
-            self.finished = True
-            self.loader._taken(self._generation, self.epoch, self._next)
-
-    def _torch(self, images, labels):
-        import torch
-
-        ld = self.loader
-        if ld.device == "cpu":
-            x, y = torch.from_numpy(images), torch.from_numpy(labels)
-        else:
-            from ..decode.gpu import to_torch
-
-            with torch.cuda.device(ld.gpu_id):  # complete, or torch's stream waits for it (made.ready)
-                # labels: a plain copy, measured to cost the training loop no more than pinned ones
-                x, y = to_torch(images), torch.from_numpy(labels).cuda(ld.gpu_id, non_blocking=True)
-        if ld.spec.dtype == "bfloat16":
-            x = x.view(torch.bfloat16)  # the uint16 bits as what they are (no copy)
-        return x, y
-
-    def _bad(self, ids, errors) -> None:
-        ld = self.loader
-        c = ld.ds.index.columns
-        lines = []
-        for i, reason in errors:
-            r = int(ids[i])
-            shard = ld.ds.shards[int(c["shard"][r])]["name"]
-            where = os.path.join(ld.ds.root, shard)
-            lines.append(f"record {r} ({where}, image bytes at offset {int(c['jpeg_offset'][r])}, "
-                         f"{int(c['jpeg_length'][r])} bytes): {reason}")
-            ld.bad_records[r] = reason
-        if ld.on_error is OnError.RAISE:
-            self.close()
-            raise RecordError("undecodable image(s): " + "; ".join(lines))
-        if ld.on_error is OnError.WARN:
-            for line in lines:
-                warnings.warn(f"recordtool: {line}; the sample is zeros this time", RuntimeWarning, stacklevel=3)
-
-    def close(self) -> None:
-        """Stop the producers unless this epoch is out (then they run on into the next one for
-        the loader's next iteration). Also on garbage collection; interpreter exit stops them."""
-        if not self.finished:
-            self._stream.close()
-
-    def __del__(self):
-        try:
-            self.close()
         except Exception:
             pass

@@ -9,10 +9,7 @@ from ..errors import Rejected, UnsafePath
 from ..io import files
 from ..checks import CLASSES_LIMIT, bounded_int
 from .base import DEFAULT_MAX_CLASSES
-from ..format.schema import MAX_IMAGE_BYTES
-
-# torchvision's IMG_EXTENSIONS: what ImageFolder would load. Other files are reported, not packed.
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+from ..format.schema import IMAGE_EXTENSIONS, MAX_IMAGE_BYTES  # noqa: F401  (IMAGE_EXTENSIONS: read from here too)
 
 
 @dataclass(frozen=True)

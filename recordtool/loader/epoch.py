@@ -1,0 +1,159 @@
+"""One epoch of a Loader (`EpochIterator`) and the Loader's sampler as torch's code sees it
+(`LoaderSampler`: `set_epoch`, `len`, iteration).
+
+Invariant: an iterator reports each batch it hands out to its Loader (`Loader._taken`) with
+the generation it was started in; the Loader moves only for its latest iteration, so a
+`set_epoch` or `load_state_dict` made while an older loop runs is not undone by that loop.
+"""
+from __future__ import annotations
+
+import os
+import time
+import warnings
+import weakref
+
+from ..errors import ConfigError, OnError, RecordError
+
+
+class LoaderSampler:
+    """`Loader.sampler`: the Loader's per-epoch order as torch's samplers present it, so that what
+    calls `set_epoch` on a DataLoader's sampler (Lightning, at every epoch's start; scripts written
+    for DistributedSampler) reaches the Loader. `len()` is this rank's share of an epoch,
+    iterating gives the sample ids of the epoch the Loader stands in, and `order` is the order
+    itself (Sampler or BlockSampler; its other attributes are read through). Holds the Loader
+    weakly: it never keeps a Loader and its producers alive."""
+
+    def __init__(self, loader, order):  # loader: the Loader
+        self._loader, self.order = weakref.ref(loader), order
+
+    def _owner(self):
+        loader = self._loader()
+        if loader is None:
+            raise ConfigError("this sampler's Loader is gone: set_epoch on the Loader you iterate")
+        return loader
+
+    def set_epoch(self, epoch: int) -> None:
+        """`Loader.set_epoch`."""
+        self._owner().set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __iter__(self):
+        return iter(self.order.indices(self._owner().epoch).tolist())
+
+    def __getattr__(self, name: str):
+        if name in ("order", "_loader"):  # not set yet (copy, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.order, name)
+
+
+class EpochIterator:
+    """One epoch of a Loader: its batches from the BatchStream, in order; records where the
+    epoch stands (for state_dict) and applies the on_error policy to bad records, in the
+    consumer's thread. Left before its end (or collected so), it stops the stream."""
+
+    def __init__(self, loader, stream, epoch: int, start: int):  # the Loader, its BatchStream
+        self.loader, self.epoch, self._stream = loader, epoch, stream
+        self._next, self._count = start, len(loader)
+        self._generation = loader._generation  # the iteration this is: a later one supersedes it
+        self._last, self.finished = None, False  # _last: when the previous batch was handed out
+
+    def __iter__(self):
+        return self
+
+    def __len__(self) -> int:
+        return self._count - self._next
+
+    def __next__(self):
+        ld = self.loader
+        if self._next >= self._count:
+            self._finish()  # the epoch is out (or had nothing left to yield: resumed at its end)
+            raise StopIteration
+        t = time.perf_counter()
+        try:
+            epoch, j, ids, made = self._stream.take()
+        except StopIteration:
+            raise RuntimeError("recordtool: the loader's producers were stopped (Loader.close(), a new "
+                               "iteration, or an error this epoch raised) while this epoch was being "
+                               "iterated") from None
+        if (epoch, j) != (self.epoch, self._next):  # an invariant of BatchStream
+            raise RuntimeError(f"recordtool: batch {j} of epoch {epoch} came for batch {self._next} of {self.epoch}")
+        self._next += 1
+        now = time.perf_counter()
+        steer = getattr(ld.batcher, "consumer_waited", None)
+        if steer is not None and self._last is not None:  # how long the training loop waited
+            steer(now - t, now - self._last)
+        self._last = now
+        if made.report is not None:
+            ld.last_split = r = made.report
+            ld.decoded = {side: ld.decoded.get(side, 0) + getattr(r, side) for side in ("gpu", "hybrid", "cpu")}
+        for k, v in made.stages.items():
+            ld.stage_seconds[k] = ld.stage_seconds.get(k, 0.0) + v
+        if made.errors:
+            self._bad(ids, made.errors)
+        ld._taken(self._generation, self.epoch, self._next)
+        if self._next == self._count:
+            self._finish()
+        images, labels = made.images, made.labels
+        if made.ready is not None:  # its producer queued the batch's last pass without waiting for it
+            from ..decode.gpu.decoder import wait_ready
+            wait_ready(made.ready, ld.gpu_id, ld.as_torch)
+        if ld.as_torch:
+            images, labels = self._torch(images, labels)
+        images = ld.spec.arrange(images)  # channels_last: the NCHW-shaped view of the NHWC batch
+        return (images, labels, ids) if ld.with_ids else (images, labels)
+
+    def _finish(self) -> None:
+        """The epoch's last batch is out: the Loader moves on to the next epoch, also for loops
+        that stop after len(loader) batches without asking for one more (Lightning's fit loop
+        does), and state_dict() says so."""
+        if not self.finished and self._next == self._count:
+            self.finished = True
+            self.loader._taken(self._generation, self.epoch, self._next)
+
+    def _torch(self, images, labels):
+        import torch
+
+        ld = self.loader
+        if ld.device == "cpu":
+            x, y = torch.from_numpy(images), torch.from_numpy(labels)
+        else:
+            from ..decode.gpu import to_torch
+
+            with torch.cuda.device(ld.gpu_id):  # complete, or torch's stream waits for it (made.ready)
+                # labels: a plain copy, measured to cost the training loop no more than pinned ones
+                x, y = to_torch(images), torch.from_numpy(labels).cuda(ld.gpu_id, non_blocking=True)
+        if ld.spec.dtype == "bfloat16":
+            x = x.view(torch.bfloat16)  # the uint16 bits as what they are (no copy)
+        return x, y
+
+    def _bad(self, ids, errors) -> None:
+        ld = self.loader
+        c = ld.ds.index.columns
+        lines = []
+        for i, reason in errors:
+            r = int(ids[i])
+            shard = ld.ds.shards[int(c["shard"][r])]["name"]
+            where = os.path.join(ld.ds.root, shard)
+            lines.append(f"record {r} ({where}, image bytes at offset {int(c['jpeg_offset'][r])}, "
+                         f"{int(c['jpeg_length'][r])} bytes): {reason}")
+            ld.bad_records[r] = reason
+        if ld.on_error is OnError.RAISE:
+            self.close()
+            raise RecordError("undecodable image(s): " + "; ".join(lines))
+        if ld.on_error is OnError.WARN:
+            for line in lines:
+                warnings.warn(f"recordtool: {line}; the sample is zeros this time", RuntimeWarning, stacklevel=3)
+
+    def close(self) -> None:
+        """Stop the producers unless this epoch is out (then they run on into the next one for
+        the loader's next iteration). Also on garbage collection; interpreter exit stops them."""
+        if not self.finished:
+            self._stream.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
