@@ -66,6 +66,7 @@ import crc32c
 
 from ..errors import CacheChanged, CacheFull, Cancelled, FormatError
 from . import files
+from .cachebudget import CacheBudget, _preallocate
 from .cachefolder import (CacheFolder, _ident, crc_of, default_dir, file_name, key, read_all,  # noqa: F401  (API)
                           sha256_of, touch)
 from .transfer import Retry, download_into
@@ -74,7 +75,7 @@ ROOM_WAIT = 120.0  # seconds a download waits for pinned shards to be let go bef
 LOST_TRIES = 3  # downloads whose .part another program deleted, before CacheChanged
 
 
-class ShardCache(CacheFolder):
+class ShardCache(CacheBudget):
     """The cache folder of one remote dataset (see the module docstring).
 
     Args:
@@ -93,13 +94,12 @@ class ShardCache(CacheFolder):
         super().__init__(cache_dir, key(fs.url(root), fs.store_id()))
         self.dropped: list = []  # messages naming cached copies found bad (and deleted)
         self.advice = "raise cache_limit"  # what a CacheFull message suggests (the dataset knows more)
-        self._tlock = threading.Lock()  # flock does not exclude threads sharing one fd
         self.closed = threading.Event()
         if limit is None:
             limit = min(total, int(0.8 * shutil.disk_usage(self.shards_dir).free) + self.used())
         self.limit = int(limit)
 
-    # ------------------------------------------------------------------ names and locks
+    # ------------------------------------------------------------------ names
     file_name = staticmethod(file_name)
 
     def path(self, name: str, crc: str) -> str:
@@ -107,85 +107,6 @@ class ShardCache(CacheFolder):
 
     def url(self, name: str) -> str:
         return self.fs.url(self.fs.join(self.root, name))
-
-    @contextlib.contextmanager
-    def _locked(self):
-        """The cache's lock (threads of this process and other processes alike)."""
-        with self._tlock:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-
-    # ------------------------------------------------------------------ accounting
-    def used(self) -> int:
-        """Bytes of shards and downloads in the folder now."""
-        with self._locked():
-            return sum(size for _, _, size, _ in self._entries())
-
-    def _entries(self) -> list:
-        """(mtime_ns, name, bytes, is_part) of the cache's own files in shards/; .part files
-        whose download lock is free (their process died) are deleted on the way."""
-        out = []
-        for fname in os.listdir(self._shards):
-            try:
-                st = os.stat(fname, dir_fd=self._shards, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            if not self._mine(st, fname):
-                continue
-            part = fname.endswith(".part")
-            if part:
-                lock = self._file_lock(fname[:-len(".part")], wait=False)
-                if lock is not None:  # nobody is downloading it: left by a dead process
-                    self._unlink(self._shards, fname)
-                    os.close(lock)
-                    continue
-            out.append((st.st_mtime_ns, fname, st.st_size, part))
-        return out
-
-    def _make_room(self, need: int, protect) -> bool:
-        """Evict least recently used, unpinned, unprotected shards until `need` more bytes fit.
-        Called under the cache's lock."""
-        entries = self._entries()
-        used = sum(size for _, _, size, _ in entries)
-        if used + need <= self.limit:
-            return True
-        for _, fname, size, part in sorted(entries):
-            if part or fname in protect:
-                continue
-            fd = self._open_mine(self._shards, fname, os.path.join(self.shards_dir, fname))
-            if fd is None:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:  # pinned: mapped by a reader
-                os.close(fd)
-                continue
-            self._unlink(self._shards, fname)  # a name in our own folder: never anything outside it
-            os.close(fd)
-            used -= size
-            if used + need <= self.limit:
-                return True
-        return False
-
-    def pinned(self) -> int:
-        """Bytes of shards some reader holds pinned now (for messages)."""
-        total = 0
-        with self._locked():
-            for _, fname, size, part in self._entries():
-                if part:
-                    continue
-                fd = self._open_mine(self._shards, fname, fname)
-                if fd is None:
-                    continue
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    total += size
-                os.close(fd)
-        return total
 
     # ------------------------------------------------------------------ checking what is served
     def _bad(self, dir_fd: int, fd: int, fname: str, size: int, crc: str, where: str, always: bool) -> str | None:
@@ -455,16 +376,3 @@ def _read_checked(fd: int, size: int, crc: str, sha256: str | None) -> tuple:
         if got != crc:
             return None, f"CRC32C {got} differs from the manifest's {crc}"
     return data, None
-
-
-def _preallocate(fd: int, size: int) -> None:
-    """Reserve the blocks now (a full disk fails here, not mid-download); st_size is the full
-    size at once, which is what the budget counts."""
-    if not size:
-        return
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as e:
-        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-            raise
-        os.ftruncate(fd, size)

@@ -6,7 +6,8 @@ Modules, in the order the data goes through them:
     plan.py       `Plan`/`ShardTask`/`Options`: which items go into which part file (frozen, hashed).
     task.py       the units of work every engine runs: `load_item`, `fill_shard`, `ShardDone`.
     transcode.py  `prepare`: a source image into bytes every decoder takes; `Transcode`, presets.
-    engines.py    `Engine`s: `ThreadEngine`, `ProcessEngine`, `RayEngine` (ray_tasks.py: its Ray side).
+    engines.py    `Engine`s: `ThreadEngine`, `ProcessEngine`, `RayEngine` (process_worker.py: what runs
+                  in ProcessEngine's workers; ray_tasks.py: RayEngine's Ray side).
 
 The names below are imported when first used (the CLI reads the presets without loading the
 writer). The package itself is callable: `recordtool.pack(src, out, ...)` is
