@@ -170,11 +170,14 @@ def test_split_state_reports_the_planner_and_the_demand():
 
 def test_a_run_at_one_core_pins_every_thread_and_restores_them(data):
     """run(cores=1) in this process: the threads alive before it (a sleeping one here) are pinned
-    too, not only the calling one, and each thread's affinity is what it was afterwards."""
+    too, not only the calling one, and each thread's affinity is what it was afterwards; a child
+    process started before the run (another test's server, here a sleeping one) is not the
+    pipeline's: neither pinned nor counted in the run's affinity."""
     before = os.sched_getaffinity(0)
     stop = threading.Event()
     t = threading.Thread(target=stop.wait, name="bystander")
     t.start()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         seen = []
         res = train_bench.run(str(data / "out"), None, "resnet18", 32, 8, 2, 1, 1, ["synthetic"], None, "cpu",
@@ -182,7 +185,10 @@ def test_a_run_at_one_core_pins_every_thread_and_restores_them(data):
         assert res.runs[0].error is None and res.runs[0].affinity == [min(before)] and res.threads == 1
         assert seen == [{min(before)}]  # the bystander, pinned while the run was measured
         assert os.sched_getaffinity(0) == before and os.sched_getaffinity(t.native_id) == before
+        assert os.sched_getaffinity(other.pid) == before
     finally:
+        other.kill()
+        other.wait()
         stop.set()
         t.join()
 

@@ -53,7 +53,7 @@ from ..errors import OptionError
 from .train_pipelines import (Beside, dali, endless, make_loader, option_env, parse_options, synthetic,
                               torchvision_folder)
 from .train_report import Result, Run, best_dali, table, write_json  # noqa: F401  (the command's names)
-from .train_step import ARCH_SIZES, Probe, consume_cpu, release, train
+from .train_step import ARCH_SIZES, Probe, child_pids, consume_cpu, release, train
 
 PIPELINES = ("synthetic", "recordtool", "synthetic+recordtool", "dali", "torchvision")
 # hw_decoder_load values DALI is tried at on cuda (MLPerf's submissions use 0.99); on the CPU the
@@ -192,19 +192,21 @@ def run(packed: str, files: str | None = None, arch: str = "resnet18", size: int
     size = size or ARCH_SIZES.get(arch, 224)
     res = Result(arch if device == "cuda" else f"consumer {consumer_ms:g} ms", size, batch, device, len(cpus), cpus,
                  threads)
+    foreign = frozenset(child_pids())  # processes this one had started before: no pipeline's, never pinned
     with pinned(cpus) if cores is not None else contextlib.nullcontext():
         _runs(res, packed, files, arch, size, batch, steps, warmup, repeats, pipelines, threads, device, compile_,
-              consumer_ms, log)
+              consumer_ms, log, foreign)
     return res
 
 
 def _runs(res, packed, files, arch, size, batch, steps, warmup, repeats, pipelines, threads, device, compile_,
-          consumer_ms, log) -> None:
-    """run()'s runs, interleaved, appended to res.runs."""
+          consumer_ms, log, foreign=frozenset()) -> None:
+    """run()'s runs, interleaved, appended to res.runs; `foreign`: child processes that are not
+    the pipelines' (left out of their cores busy and affinity)."""
     for rep in range(repeats):
         for name in pipelines:
             base, _, spec = name.partition(":")
-            it, beside, closer, ld, taken, probe = None, None, None, None, [0], Probe(device)
+            it, beside, closer, ld, taken, probe = None, None, None, None, [0], Probe(device, foreign=foreign)
             opts = parse_options(spec)
             with option_env(opts):  # env.NAME=VALUE pseudo-options, set for this run
                 # diagnostic pseudo-option: the interpreter's GIL switch interval during this run

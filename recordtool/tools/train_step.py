@@ -46,12 +46,13 @@ def cores_busy(before: dict, after: dict, seconds: float) -> dict:
     return out
 
 
-def process_cpu() -> float:
+def process_cpu(foreign=frozenset()) -> float:
     """CPU seconds of this process — every thread, those already ended included — and of its live
-    child processes (a DataLoader's workers): what "cores busy" divides by the wall time."""
+    child processes (a DataLoader's workers) but the `foreign` ones: what "cores busy" divides by
+    the wall time."""
     total = time.process_time()
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    for pid in child_pids():
+    for pid in set(child_pids()) - foreign:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 rest = f.read().rsplit(")", 1)[1].split()
@@ -77,15 +78,16 @@ def child_pids() -> list:
     return pids
 
 
-def process_affinity() -> list | None:
-    """The union of the CPUs every thread of this process and of its child processes may run on
+def process_affinity(foreign=frozenset()) -> list | None:
+    """The union of the CPUs every thread of this process and of its child processes but the
+    `foreign` ones (started before the measurement: not pinned, not the pipeline's) may run on
     (sorted; None where the system does not say): what a pinned run really ran on, including
     the threads and processes the pipeline started itself."""
     if not hasattr(os, "sched_getaffinity"):
         return None
     cpus = set(os.sched_getaffinity(0))
     try:
-        ids = [int(t) for t in os.listdir("/proc/self/task")] + child_pids()
+        ids = [int(t) for t in os.listdir("/proc/self/task")] + sorted(set(child_pids()) - foreign)
     except OSError:
         ids = []
     for i in ids:
@@ -147,14 +149,14 @@ class Probe:
     on a thread every `every` s) and the CPUs the process's threads were allowed (process_affinity,
     at the end)."""
 
-    def __init__(self, device: str, every: float = 0.05):
-        self.device, self.every = device, every
+    def __init__(self, device: str, every: float = 0.05, foreign=frozenset()):
+        self.device, self.every, self.foreign = device, every, foreign
         self.report: dict = {}
 
     def start(self) -> None:
         self.peak, self.stop_ev = rss_mib(), threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True, name="bench-probe")
-        self.cpu0, self.t0 = process_cpu(), time.perf_counter()
+        self.cpu0, self.t0 = process_cpu(self.foreign), time.perf_counter()
         self.thread.start()
 
     def _sample(self) -> None:
@@ -164,7 +166,7 @@ class Probe:
                 self.peak = r
 
     def stop(self) -> dict:
-        wall, cpu = time.perf_counter() - self.t0, process_cpu() - self.cpu0
+        wall, cpu = time.perf_counter() - self.t0, process_cpu(self.foreign) - self.cpu0
         self.stop_ev.set()
         self.thread.join()
         r = rss_mib()
@@ -172,7 +174,7 @@ class Probe:
         gpu = gpu_used_mib(self.device)
         self.report = {"cores_busy": round(cpu / wall, 2) if wall > 0 else None,
                        "gpu_mib": round(gpu) if gpu is not None else None,
-                       "rss_mib": round(peak) if peak is not None else None, "affinity": process_affinity()}
+                       "rss_mib": round(peak) if peak is not None else None, "affinity": process_affinity(self.foreign)}
         return self.report
 
 
