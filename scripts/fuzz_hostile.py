@@ -36,8 +36,10 @@ import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-sys.path.insert(0, os.path.join(HERE, ".."))  # this checkout's recordtool, not an installed one
+sys.path.append(os.path.join(HERE, "..", "tests"))
+# after an installed recordtool (scripts/bootstrap.sh installs this tree's wheel into .venv, and
+# the tests check the install): the tree is the fallback where none is installed
+sys.path.append(os.path.join(HERE, ".."))
 
 # share of the total per kind (the cache and remote kinds are slow per input: run them with --only)
 KINDS = {"jpeg": 0.4, "ofrecord": 0.2, "tfrecord": 0.2, "index": 0.1, "manifest": 0.1, "cache": 0.0, "remote": 0.0,
