@@ -90,8 +90,13 @@ def world(tmp_path_factory):
         for i in range(n):
             write(str(root / "src" / split / f"class{i % 4}" / f"{i}.jpg"), jpeg_bytes(40 + i % 24, 36, seed=i))
         pack(str(root / "src" / split), str(root / "out" / split), progress=False)
-    repo = os.path.dirname(README)
-    path = [repo] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # this checkout's recordtool
+    # the recordtool these tests import (the installed wheel under scripts/test.sh and on the GPU
+    # machine, the tree in a developer's run) is the one the examples run: never the tree's
+    # sources where no native part was built into it
+    import recordtool
+
+    home = os.path.dirname(os.path.dirname(os.path.abspath(recordtool.__file__)))
+    path = [home] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     if not AVAILABLE["s3"]():
         yield root, env, None
