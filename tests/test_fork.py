@@ -9,10 +9,16 @@ import textwrap
 
 import pytest
 
+import recordtool
 from conftest import jpeg_bytes, write
 from recordtool.pack import pack
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the children run the recordtool this test imports (the installed wheel under scripts/test.sh,
+# the tree in a developer's run): its parent folder first on their path, the folder they start
+# in outside the tree (python -c puts it first)
+HOME = os.path.dirname(os.path.dirname(os.path.abspath(recordtool.__file__)))
+ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([HOME] + [p for p in os.environ.get("PYTHONPATH", "").split(
+    os.pathsep) if p]))
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +75,7 @@ def test_fork_right_after_the_first_loader_starts(packed, op):
         pytest.importorskip("numba")
     for attempt in range(5 if op == "batch" else 3):
         p = subprocess.run([sys.executable, "-c", _FORK_RIGHT_AFTER, packed, op], capture_output=True, text=True,
-                           timeout=300, cwd=ROOT)
+                           timeout=300, cwd=os.path.dirname(packed), env=ENV)
         assert p.returncode == 0 and "child exit 0, batch of 2" in p.stdout, (attempt, p.stdout, p.stderr[-3000:])
 
 
@@ -96,7 +102,7 @@ def test_producers_import_nothing_once_started(packed):
     thread holds the import lock while it loads, and a fork then leaves the child that lock."""
     numba = __import__("importlib").util.find_spec("numba") is not None
     p = subprocess.run([sys.executable, "-c", _IMPORTS_WHILE_RUNNING, packed, "compiled" if numba else "plain"],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+                       capture_output=True, text=True, timeout=300, cwd=os.path.dirname(packed), env=ENV)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.split() == ["[]"] * (4 if numba else 2), p.stdout
 
