@@ -81,9 +81,20 @@ def test_fork_right_after_the_first_loader_starts(packed, op):
 
 _IMPORTS_WHILE_RUNNING = textwrap.dedent("""
     import sys
+    import threading
     import recordtool
-    from recordtool.ops import ColorJitter
-    ops = [None, ColorJitter()] if sys.argv[2] == "compiled" else [None]
+    from recordtool.ops import ColorJitter, batch
+
+    class Attempts:  # first on sys.meta_path: asked for every import not yet done, failed ones too
+        names = []
+
+        def find_spec(self, name, path=None, target=None):
+            if threading.current_thread().name == "recordtool-loader":
+                Attempts.names.append(name)
+            return None
+
+    sys.meta_path.insert(0, Attempts())
+    ops = [None, batch.Cutout(4), batch.RandomGrayscale(0.5)] + ([ColorJitter()] if sys.argv[2] == "compiled" else [])
     for op in ops:
         for train in (True, False):
             ld = recordtool.Loader(sys.argv[1], batch_size=3, size=16, as_torch=False, threads=2, train=train,
@@ -93,18 +104,21 @@ _IMPORTS_WHILE_RUNNING = textwrap.dedent("""
                 for _ in ld:
                     pass
             ld.close()
-            print(sorted(set(sys.modules) - before))
+            print(sorted(set(sys.modules) - before), sorted(set(Attempts.names)))
+            Attempts.names.clear()
 """)
 
 
 def test_producers_import_nothing_once_started(packed):
-    """What the producers need is imported before they start: a module imported on a producer
-    thread holds the import lock while it loads, and a fork then leaves the child that lock."""
+    """What the producers need is imported before they start, and they never try an import: a
+    module imported on a producer thread holds the import system's lock for it while it loads —
+    a failed import (`import cupy` where CuPy is absent) takes it each time it is tried — and a
+    fork then leaves the child that lock."""
     numba = __import__("importlib").util.find_spec("numba") is not None
     p = subprocess.run([sys.executable, "-c", _IMPORTS_WHILE_RUNNING, packed, "compiled" if numba else "plain"],
                        capture_output=True, text=True, timeout=300, cwd=os.path.dirname(packed), env=ENV)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stdout.split() == ["[]"] * (4 if numba else 2), p.stdout
+    assert p.stdout.splitlines() == ["[] []"] * (8 if numba else 6), p.stdout
 
 
 def _child_takes(locks, q):

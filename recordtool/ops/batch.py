@@ -10,6 +10,7 @@ no per-batch state: several producers call it at the same time.
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 
@@ -45,12 +46,13 @@ def check_side(value, what: str) -> int:
 
 
 def _xp(batch):
-    try:
-        import cupy
-
-        return cupy.get_array_module(batch)
-    except ImportError:
-        return np
+    """The array module of `batch`: CuPy for a CuPy array, else NumPy. Told by the array's type,
+    never by trying `import cupy`: ops run on the producer threads, and where CuPy is not
+    installed each failed import takes the import system's lock for "cupy" again — a process
+    forked meanwhile (a fork DataLoader worker) would find it held for good."""
+    if type(batch).__module__.split(".")[0] == "cupy":
+        return sys.modules["cupy"]
+    return np
 
 
 class KeyedOp:
