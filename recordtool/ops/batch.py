@@ -9,13 +9,12 @@ no per-batch state: several producers call it at the same time.
 """
 from __future__ import annotations
 
-import math
 import sys
 
 import numpy as np
 
 from ..decode.windows import uniforms
-from ..errors import OptionError
+from ..checks import bounded_float, bounded_int
 
 MAX_SIDE = 2**31 - 1  # a square side bound (larger than any image: it covers the whole image)
 
@@ -23,26 +22,18 @@ MAX_SIDE = 2**31 - 1  # a square side bound (larger than any image: it covers th
 def check_seed(seed, op: str) -> int:
     """An op's seed: an integer ≥ 0 (Python or NumPy, not a bool) — checked when the op is made,
     not by the first batch inside a producer thread. OptionError names the op."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise OptionError(f"{op}: seed must be an integer ≥ 0, not {seed!r}")
-    return int(seed)
+    return bounded_int(f"{op}: seed", seed, 0)
 
 
 def check_number(value, what: str, low: float, high: float) -> float:
     """A finite real number in [low, high] (not a bool, not a string), or OptionError naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or \
-            not math.isfinite(float(value)) or not low <= float(value) <= high:
-        raise OptionError(f"{what} must be in [{low:g}, {high:g}] (a finite number), not {value!r}")
-    return float(value)
+    return bounded_float(what, value, low, high)
 
 
 def check_side(value, what: str) -> int:
     """A whole number of pixels in [1, MAX_SIDE] (an integral float such as 32.0 is taken;
     1.5, inf, nan, a string are not), or OptionError naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or \
-            not math.isfinite(float(value)) or float(value) != int(value) or not 1 <= int(value) <= MAX_SIDE:
-        raise OptionError(f"{what} must be a whole number of pixels in [1, {MAX_SIDE}], not {value!r}")
-    return int(value)
+    return bounded_int(what, value, 1, MAX_SIDE)
 
 
 def _xp(batch):
