@@ -554,33 +554,10 @@ def _tree(root: str) -> dict:
     return out
 
 
-def _keep_crc(data: bytearray, at: int, want: int) -> None:
-    """Set data[at:at+4] so that the CRC32C of `data` is `want` (a CRC is affine in the bits:
-    32 free bits reach any value), as anyone who can write a file can."""
-    import crc32c
-
-    data[at:at + 4] = bytes(4)
-    base = crc32c.crc32c(bytes(data))
-    pivots = {}
-    for bit in range(32):
-        d = bytearray(data)
-        d[at + bit // 8] ^= 1 << (bit % 8)
-        v, m = crc32c.crc32c(bytes(d)) ^ base, 1 << bit
-        while v:
-            h = v.bit_length() - 1
-            if h not in pivots:
-                pivots[h] = (v, m)
-                break
-            v, m = v ^ pivots[h][0], m ^ pivots[h][1]
-    x, t = 0, want ^ base
-    while t:
-        v, m = pivots[t.bit_length() - 1]
-        t, x = t ^ v, x ^ m
-    data[at:at + 4] = x.to_bytes(4, "little")
-
-
 def _hostile_cache(rng, cache_dir: str, victim: str) -> str:
     """One random act against a cache folder (see run_cache); what it did."""
+    import hostile_data as hd
+
     entries = []
     for d, dirs, names in os.walk(cache_dir):
         entries += [os.path.join(d, n) for n in dirs + names]
@@ -638,7 +615,7 @@ def _hostile_cache(rng, cache_dir: str, victim: str) -> str:
         data = bytearray(open(p, "rb").read())
         want = crc32c.crc32c(bytes(data))
         m = bytearray((mutate(rng, bytes(data)) + bytes(len(data)))[:len(data)])
-        _keep_crc(m, int(rng.integers(0, len(m) - 3)), want)
+        hd.forge_crc(m, int(rng.integers(0, len(m) - 3)), want)
         with open(p, "r+b") as f:
             f.write(m)
         return f"rewrote {p}, CRC32C kept"

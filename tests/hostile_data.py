@@ -235,3 +235,28 @@ def header_mutations(seed: int, n: int, seeds=None):
             _, a, e = segs[int(rng.integers(0, len(segs)))]
             b[a:e] = bytes(b[a:e]) * 2 if kind == 1 else b""
         yield bytes(b)
+
+
+def forge_crc(data: bytearray, at: int, want: int) -> None:
+    """Set data[at:at+4] so that the CRC32C of `data` is `want`, as whoever can write a file can:
+    a CRC is affine in the bits, so 32 free bits reach any value (a checksum is no digest)."""
+    import crc32c
+
+    data[at:at + 4] = bytes(4)
+    base = crc32c.crc32c(bytes(data))
+    pivots = {}  # highest bit → (CRC change, the free bits that make it)
+    for bit in range(32):
+        d = bytearray(data)
+        d[at + bit // 8] ^= 1 << (bit % 8)
+        v, m = crc32c.crc32c(bytes(d)) ^ base, 1 << bit
+        while v:
+            h = v.bit_length() - 1
+            if h not in pivots:
+                pivots[h] = (v, m)
+                break
+            v, m = v ^ pivots[h][0], m ^ pivots[h][1]
+    x, t = 0, want ^ base
+    while t:
+        v, m = pivots[t.bit_length() - 1]
+        t, x = t ^ v, x ^ m
+    data[at:at + 4] = x.to_bytes(4, "little")

@@ -18,6 +18,7 @@ import crc32c
 import numpy as np
 import pytest
 
+import hostile_data as hd
 from conftest import jpeg_bytes, write
 
 fsspec = pytest.importorskip("fsspec")
@@ -241,26 +242,7 @@ def test_verify_names_and_drops_a_bad_cached_copy(remote, packed, tmp_path):
 # ------------------------------------------------------------------ copies that keep their CRC32C
 
 def _forge_crc(data: bytearray, at: int, want: int) -> None:
-    """Set data[at:at+4] so that the CRC32C of `data` is `want`, as whoever can write the cache
-    folder can: a CRC is affine in the bits, so 32 free bits reach any value."""
-    data[at:at + 4] = bytes(4)
-    base = crc32c.crc32c(bytes(data))
-    pivots = {}  # highest bit → (CRC change, the free bits that make it)
-    for bit in range(32):
-        d = bytearray(data)
-        d[at + bit // 8] ^= 1 << (bit % 8)
-        v, m = crc32c.crc32c(bytes(d)) ^ base, 1 << bit
-        while v:
-            h = v.bit_length() - 1
-            if h not in pivots:
-                pivots[h] = (v, m)
-                break
-            v, m = v ^ pivots[h][0], m ^ pivots[h][1]
-    x, t = 0, want ^ base
-    while t:
-        v, m = pivots[t.bit_length() - 1]
-        t, x = t ^ v, x ^ m
-    data[at:at + 4] = x.to_bytes(4, "little")
+    hd.forge_crc(data, at, want)
     assert crc32c.crc32c(bytes(data)) == want
 
 
