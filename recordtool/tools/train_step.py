@@ -12,6 +12,13 @@ import time
 ARCH_SIZES = {"resnet50": 224, "resnet18": 176}
 
 
+def stat_cpu_seconds(stat: str, tick: float) -> float:
+    """User + system CPU seconds from a /proc/<pid>/stat or /proc/self/task/<tid>/stat line
+    (fields 14 and 15; the command name, in parentheses, may hold spaces)."""
+    rest = stat[stat.rindex(")") + 2:].split()
+    return (int(rest[11]) + int(rest[12])) / tick
+
+
 def threads_cpu() -> dict:
     """{native thread id: (group, CPU seconds)} of this process, from /proc (Linux; else {}).
     Python threads are grouped by their name without its number, others by their OS name."""
@@ -28,10 +35,10 @@ def threads_cpu() -> dict:
                 st = f.read()
         except OSError:
             continue
-        comm, rest = st[st.index("(") + 1:st.rindex(")")], st[st.rindex(")") + 2:].split()
+        comm = st[st.index("(") + 1:st.rindex(")")]
         name = names.get(int(tid), "native:" + comm)
         group = name.rstrip("0123456789").rstrip("_-") or name
-        out[int(tid)] = (group, (int(rest[11]) + int(rest[12])) / tick)
+        out[int(tid)] = (group, stat_cpu_seconds(st, tick))
     return out
 
 
@@ -55,8 +62,7 @@ def process_cpu(foreign=frozenset()) -> float:
     for pid in set(child_pids()) - foreign:
         try:
             with open(f"/proc/{pid}/stat") as f:
-                rest = f.read().rsplit(")", 1)[1].split()
-            total += (int(rest[11]) + int(rest[12])) / tick
+                total += stat_cpu_seconds(f.read(), tick)
         except (OSError, IndexError, ValueError):  # ended meanwhile
             continue
     return total
