@@ -173,8 +173,6 @@ class Loader:
         h, w = self.spec.size
         self.size = h if h == w else (h, w)  # an int for a square output, as given
         self.mean, self.std = self.spec.mean, self.spec.std
-        self.scale, self.ratio, self.hflip, self.crop_pct = (self.crop.scale, self.crop.ratio, self.crop.hflip,
-                                                             self.crop.crop_pct)
         self.dtype, self.layout, self.memory_format = self.spec.dtype, self.spec.layout, self.spec.memory_format
         self.user_op, self.with_ids, self.split, self.hybrid = user_op, with_ids, split, hybrid
         rank, world_size = _dist_defaults(rank, world_size)
@@ -307,6 +305,12 @@ class Loader:
             raise BadState(f"state_dict batch={state['batch']} is outside this loader's epoch of {batches} batches")
         self._generation += 1
         self._pos, self._open, self._resumed = (int(state["epoch"]), int(state["batch"])), False, True
+
+    # the crop options, read from the frozen CropSpec the recipe uses (one place: they cannot differ)
+    scale = property(lambda self: self.crop.scale, doc="RandomResizedCrop's area range (train=True).")
+    ratio = property(lambda self: self.crop.ratio, doc="RandomResizedCrop's aspect range (train=True).")
+    hflip = property(lambda self: self.crop.hflip, doc="The horizontal flip probability (train=True).")
+    crop_pct = property(lambda self: self.crop.crop_pct, doc="The evaluation crop ratio (train=False).")
 
     @property
     def padding(self) -> int:
