@@ -236,7 +236,7 @@ def micro(packed: str, batch: int, queue_ms: float, loads=("none", "default", "s
 
     import recordtool
     from recordtool.decode.gpu.plan import ENGINE, route
-    from recordtool.decode.nvjpeg import HardwareDecoder
+    from recordtool.decode.gpu.nvjpeg import HardwareDecoder
 
     ds = recordtool.open(packed)
     c = ds.index.columns

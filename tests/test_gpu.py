@@ -12,7 +12,7 @@ from PIL import Image
 from conftest import photo_like
 from recordtool.decode import decode_crop_resize, random_flips, random_windows
 from recordtool.decode.gpu import CPU, ENGINE, HYBRID, hardware_decodable, route
-from recordtool.decode.gpu_ref import resize_normalize
+from recordtool.decode.gpu.reference import resize_normalize
 from recordtool.decode.spec import OutputSpec, scale_bias
 from recordtool.format.jpeg import CHROMA_411, CHROMA_420, CHROMA_422, CHROMA_GRAY, CS_CMYK, CS_GRAY, CS_YCBCR
 
@@ -150,7 +150,7 @@ def test_native_submit_matches_the_ctypes_loop():
     """The engines' GIL-free batch submission and the hybrid decoder's batch in one call
     (recordtool._nvsubmit) decode exactly what the ctypes loops they replace decode (their
     reference), and are the default where built."""
-    from recordtool.decode import nvjpeg
+    from recordtool.decode.gpu import nvjpeg
     from recordtool.decode.gpu import GPUDecoder
 
     bufs, sizes = _jpegs()
@@ -1058,7 +1058,7 @@ def test_hostile_multiscan_files_in_a_gpu_batch_are_named():
 
 # ------------------------------------------------------------------ chroma="interpolate": libjpeg's pixels from planes
 # nvJPEG decodes whole images to planar YCbCr; the kernel upsamples chroma with libjpeg-turbo's
-# fancy (triangle) filter and converts with libjpeg's fixed-point tables (gpu_ref.planes_to_rgb).
+# fancy (triangle) filter and converts with libjpeg's fixed-point tables (decode.gpu.reference.planes_to_rgb).
 
 def _planes(data):
     """libjpeg-turbo's decoded planes before upsampling (TurboJPEG's YUV decode), cropped to
@@ -1108,11 +1108,11 @@ _LAYOUT_SUB = {"444": (1, 1), "422": (2, 1), "420": (2, 2), "440": (1, 2)}
 @pytest.mark.parametrize("layout", ["420", "422", "444", "440", "gray"])
 @pytest.mark.parametrize("size", [(333, 251), (64, 48), (5, 7), (3, 9), (17, 2)])
 def test_planar_reference_is_libjpeg_bit_exact(layout, size):
-    """gpu_ref.planes_to_rgb (what the kernel computes per pixel) gives libjpeg-turbo's RGB decode
+    """decode.gpu.reference.planes_to_rgb (what the kernel computes per pixel) gives libjpeg-turbo's RGB decode
     bit for bit, from libjpeg's own planes: interior, edges, odd sizes, planes of ≤ 2 columns."""
     from turbojpeg import TJPF_RGB
 
-    from recordtool.decode.gpu_ref import planes_to_rgb
+    from recordtool.decode.gpu.reference import planes_to_rgb
     from recordtool.decode.reference import _turbojpeg
 
     w, h = size
@@ -1131,8 +1131,8 @@ def test_sample_dtype_is_the_kernels_struct():
     are libjpeg's FIX() values the reference uses."""
     import re
 
-    from recordtool.decode import gpu_ref
     from recordtool.decode.gpu import SAMPLE_DTYPE
+    from recordtool.decode.gpu.reference import CB_B, CB_G, CR_G, CR_R
     from recordtool.decode.gpu.kernel import _source
 
     src = _source()
@@ -1151,9 +1151,9 @@ def test_sample_dtype_is_the_kernels_struct():
     assert list(SAMPLE_DTYPE.names) == [n for n, _ in fields]
     assert {n: SAMPLE_DTYPE.fields[n][1] for n in SAMPLE_DTYPE.names} == expect
     assert SAMPLE_DTYPE.itemsize == (off + 7) // 8 * 8
-    for const in (gpu_ref.CR_R, gpu_ref.CB_B, gpu_ref.CR_G, gpu_ref.CB_G):
+    for const in (CR_R, CB_B, CR_G, CB_G):
         assert str(const) in src
-    assert (gpu_ref.CR_R, gpu_ref.CB_B, gpu_ref.CR_G, gpu_ref.CB_G) == (91881, 116130, 46802, 22554)
+    assert (CR_R, CB_B, CR_G, CB_G) == (91881, 116130, 46802, 22554)
 
 
 @pytest.mark.parametrize("side", [500, 1600])
@@ -1162,7 +1162,7 @@ def test_fidelity_with_interpolated_chroma_emulated(side, subsampling):
     """CPU-only emulation of chroma="interpolate": libjpeg's planes → the kernel's reference
     (planes_to_rgb + resample) against our CPU path on sharp chroma edges — what replaced the
     35 dB bound of replicated chroma (test_fidelity_bound_with_nvjpeg_upsampling_emulated)."""
-    from recordtool.decode.gpu_ref import planes_to_rgb
+    from recordtool.decode.gpu.reference import planes_to_rgb
 
     bufs = _sharp_jpegs(side, subsampling, n=2)
     worst = 99.0
@@ -1182,7 +1182,7 @@ def test_fidelity_with_interpolated_chroma_emulated(side, subsampling):
 
 def test_kernel_source_built_for_the_host_matches_reference(tmp_path):
     """native/gpu_resize.cu itself (CUDA qualifiers defined away, the grid run as loops on the
-    CPU) on planar samples of every layout against gpu_ref: the kernel's upsampling and colour
+    CPU) on planar samples of every layout against decode.gpu.reference: the kernel's upsampling and colour
     arithmetic and SAMPLE_DTYPE's layout, checked without a GPU."""
     import ctypes
 
@@ -1190,7 +1190,7 @@ def test_kernel_source_built_for_the_host_matches_reference(tmp_path):
 
     from recordtool.decode.gpu import SAMPLE_DTYPE
     from recordtool.decode.gpu.kernel import FMT_GRAY, FMT_RGB, FMT_YCC
-    from recordtool.decode.gpu_ref import chroma_size, planes_to_rgb
+    from recordtool.decode.gpu.reference import chroma_size, planes_to_rgb
 
     lib = build(tmp_path)
     if lib is None:
@@ -1257,10 +1257,10 @@ def test_chroma_mode_is_validated():
 @pytest.mark.parametrize("fmt", ["420", "422", "440", "444", "gray"])
 def test_kernel_planar_matches_reference(fmt):
     """The kernel on planar samples (random planes, odd sizes, windows to the edges, mirror)
-    against gpu_ref: planes_to_rgb, then the same resample."""
+    against decode.gpu.reference: planes_to_rgb, then the same resample."""
     from recordtool.decode.gpu import SAMPLE_DTYPE, kernel
     from recordtool.decode.gpu.kernel import FMT_GRAY, FMT_YCC
-    from recordtool.decode.gpu_ref import chroma_size, planes_to_rgb
+    from recordtool.decode.gpu.reference import chroma_size, planes_to_rgb
 
     rng = np.random.default_rng(7)
     shapes = [(301, 403), (9, 5), (64, 3)]
@@ -1302,7 +1302,7 @@ def test_kernel_planar_matches_reference(fmt):
 def test_nvjpeg_planes_are_libjpeg_planes(layout):
     """What the kernel's exactness rests on: nvJPEG's planar output (engines for baseline,
     hybrid decoder for progressive / gray) equals libjpeg-turbo's planes (its IDCT)."""
-    from recordtool.decode.nvjpeg import HardwareDecoder, HybridDecoder
+    from recordtool.decode.gpu.nvjpeg import HardwareDecoder, HybridDecoder
 
     prog = layout.startswith("prog")
     lay = layout[4:] if prog else layout
@@ -1350,7 +1350,7 @@ def test_nvjpeg_region_planes_are_the_whole_images_planes(layout):
     aligned, engines for baseline, hybrid decoder for progressive / gray) equals the whole
     image's planes there, bit for bit — odd sizes, regions on every edge."""
     from recordtool.decode.gpu.roi import chroma_dims, plan_rois
-    from recordtool.decode.nvjpeg import HardwareDecoder, HybridDecoder
+    from recordtool.decode.gpu.nvjpeg import HardwareDecoder, HybridDecoder
 
     prog = layout.startswith("prog")
     lay = layout[4:] if prog else layout

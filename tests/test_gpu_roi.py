@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from recordtool.decode.gpu.roi import MARGIN, SUBSAMPLING, chroma_dims, plan_rois, tap_span
-from recordtool.decode.gpu_ref import chroma_size, planes_to_rgb, region_planes_to_rgb
+from recordtool.decode.gpu.reference import chroma_size, planes_to_rgb, region_planes_to_rgb
 from recordtool.decode.windows import random_windows
 
 CODES = {"444": 0, "422": 1, "420": 2, "440": 3, "gray": 6}
@@ -130,7 +130,7 @@ def _synthetic_440(w, h, seed):
 @pytest.mark.parametrize("wh", [(333, 251), (17, 9), (64, 48), (5, 3), (3, 31)])
 def test_region_planes_give_the_whole_image_pixels(layout, wh):
     """The reference level of windowed interpolate: libjpeg's planes cut to each planned region,
-    upsampled with the whole image's edge rules (gpu_ref.region_planes_to_rgb, what the kernel
+    upsampled with the whole image's edge rules (decode.gpu.reference.region_planes_to_rgb, what the kernel
     does with ox / oy), are the whole-image decode's pixels in that region, bit for bit."""
     w, h = wh
     hs, vs = {"444": (1, 1), "422": (2, 1), "420": (2, 2), "440": (1, 2), "gray": (1, 1)}[layout]

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from recordtool.decode.nvjpeg import Image
+from recordtool.decode.gpu.nvjpeg import Image
 
 nvsubmit = pytest.importorskip("recordtool._nvsubmit") if not os.environ.get("RECORDTOOL_REQUIRE_NATIVE") \
     else __import__("recordtool._nvsubmit", fromlist=["submit"])
@@ -147,7 +147,7 @@ def test_infos_returns_what_image_info_returns_per_image():
 
 def _hardware_decoder(cap, planar):
     """A HardwareDecoder over stand-ins for nvJPEG (no GPU): what reaches nvJPEG is recorded."""
-    from recordtool.decode import nvjpeg
+    from recordtool.decode.gpu import nvjpeg
 
     log = {"init": [], "roi": [], "batched": []}
     channels = 3 if planar else 1
@@ -262,7 +262,7 @@ class _Event:
 
 def _hybrid(fns):
     """A HybridDecoder over the stand-ins (no nvJPEG, no GPU)."""
-    from recordtool.decode import nvjpeg
+    from recordtool.decode.gpu import nvjpeg
 
     d = object.__new__(nvjpeg.HybridDecoder)
     lib = _Lib(fns)
@@ -286,7 +286,7 @@ def test_hybrid_batch_makes_the_python_loops_calls(monkeypatch, fail):
     arguments in the same order (the two pinned sets alternating, each event waited for before
     its set is reused, format and ROI set only where they change), a failing image reported
     and the next one decoded, and the same decoder state after."""
-    from recordtool.decode import nvjpeg
+    from recordtool.decode.gpu import nvjpeg
 
     monkeypatch.setattr(nvjpeg, "context_current", lambda: None)
     n = 6

@@ -135,7 +135,7 @@ class GPUDecoder:
             self._ev_hybrid = cupy.cuda.Event(disable_timing=True)
             self._kernel = K.kernel(spec.dtype, spec.buffer_layout)
             if self.planner.split != "cpu":
-                from ..nvjpeg import HardwareDecoder, HybridDecoder, NvjpegError
+                from .nvjpeg import HardwareDecoder, HybridDecoder, NvjpegError
 
                 try:
                     self.hw = HardwareDecoder(max_batch, planar=self.planar, interpolate=nvjpeg_interp)
@@ -408,7 +408,7 @@ class GPUDecoder:
     def _decode_hybrid(self, buffers, idx, places):
         """Hybrid-decode each window (Huffman on this thread, the rest on the hybrid stream);
         return the indices it refused, for the CPU path, and the seconds it took."""
-        from ..nvjpeg import OUTPUT_RGBI, OUTPUT_Y, OUTPUT_YUV
+        from .nvjpeg import OUTPUT_RGBI, OUTPUT_Y, OUTPUT_YUV
 
         t = time.perf_counter()
         idx = idx.tolist()

@@ -18,10 +18,10 @@ import threading
 
 import numpy as np
 
-from ..errors import RecordtoolError
+from ...errors import RecordtoolError
 
 try:  # the GIL-free batch submission (native/nvjpeg_submit.cpp); optional like the decoder
-    from .. import _nvsubmit
+    from ... import _nvsubmit
 except ImportError:
     _nvsubmit = None
 if _nvsubmit is not None and not hasattr(_nvsubmit, "infos"):  # a build older than its source: unused
