@@ -336,7 +336,8 @@ def test_bad_jpeg_in_batch_is_reported():
 @gpu
 def test_dlpack_to_torch():
     torch = pytest.importorskip("torch")
-    from recordtool.decode.gpu import GPUDecoder, to_torch
+    from recordtool.decode.gpu import GPUDecoder
+    from recordtool.loader.dlpack import to_torch
 
     bufs, sizes = _jpegs(8)
     win = random_windows(sizes[:, 0], sizes[:, 1], np.arange(8), 0, 0)

@@ -512,7 +512,7 @@ def test_queue_launch_without_arguments_and_launch_dimensions(monkeypatch):
             w.launch(_Ptr(7), dims, 1, ())
 
 
-class _FakeCupy:  # what _Pass allocates with
+class _FakeCupy:  # what NormalizePass allocates with
     class cuda:
         alloc_pinned_memory = staticmethod(lambda n: bytearray(n))
 
@@ -524,10 +524,9 @@ def test_a_pass_fills_its_two_host_sets_in_turn_and_only_after_a_queued_pass(npa
     """GPUBatcher's pass per producer slot: two host sets (sample table, params) in turn; the
     set stays the next one until a pass has been queued from it (a pass that failed before
     queueing must not make the next one fill the set whose copies may still be pending)."""
-    from recordtool.decode.gpu import SAMPLE_DTYPE
-    from recordtool.loader.gpu import _Pass
+    from recordtool.decode.gpu import SAMPLE_DTYPE, NormalizePass
 
-    p = _Pass(_FakeCupy, 8, nparams)
+    p = NormalizePass(_FakeCupy, 8, nparams)
     a = p.host()
     assert a[0].dtype == SAMPLE_DTYPE and len(a[0]) == 8 and a[1].shape == (8 * nparams,)
     assert p.host()[0] is a[0]  # no pass queued: the same set

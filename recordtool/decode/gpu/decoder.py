@@ -529,12 +529,3 @@ def wait_ready(event, device: int, torch: bool = False) -> None:
     with cupy.cuda.Device(device):
         cupy.cuda.runtime.streamWaitEvent(consumer_stream(device), event.ptr, 0)
 
-
-def to_torch(array, stream=None):
-    """Hand a CuPy array to PyTorch through DLPack; PyTorch's current stream waits for `stream`."""
-    import torch
-
-    if stream is not None:
-        dev = torch.device("cuda", array.device.id)
-        torch.cuda.current_stream(dev).wait_stream(torch.cuda.ExternalStream(stream.ptr, device=dev))
-    return torch.from_dlpack(array)
