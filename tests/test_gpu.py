@@ -1433,7 +1433,7 @@ def test_windowed_interpolate_is_whole_image_interpolate(monkeypatch, split):
         dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=len(bufs), split=split,
                          chroma="interpolate")
         assert dec.planar_roi == (mode == "roi")
-        if mode == "roi":  # both decoders passed the region probe (probe.py) on this machine
+        if mode == "roi":  # both decoders passed the region check (roi_check.py) on this machine
             assert dec.planar_regions == {"engines": True, "hybrid": True}, dec.planar_regions
         outs.append(cupy.asnumpy(dec(bufs, win, flips, _hw(bufs))))
         if split == "gpu":

@@ -9,7 +9,7 @@ Modules, by concern:
 - `normalize`: `NormalizePass`, with a user op the second pass of the kernel (uint8 → output),
 - `work`: `StreamWork`, a stream's copies and launches queued in one GIL-free call,
 - `context`: `set_host_wait_policy`, the CUDA context's scheduling flags (process-wide),
-- `nvjpeg`: nvJPEG's ctypes binding; `roi`, `probe`: chroma="interpolate"'s regions;
+- `nvjpeg`: nvJPEG's ctypes binding; `roi`, `roi_check`: chroma="interpolate"'s regions;
   `reference`: the NumPy references of the kernel.
 
 The names:
@@ -30,9 +30,10 @@ from .context import set_host_wait_policy
 from .decoder import BatchReport, GPUDecoder, engine_chunk, wait_ready
 from .kernel import SAMPLE_DTYPE, kernel
 from .normalize import NormalizePass
-from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, Demand, Plan, Route, Split, SplitPlanner, ends_with_eoi,
-                   hardware_decodable, route)
+from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, Assignment, Demand, Route, Split, SplitPlanner,
+                   ends_with_eoi, hardware_decodable, route)
 
 __all__ = ["GPUDecoder", "BatchReport", "OutputRing", "NormalizePass", "wait_ready", "device_memory_used",
            "kernel", "SAMPLE_DTYPE", "route", "hardware_decodable", "ends_with_eoi", "Route", "ENGINE", "HYBRID",
-           "CPU", "Split", "SplitPlanner", "Plan", "Demand", "DEFAULT_CHROMA", "set_host_wait_policy", "engine_chunk"]
+           "CPU", "Split", "SplitPlanner", "Assignment", "Demand", "DEFAULT_CHROMA", "set_host_wait_policy",
+           "engine_chunk"]

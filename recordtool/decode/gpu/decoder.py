@@ -8,7 +8,7 @@ what neither takes and for a share of the rest (plan.py decides), then one CUDA 
 Not split: `__call__` is one batch's transaction across three decoders and one stream (the
 engines' submission, the CPU share and the hybrid decoder overlapped, their failures moved to
 the CPU path, one kernel, one wait); what stands apart already lives beside it (plan, roi,
-probe, buffers, kernel).
+roi_check, buffers, kernel).
 """
 from __future__ import annotations
 
@@ -151,13 +151,13 @@ class GPUDecoder:
             self.buf = DecodeBuffers(cupy, self.max_batch, self.size, self.gpu_id)
         self.planner.engines = self.hw is not None
         self.planner.hybrid = self.hybrid is not None
-        # which decoders decode regions' planes right here (probe.py); the others whole images
+        # which decoders decode regions' planes right here (roi_check.py); the others whole images
         self.planar_regions = {"engines": False, "hybrid": False}
         if self.planar_roi:
-            from .probe import check_decoders
+            from .roi_check import check_region_decode
 
             with self.device:
-                self.planar_regions = check_decoders(self, cupy)
+                self.planar_regions = check_region_decode(self, cupy)
 
     def sync(self) -> None:
         """Wait for the work queued on this decoder's stream (sleeping, see _event)."""
@@ -356,7 +356,7 @@ class GPUDecoder:
             return {}, refused
         dims = np.stack([w0, h0, hs, vs, w0, h0, w1, h1], 1)[keep]
         rois = regions = None
-        if self.planar_roi:  # regions where the image's decoder decodes them right (probe.py)
+        if self.planar_roi:  # regions where the image's decoder decodes them right (roi_check.py)
             rois = plan_rois(windows[idx], w0[keep], h0[keep], css[keep], self.size)
             regions = np.where(keep < ne, self.planar_regions["engines"], self.planar_regions["hybrid"])
         return self.buf.place_planar(windows, idx, dims, rois, regions), refused
