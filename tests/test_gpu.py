@@ -149,21 +149,24 @@ def test_gpu_matches_cpu_40db(split):
 def test_native_submit_matches_the_ctypes_loop():
     """The engines' GIL-free batch submission and the hybrid decoder's batch in one call
     (recordtool._nvsubmit) decode exactly what the ctypes loops they replace decode (their
-    reference), and are the default where built."""
+    reference), and are the default."""
+    import inspect
+
     from recordtool.decode.gpu import nvjpeg
     from recordtool.decode.gpu import GPUDecoder
 
+    assert inspect.signature(GPUDecoder).parameters["native_submit"].default is True
     bufs, sizes = _jpegs()
     ids = np.arange(len(bufs))
     win = random_windows(sizes[:, 0], sizes[:, 1], ids, 5, 0)
     flips = random_flips(ids, 5, 0)
     outs = []
     for native in (False, True):
-        dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=32, split="gpu")
+        dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=32, split="gpu",
+                         native_submit=native)
         if dec.hw is None:
             pytest.skip(f"no NVJPG engines: {dec.hw_error}")
-        assert dec.native_submit == (nvjpeg._nvsubmit is not None)
-        dec.native_submit = native
+        assert dec.native_submit == native
         outs.append(cupy.asnumpy(dec(bufs, win, flips, _hw(bufs))))
         assert dec.last.gpu == int((_hw(bufs) == ENGINE).sum())
         if dec.hybrid is not None:  # the progressive and gray images, by the hybrid decoder either way
@@ -176,10 +179,10 @@ def test_native_submit_matches_the_ctypes_loop():
 @gpu
 @pytest.mark.parametrize("chroma", ["replicate", "interpolate"])
 def test_chunked_engine_calls_decode_what_one_call_decodes(monkeypatch, chroma):
-    """RECORDTOOL_GPU_CHUNK=N: the engines' images in nvJPEG calls of at most N (sizes that
-    differ, so the state is re-initialised between calls, each after the last call's work is
-    done) give the pixels of one call, bit for bit, batch after batch (a hang here is the
-    re-initialisation racing the previous call); a bad value is refused."""
+    """chunk=N: the engines' images in nvJPEG calls of at most N (sizes that differ, so the state
+    is re-initialised between calls, each after the last call's work is done) give the pixels of
+    one call, bit for bit, batch after batch (a hang here is the re-initialisation racing the
+    previous call); a bad value is refused."""
     from recordtool.decode.gpu import GPUDecoder
     from recordtool.errors import ConfigError
 
@@ -187,12 +190,12 @@ def test_chunked_engine_calls_decode_what_one_call_decodes(monkeypatch, chroma):
     ids = np.arange(len(bufs))
     flips = random_flips(ids, 2, 0)
     outs = {}
-    for chunk in ("0", "4"):
-        monkeypatch.setenv("RECORDTOOL_GPU_CHUNK", chunk)
-        dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=32, split="gpu", chroma=chroma)
+    for chunk in (0, 4):
+        dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=32, split="gpu", chroma=chroma,
+                         chunk=chunk)
         if dec.hw is None:
             pytest.skip(f"no NVJPG engines: {dec.hw_error}")
-        assert dec.chunk == int(chunk)
+        assert dec.chunk == chunk
         calls = []  # images per nvJPEG call
         name = "decode_planes" if dec.planar else "decode"
         real = getattr(dec.hw, name)
@@ -205,21 +208,17 @@ def test_chunked_engine_calls_decode_what_one_call_decodes(monkeypatch, chroma):
             got.append(cupy.asnumpy(dec(bufs[:n], win, flips[:n], _hw(bufs[:n]))).copy())
             m = int((_hw(bufs[:n]) == ENGINE).sum())
             assert dec.last.gpu == m > 8, dec.last
-            if chunk == "0":
+            if chunk == 0:
                 assert calls == [m]
             else:  # as equal as they can be, none over 4
                 assert sum(calls) == m and len(calls) == -(-m // 4) and max(calls) - min(calls) <= 1
                 assert max(calls) <= 4
         outs[chunk] = got
         dec.close()
-    for a, b in zip(outs["0"], outs["4"]):
+    for a, b in zip(outs[0], outs[4]):
         assert np.array_equal(a, b)
-    monkeypatch.setenv("RECORDTOOL_GPU_CHUNK", "-1")
-    with pytest.raises(ConfigError, match="RECORDTOOL_GPU_CHUNK"):
-        GPUDecoder(OutputSpec(224), max_batch=8, split="gpu")
-    monkeypatch.delenv("RECORDTOOL_GPU_CHUNK")
-    assert GPUDecoder(OutputSpec(224), max_batch=8, split="gpu", chunk=3).chunk == 3  # the Loader passes its own
-    for bad in (-1, 2.5, True):
+    assert GPUDecoder(OutputSpec(224), max_batch=8, split="gpu").chunk == 0  # the default: one call
+    for bad in (-1, 2.5, True, "4"):
         with pytest.raises(ConfigError, match="chunk"):
             GPUDecoder(OutputSpec(224), max_batch=8, split="gpu", chunk=bad)
 
@@ -649,28 +648,6 @@ def test_demand_cpu_first_measures_the_engines_on_small_batches():
     for bad in (dict(first="gpu"), dict(up=1.5), dict(ceiling=-0.1), dict(threshold="x"), dict(down=True)):
         with pytest.raises(ConfigError):
             Demand(**bad)
-
-
-def test_gpu_measurement_settings_are_checked_without_a_gpu(monkeypatch):
-    """RECORDTOOL_GPU_DEMAND and RECORDTOOL_GPU_CHUNK are read into checked values (the Loader
-    reads them before it allocates anything)."""
-    from recordtool.decode.gpu.decoder import engine_chunk
-    from recordtool.errors import ConfigError
-    from recordtool.loader.gpu import demand_from_env
-
-    assert demand_from_env({}).first == "cpu"
-    assert demand_from_env({"RECORDTOOL_GPU_DEMAND": "engines"}).first == "engines"
-    assert demand_from_env({"RECORDTOOL_GPU_DEMAND": "off"}) is None
-    with pytest.raises(ConfigError, match="RECORDTOOL_GPU_DEMAND"):
-        demand_from_env({"RECORDTOOL_GPU_DEMAND": "gpu"})
-    monkeypatch.delenv("RECORDTOOL_GPU_CHUNK", raising=False)
-    assert engine_chunk() == 0
-    monkeypatch.setenv("RECORDTOOL_GPU_CHUNK", "64")
-    assert engine_chunk() == 64
-    for bad in ("-1", "x", "1.5"):
-        monkeypatch.setenv("RECORDTOOL_GPU_CHUNK", bad)
-        with pytest.raises(ConfigError, match="RECORDTOOL_GPU_CHUNK"):
-            engine_chunk()
 
 
 @pytest.mark.parametrize("split", ["auto", "gpu"])
@@ -1405,9 +1382,9 @@ def test_nvjpeg_region_planes_are_the_whole_images_planes(layout):
 
 @gpu
 @pytest.mark.parametrize("split", ["gpu", "auto"])
-def test_windowed_interpolate_is_whole_image_interpolate(monkeypatch, split):
+def test_windowed_interpolate_is_whole_image_interpolate(split):
     """chroma="interpolate" decoding each window's region gives the same pixels as decoding
-    whole images (RECORDTOOL_GPU_PLANAR=whole), bit for bit: 4:2:0 / 4:2:2 / 4:4:0 / 4:4:4,
+    whole images (planar_roi=False), bit for bit: 4:2:0 / 4:2:2 / 4:4:0 / 4:4:4,
     gray and progressive, odd sizes, windows on the edges, mirrored; and the CPU path's pixels
     (_interp_bound, ≥ 40 dB) on the RandomResizedCrop windows (on tiny edge windows both modes'
     filter taps reach past the window into the image, where the CPU path's crop stops)."""
@@ -1429,9 +1406,8 @@ def test_windowed_interpolate_is_whole_image_interpolate(monkeypatch, split):
     flips = np.arange(len(bufs)) % 2 == 1
     outs = []
     for mode in ("whole", "roi"):
-        monkeypatch.setenv("RECORDTOOL_GPU_PLANAR", mode)
         dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=len(bufs), split=split,
-                         chroma="interpolate")
+                         chroma="interpolate", planar_roi=mode == "roi")
         assert dec.planar_roi == (mode == "roi")
         if mode == "roi":  # both decoders passed the region check (roi_check.py) on this machine
             assert dec.planar_regions == {"engines": True, "hybrid": True}, dec.planar_regions
@@ -1630,21 +1606,27 @@ def test_cuda_loader_bfloat16_channels_last_and_device_spellings(packed_mix):
 
 
 @gpu
-def test_host_wait_policy_switch_sets_the_context_flags(monkeypatch):
-    """RECORDTOOL_GPU_SCHEDULE (a measurement switch): the context's scheduling flags follow it."""
-    from recordtool.loader.gpu import host_wait_policy
+def test_set_host_wait_policy_sets_the_context_flags():
+    """set_host_wait_policy (process-wide: only a measurement calls it): the context's
+    scheduling flags follow it."""
+    from recordtool.decode.gpu import set_host_wait_policy
 
-    monkeypatch.delenv("RECORDTOOL_GPU_SCHEDULE", raising=False)
-    assert host_wait_policy(0) is None  # unset: the context is left as it is
     try:
-        assert host_wait_policy(0, "block") & 0x7 == 4
-        assert host_wait_policy(0, "spin") & 0x7 == 1
+        assert set_host_wait_policy(0, "block") & 0x7 == 4
+        assert set_host_wait_policy(0, "spin") & 0x7 == 1
     finally:
-        assert host_wait_policy(0, "auto") & 0x7 == 0
+        assert set_host_wait_policy(0, "auto") & 0x7 == 0
+
+
+def test_an_unknown_host_wait_policy_is_refused_before_cuda():
+    """A mode that is not auto / spin / yield / block is a ConfigError, before CuPy or the driver
+    is touched (no GPU needed)."""
+    from recordtool.decode.gpu import set_host_wait_policy
     from recordtool.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="RECORDTOOL_GPU_SCHEDULE"):
-        host_wait_policy(0, "fast")
+    for bad in ("fast", "", None, 4):
+        with pytest.raises(ConfigError, match="host wait policy"):
+            set_host_wait_policy(0, bad)
 
 
 @gpu

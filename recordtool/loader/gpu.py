@@ -6,7 +6,6 @@ batch, on the unmirrored images (the mirror is done by the normalising pass, as 
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 import time
 
@@ -14,32 +13,6 @@ import numpy as np
 
 from .cpu import call_user_op, image_op
 from .recipe import Made, Recipe
-
-
-def host_wait_policy(gpu_id: int) -> int | None:
-    """RECORDTOOL_GPU_SCHEDULE=auto|spin|yield|block, for measurements only: decode.gpu.
-    set_host_wait_policy (process-wide, which is why no default sets it). Returns the context's
-    flags after the call, None when the variable is unset."""
-    mode = os.environ.get("RECORDTOOL_GPU_SCHEDULE")
-    if mode is None:
-        return None
-    from ..decode.gpu import set_host_wait_policy
-
-    return set_host_wait_policy(gpu_id, mode)
-
-
-def demand_from_env(environ=None):
-    """The Loader's plan.Demand: the CPU first, the engines take a share of the batch only while
-    the consumer waits (plan.Demand says why). RECORDTOOL_GPU_DEMAND=engines: the engines first,
-    the CPU while it waits; =off: None, the share follows measured rates alone (both for
-    measurements); anything else is a ConfigError."""
-    from ..decode.gpu import Demand
-    from ..errors import ConfigError
-
-    first = (os.environ if environ is None else environ).get("RECORDTOOL_GPU_DEMAND", "cpu")
-    if first not in ("cpu", "engines", "off"):
-        raise ConfigError(f"RECORDTOOL_GPU_DEMAND must be cpu, engines or off, not {first!r}")
-    return None if first == "off" else Demand(first=first)
 
 
 class GPUBatcher:
@@ -66,11 +39,8 @@ class GPUBatcher:
 
     def __init__(self, recipe: Recipe, *, gpu_id: int, producers: int, threads: int, user_op, split, hybrid: bool,
                  slots: int, max_batch: int, chroma: str | None = None, same_pixels: bool = True):
-        from ..decode.gpu import DEFAULT_CHROMA, OutputRing, engine_chunk, kernel, route
+        from ..decode.gpu import DEFAULT_CHROMA, Demand, OutputRing, kernel, route
 
-        # the measurement settings, read once and first: a bad one fails the Loader before any
-        # allocation, and they hold for the decoders the producers make later
-        demand, self.chunk = demand_from_env(), engine_chunk()
         self.recipe, self.gpu_id, self.producers = recipe, gpu_id, producers
         self.spec = spec = recipe.spec
         self.threads = threads
@@ -85,7 +55,6 @@ class GPUBatcher:
             with cupy.cuda.Device(gpu_id):
                 op_kernel(self.image_op)  # compile now: a refused kernel fails the Loader, not a batch
         self.max_batch = max_batch
-        host_wait_policy(gpu_id)
         # native threads of each decoder's CPU share: the cores left by the producers, shared out.
         # Measured on the H200 (BENCHMARKS.md): every core per producer's pool (64 threads on 16
         # cores) ran 15-25 % slower than this, 8 per pool ~13 % slower.
@@ -103,12 +72,13 @@ class GPUBatcher:
         self._passes: dict = {}  # producer slot → its normalising pass (NormalizePass), with a user op
         self._raw_spec = dataclasses.replace(spec, dtype="uint8", layout="NHWC", memory_format="contiguous")
         self._normalize = kernel(spec.dtype, spec.buffer_layout) if user_op is not None else None
-        self.demand = demand
+        # the CPU first, the engines take a share of the batch only while the consumer waits
+        # (plan.Demand says why); shared by the producers' decoders
+        self.demand = Demand()
 
     def consumer_waited(self, wait: float, interval: float) -> None:
         """The consumer's wait for its last batch (EpochIterator), steering the CPU share."""
-        if self.demand is not None:
-            self.demand.observe(wait, interval)
+        self.demand.observe(wait, interval)
 
     def decoder(self, slot: int):
         """The GPUDecoder of a producer slot, made and warmed up on first use, kept across epochs."""
@@ -122,7 +92,7 @@ class GPUBatcher:
                 dec = GPUDecoder(self._raw_spec if raw else self.spec, max_batch=self.max_batch,
                                  gpu_id=self.gpu_id, split=self.split, hybrid=self.hybrid, chroma=self.chroma,
                                  cpu_threads=self.cpu_threads, ring=self.raw_ring if raw else self.ring,
-                                 demand=self.demand, chunk=self.chunk)
+                                 demand=self.demand)
                 dec.warmup(ix.jpeg_length, ix.width, ix.height, routes=self.routes)
                 self._decoders[slot] = dec
         return dec

@@ -27,7 +27,7 @@ Importing this package imports neither CuPy nor nvJPEG: they load when a decoder
 """
 from .buffers import OutputRing, device_memory_used
 from .context import set_host_wait_policy
-from .decoder import BatchReport, GPUDecoder, engine_chunk, wait_ready
+from .decoder import BatchReport, GPUDecoder, wait_ready
 from .kernel import SAMPLE_DTYPE, kernel
 from .normalize import NormalizePass
 from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, Assignment, Demand, Route, Split, SplitPlanner,
@@ -35,5 +35,4 @@ from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, Assignment, Demand, Rout
 
 __all__ = ["GPUDecoder", "BatchReport", "OutputRing", "NormalizePass", "wait_ready", "device_memory_used",
            "kernel", "SAMPLE_DTYPE", "route", "hardware_decodable", "ends_with_eoi", "Route", "ENGINE", "HYBRID",
-           "CPU", "Split", "SplitPlanner", "Assignment", "Demand", "DEFAULT_CHROMA", "set_host_wait_policy",
-           "engine_chunk"]
+           "CPU", "Split", "SplitPlanner", "Assignment", "Demand", "DEFAULT_CHROMA", "set_host_wait_policy"]
