@@ -12,7 +12,6 @@ import numpy as np
 
 from .buffers import place_whole
 from .kernel import SAMPLE_DTYPE, geometry
-from .work import StreamWork
 
 
 class NormalizePass:
@@ -57,6 +56,7 @@ class NormalizePass:
         which the consumer's stream waits for. Keeps what it reads (`raw` and `keep`) until the
         next pass, which first waits for this one."""
         from ...ops.cuda import call
+        from .work import StreamWork  # the nvJPEG binding's module and the native queue: loaded at a pass
 
         cupy = self.cupy
         n, size = raw.shape[0], spec.size
