@@ -20,7 +20,8 @@ The names:
 - `NormalizePass`: a producer slot's second kernel pass with a user op;
 - `wait_ready`: the consumer's stream waits for a batch a producer queued without waiting;
 - `route`, `hardware_decodable`, `Route` (`ENGINE`, `HYBRID`, `CPU`), `Split`, `SplitPlanner`,
-  `Demand`, `DEFAULT_CHROMA`: where each image is decoded and how the sides share a batch;
+  `Assignment`, `Demand`: where each image is decoded and how the sides share a batch;
+- `check_split`, `check_chroma`, `DEFAULT_CHROMA`: the Loader's split and chroma arguments checked;
 - `set_host_wait_policy`: how host threads wait for the device (never set by default).
 
 Importing this package imports neither CuPy nor nvJPEG: they load when a decoder is made.
@@ -31,8 +32,9 @@ from .decoder import BatchReport, GPUDecoder, wait_ready
 from .kernel import SAMPLE_DTYPE, kernel
 from .normalize import NormalizePass
 from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, Assignment, Demand, Route, Split, SplitPlanner,
-                   ends_with_eoi, hardware_decodable, route)
+                   check_chroma, check_split, ends_with_eoi, hardware_decodable, route)
 
 __all__ = ["GPUDecoder", "BatchReport", "OutputRing", "NormalizePass", "wait_ready", "device_memory_used",
            "kernel", "SAMPLE_DTYPE", "route", "hardware_decodable", "ends_with_eoi", "Route", "ENGINE", "HYBRID",
-           "CPU", "Split", "SplitPlanner", "Assignment", "Demand", "DEFAULT_CHROMA", "set_host_wait_policy"]
+           "CPU", "Split", "SplitPlanner", "Assignment", "Demand", "DEFAULT_CHROMA", "set_host_wait_policy",
+           "check_split", "check_chroma"]
