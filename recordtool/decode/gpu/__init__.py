@@ -1,4 +1,4 @@
-"""GPU decode stage. The loader (loader/gpu.py, loader/epoch.py) imports only the names below.
+"""GPU decode stage. The loader imports it through the names below only (tests/test_layout.py).
 
 Modules, by concern:
 
