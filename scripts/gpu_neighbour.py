@@ -27,7 +27,7 @@ import time
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from recordtool import Loader  # noqa: E402
-from recordtool.tools.train_pipelines import endless, option_env, parse_options  # noqa: E402
+from recordtool.tools.train_pipelines import endless, parse_options  # noqa: E402
 
 
 class TrainLoad:
@@ -120,10 +120,7 @@ def measure(packed: str, spec: str, load: str, batches: int, warmup: int, batch:
     """The Loader of variant `spec` consumed for `batches` batches beside `load` (none, default,
     side, train[:ARCH]): img/s and the producers' stage ms per batch."""
     opts = parse_options(spec)
-    # env.NAME=VALUE: set for the whole measurement — the producers make their decoders (which
-    # read RECORDTOOL_GPU_* settings) at their first batch, after the Loader is made
-    with option_env(opts):
-        return _measure(packed, opts, spec, load, batches, warmup, batch, size, queue_ms)
+    return _measure(packed, opts, spec, load, batches, warmup, batch, size, queue_ms)
 
 
 def _measure(packed, opts, spec, load, batches, warmup, batch, size, queue_ms) -> dict:
@@ -165,8 +162,7 @@ def trace(packed: str, spec: str, batch: int, size: int, queue_ms: float, outdir
     """torch.profiler over a few batches beside the default-stream load: the CUDA calls made
     off the main thread (the producers), by total time."""
     opts = parse_options(spec)
-    with option_env(opts):  # for the whole trace, as in `measure`
-        path = _trace(packed, opts, batch, size, queue_ms, outdir, trace_load)
+    path = _trace(packed, opts, batch, size, queue_ms, outdir, trace_load)
     with open(path) as f:
         events = json.load(f).get("traceEvents", [])
     return _calls(events, top)
@@ -227,7 +223,7 @@ def micro(packed: str, batch: int, queue_ms: float, loads=("none", "default", "s
     images a call, and `parallel` threads each with its own decoder and stream calling at
     once (the rate is all threads' images over the wall time). outputs: "rgbi" (interleaved
     RGB, as chroma="replicate" decodes), "planes" (whole YUV planes, as chroma="interpolate"
-    with RECORDTOOL_GPU_PLANAR=whole) and "planes_roi" (the YUV planes of each image's
+    with planar_roi=False) and "planes_roi" (the YUV planes of each image's
     centre quarter)."""
     import concurrent.futures as cf
 
@@ -236,7 +232,7 @@ def micro(packed: str, batch: int, queue_ms: float, loads=("none", "default", "s
 
     import recordtool
     from recordtool.decode.gpu.plan import ENGINE, route
-    from recordtool.decode.nvjpeg import HardwareDecoder
+    from recordtool.decode.gpu.nvjpeg import HardwareDecoder
 
     ds = recordtool.open(packed)
     c = ds.index.columns
