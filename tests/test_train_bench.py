@@ -136,7 +136,7 @@ def test_a_pipeline_names_a_compiled_op_by_its_registry_name(data):
 
 
 def test_option_env_sets_the_env_pseudo_options_for_the_block_only(monkeypatch):
-    """`env.NAME=VALUE` in a pipeline's options (train_bench, gpu_neighbour): taken out of the
+    """`env.NAME=VALUE` in a pipeline's options (train_bench): taken out of the
     options, set while the block runs, and the environment as it was after — also on an error."""
     from recordtool.tools.train_pipelines import option_env, parse_options
 
