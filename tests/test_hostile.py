@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import hostile_data as hd
+import faults
 from conftest import jpeg_bytes, write
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -281,7 +282,7 @@ def test_overwrite_removes_exactly_what_the_manifest_lists(packed_small, small_f
 def test_killed_mid_publish_leftovers_are_recognised_as_ours(small_folder, tmp_path):
     # the marker's publishing list makes the parts a killed commit moved into OUT ours
     out = tmp_path / "out"
-    env = dict(os.environ, RECORDTOOL_FAULT="publish:2")
+    env = faults.env("publish:2")
     p = subprocess.run([sys.executable, "-m", "recordtool.cli", "pack", small_folder, out, "--shards", "2", "-q"],
                        env=env, capture_output=True)
     assert p.returncode < 0 and (out / "part-00000").exists() and not (out / "manifest.json").exists()
