@@ -152,14 +152,14 @@ def test_native_refusals_match_the_python_rule():
 def test_corrupt_data_warnings_are_failures_like_verify():
     import warnings
 
+    from recordtool.codec import turbojpeg
     from recordtool.decode import decode_crop_resize
-    from recordtool.decode.reference import _turbojpeg
 
     data = hd.corrupt_entropy(0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(Warning):  # the reference decoder (verify --decode) warns
-            _turbojpeg().decode(data)
+            turbojpeg().decode(data)
     errors = []
     out = decode_crop_resize([data], np.array([[0, 0, 64, 64]]), size=(16, 16), on_error="skip", errors=errors)
     assert errors and "Corrupt JPEG data" in errors[0][1] and not out.any()
@@ -691,15 +691,15 @@ def _decoders_refuse(data) -> list:
 
     from PIL import Image
 
+    from recordtool.codec import turbojpeg
     from recordtool.decode import decode_crop_resize
-    from recordtool.decode.reference import _turbojpeg
 
     refused = []
     errors = []
     decode_crop_resize([data], np.array([[0, 0, 8, 8]]), size=(8, 8), on_error="skip", errors=errors)
     if errors:
         refused.append("native")
-    for name, dec in (("turbojpeg", lambda: _turbojpeg().decode(data)),
+    for name, dec in (("turbojpeg", lambda: turbojpeg().decode(data)),
                       ("pillow", lambda: Image.open(io.BytesIO(data)).load())):
         try:
             with warnings.catch_warnings():
