@@ -933,13 +933,13 @@ def test_fidelity_bound_with_nvjpeg_upsampling_emulated(side, subsampling):
     replicated chroma (what nvJPEG outputs) + the kernel's reference resample, against our CPU path."""
     from turbojpeg import TJFLAG_FASTUPSAMPLE, TJPF_RGB
 
-    from recordtool.decode.reference import _turbojpeg
+    from recordtool.codec import turbojpeg
 
     gray = subsampling == "gray"
     bufs = _sharp_jpegs(side, 0 if gray else subsampling, n=2, gray=gray)
     worst = 99.0
     for k, data in enumerate(bufs):
-        full = _turbojpeg().decode(data, pixel_format=TJPF_RGB, flags=TJFLAG_FASTUPSAMPLE)
+        full = turbojpeg().decode(data, pixel_format=TJPF_RGB, flags=TJFLAG_FASTUPSAMPLE)
         h0, w0 = full.shape[:2]
         ids = np.arange(10) + 100 * k
         win = random_windows(np.full(10, w0), np.full(10, h0), ids, 0, 0)
@@ -1043,13 +1043,13 @@ def _planes(data):
     the image: [Y] for grayscale, else [Y, Cb, Cr] at their subsampled sizes."""
     from turbojpeg import TJPF_GRAY
 
-    from recordtool.decode.reference import _turbojpeg
+    from recordtool.codec import turbojpeg
     from recordtool.format.jpeg import CHROMA_GRAY, probe
 
     info = probe(data)
     if info.chroma == CHROMA_GRAY:
-        return [_turbojpeg().decode(data, pixel_format=TJPF_GRAY)[:, :, 0]]
-    y, cb, cr = _turbojpeg().decode_to_yuv_planes(data)
+        return [turbojpeg().decode(data, pixel_format=TJPF_GRAY)[:, :, 0]]
+    y, cb, cr = turbojpeg().decode_to_yuv_planes(data)
     return [y[: info.height, : info.width], cb, cr]
 
 
@@ -1091,7 +1091,7 @@ def test_planar_reference_is_libjpeg_bit_exact(layout, size):
     from turbojpeg import TJPF_RGB
 
     from recordtool.decode.gpu.reference import planes_to_rgb
-    from recordtool.decode.reference import _turbojpeg
+    from recordtool.codec import turbojpeg
 
     w, h = size
     if layout == "440":
@@ -1099,7 +1099,7 @@ def test_planar_reference_is_libjpeg_bit_exact(layout, size):
     data = _layout_jpeg(w, h, layout, seed=w)
     p = _planes(data)
     got = planes_to_rgb(p[0]) if layout == "gray" else planes_to_rgb(*p, *_LAYOUT_SUB[layout])
-    assert np.array_equal(got, _turbojpeg().decode(data, pixel_format=TJPF_RGB))
+    assert np.array_equal(got, turbojpeg().decode(data, pixel_format=TJPF_RGB))
     assert np.array_equal(got, np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))  # Pillow's libjpeg too
 
 

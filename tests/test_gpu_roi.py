@@ -98,13 +98,13 @@ def _jpeg(w, h, layout, seed):
 def _libjpeg_planes(data):
     from turbojpeg import TJPF_GRAY
 
-    from recordtool.decode.reference import _turbojpeg
+    from recordtool.codec import turbojpeg
     from recordtool.format.jpeg import CHROMA_GRAY, probe
 
     info = probe(data)
     if info.chroma == CHROMA_GRAY:
-        return [_turbojpeg().decode(data, pixel_format=TJPF_GRAY)[:, :, 0]]
-    y, cb, cr = _turbojpeg().decode_to_yuv_planes(data)
+        return [turbojpeg().decode(data, pixel_format=TJPF_GRAY)[:, :, 0]]
+    y, cb, cr = turbojpeg().decode_to_yuv_planes(data)
     return [y[: info.height, : info.width], cb, cr]
 
 
@@ -139,9 +139,9 @@ def test_region_planes_give_the_whole_image_pixels(layout, wh):
     if layout != "440":  # the whole-image reference is libjpeg's decode itself (tests/test_gpu.py)
         from turbojpeg import TJPF_RGB
 
-        from recordtool.decode.reference import _turbojpeg
+        from recordtool.codec import turbojpeg
 
-        assert np.array_equal(whole, _turbojpeg().decode(_jpeg(w, h, layout, seed=w), pixel_format=TJPF_RGB))
+        assert np.array_equal(whole, turbojpeg().decode(_jpeg(w, h, layout, seed=w), pixel_format=TJPF_RGB))
     cases = [c for c in _cases(1) if c[:3] == (w, h, CODES[layout])]
     win = cases[0][3] if cases else random_windows(np.full(12, w), np.full(12, h), np.arange(12), 1, 0)
     rois = plan_rois(win, np.full(len(win), w), np.full(len(win), h), np.full(len(win), CODES[layout]), (224, 224))
