@@ -31,6 +31,11 @@ struct Sample {
     int hs, vs;                // chroma subsampling (1 or 2 each)
     int cw, ch;                // the whole image's chroma plane size (libjpeg's downsampled size)
     int ox, oy;                // planar: image pixel of the planes' first sample (multiples of hs, vs)
+    int red;                   // planar: libjpeg's DCT scaling reproduced, the image reduced red x red
+                               // (1, 2, 4; 0 = 1); rw, rh, the window and the tap box are then in
+                               // pixels of the reduced image (ceil(iw / red) x ceil(ih / red))
+    int iw, ih;                // planar with red > 1: the image's full size
+    int tx0, ty0, tx1, ty1;    // taps are clamped to [tx0, tx1) x [ty0, ty1) (tx1 = 0: to the region)
 };
 
 // One full-resolution chroma sample at image pixel (x, y), as libjpeg-turbo's fancy upsampling
@@ -80,6 +85,79 @@ __device__ __forceinline__ void planar_rgb(const Sample& s, int x, int y, float&
     b = (float)clamp255(Y + ((116130 * cb + 32768) >> 16));
 }
 
+// ------------------------------------------------------------------ libjpeg's DCT scaling
+// The CPU path decodes a window much larger than the output at scale M/8 (M = 8 / red):
+// libjpeg-turbo's reduced IDCTs (jidctred.c) output the mean of each red x red group of the
+// full IDCT's pixels (an 8-to-4 step "produces the four averages of two adjacent outputs"), and
+// chroma is decoded at a larger IDCT size so that it needs less upsampling (jdmaster.c: a
+// component's scaled size doubles while the sampling ratio allows). These functions make that
+// reduced image's pixel (X, Y) from the full-scale planes: luma and chroma means rounded as the
+// IDCT rounds, then libjpeg's upsampling and colour conversion at the reduced size.
+
+// Rounded mean of the k x k block of a plane at block (i, j); samples past the plane's last
+// column / row (cw, ch: the whole plane's) repeat its edge, as a JPEG encoder pads a block.
+__device__ __forceinline__ int block_mean(const unsigned char* __restrict__ p, long long pitch, int i, int j, int k,
+                                          int cw, int ch, int cx0, int cy0) {
+    if (k == 1) return p[(long long)(j - cy0) * pitch + (i - cx0)];
+    int sum = 0;
+    for (int dy = 0; dy < k; dy++) {
+        const unsigned char* row = p + (long long)(imin(j * k + dy, ch - 1) - cy0) * pitch;
+        for (int dx = 0; dx < k; dx++) sum += row[imin(i * k + dx, cw - 1) - cx0];
+    }
+    return (sum + k * k / 2) / (k * k);
+}
+
+// libjpeg's DCT scaled size of a chroma component for luma scaled size m (jdmaster.c), as the
+// chroma reduction k = 8 / size and the upsampling left (uh, uv) = (hs, vs) * m / size.
+__device__ __forceinline__ void chroma_scaling(int hs, int vs, int m, int& k, int& uh, int& uv) {
+    int size = m;
+    while (size < 8 && (hs * m) % (size * 2) == 0 && (vs * m) % (size * 2) == 0) size *= 2;
+    k = 8 / size;
+    uh = hs * m / size;
+    uv = vs * m / size;
+}
+
+// chroma_at on the reduced chroma plane (k x k means of the plane; rcw x rch samples).
+__device__ __forceinline__ int reduced_chroma_at(const unsigned char* __restrict__ p, long long pitch, int x, int y,
+                                                 int uh, int uv, int k, int cw, int ch, int cx0, int cy0) {
+    const int rcw = (cw + k - 1) / k, rch = (ch + k - 1) / k;
+    if (uh == 1 && uv == 1) return block_mean(p, pitch, x, y, k, cw, ch, cx0, cy0);
+    if (uh == 2 && rcw <= 2) return block_mean(p, pitch, imin(x >> 1, rcw - 1), imin(y / uv, rch - 1), k, cw, ch, cx0, cy0);
+    if (uh == 2 && uv == 1) {
+        const int i = imin(x >> 1, rcw - 1);
+        const int j = (x & 1) ? imin(i + 1, rcw - 1) : imax(i - 1, 0);
+        return (3 * block_mean(p, pitch, i, y, k, cw, ch, cx0, cy0) + block_mean(p, pitch, j, y, k, cw, ch, cx0, cy0) +
+                ((x & 1) ? 2 : 1)) >> 2;
+    }
+    const int ri = imin(y >> 1, rch - 1);
+    const int rj = (y & 1) ? imin(ri + 1, rch - 1) : imax(ri - 1, 0);
+    if (uh == 1)  // h1v2
+        return (3 * block_mean(p, pitch, x, ri, k, cw, ch, cx0, cy0) + block_mean(p, pitch, x, rj, k, cw, ch, cx0, cy0) +
+                ((y & 1) ? 2 : 1)) >> 2;
+    const int i = imin(x >> 1, rcw - 1);
+    const int j = (x & 1) ? imin(i + 1, rcw - 1) : imax(i - 1, 0);
+    const int here = 3 * block_mean(p, pitch, i, ri, k, cw, ch, cx0, cy0) + block_mean(p, pitch, i, rj, k, cw, ch, cx0, cy0);
+    const int there = 3 * block_mean(p, pitch, j, ri, k, cw, ch, cx0, cy0) + block_mean(p, pitch, j, rj, k, cw, ch, cx0, cy0);
+    return (3 * here + there + ((x & 1) ? 7 : 8)) >> 4;
+}
+
+// Pixel (X, Y) of the image reduced red x red, as libjpeg-turbo decodes it at scale 1 / red.
+__device__ __forceinline__ void reduced_rgb(const Sample& s, int X, int Y, float& r, float& g, float& b) {
+    const int Yv = block_mean(s.src, s.pitch, X, Y, s.red, s.iw, s.ih, s.ox, s.oy);
+    if (s.format == FMT_GRAY) {
+        r = g = b = (float)Yv;
+        return;
+    }
+    int k, uh, uv;
+    chroma_scaling(s.hs, s.vs, 8 / s.red, k, uh, uv);
+    const int cx0 = s.ox / s.hs, cy0 = s.oy / s.vs;
+    const int cb = reduced_chroma_at(s.cb, s.cpitch, X, Y, uh, uv, k, s.cw, s.ch, cx0, cy0) - 128;
+    const int cr = reduced_chroma_at(s.cr, s.cpitch, X, Y, uh, uv, k, s.cw, s.ch, cx0, cy0) - 128;
+    r = (float)clamp255(Yv + ((91881 * cr + 32768) >> 16));
+    g = (float)clamp255(Yv + ((-22554 * cb + 32768 - 46802 * cr) >> 16));
+    b = (float)clamp255(Yv + ((116130 * cb + 32768) >> 16));
+}
+
 template <typename T> __device__ __forceinline__ T convert_out(float v);
 template <> __device__ __forceinline__ float convert_out<float>(float v) { return v; }
 template <> __device__ __forceinline__ __half convert_out<__half>(float v) { return __float2half_rn(v); }
@@ -96,16 +174,18 @@ __device__ __forceinline__ float tri(float x) {
 }
 
 // Filter taps of one output coordinate along one axis (Pillow's precompute_coeffs).
-__device__ __forceinline__ void taps(float in0, float in1, int in_size, int out_size, int o, int& lo, int& hi,
-                                     float& center, float& inv_fs) {
+// The taps are clamped to [first, last) of the axis: the region (Pillow resampling a decoded
+// region), or, for a reduced image, the window's whole-pixel region the CPU path resamples.
+__device__ __forceinline__ void taps(float in0, float in1, int first, int last, int out_size, int o, int& lo,
+                                     int& hi, float& center, float& inv_fs) {
     float scale = (in1 - in0) / out_size;
     float fs = scale < 1.0f ? 1.0f : scale;
     float support = fs;
     center = in0 + (o + 0.5f) * scale;
     lo = (int)(center - support + 0.5f);
-    if (lo < 0) lo = 0;
+    if (lo < first) lo = first;
     hi = (int)(center + support + 0.5f);
-    if (hi > in_size) hi = in_size;
+    if (hi > last) hi = last;
     inv_fs = 1.0f / fs;
 }
 
@@ -121,8 +201,9 @@ __global__ void resize_normalize(const Sample* __restrict__ samples, T* __restri
     const int sx = s.mirror ? (W - 1 - ox) : ox;  // mirrored output column reads this source column
     int xlo, xhi, ylo, yhi;
     float cx, cy, ifx, ify;
-    taps(s.x0, s.x1, s.rw, W, sx, xlo, xhi, cx, ifx);
-    taps(s.y0, s.y1, s.rh, H, oy, ylo, yhi, cy, ify);
+    const bool box = s.tx1 > 0;
+    taps(s.x0, s.x1, box ? s.tx0 : 0, box ? s.tx1 : s.rw, W, sx, xlo, xhi, cx, ifx);
+    taps(s.y0, s.y1, box ? s.ty0 : 0, box ? s.ty1 : s.rh, H, oy, ylo, yhi, cy, ify);
     float wxs = 0.f, wys = 0.f;
     for (int x = xlo; x < xhi; x++) wxs += tri((x - cx + 0.5f) * ifx);
     for (int y = ylo; y < yhi; y++) wys += tri((y - cy + 0.5f) * ify);
@@ -153,7 +234,10 @@ __global__ void resize_normalize(const Sample* __restrict__ samples, T* __restri
             for (int x = xlo; x < xhi; x++) {
                 const float wx = tri((x - cx + 0.5f) * ifx);
                 float pr, pg, pb;
-                planar_rgb(s, x, y, pr, pg, pb);
+                if (s.red > 1)
+                    reduced_rgb(s, x, y, pr, pg, pb);
+                else
+                    planar_rgb(s, x, y, pr, pg, pb);
                 rr += wx * pr;
                 gg += wx * pg;
                 bb += wx * pb;

@@ -22,10 +22,9 @@ from PIL import Image
 
 from .. import codec
 from ..format.jpeg import DEFAULT_MAX_PIXELS
-from .spec import bfloat16_bits
+from .spec import SCALE_MARGIN, bfloat16_bits  # noqa: F401  (SCALE_MARGIN: the native path's margin)
 
 
-SCALE_MARGIN = 1.1  # see native/fused.cpp choose_scale: which scales and why this margin
 
 
 def choose_scale(win_w: float, win_h: float, out_w: int, out_h: int, margin: float = SCALE_MARGIN,

@@ -22,6 +22,10 @@ import numpy as np
 from ..errors import ConfigError
 
 MAX_SIDE = 16384  # output sides above this are refused (the batch would not fit in memory anyway)
+SCALE_MARGIN = 1.1
+"""The CPU path decodes a window at libjpeg's DCT scale M/8 only while the scaled window stays
+≥ SCALE_MARGIN × the output (native fused.cpp choose_scale, which says why 1.1); the GPU kernel
+reproduces the same reduction (decode.gpu.roi.dct_reduction)."""
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 

@@ -101,6 +101,7 @@ class DecodeBuffers:
         s["src"][idx], s["pitch"][idx], s["rw"][idx], s["rh"][idx] = dst, pitch, rw, rh
         s["x0"][idx], s["y0"][idx], s["x1"][idx], s["y1"][idx] = x - rx, y - ry, x + ww - rx, y + hh - ry
         s["format"][idx], s["ox"][idx], s["oy"][idx] = FMT_RGB, 0, 0
+        s["red"][idx], s["tx1"][idx] = 0, 0  # full scale, taps clamped to the region
         return Places(idx, len(windows), np.stack([rx, ry, rw, rh], 1), dst, pitch)
 
     def place_whole(self, idx, size, base: int) -> None:
@@ -108,7 +109,7 @@ class DecodeBuffers:
         in `idx` order (the CPU share in `cpu_dev`)."""
         place_whole(self.samples, idx, size, base)
 
-    def place_planar(self, windows, idx, dims, rois=None, regions=None) -> "PlanarPlaces":
+    def place_planar(self, windows, idx, dims, rois=None, regions=None, red=None) -> "PlanarPlaces":
         """Place the planes of each image of `idx` in the arena (growing it if this batch needs
         more than warm-up planned) and fill its sample row: the window in image pixels, FMT_YCC
         or FMT_GRAY with the chroma planes' geometry, and where its planes start (ox, oy).
@@ -125,6 +126,10 @@ class DecodeBuffers:
                 size (chroma: roi.chroma_dims) plus what nvJPEG's plane sizes exceed libjpeg's by.
             regions: bool per position of idx, whether its region is used (else its whole
                 image); None: all of them.
+            red: per position of idx, the reduction (1, 2, 4) that reproduces the CPU path's
+                DCT scaling of that window (roi.dct_reduction); None: 1 (full scale). With
+                red > 1 the sample's size, window and tap box are the reduced image's, the taps
+                clamped to the window's whole-pixel region there, as the CPU path resamples it.
         Returns where each image's planes are, by batch position (PlanarPlaces), for the decoders."""
         s = self.samples
         d = np.asarray(dims, np.int64).reshape(len(idx), 8)
@@ -151,9 +156,15 @@ class DecodeBuffers:
         base = self.arena.data.ptr + np.concatenate([[0], np.cumsum(total)[:-1]]).astype(np.int64)
         cb, cr = base + ysize, base + ysize + csize
         win = windows[idx]
-        s["src"][idx], s["pitch"][idx], s["rw"][idx], s["rh"][idx] = base, ypitch, w, h
-        s["x0"][idx], s["y0"][idx] = win[:, 1], win[:, 0]
-        s["x1"][idx], s["y1"][idx] = win[:, 1] + win[:, 3], win[:, 0] + win[:, 2]
+        red = np.ones(len(idx), np.int64) if red is None else np.asarray(red, np.int64).reshape(len(idx))
+        s["src"][idx], s["pitch"][idx] = base, ypitch
+        s["rw"][idx], s["rh"][idx] = -(-w // red), -(-h // red)  # the (reduced) image's size
+        box = scaled_boxes(win, red, w, h)
+        s["x0"][idx], s["y0"][idx], s["x1"][idx], s["y1"][idx] = box[:, 0], box[:, 1], box[:, 2], box[:, 3]
+        s["red"][idx], s["iw"][idx], s["ih"][idx] = np.where(red > 1, red, 0), w, h
+        reduced = red > 1  # taps in the window's whole-pixel region of the reduced image (the CPU's)
+        s["tx0"][idx], s["ty0"][idx] = np.where(reduced, box[:, 4], 0), np.where(reduced, box[:, 5], 0)
+        s["tx1"][idx], s["ty1"][idx] = np.where(reduced, box[:, 6], 0), np.where(reduced, box[:, 7], 0)
         s["format"][idx] = np.where(gray, FMT_GRAY, FMT_YCC)
         s["cb"][idx], s["cr"][idx], s["cpitch"][idx] = np.where(gray, base, cb), np.where(gray, base, cr), cpitch
         s["hs"][idx], s["vs"][idx], s["cw"][idx], s["ch"][idx] = hs1, vs1, cw, ch
@@ -161,6 +172,26 @@ class DecodeBuffers:
         planes = np.stack([base, np.where(gray, base, cb), np.where(gray, base, cr)], 1)
         pitches = np.stack([ypitch, cpitch, cpitch], 1)
         return PlanarPlaces(idx, len(windows), planes, pitches, gray, np.where(used[:, None], r, NO_ROI))
+
+
+def scaled_boxes(win, red, width, height) -> np.ndarray:
+    """Per window (y, x, h, w) of an image width × height decoded at 1 / red: its float box
+    (x0, y0, x1, y1) in pixels of the reduced image (ceil(width / red) × ceil(height / red))
+    and the whole-pixel region (rx0, ry0, rx1, ry1) holding it, clamped to that image — the
+    region the CPU path decodes at that scale and resamples (reference.region_of, native
+    fused.cpp). float64 (n, 8)."""
+    win = np.asarray(win, np.float64).reshape(-1, 4)
+    s = 1.0 / np.asarray(red, np.float64).reshape(-1)
+    sw = -(-np.asarray(width, np.int64).reshape(-1) // np.asarray(red, np.int64).reshape(-1))
+    sh = -(-np.asarray(height, np.int64).reshape(-1) // np.asarray(red, np.int64).reshape(-1))
+    bx0, by0 = win[:, 1] * s, win[:, 0] * s
+    bx1, by1 = (win[:, 1] + win[:, 3]) * s, (win[:, 0] + win[:, 2]) * s
+    rx0 = np.minimum(sw - 1, np.floor(bx0 + 1e-9))
+    ry0 = np.minimum(sh - 1, np.floor(by0 + 1e-9))
+    rx1 = np.minimum(sw, np.ceil(bx1 - 1e-9))
+    ry1 = np.minimum(sh, np.ceil(by1 - 1e-9))
+    rx1, ry1 = np.maximum(rx1, rx0 + 1), np.maximum(ry1, ry0 + 1)
+    return np.stack([bx0, by0, bx1, by1, rx0, ry0, rx1, ry1], 1)
 
 
 def place_whole(samples, idx, size, base: int) -> None:
@@ -172,6 +203,7 @@ def place_whole(samples, idx, size, base: int) -> None:
     s["pitch"][idx], s["rw"][idx], s["rh"][idx] = w * 3, w, h
     s["x0"][idx], s["y0"][idx], s["x1"][idx], s["y1"][idx] = 0.0, 0.0, float(w), float(h)
     s["format"][idx], s["ox"][idx], s["oy"][idx] = FMT_RGB, 0, 0
+    s["red"][idx], s["tx1"][idx] = 0, 0
 
 
 class Places:

@@ -27,7 +27,7 @@ from . import kernel as K
 from .buffers import DecodeBuffers, OutputRing, planar_bytes
 from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, Chroma, Demand, Split, SplitPlanner, check_chroma,
                    buffer_spans, ends_with_eoi)
-from .roi import plan_rois
+from .roi import dct_reduction, plan_rois
 
 # nvJPEG chroma code (row) → (horizontal, vertical) subsampling the kernel upsamples; (0, 0):
 # grayscale; (-1, -1): a layout the kernel does not take
@@ -358,10 +358,13 @@ class GPUDecoder:
             return {}, refused
         dims = np.stack([w0, h0, hs, vs, w0, h0, w1, h1], 1)[keep]
         rois = regions = None
+        # the CPU path decodes a window much larger than the output DCT-scaled (1/2, 1/4): the
+        # kernel reproduces that reduction, so both devices give the same pixels (roi.dct_reduction)
+        red = dct_reduction(windows[idx], css[keep], self.size)
         if self.planar_roi:  # regions where the image's decoder decodes them right (roi_check.py)
-            rois = plan_rois(windows[idx], w0[keep], h0[keep], css[keep], self.size)
+            rois = plan_rois(windows[idx], w0[keep], h0[keep], css[keep], self.size, red=red)
             regions = np.where(keep < ne, self.planar_regions["engines"], self.planar_regions["hybrid"])
-        return self.buf.place_planar(windows, idx, dims, rois, regions), refused
+        return self.buf.place_planar(windows, idx, dims, rois, regions, red=red), refused
 
     def _decode_cpu(self, buffers, windows, idx, at: int):
         """CPU-decode `idx` into cpu_out[at:at+len(idx)]; (seconds, [(batch index, reason)])."""

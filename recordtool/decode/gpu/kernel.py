@@ -17,7 +17,8 @@ import numpy as np
 SAMPLE_DTYPE = np.dtype([("src", "<u8"), ("pitch", "<i8"), ("rw", "<i4"), ("rh", "<i4"), ("x0", "<f4"),
                          ("y0", "<f4"), ("x1", "<f4"), ("y1", "<f4"), ("mirror", "<i4"), ("format", "<i4"),
                          ("cb", "<u8"), ("cr", "<u8"), ("cpitch", "<i8"), ("hs", "<i4"), ("vs", "<i4"),
-                         ("cw", "<i4"), ("ch", "<i4"), ("ox", "<i4"), ("oy", "<i4")], align=True)  # = struct Sample in gpu_resize.cu
+                         ("cw", "<i4"), ("ch", "<i4"), ("ox", "<i4"), ("oy", "<i4"), ("red", "<i4"), ("iw", "<i4"),
+                         ("ih", "<i4"), ("tx0", "<i4"), ("ty0", "<i4"), ("tx1", "<i4"), ("ty1", "<i4")], align=True)  # = struct Sample in gpu_resize.cu
 FMT_RGB, FMT_YCC, FMT_GRAY = 0, 1, 2
 
 DType = Literal["float32", "float16", "bfloat16", "uint8"]  # bfloat16: bits in a uint16 array

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .roi import chroma_reduction  # libjpeg's chroma IDCT size rule, shared with the planner
+
 
 def _axis_weights(in0: float, in1: float, in_size: int, out_size: int) -> np.ndarray:
     """(out_size, in_size) matrix of normalised triangle-filter weights (Pillow's rule)."""
@@ -146,4 +148,42 @@ def region_planes_to_rgb(y: np.ndarray, cb, cr, hs: int, vs: int, roi, width: in
         return np.repeat(luma[:, :, None], 3, axis=2)
     cw, ch = chroma_size(width, height, hs, vs)
     up = [upsample_region(c, hs, vs, xs, ys, cw, ch, rx // hs, ry // vs) for c in (cb, cr)]
+    return ycc_to_rgb(luma, *up)
+
+
+# ------------------------------------------------------------------ DCT scaling (gpu_resize.cu reduced_rgb)
+# The CPU path decodes a large window at libjpeg's scale 1/red; its reduced IDCTs output the mean
+# of each red × red group of the full IDCT's pixels, and chroma is decoded at a larger IDCT size
+# so that less upsampling is left. The kernel makes that reduced image from full-scale planes.
+
+def block_means(plane: np.ndarray, k: int, width: int, height: int) -> np.ndarray:
+    """Rounded means of the k × k blocks of plane[:height, :width] (ceil(height / k) ×
+    ceil(width / k)); samples past the last column / row repeat the edge one."""
+    p = np.asarray(plane, np.int64)[:height, :width]
+    if k == 1:
+        return p
+    h, w = -(-height // k), -(-width // k)
+    p = np.pad(p, ((0, h * k - height), (0, w * k - width)), mode="edge")
+    return (p.reshape(h, k, w, k).sum((1, 3)) + k * k // 2) // (k * k)
+
+
+def reduced_planes_to_rgb(y: np.ndarray, cb=None, cr=None, hs: int = 1, vs: int = 1, red: int = 1,
+                          width: int | None = None, height: int | None = None) -> np.ndarray:
+    """The RGB image the kernel reads at reduction `red` (1, 2, 4) from the whole image's
+    planes (y: height × width; cb, cr at chroma_size; None for grayscale): luma block means,
+    chroma block means upsampled as libjpeg upsamples what is left, libjpeg's colour
+    conversion. ceil(height / red) × ceil(width / red) × 3 uint8; red = 1 is planes_to_rgb."""
+    height, width = y.shape if width is None else (height, width)
+    luma = block_means(y, red, width, height)
+    sh, sw = luma.shape
+    if cb is None:
+        return np.repeat(luma.astype(np.uint8)[:, :, None], 3, axis=2)
+    if red == 1:
+        return planes_to_rgb(np.asarray(y)[:height, :width], cb, cr, hs, vs)
+    k, uh, uv = chroma_reduction(hs, vs, red)
+    cw, ch = chroma_size(width, height, hs, vs)
+    up = []
+    for c in (cb, cr):
+        reduced = block_means(c, k, cw, ch).astype(np.uint8)
+        up.append(reduced[:sh, :sw] if uh == 1 and uv == 1 else upsample(reduced, uh, uv, sw, sh))
     return ycc_to_rgb(luma, *up)

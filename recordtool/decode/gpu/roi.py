@@ -15,6 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..spec import SCALE_MARGIN
+
+ONE_WAY = (1, 3)
+"""nvJPEG chroma codes of chroma subsampled in one direction only (4:2:2, 4:4:0): the CPU path
+decodes them at 1/2 at most (1/4 loses their colour detail)."""
+
 MARGIN = 2
 """Source pixels added beyond the kernel's taps computed in closed form: covers float32
 rounding and the compiler's fused multiply-adds in the kernel's own tap arithmetic."""
@@ -38,37 +44,86 @@ def tap_span(a0, a1, size, out: int):
     return lo, np.maximum(np.minimum(hi, size), lo + 1)
 
 
-def _axis(lo, hi, size, sub):
-    """Extend [lo, hi) by one chroma sample each way (sub = 2) and align it outward to the MCU
-    (8·sub pixels), clamped to [0, size)."""
+def _axis(lo, hi, size, sub, context=1):
+    """Extend [lo, hi) by `context` chroma samples each way (sub = 2: one for the fancy
+    upsampling's further sample, or the k samples of a reduced chroma sample's mean) and align
+    it outward to the MCU (8·sub pixels), clamped to [0, size)."""
     if sub == 2:
         csize = -(-size // 2)
-        c0 = np.maximum((lo >> 1) - 1, 0)
-        c1 = np.minimum(((hi - 1) >> 1) + 2, csize)  # exclusive
+        c0 = np.maximum((lo >> 1) - context, 0)
+        c1 = np.minimum(((hi - 1) >> 1) + 1 + context, csize)  # exclusive
         lo, hi = 2 * c0, np.minimum(2 * c1, size)
     mcu = 8 * sub
     return lo // mcu * mcu, np.minimum(-(-hi // mcu) * mcu, size)
 
 
-def plan_rois(windows, widths, heights, css, size) -> np.ndarray:
+def dct_reduction(windows, css, size, margin: float = SCALE_MARGIN) -> np.ndarray:
+    """Per window (y, x, h, w) of an image with nvJPEG chroma code css, resampled to `size`
+    (out_h, out_w): the factor (1, 2 or 4) by which the CPU path decodes it reduced — libjpeg's
+    DCT scaling M/8 = 1 / factor, the smallest that keeps the window ≥ margin × the output
+    (native fused.cpp choose_scale; reference.choose_scale), 1/4 only where chroma is
+    subsampled alike in both directions (min_scale). The GPU kernel reproduces that reduction
+    (gpu_resize.cu reduced_rgb) so that both devices give the same pixels. int64 (n,)."""
+    win = np.asarray(windows, np.float64).reshape(-1, 4)
+    css = np.asarray(css, np.int64).reshape(len(win))
+    out_h, out_w = size
+    min_m = np.where(np.isin(css, ONE_WAY), 4, 2)
+    red = np.ones(len(win), np.int64)
+    for m in (4, 2):  # the smaller M wins
+        fits = (m >= min_m) & (win[:, 3] * m / 8.0 >= out_w * margin) & (win[:, 2] * m / 8.0 >= out_h * margin)
+        red = np.where(fits, 8 // m, red)
+    return red
+
+
+def chroma_reduction(hs, vs, red):
+    """libjpeg's chroma IDCT for luma decoded at 1 / red (jdmaster.c: a component's DCT scaled
+    size doubles while its sampling ratio allows, so it needs less upsampling): the chroma
+    plane's reduction k and the upsampling (uh, uv) left — gpu_resize.cu chroma_scaling."""
+    m = 8 // int(red)
+    size = m
+    while size < 8 and (hs * m) % (size * 2) == 0 and (vs * m) % (size * 2) == 0:
+        size *= 2
+    return 8 // size, hs * m // size, vs * m // size
+
+
+def plan_rois(windows, widths, heights, css, size, red=None) -> np.ndarray:
     """Regions (x, y, w, h), int64 (n, 4), for windows (n, 4) (y, x, h, w) in source pixels of
     images widths × heights with nvJPEG chroma codes `css` (SUBSAMPLING's keys), resampled to
-    `size` (out_h, out_w). x is a multiple of 8·hs, y of 8·vs; the region ends on an MCU
-    boundary or at the image's edge."""
+    `size` (out_h, out_w), each from the image reduced by `red` (dct_reduction; None: 1).
+    x is a multiple of 8·hs, y of 8·vs; the region ends on an MCU boundary or at the image's
+    edge. Reduced: the taps are the reduced image's, inside the window's whole-pixel region
+    there (buffers.scaled_boxes), each reading red × red pixels and its chroma means."""
     win = np.asarray(windows, np.float64).reshape(-1, 4)
     n = len(win)
     widths, heights = np.asarray(widths, np.int64).reshape(n), np.asarray(heights, np.int64).reshape(n)
     css = np.asarray(css, np.int64).reshape(n)
+    red = np.ones(n, np.int64) if red is None else np.asarray(red, np.int64).reshape(n)
     out_h, out_w = size
     xlo, xhi = tap_span(win[:, 1], win[:, 1] + win[:, 3], widths, out_w)
     ylo, yhi = tap_span(win[:, 0], win[:, 0] + win[:, 2], heights, out_h)
+    r = red > 1
+    if r.any():  # the reduced image's taps, clamped to the window's region there, in source pixels
+        from .buffers import scaled_boxes
+
+        box = scaled_boxes(win[r], red[r], widths[r], heights[r])
+        f = red[r]
+        sw, sh = -(-widths[r] // f), -(-heights[r] // f)
+        a, b = tap_span(box[:, 0], box[:, 2], sw, out_w)
+        c, d = tap_span(box[:, 1], box[:, 3], sh, out_h)
+        a, b = np.maximum(a, box[:, 4].astype(np.int64)), np.minimum(b, box[:, 6].astype(np.int64))
+        c, d = np.maximum(c, box[:, 5].astype(np.int64)), np.minimum(d, box[:, 7].astype(np.int64))
+        xlo[r], xhi[r] = a * f, np.minimum(b * f, widths[r])
+        ylo[r], yhi[r] = c * f, np.minimum(d * f, heights[r])
     rois = np.zeros((n, 4), np.int64)
     for code, (hs, vs) in SUBSAMPLING.items():
         k = np.nonzero(css == code)[0]
         if not len(k):
             continue
-        x0, x1 = _axis(xlo[k], xhi[k], widths[k], hs)
-        y0, y1 = _axis(ylo[k], yhi[k], heights[k], vs)
+        # chroma context: one sample (fancy upsampling's further one), or, reduced, the k
+        # samples of a reduced chroma sample's mean and its further neighbour's
+        ctx = np.array([max(1, 2 * chroma_reduction(hs, vs, f)[0]) if f > 1 else 1 for f in red[k].tolist()])
+        x0, x1 = _axis(xlo[k], xhi[k], widths[k], hs, ctx)
+        y0, y1 = _axis(ylo[k], yhi[k], heights[k], vs, ctx)
         rois[k] = np.stack([x0, y0, x1 - x0, y1 - y0], 1)
     if n and (rois[:, 2] <= 0).any():
         raise ValueError(f"chroma codes without a planar layout: {sorted(set(css[rois[:, 2] <= 0].tolist()))}")
