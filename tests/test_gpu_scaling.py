@@ -153,8 +153,7 @@ def test_kernel_reduced_equals_reference_on_whole_and_region_planes(host_kernel,
                 if layout != "gray":
                     r["cb"], r["cr"], r["cpitch"] = cut[1].ctypes.data, cut[2].ctypes.data, cut[1].shape[1]
                 r["red"], r["iw"], r["ih"] = (f if f > 1 else 0), w, h
-                if f > 1:
-                    r["tx0"], r["ty0"], r["tx1"], r["ty1"] = box[j, 4:]
+                r["tx0"], r["ty0"], r["tx1"], r["ty1"] = box[j, 4:]
         outs = np.zeros((2, n, H, W, 3), np.uint8)
         for m in range(2):
             host_kernel.run(ctypes.c_void_p(rows[m].ctypes.data), n, ctypes.c_void_p(outs[m].ctypes.data), W, H)
@@ -165,10 +164,7 @@ def test_kernel_reduced_equals_reference_on_whole_and_region_planes(host_kernel,
         for j in range(n):
             f = int(red[j])
             bx0, by0, bx1, by1, rx0, ry0, rx1, ry1 = box[j]
-            if f == 1:  # full scale: the taps reach past the window, clamped to the image
-                region, b = reduced[1], (bx0, by0, bx1, by1)
-            else:
-                region = reduced[f][int(ry0):int(ry1), int(rx0):int(rx1)]
-                b = (bx0 - rx0, by0 - ry0, bx1 - rx0, by1 - ry0)
+            region = reduced[f][int(ry0):int(ry1), int(rx0):int(rx1)]  # the CPU path's region at its scale
+            b = (bx0 - rx0, by0 - ry0, bx1 - rx0, by1 - ry0)
             ref = np.rint(resize_normalize(region, b, H, W, mirror=bool(j % 2)))
             assert np.abs(outs[0, j].astype(np.float64) - ref).max() <= 1.0, (layout, w, h, j, f)

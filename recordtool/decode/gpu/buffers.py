@@ -127,9 +127,9 @@ class DecodeBuffers:
             regions: bool per position of idx, whether its region is used (else its whole
                 image); None: all of them.
             red: per position of idx, the reduction (1, 2, 4) that reproduces the CPU path's
-                DCT scaling of that window (roi.dct_reduction); None: 1 (full scale). With
-                red > 1 the sample's size, window and tap box are the reduced image's, the taps
-                clamped to the window's whole-pixel region there, as the CPU path resamples it.
+                DCT scaling of that window (roi.dct_reduction); None: 1 (full scale). The
+                sample's size, window and tap box are the (reduced) image's, the taps clamped to
+                the window's whole-pixel region there, as the CPU path resamples it.
         Returns where each image's planes are, by batch position (PlanarPlaces), for the decoders."""
         s = self.samples
         d = np.asarray(dims, np.int64).reshape(len(idx), 8)
@@ -162,9 +162,9 @@ class DecodeBuffers:
         box = scaled_boxes(win, red, w, h)
         s["x0"][idx], s["y0"][idx], s["x1"][idx], s["y1"][idx] = box[:, 0], box[:, 1], box[:, 2], box[:, 3]
         s["red"][idx], s["iw"][idx], s["ih"][idx] = np.where(red > 1, red, 0), w, h
-        reduced = red > 1  # taps in the window's whole-pixel region of the reduced image (the CPU's)
-        s["tx0"][idx], s["ty0"][idx] = np.where(reduced, box[:, 4], 0), np.where(reduced, box[:, 5], 0)
-        s["tx1"][idx], s["ty1"][idx] = np.where(reduced, box[:, 6], 0), np.where(reduced, box[:, 7], 0)
+        # taps inside the window's whole-pixel region (of the reduced image): what the CPU path
+        # resamples and Pillow's crop → resize does, so the filter never reaches past the window
+        s["tx0"][idx], s["ty0"][idx], s["tx1"][idx], s["ty1"][idx] = box[:, 4], box[:, 5], box[:, 6], box[:, 7]
         s["format"][idx] = np.where(gray, FMT_GRAY, FMT_YCC)
         s["cb"][idx], s["cr"][idx], s["cpitch"][idx] = np.where(gray, base, cb), np.where(gray, base, cr), cpitch
         s["hs"][idx], s["vs"][idx], s["cw"][idx], s["ch"][idx] = hs1, vs1, cw, ch

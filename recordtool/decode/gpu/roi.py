@@ -2,8 +2,8 @@
 holds everything the kernel reads for its window, so nvJPEG decodes (and writes) that region
 instead of the whole image. Pure NumPy: CI tests it without a GPU.
 
-The region is the window's kernel taps (the antialiased filter reaches past the window's edges
-on a downscale), plus one chroma sample of context each way (libjpeg's fancy upsampling of a
+The region is the window's kernel taps (the kernel clamps them to the window's whole-pixel
+region; at the CPU path's DCT scale, see dct_reduction, they are planned so), plus one chroma sample of context each way (libjpeg's fancy upsampling of a
 pixel takes its nearer and its further chroma sample), aligned outward to MCU boundaries (what
 a JPEG decoder decodes anyway: the region's chroma plane then starts on a chroma sample) and
 clamped to the image. The kernel reads the region's planes at its offset with the whole
@@ -91,8 +91,9 @@ def plan_rois(windows, widths, heights, css, size, red=None) -> np.ndarray:
     images widths × heights with nvJPEG chroma codes `css` (SUBSAMPLING's keys), resampled to
     `size` (out_h, out_w), each from the image reduced by `red` (dct_reduction; None: 1).
     x is a multiple of 8·hs, y of 8·vs; the region ends on an MCU boundary or at the image's
-    edge. Reduced: the taps are the reduced image's, inside the window's whole-pixel region
-    there (buffers.scaled_boxes), each reading red × red pixels and its chroma means."""
+    edge. The taps stay inside the window's whole-pixel region (buffers.scaled_boxes: the
+    kernel clamps them there, as the CPU path and Pillow's crop → resize do); reduced, they are
+    the reduced image's, each reading red × red pixels and its chroma means."""
     win = np.asarray(windows, np.float64).reshape(-1, 4)
     n = len(win)
     widths, heights = np.asarray(widths, np.int64).reshape(n), np.asarray(heights, np.int64).reshape(n)
@@ -101,7 +102,7 @@ def plan_rois(windows, widths, heights, css, size, red=None) -> np.ndarray:
     out_h, out_w = size
     xlo, xhi = tap_span(win[:, 1], win[:, 1] + win[:, 3], widths, out_w)
     ylo, yhi = tap_span(win[:, 0], win[:, 0] + win[:, 2], heights, out_h)
-    r = red > 1
+    r = red > 1  # (at full scale the span of the unclamped taps holds the clamped ones)
     if r.any():  # the reduced image's taps, clamped to the window's region there, in source pixels
         from .buffers import scaled_boxes
 
