@@ -72,6 +72,22 @@ def _stats(v, exact=None) -> str:
     return line if exact is None else f"{line}  bit-exact {int(np.sum(exact))}"
 
 
+def _cases_of(ds, ids, size) -> dict:
+    """Per record: how its epoch-0 window (seed 0) is made — "1/2" / "1/4" (the CPU decodes it
+    DCT-scaled, the GPU reproduces the reduction), "up≥2×" (a window upscaled at least 2×), or
+    "other"."""
+    from recordtool.decode.gpu.roi import dct_reduction
+
+    ids = np.asarray(ids)
+    w, h = ds.index.width[ids], ds.index.height[ids]
+    win = random_windows(w, h, ids, 0, 0)
+    red = dct_reduction(win, ds.index.chroma[ids], size if isinstance(size, tuple) else (size, size))
+    out_h, out_w = size if isinstance(size, tuple) else (size, size)
+    up = np.maximum(out_w / win[:, 3], out_h / win[:, 2]) >= 2
+    names = np.where(red == 2, "1/2", np.where(red == 4, "1/4", np.where(up, "up≥2×", "other")))
+    return dict(zip(ids.tolist(), names.tolist()))
+
+
 def loader_report(folder, chromas, splits, size=224, batch=256, same_pixels=(True,)):
     """Pack `folder`; the Loader on device="cpu" and on device="cuda" per chroma × split ×
     same_pixels, same seed (same windows and flips); PSNR per image of the uint8 pixels (mean 0,
@@ -127,6 +143,12 @@ def loader_report(folder, chromas, splits, size=224, batch=256, same_pixels=(Tru
                 sel = np.array([bool(prog[i]) for i in ids])
                 if sel.any():
                     print(f"  {'':<48}{'progr.':<8} {_stats(v[sel], e[sel])}")
+                case = _cases_of(ds, ids, size)
+                for c in ("1/2", "1/4", "up≥2×", "other"):
+                    for name in sorted({chroma_of[i] for i in ids}):
+                        sel = np.array([case[i] == c and chroma_of[i] == name for i in ids])
+                        if sel.any():
+                            print(f"  {'':<48}{c:<6} {name:<8} {_stats(v[sel], e[sel])}")
                 worst = [(round(per[i], 1), i, chroma_of[i], int(ds.index.width[i]), int(ds.index.height[i]))
                          for i in sorted(per, key=per.get)[:5]]
                 print(f"  {'':<48}worst (dB, record, chroma, w, h): {worst}")

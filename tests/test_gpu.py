@@ -1654,3 +1654,37 @@ def test_training_bench_at_a_node_share_reports_cores_and_memory(packed_mix):
     # the two differ by less than what the caching allocators hold, so only its form is checked here
     # (the training benchmark's rows, ResNet at batch 256/512, are where the difference means something)
     assert s["synthetic"]["gpu_mib"] == 0 and isinstance(s["recordtool"]["gpu_mib"], (int, float)), s
+
+
+@gpu
+@pytest.mark.parametrize("layout,progressive", [("420", False), ("422", False), ("440", False), ("444", False),
+                                                ("gray", False), ("420", True)])
+def test_gpu_reproduces_the_cpu_dct_scaling(layout, progressive):
+    """Windows the CPU path decodes DCT-scaled (at 1/2 or 1/4: far larger than the output) give
+    the CPU's pixels on the GPU too (chroma="interpolate": the kernel reduces nvJPEG's planes as
+    libjpeg's reduced IDCTs do, gpu_resize.cu reduced_rgb) — within nvJPEG's own IDCT rounding:
+    ≥ 45 dB per image, on sharp colour edges, every layout, the engines and the hybrid decoder."""
+    from recordtool.decode.gpu import GPUDecoder
+    from recordtool.decode.gpu.roi import dct_reduction
+    from recordtool.format.jpeg import probe
+
+    bufs, win = [], []
+    for k, (w, h) in enumerate([(1400, 1050), (2011, 1333), (901, 1203)]):
+        data = _layout_jpeg(w, h, layout, seed=40 + k, progressive=progressive)
+        info = probe(data)
+        ws = random_windows(np.full(16, info.width), np.full(16, info.height), np.arange(16) + 16 * k, 0, 0,
+                            scale=(0.25, 1.0))
+        bufs += [data] * len(ws)
+        win.append(ws)
+    win = np.concatenate(win)
+    red = dct_reduction(win, [probe(b).chroma for b in bufs], (224, 224))
+    assert (red == 2).any() and (layout in ("422", "440") or (red == 4).any())
+    flips = np.zeros(len(bufs), bool)
+    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=len(bufs), split="gpu",
+                     chroma="interpolate")
+    got = cupy.asnumpy(dec(bufs, win, flips, _hw(bufs)))
+    assert dec.last.cpu == 0 and not dec.last.errors, dec.last
+    dec.close()
+    ref = decode_crop_resize(bufs, win)
+    worst = min(psnr(got[k], ref[k]) for k in np.nonzero(red > 1)[0])
+    assert worst >= 45.0, (layout, progressive, worst)
