@@ -13,12 +13,19 @@ if __import__("os").environ.get("RECORDTOOL_FAULT"):  # the crash tests' kill po
     _faults.install()
 
 
+_CONFIG = ("Output", "TrainCrop", "EvalCrop", "GPUOptions", "RemoteOptions")
+
+
 def __getattr__(name):
     # the Loader pulls in the decode stage, pack the sources and the writer: imported when asked for
     if name == "Loader":
         from .loader import Loader
 
         return Loader
+    if name in _CONFIG:  # the Loader's configuration parts (recordtool.loader.config)
+        from .loader import config
+
+        return getattr(config, name)
     if name == "pack":  # the package recordtool.pack, callable: recordtool.pack(src, out, ...)
         import importlib
 
@@ -26,6 +33,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'recordtool' has no attribute {name!r}")
 
 
-__all__ = ["Dataset", "Sampler", "BlockSampler", "Loader", "open", "pack", "OnError", "RecordtoolError",
+__all__ = ["Dataset", "Sampler", "BlockSampler", "Loader", "Output", "TrainCrop", "EvalCrop", "GPUOptions",
+           "RemoteOptions", "open", "pack", "OnError", "RecordtoolError",
            "FormatError", "UnsafePath", "PackError", "WorkerLost", "Rejected", "OutputExists", "DecodeError",
            "RecordError", "RemoteError", "CacheFull", "NativeDecoderMissing", "__version__"]

@@ -268,15 +268,15 @@ def test_crop_options_are_checked_at_the_edge_naming_the_option(packed, kw, matc
 def test_crop_options_are_frozen_and_the_defaults_are_torchvisions(packed):
     from dataclasses import FrozenInstanceError
 
-    from recordtool.decode.spec import CropSpec
+    from recordtool import EvalCrop, TrainCrop
 
     ld = Loader(packed, batch_size=4, size=16, as_torch=False)
-    assert ld.crop == CropSpec() and ld.batcher.recipe.crop is ld.crop
+    assert ld.augment == TrainCrop() and ld.batcher.recipe.augment is ld.augment
     assert (ld.scale, ld.ratio, ld.hflip) == ((0.08, 1.0), (0.75, 4 / 3), 0.5)
     with pytest.raises(FrozenInstanceError):
-        ld.crop.hflip = 1.0
+        ld.augment.hflip = 1.0
     ev = Loader(packed, batch_size=4, size=16, train=False, crop_pct=0.9, as_torch=False)
-    assert ev.crop_pct == 0.9 and ev.batcher.recipe.crop == CropSpec(crop_pct=0.9)
+    assert ev.crop_pct == 0.9 and ev.batcher.recipe.augment == EvalCrop(crop_pct=0.9)
 
 
 @pytest.mark.parametrize("layout,memory_format", [("NCHW", "contiguous"), ("NHWC", "contiguous"),
