@@ -46,7 +46,7 @@ def name_of(value) -> str:
 
 
 def _side(v, what: str) -> int:
-    return bounded_int(what, v, 1, MAX_SIDE)
+    return bounded_int(what, v, 1, MAX_SIDE, floats=False)
 
 
 def _triple(v, what: str, positive: bool) -> tuple:

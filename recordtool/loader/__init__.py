@@ -14,4 +14,5 @@ from .loader import Loader
 from .prefetch import Prefetcher
 from .recipe import BatchKeys, Recipe
 
-__all__ = ["Loader", "Output", "TrainCrop", "EvalCrop", "GPUOptions", "RemoteOptions", "EpochIterator", "LoaderSampler", "Prefetcher", "Recipe", "BatchKeys", "RecordError"]
+__all__ = ["Loader", "Output", "TrainCrop", "EvalCrop", "GPUOptions", "RemoteOptions",
+           "EpochIterator", "LoaderSampler", "Prefetcher", "Recipe", "BatchKeys", "RecordError"]

@@ -96,7 +96,7 @@ class RemoteOptions:
                 raise ConfigError(f"cache_dir must be a folder path, not {type(self.cache_dir).__name__}")
             set_(self, "cache_dir", os.fspath(self.cache_dir))
         if self.cache_limit is not None:
-            set_(self, "cache_limit", bounded_int("cache_limit", self.cache_limit, 1, MAX_CACHE_LIMIT))
+            set_(self, "cache_limit", bounded_int("cache_limit", self.cache_limit, 1, MAX_CACHE_LIMIT, floats=False))
         options = option_names(self.storage_options)
         set_(self, "storage_options", types.MappingProxyType(options) if options else None)
 

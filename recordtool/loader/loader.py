@@ -136,21 +136,21 @@ class Loader:
         # every argument checked here, once, into frozen parts (Output, TrainCrop / EvalCrop,
         # GPUOptions, RemoteOptions, Device) or ints; the layers below take them as they are
         self.dev = dev = parse_device(device)
-        self.batch_size = bounded_int("batch_size", batch_size, 1)
+        self.batch_size = bounded_int("batch_size", batch_size, 1, floats=False)
         self.train, self.output, self.augment, self.gpu, self.remote = _parts(
             path, dev, train=train, output=output, augment=augment, gpu=gpu, remote=remote, shorthand=shorthand,
             keywords=_KEYWORDS)
         self.shuffle = self.train if shuffle is None else _flag(shuffle, "shuffle")
         self.drop_last = self.train if drop_last is None else _flag(drop_last, "drop_last")
-        self.seed = bounded_int("seed", seed, 0)
-        self.prefetch = bounded_int("prefetch", prefetch, 1)
+        self.seed = bounded_int("seed", seed, 0, floats=False)
+        self.prefetch = bounded_int("prefetch", prefetch, 1, floats=False)
         self.continuous = _flag(continuous, "continuous")
-        self.threads = cores() if threads is None else bounded_int("threads", threads, 1)
+        self.threads = cores() if threads is None else bounded_int("threads", threads, 1, floats=False)
         # producer threads, batches dealt round-robin and handed out in order: two, so one's
         # Python work (and user op) overlaps the other's decode. On the GPU, measured in training
         # with epochs running into each other (BENCHMARKS.md), 4 producers took twice the
         # producers' CPU for the same rate and cost the training loop more than 2.
-        self.producers = 2 if producers is None else bounded_int("producers", producers, 1)
+        self.producers = 2 if producers is None else bounded_int("producers", producers, 1, floats=False)
         self.on_error = _on_error(on_error)
         self.with_ids = _flag(with_ids, "with_ids")
         as_torch = None if as_torch is None else _flag(as_torch, "as_torch")
@@ -162,8 +162,8 @@ class Loader:
                                                storage_options=None if r.storage_options is None
                                                else dict(r.storage_options))))
         rank, world_size = _dist_defaults(rank, world_size)
-        self.world_size = bounded_int("world_size", world_size, 1)
-        self.rank = bounded_int("rank", rank, 0)
+        self.world_size = bounded_int("world_size", world_size, 1, floats=False)
+        self.rank = bounded_int("rank", rank, 0, floats=False)
         if self.rank >= self.world_size:
             raise ConfigError(f"rank {self.rank} not in [0, world_size={self.world_size})")
         self._order = self.ds.sampler(seed=self.seed, rank=self.rank, world_size=self.world_size,
@@ -268,7 +268,7 @@ class Loader:
         calls it through `loader.sampler` at every epoch's start). Called inside a running loop,
         that loop finishes its own epoch and the next one runs `epoch`. After `load_state_dict`,
         the saved state's own epoch keeps its batch (a resume mid-epoch stays exact)."""
-        epoch = bounded_int("epoch", epoch, 0)
+        epoch = bounded_int("epoch", epoch, 0, floats=False)
         self._generation += 1
         if not (self._resumed and epoch == self._pos[0]):
             self._pos, self._resumed = (epoch, 0), False
@@ -338,7 +338,8 @@ class Loader:
 
     def batch_ids(self, epoch: int) -> list:
         """The sample ids of each batch of `epoch` for this rank."""
-        return epoch_batches(self._order, self.batch_size, self.drop_last, bounded_int("epoch", epoch, 0))
+        epoch = bounded_int("epoch", epoch, 0, floats=False)
+        return epoch_batches(self._order, self.batch_size, self.drop_last, epoch)
 
     @property
     def ring(self):

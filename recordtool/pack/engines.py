@@ -68,7 +68,8 @@ def _workers(engine) -> None:
     """An engine's `workers` checked (an integer in 0..MAX_THREADS) and stored as an int, or
     None for 0 / None (the engine's default)."""
     w = engine.workers
-    object.__setattr__(engine, "workers", bounded_int("workers", w, 0, MAX_THREADS) or None if w is not None else None)
+    w = None if w is None else bounded_int("workers", w, 0, MAX_THREADS, floats=False)
+    object.__setattr__(engine, "workers", w or None)
 
 
 def ordered_chunks(session, items: list, chunk: int = CHUNK) -> Iterator[tuple]:
