@@ -252,3 +252,25 @@ def test_the_parts_walk_down_unchanged(packed):
     assert ld.batcher.recipe.output is out and ld.batcher.recipe.augment is aug and ld.batcher.recipe.train
     assert not hasattr(ld.batcher, "spec")  # the CPU batcher reads the recipe's
     ld.close()
+
+
+def test_remote_options_and_their_keywords_open_a_url_alike(packed, tmp_path):
+    """memory:// goes through the shard cache as s3:// does: the part and its keywords reach it
+    alike, and give the local dataset's batches."""
+    fsspec = pytest.importorskip("fsspec")
+    mem = fsspec.filesystem("memory")
+    mem.put(packed, "/rt-config/train", recursive=True)
+    try:
+        base = dict(batch_size=6, size=16, seed=1, as_torch=False, block_shards=1)
+        opts = RemoteOptions(cache_dir=str(tmp_path / "a"), cache_limit=1 << 30)
+        by_part = Loader("memory://rt-config/train", remote=opts, **base)
+        by_keywords = Loader("memory://rt-config/train", cache_dir=str(tmp_path / "b"), cache_limit=1 << 30, **base)
+        assert by_part.remote == opts and by_part.ds.cache_limit == by_keywords.ds.cache_limit == 1 << 30
+        assert by_part.ds.cache.dir.startswith(str(tmp_path / "a"))
+        local = Loader(recordtool.open(packed), **base)
+        a, b, c = batches(by_part), batches(by_keywords), batches(local)
+        assert len(a) == len(c) == 4
+        assert all(np.array_equal(x, y) and np.array_equal(x, z) for (x, _), (y, _), (z, _) in zip(a, b, c))
+        by_part.ds.close(), by_keywords.ds.close()
+    finally:
+        mem.rm("/rt-config", recursive=True)
