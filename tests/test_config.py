@@ -204,6 +204,7 @@ def test_remote_options_for_a_local_or_open_dataset_are_refused(packed, tmp_path
             Loader(ds, 4, **kw)
     # keywords at their defaults ask for nothing
     Loader(packed, 4, cache_dir=None, storage_options={}, as_torch=False).close()
+    Loader(ds, 4, storage_options={}, as_torch=False).close()
 
 
 def test_train_contradicting_the_augment_is_refused(packed):

@@ -25,6 +25,7 @@ from ..decode.gpu.plan import DEFAULT_CHROMA, Chroma, Split, check_chroma, check
 from ..decode.spec import EvalCrop, Output, TrainCrop
 from ..errors import ConfigError
 from ..io.fs import check_options, is_url, option_names
+from ..reader import Dataset
 from .args import flag
 from .device import Device
 
@@ -100,6 +101,11 @@ class RemoteOptions:
         options = option_names(self.storage_options)
         set_(self, "storage_options", types.MappingProxyType(options) if options else None)
 
+    def open_args(self) -> dict:
+        """The keywords `recordtool.open` takes for these options."""
+        options = None if self.storage_options is None else dict(self.storage_options)
+        return dict(cache_dir=self.cache_dir, cache_limit=self.cache_limit, storage_options=options)
+
 
 class Parts(NamedTuple):
     """A Loader's configuration, each part checked: `gpu` None on the CPU, `remote` None when
@@ -113,12 +119,12 @@ class Parts(NamedTuple):
 
 
 # the flat keywords of each part (its fields), as the Loader takes them
-_SHORTHANDS = {"output": (Output, tuple(f.name for f in fields(Output))),
-               "gpu": (GPUOptions, tuple(f.name for f in fields(GPUOptions))),
-               "remote": (RemoteOptions, tuple(f.name for f in fields(RemoteOptions)))}
-_TRAIN = tuple(f.name for f in fields(TrainCrop))
-_EVAL = tuple(f.name for f in fields(EvalCrop))
-SHORTHANDS = sum((names for _, names in _SHORTHANDS.values()), ()) + _TRAIN + _EVAL
+def _names(cls) -> tuple:
+    return tuple(f.name for f in fields(cls))
+
+
+_OUTPUT, _TRAIN, _EVAL, _GPU, _REMOTE = map(_names, (Output, TrainCrop, EvalCrop, GPUOptions, RemoteOptions))
+SHORTHANDS = _OUTPUT + _TRAIN + _EVAL + _GPU + _REMOTE
 
 
 def _take(shorthand: dict, names: tuple) -> dict:
@@ -181,10 +187,10 @@ def parts(path, device: Device, *, train, output, augment, gpu, remote, shorthan
         near = difflib.get_close_matches(k, list(SHORTHANDS) + list(keywords), n=1)
         raise ConfigError(f"Loader got an unknown keyword {k!r}" + (f"; did you mean {near[0]!r}?" if near else ""))
     train, augment = _augment(train, augment, shorthand)
-    output = _part("output", output, Output, _take(shorthand, _SHORTHANDS["output"][1])) or Output()
+    output = _part("output", output, Output, _take(shorthand, _OUTPUT)) or Output()
     if not output.normalized:
         raise ConfigError("dtype must be float32, float16 or bfloat16 (the Loader normalises)")
-    gpu_kw = _take(shorthand, _SHORTHANDS["gpu"][1])
+    gpu_kw = _take(shorthand, _GPU)
     given_gpu = gpu is not None
     gpu = _part("gpu", gpu, GPUOptions, gpu_kw)
     if not device.cuda:
@@ -198,22 +204,18 @@ def parts(path, device: Device, *, train, output, augment, gpu, remote, shorthan
         gpu = None
     elif gpu is None:
         gpu = GPUOptions()
-    remote_kw = _take(shorthand, _SHORTHANDS["remote"][1])
+    remote_kw = _take(shorthand, _REMOTE)
     given_remote = remote is not None
     remote = _part("remote", remote, RemoteOptions, remote_kw)
-    if remote is not None:
-        from ..reader import Dataset
-
-        names = [f.name for f in fields(RemoteOptions) if getattr(remote, f.name) is not None] or ["remote"]
+    if not given_remote and remote == RemoteOptions():
+        remote = None  # keywords at their defaults (None, {}): nothing asked
+    local = isinstance(path, Dataset) or not is_url(os.fspath(path))
+    if remote is not None and local:
+        names = [k for k in _REMOTE if getattr(remote, k) is not None] or ["remote"]
         if isinstance(path, Dataset):
             raise ConfigError(f"remote options ({', '.join(names)}) are for opening a dataset URL; the Dataset "
                               "given is open already: leave them out, or pass its URL")
-        if not is_url(os.fspath(path)):
-            if not given_remote and remote == RemoteOptions():
-                remote = None  # keywords at their defaults (None, {}): nothing asked
-            else:
-                check_options(path, remote.storage_options)  # names the options (not their values)
-                raise ConfigError(f"remote options ({', '.join(names)}) given for {os.fspath(path)!r}, a local "
-                                  "path: a local dataset is mapped in place; leave them out, or give the "
-                                  "dataset's URL")
+        check_options(path, remote.storage_options)  # names the options (not their values)
+        raise ConfigError(f"remote options ({', '.join(names)}) given for {os.fspath(path)!r}, a local path: a "
+                          "local dataset is mapped in place; leave them out, or give the dataset's URL")
     return Parts(train, output, augment, gpu, remote)

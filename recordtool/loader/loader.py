@@ -156,11 +156,8 @@ class Loader:
         as_torch = None if as_torch is None else _flag(as_torch, "as_torch")
         self.user_op = user_op = check_user_op(user_op)  # before the dataset opens: a refused op costs no download
         self.gpu_id = resolve(dev) if dev.cuda else None
-        r = self.remote
         self.ds = path if isinstance(path, Dataset) else open_dataset(
-            path, **({} if r is None else dict(cache_dir=r.cache_dir, cache_limit=r.cache_limit,
-                                               storage_options=None if r.storage_options is None
-                                               else dict(r.storage_options))))
+            path, **({} if self.remote is None else self.remote.open_args()))
         rank, world_size = _dist_defaults(rank, world_size)
         self.world_size = bounded_int("world_size", world_size, 1, floats=False)
         self.rank = bounded_int("rank", rank, 0, floats=False)
@@ -228,7 +225,7 @@ class Loader:
 
     @property
     def spec(self) -> Output:
-        """The output (`output`): the name the batchers and decoders know it by."""
+        """`output` by its other name (Output is also decode.spec.OutputSpec)."""
         return self.output
 
     @property
