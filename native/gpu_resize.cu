@@ -6,7 +6,7 @@
 // pixels itself (fancy upsampling, jdsample.c, and jdcolor.c's fixed-point conversion), from the
 // whole image's planes or from a region's (ox, oy: where the planes start in the image; the
 // kernel works in image coordinates with the whole image's edges, so both give the same pixels).
-// Compiled by CuPy (RawModule) at first use. Python reference: recordtool/decode/gpu_ref.py.
+// Compiled by CuPy (RawModule) at first use. Python reference: recordtool/decode/gpu/reference.py.
 // bfloat16 goes into a uint16 CuPy array (CuPy has no bfloat16): the bits, round to nearest even;
 // compiled apart (RECORDTOOL_BF16), so a toolkit without cuda_bf16.h costs only that variant.
 #include <cuda_fp16.h>

@@ -9,7 +9,7 @@
 // Here the whole loop runs without the GIL.
 //
 // Nothing links CUDA or nvJPEG: the functions are nvJPEG's own, passed by address from the
-// ctypes binding (recordtool/decode/nvjpeg.py, which loaded the library), and the CUDA driver's
+// ctypes binding (recordtool/decode/gpu/nvjpeg.py, which loaded the library), and the CUDA driver's
 // likewise. Their C signatures are nvjpeg.h's and cuda.h's. Reference: HardwareDecoder.decode's Python loop (tests/test_gpu.py decodes
 // one batch both ways and compares the pixels) and _Handle.image_info.
 #include <pybind11/numpy.h>

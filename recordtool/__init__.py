@@ -7,11 +7,6 @@ from .errors import (CacheFull, DecodeError, FormatError, NativeDecoderMissing, 
 from .datasets import open_dataset as open  # noqa: E402,F401  (recordtool.open)
 from .reader import BlockSampler, Dataset, Sampler  # noqa: E402,F401
 
-if __import__("os").environ.get("RECORDTOOL_FAULT"):  # the crash tests' kill points, in every process of a pack
-    from .format import faults as _faults
-
-    _faults.install()
-
 
 _CONFIG = ("Output", "TrainCrop", "EvalCrop", "GPUOptions", "RemoteOptions")
 

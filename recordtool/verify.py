@@ -260,14 +260,12 @@ def _decode_all(ds, threads, res, bad):
 def _decoder():
     """Full decode → (height, width); PyTurboJPEG when its library loads, else Pillow."""
     try:
-        from turbojpeg import TJPF_RGB
+        from . import codec
 
-        from .decode.reference import _turbojpeg
-
-        tj = _turbojpeg()
+        codec.turbojpeg()  # loads here: a missing library falls back to Pillow once
 
         def dec(data):
-            return tj.decode(bytes(data), pixel_format=TJPF_RGB).shape[:2]
+            return codec.decode_rgb(data).shape[:2]
     except Exception:  # no libturbojpeg: Pillow
         import io
 

@@ -48,8 +48,8 @@ venv/bin/recordtool verify packed-small --decode | tail -1
 $py - <<EOF
 import os
 import recordtool
-from recordtool import _bundled
-from recordtool.decode import cpu, reference
+from recordtool import _bundled, codec
+from recordtool.decode import cpu
 
 assert cpu.native_available() and not cpu._python_decoder
 n = 0
@@ -58,7 +58,7 @@ for packed in ("packed", "packed-small"):
     loader.set_epoch(0)
     for images, labels in loader:
         n += len(labels)
-reference._turbojpeg()
+codec.turbojpeg()
 libs = os.path.realpath(_bundled.LIBS)
 maps = {l.split()[-1] for l in open("/proc/self/maps") if "jpeg" in l.split()[-1]}
 print("recordtool:", recordtool.__file__)

@@ -14,5 +14,5 @@ $py scripts/make_imagenet_like.py data/sample --images "$images" --classes 20 "$
 .venv/bin/recordtool pack data/sample data/sample-packed --shards 8
 .venv/bin/recordtool inspect data/sample-packed
 .venv/bin/recordtool verify data/sample-packed --decode
-$py scripts/bench_format.py data/sample data/sample-packed
-$py scripts/bench_decode.py data/sample-packed --images 1024 --repeat 2
+$py benchmarks/bench_format.py data/sample data/sample-packed
+$py benchmarks/bench_decode.py data/sample-packed --images 1024 --repeat 2

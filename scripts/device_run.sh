@@ -8,7 +8,7 @@
 #          DALI is assembled and imported by every benchmark. A chained call on a warm machine may
 #          leave .whl and .carry behind (set RECORDTOOL_COMMIT): e.g. call 1 [.whl, .carry,
 #          .dali/dali-part-0], call 2 [.dali/dali-part-1, .dali/dali-extra], call 3 [.dali/dali-part-2].
-#   steps: STEPS="tests datafast trainbench gilprobe neighbour traincpu trainddp data384 transcode fidelity gpu gpu384 loader loader384 dist memory train decode format tune presets raypack ops"
+#   steps: STEPS="tests datafast trainbench traincpu trainddp data384 transcode fidelity gpu gpu384 loader loader384 dist memory train decode format tune presets raypack ops"
 #   numba: .numba (NUMBA=1 scripts/prepare_device_carry.sh, ~45 MB) is installed into /tmp/site and
 #          kept while the machine stays warm: carry [".whl", ".carry", ".numba"] once (or ".numba"
 #          alone on a warm machine), before or without the DALI parts
@@ -115,11 +115,11 @@ if has fidelity && fits fidelity $(( ${FID_BUDGET:-230} + 10 )); then  # issue 2
   one_gpu timeout 250 bash scripts/fidelity_device.sh > "$OUT/fidelity.log" 2>&1
 fi
 if has gpu && fits gpu 150; then
-  one_gpu timeout 300 python3 scripts/bench_gpu.py /tmp/bench-packed --epochs "${EPOCHS:-3}" ${GPU_ARGS:-} \
+  one_gpu timeout 300 python3 benchmarks/bench_gpu.py /tmp/bench-packed --epochs "${EPOCHS:-3}" ${GPU_ARGS:-} \
     --json "$OUT/bench_gpu.json" > "$OUT/bench_gpu.log" 2>&1
 fi
 if has gpu384 && fits gpu384 120; then
-  one_gpu timeout 240 python3 scripts/bench_gpu.py /tmp/bench-384 --epochs "${EPOCHS:-3}" ${GPU384_ARGS:---producers 4 --splits auto --hybrid on} \
+  one_gpu timeout 240 python3 benchmarks/bench_gpu.py /tmp/bench-384 --epochs "${EPOCHS:-3}" ${GPU384_ARGS:---producers 4 --splits auto --hybrid on} \
     --json "$OUT/bench_gpu_384.json" > "$OUT/bench_gpu_384.log" 2>&1
 fi
 if has loader && fits loader 120; then
@@ -171,22 +171,22 @@ if has dist && fits dist 90; then
   G=${GPUS:-$NGPU}
   # the one-GPU reference: one rank, GPU 0, CPG cores; then G ranks, one GPU and CPG cores each
   CUDA_VISIBLE_DEVICES=0 taskset -c 0-$((CPG - 1)) timeout 150 python3 -m torch.distributed.run --standalone \
-    --nproc_per_node=1 scripts/distributed_loader.py /tmp/bench-packed --device cuda --epochs ${DIST_EPOCHS:-8} \
+    --nproc_per_node=1 examples/distributed_loader.py /tmp/bench-packed --device cuda --epochs ${DIST_EPOCHS:-8} \
     --json "$OUT/dist_1.json" > "$OUT/dist_1.log" 2>&1
   taskset -c 0-$((CPG * G - 1)) timeout 200 python3 -m torch.distributed.run --standalone --nproc_per_node=$G \
-    scripts/distributed_loader.py /tmp/bench-packed --device cuda --epochs ${DIST_EPOCHS:-8} --resume-check \
+    examples/distributed_loader.py /tmp/bench-packed --device cuda --epochs ${DIST_EPOCHS:-8} --resume-check \
     --json "$OUT/dist_$G.json" > "$OUT/dist_$G.log" 2>&1
 fi
 if has memory && fits memory 60; then
   for d in ${MEM_DEVICES:-cuda}; do
-    one_gpu timeout 150 python3 scripts/bench_loader_memory.py /tmp/bench-packed --device $d --epochs ${MEM_EPOCHS:-10} \
+    one_gpu timeout 150 python3 benchmarks/bench_loader_memory.py /tmp/bench-packed --device $d --epochs ${MEM_EPOCHS:-10} \
       > "$OUT/loader_memory_$d.log" 2>&1
   done
 fi
 if has train && fits train 150; then
   for cfg in "torchvision --data /tmp/bench" "recordtool --data /tmp/bench-packed --device cuda" \
              "recordtool --data /tmp/bench-packed --device cpu"; do
-    one_gpu timeout 120 python3 scripts/train_imagenet.py --loader $cfg --steps 40 --warmup 10 >> "$OUT/train.log" 2>&1
+    one_gpu timeout 120 python3 examples/train_imagenet.py --loader $cfg --steps 40 --warmup 10 >> "$OUT/train.log" 2>&1
   done
 fi
 if has trainbench && fits trainbench 150; then
@@ -208,26 +208,6 @@ if has trainbench && fits trainbench 150; then
     done
   done
 fi
-if has gilprobe && fits gilprobe 90; then
-  # issue 21: the Loader and DALI consumed by a loop running GIL_BUSY_MS of Python per batch
-  # (scripts/gil_probe.py); GIL_VARIANTS: ';'-separated Loader keyword sets, each one more pipeline
-  args=(); IFS=';' read -ra vs <<< "${GIL_VARIANTS:-producers=4}"; for v in "${vs[@]}"; do args+=(--variant "$v"); done
-  for ms in ${GIL_BUSY_MS:-10}; do
-    fits "gilprobe $ms" 60 || break
-    one_gpu timeout 240 $PY scripts/gil_probe.py /tmp/bench-packed --device cuda --busy-ms $ms --epochs ${GIL_EPOCHS:-3} \
-      --files /tmp/bench --images ${GIL_IMAGES:-4096} "${args[@]}" --json "$OUT/gil_probe_$ms${GIL_TAG:-}.json" \
-      > "$OUT/gil_probe_$ms${GIL_TAG:-}.log" 2>&1 || echo "gilprobe $ms: exit $? (see gil_probe_$ms${GIL_TAG:-}.log)"
-    tail -6 "$OUT/gil_probe_$ms${GIL_TAG:-}.log"
-  done
-fi
-if has neighbour && fits neighbour 120; then
-  # issue 21: the producers' stages and the engines' batched decode alone and beside a GPU load
-  # (scripts/gpu_neighbour.py); NEIGHBOUR_ARGS replaces its default variants, loads and --micro
-  one_gpu timeout ${NEIGHBOUR_TIMEOUT:-240} $PY scripts/gpu_neighbour.py /tmp/bench-packed \
-    ${NEIGHBOUR_ARGS:---loads none train --micro --micro-loads none train --micro-sizes 64 256} \
-    --json "$OUT/neighbour.json" > "$OUT/neighbour.log" 2>&1 || echo "neighbour: exit $? (see neighbour.log)"
-  tail -30 "$OUT/neighbour.log"
-fi
 if has traincpu && fits traincpu 60; then
   # the CPU form on 2 of the cores (the dev machine's shape): a consumer spending CPU_MS of CPU per batch of 128
   taskset -c 0-1 timeout 240 python3 -m recordtool.tools.train_bench /tmp/bench-packed --files /tmp/bench --device cpu \
@@ -247,11 +227,11 @@ if has trainddp && fits trainddp 120; then
   done
 fi
 if has decode && fits decode 60; then
-  one_gpu python3 scripts/bench_decode.py /tmp/bench-packed --images "$IMAGES" --json "$OUT/bench_decode.json" \
+  one_gpu python3 benchmarks/bench_decode.py /tmp/bench-packed --images "$IMAGES" --json "$OUT/bench_decode.json" \
     > "$OUT/bench_decode.log" 2>&1
 fi
 if has format && fits format 40; then
-  one_gpu python3 scripts/bench_format.py /tmp/bench /tmp/bench-packed --json "$OUT/bench_format.json" \
+  one_gpu python3 benchmarks/bench_format.py /tmp/bench /tmp/bench-packed --json "$OUT/bench_format.json" \
     > "$OUT/bench_format.log" 2>&1
 fi
 if has raypack && fits raypack 240; then
@@ -260,7 +240,7 @@ if has raypack && fits raypack 240; then
     python3 -c "import tarfile; tarfile.open('.rayc/ray-cp312.tar.xz').extractall('/tmp/site-ray', filter='data')"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-ray .rayc/*.whl
   fi
-  PYTHONPATH=/tmp/site-ray:$PYTHONPATH timeout 400 python3 scripts/bench_ray_pack.py /tmp/bench --cores "$CPG" \
+  PYTHONPATH=/tmp/site-ray:$PYTHONPATH timeout 400 python3 benchmarks/bench_ray_pack.py /tmp/bench --cores "$CPG" \
     --replicate "${REPLICATE:-8}" --repeat "${RAY_REPEAT:-2}" --max-side 256 --json "$OUT/bench_ray_pack.json" > "$OUT/bench_ray_pack.log" 2>&1
 fi
 if has ops && ! python3 -c "import numba" 2>/dev/null; then
@@ -282,7 +262,7 @@ grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$OUT/pytest.log" 2>/dev/null | tai
 sed -n '/^=================== fidelity/,$p' "$OUT/fidelity.log" 2>/dev/null | head -90
 for f in "$OUT"/bench_gpu*.log; do [ -f "$f" ] && { echo "--- $f"; grep -A25 "summary" "$f" || tail -30 "$f"; }; done
 cat "$OUT"/bench_cli_*.log 2>/dev/null
-for f in "$OUT"/bench_op_*.log; do [ -f "$f" ] && grep -E "Error|Traceback" "$f" | tail -3 | sed "s|^|$(basename "$f"): |"; done
+for f in "$OUT"/bench_op_*.log; do [ -f "$f" ] && grep -E "^recordtool bench|  \+ |Error|Traceback" "$f" | tail -8 | sed "s|^|$(basename "$f"): |"; done
 for f in "$OUT"/dist_*.log; do [ -f "$f" ] && { echo "--- $f"; grep -E "epoch|rank|total|coverage|resume|Error" "$f" | tail -24; }; done
 for f in "$OUT"/loader_memory_*.log; do [ -f "$f" ] && { echo "--- $f"; tail -16 "$f"; }; done; grep "train_imagenet\|Error" "$OUT/train.log" 2>/dev/null
 for f in "$OUT"/train_ddp_*.log; do [ -f "$f" ] && { echo "--- $f"; sed -n '/^DDP training/,$p' "$f"; grep -E "Error" "$f" | tail -3; }; done
@@ -292,9 +272,6 @@ cat "$OUT/presets.log" "$OUT/transcode.log" 2>/dev/null
 tail -8 "$OUT/bench_ray_pack.log" 2>/dev/null
 cat "$OUT/skipped.log" 2>/dev/null; echo "total $SECONDS s"
 [ -f "$OUT/extra.log" ] && tail -20 "$OUT/extra.log"
-if ls "$OUT"/bench_op_*.json > /dev/null 2>&1; then  # the ops table last: what the step is for
-  echo "--- ops (recordtool bench --op; scripts/ops_table.py)"; python3 scripts/ops_table.py "$OUT"/bench_op_*.json
-fi
 # only a few files come back from the machine: one archive of every log and JSON per run of this
 # script (all.tgz, then all.1.tgz, … when one command runs it more than once, e.g. with TREE=old)
 rc=0; grep -q " failed" "$OUT/pytest.log" 2>/dev/null && rc=1

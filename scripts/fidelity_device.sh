@@ -8,8 +8,6 @@
 #   FID_IMAGES (3000): size of the generated fidelity set; FID_WINDOWS (6): windows per photo variant;
 #   FID_DALI=1: DALI in the speed run too (needs it assembled); FID_BUDGET (230 s): stop starting steps after it
 #   FID_MODES: chroma modes (default all three); FID_SAME (on): the set's Loader same_pixels, on / off / on,off
-#   FID_WHOLE=1: also the Loader's speed with interpolate decoding whole images (RECORDTOOL_GPU_PLANAR=whole,
-#   the pixels of the windowed mode: tests/test_gpu.py), after the alternating run
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; D="$OUT/fidelity"; mkdir -p "$D"
@@ -40,11 +38,6 @@ if (( $(left) > 45 )); then
     --splits auto --hybrid on --chroma $MODES,$MODES --no-ceilings --peers none $dali --json "$D/speed.json" \
     > "$D/speed.log" 2>&1 || echo "speed: rc $? (see $D/speed.log)"
 fi
-if [ "${FID_WHOLE:-0}" = 1 ] && (( $(left) > 45 )); then
-  RECORDTOOL_GPU_PLANAR=whole timeout "$(cap 60)" python3 scripts/bench_gpu.py /tmp/bench-packed --epochs 3 \
-    --producers 4 --splits auto --hybrid on --chroma interpolate --no-ceilings --peers none --no-dali \
-    --json "$D/speed_whole.json" > "$D/speed_whole.log" 2>&1 || echo "speed (whole): rc $? (see $D/speed_whole.log)"
-fi
 echo "== photo variants per chroma mode ($(left) s left)"
 if (( $(left) > 30 )); then
   timeout "$(cap 200)" python3 scripts/gpu_fidelity.py .carry/photos --windows "${FID_WINDOWS:-6}" --chroma $MODES \
@@ -57,7 +50,5 @@ grep -E "^=== Loader|chroma .* split .* all|4:2:0|4:2:2|4:4:4|gray|progr|worst" 
 grep -E "Error|Traceback" "$D/set.log" | head -3
 grep -E "sweep:|recordtool Loader|dali" "$D/speed.log" | head -12
 grep -E "Error|Traceback" "$D/speed.log" | head -3
-[ -f "$D/speed_whole.log" ] && { echo "-- interpolate, whole images (RECORDTOOL_GPU_PLANAR=whole):"
-  grep -E "sweep:|recordtool Loader|Error|Traceback" "$D/speed_whole.log" | head -6; }
 grep -E "^all, chroma" "$D/photos.log"
 grep -E "Error|Traceback" "$D/photos.log" | head -3

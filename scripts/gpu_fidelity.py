@@ -139,8 +139,8 @@ def main():
 
     from recordtool.decode.gpu import GPUDecoder, route
     from recordtool.decode.gpu.plan import CHROMA_MODES
-    from recordtool.decode.gpu_ref import SUBSAMPLING, planes_to_rgb
-    from recordtool.decode.nvjpeg import HardwareDecoder, HybridDecoder
+    from recordtool.decode.gpu.reference import SUBSAMPLING, planes_to_rgb
+    from recordtool.decode.gpu.nvjpeg import HardwareDecoder, HybridDecoder
     from recordtool.decode.spec import Output
 
     ap = argparse.ArgumentParser()

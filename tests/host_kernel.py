@@ -1,6 +1,6 @@
 """native/gpu_resize.cu built for the host: CUDA's qualifiers defined away and the launch grid
 run as loops, so CI (no GPU) runs the resize kernel's own source (uint8 NHWC output, not
-normalised) against gpu_ref and against itself."""
+normalised) against decode.gpu.reference and against itself."""
 from __future__ import annotations
 
 import ctypes

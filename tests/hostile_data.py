@@ -195,10 +195,10 @@ def libjpeg_disagreements(inputs) -> list:
     PyTurboJPEG; an accepted input is small (the rule bounds its blocks by its bytes)."""
     import warnings
 
-    from recordtool.decode.reference import _turbojpeg
+    from recordtool.codec import turbojpeg
     from recordtool.format.jpeg import BadJPEG, NotJPEG, decode_refusal, probe
 
-    tj = _turbojpeg()
+    tj = turbojpeg()
     out = []
     for data in inputs:
         try:

@@ -15,6 +15,7 @@ from recordtool.format.scan import index_parts
 from recordtool.pack import pack
 from recordtool.verify import verify
 
+import faults
 from conftest import jpeg_bytes, write
 
 PACK = [sys.executable, "-m", "recordtool.cli", "pack", "--shards", "3", "--seed", "5", "-q"]
@@ -35,7 +36,7 @@ def reference(folder, tmp_path):
                                    "publish:5", "published:1"])
 def test_kill_at_any_moment_then_rerun(folder, tmp_path, reference, fault):
     out = tmp_path / "out"
-    env = dict(os.environ, RECORDTOOL_FAULT=fault)
+    env = faults.env(fault)
     p = subprocess.run(PACK + [str(folder), str(out)], env=env)
     assert p.returncode == -signal.SIGKILL
     finished = (out / "manifest.json").exists()
@@ -214,7 +215,7 @@ def test_killed_planned_pack_resumes_only_unfinished_shards(folder, tmp_path, re
     """--shards: each finished part file is recorded; a re-run reuses those (same file, not
     rewritten) and redoes the rest, with the same bytes as an uninterrupted pack."""
     out = tmp_path / "out"
-    env = dict(os.environ, RECORDTOOL_FAULT="record@part-00001:2")
+    env = faults.env("record@part-00001:2")
     p = subprocess.run(PACK + ["--workers", "1", str(folder), str(out)], env=env)  # shards one after another
     assert p.returncode == -signal.SIGKILL
     partial = out / ".partial"
@@ -230,7 +231,7 @@ def test_killed_planned_pack_resumes_only_unfinished_shards(folder, tmp_path, re
 
 def test_resume_needs_the_same_plan(folder, tmp_path):
     out = tmp_path / "out"
-    env = dict(os.environ, RECORDTOOL_FAULT="record@part-00001:1")
+    env = faults.env("record@part-00001:1")
     assert subprocess.run(PACK + ["--workers", "1", str(folder), str(out)], env=env).returncode == -signal.SIGKILL
     # another seed is another plan: nothing is reused, and the result is that seed's pack
     s = pack(str(folder), str(out), shards=3, seed=6, progress=False)
@@ -241,7 +242,7 @@ def test_resume_needs_the_same_plan(folder, tmp_path):
 
 def test_damaged_finished_shard_is_redone(folder, tmp_path, reference):
     out = tmp_path / "out"
-    env = dict(os.environ, RECORDTOOL_FAULT="record@part-00002:1")
+    env = faults.env("record@part-00002:1")
     assert subprocess.run(PACK + ["--workers", "1", str(folder), str(out)], env=env).returncode == -signal.SIGKILL
     part = out / ".partial" / "part-00001"
     part.write_bytes(part.read_bytes()[:-10])  # truncated after it was recorded as finished
@@ -261,7 +262,7 @@ def test_foreign_partial_is_never_deleted(folder, tmp_path):
 
 def test_no_resume_starts_over(folder, tmp_path, reference):
     out = tmp_path / "out"
-    env = dict(os.environ, RECORDTOOL_FAULT="record@part-00002:1")
+    env = faults.env("record@part-00002:1")
     assert subprocess.run(PACK + ["--workers", "1", str(folder), str(out)], env=env).returncode == -signal.SIGKILL
     before = os.stat(out / ".partial" / "part-00000").st_mtime_ns
     time.sleep(0.05)

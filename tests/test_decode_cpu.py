@@ -388,16 +388,6 @@ def test_strided_views_of_bytes_are_refused_naming_the_buffer():
     assert _native.ends_with_eoi(fine).all() and np.array_equal(_native.buffer_spans(fine)[1], [len(good)] * 3)
 
 
-def test_background_nice_variable_is_checked(monkeypatch):
-    from recordtool.errors import ConfigError
-
-    monkeypatch.setenv("RECORDTOOL_CPU_SHARE_NICE", "lots")
-    with pytest.raises(ConfigError, match="RECORDTOOL_CPU_SHARE_NICE"):
-        cpu._background_nice()
-    monkeypatch.setenv("RECORDTOOL_CPU_SHARE_NICE", "3")
-    assert cpu._background_nice() == 3
-
-
 # ---------------------------------------------------------------- the Loader's sizes and crops against Pillow
 
 PIXELS = dict(mean=(0, 0, 0), std=(1 / 255,) * 3, layout="NHWC", as_torch=False, with_ids=True, shuffle=False,

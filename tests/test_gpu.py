@@ -12,7 +12,7 @@ from PIL import Image
 from conftest import photo_like
 from recordtool.decode import decode_crop_resize, random_flips, random_windows
 from recordtool.decode.gpu import CPU, ENGINE, HYBRID, hardware_decodable, route
-from recordtool.decode.gpu_ref import resize_normalize
+from recordtool.decode.gpu.reference import resize_normalize
 from recordtool.decode.spec import OutputSpec, scale_bias
 from recordtool.format.jpeg import CHROMA_411, CHROMA_420, CHROMA_422, CHROMA_GRAY, CS_CMYK, CS_GRAY, CS_YCBCR
 
@@ -149,21 +149,24 @@ def test_gpu_matches_cpu_40db(split):
 def test_native_submit_matches_the_ctypes_loop():
     """The engines' GIL-free batch submission and the hybrid decoder's batch in one call
     (recordtool._nvsubmit) decode exactly what the ctypes loops they replace decode (their
-    reference), and are the default where built."""
-    from recordtool.decode import nvjpeg
+    reference), and are the default."""
+    import inspect
+
+    from recordtool.decode.gpu import nvjpeg
     from recordtool.decode.gpu import GPUDecoder
 
+    assert inspect.signature(GPUDecoder).parameters["native_submit"].default is True
     bufs, sizes = _jpegs()
     ids = np.arange(len(bufs))
     win = random_windows(sizes[:, 0], sizes[:, 1], ids, 5, 0)
     flips = random_flips(ids, 5, 0)
     outs = []
     for native in (False, True):
-        dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=32, split="gpu")
+        dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=32, split="gpu",
+                         native_submit=native)
         if dec.hw is None:
             pytest.skip(f"no NVJPG engines: {dec.hw_error}")
-        assert dec.native_submit == (nvjpeg._nvsubmit is not None)
-        dec.native_submit = native
+        assert dec.native_submit == native
         outs.append(cupy.asnumpy(dec(bufs, win, flips, _hw(bufs))))
         assert dec.last.gpu == int((_hw(bufs) == ENGINE).sum())
         if dec.hybrid is not None:  # the progressive and gray images, by the hybrid decoder either way
@@ -176,10 +179,10 @@ def test_native_submit_matches_the_ctypes_loop():
 @gpu
 @pytest.mark.parametrize("chroma", ["replicate", "interpolate"])
 def test_chunked_engine_calls_decode_what_one_call_decodes(monkeypatch, chroma):
-    """RECORDTOOL_GPU_CHUNK=N: the engines' images in nvJPEG calls of at most N (sizes that
-    differ, so the state is re-initialised between calls, each after the last call's work is
-    done) give the pixels of one call, bit for bit, batch after batch (a hang here is the
-    re-initialisation racing the previous call); a bad value is refused."""
+    """chunk=N: the engines' images in nvJPEG calls of at most N (sizes that differ, so the state
+    is re-initialised between calls, each after the last call's work is done) give the pixels of
+    one call, bit for bit, batch after batch (a hang here is the re-initialisation racing the
+    previous call); a bad value is refused."""
     from recordtool.decode.gpu import GPUDecoder
     from recordtool.errors import ConfigError
 
@@ -187,12 +190,12 @@ def test_chunked_engine_calls_decode_what_one_call_decodes(monkeypatch, chroma):
     ids = np.arange(len(bufs))
     flips = random_flips(ids, 2, 0)
     outs = {}
-    for chunk in ("0", "4"):
-        monkeypatch.setenv("RECORDTOOL_GPU_CHUNK", chunk)
-        dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=32, split="gpu", chroma=chroma)
+    for chunk in (0, 4):
+        dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=32, split="gpu", chroma=chroma,
+                         chunk=chunk)
         if dec.hw is None:
             pytest.skip(f"no NVJPG engines: {dec.hw_error}")
-        assert dec.chunk == int(chunk)
+        assert dec.chunk == chunk
         calls = []  # images per nvJPEG call
         name = "decode_planes" if dec.planar else "decode"
         real = getattr(dec.hw, name)
@@ -205,21 +208,17 @@ def test_chunked_engine_calls_decode_what_one_call_decodes(monkeypatch, chroma):
             got.append(cupy.asnumpy(dec(bufs[:n], win, flips[:n], _hw(bufs[:n]))).copy())
             m = int((_hw(bufs[:n]) == ENGINE).sum())
             assert dec.last.gpu == m > 8, dec.last
-            if chunk == "0":
+            if chunk == 0:
                 assert calls == [m]
             else:  # as equal as they can be, none over 4
                 assert sum(calls) == m and len(calls) == -(-m // 4) and max(calls) - min(calls) <= 1
                 assert max(calls) <= 4
         outs[chunk] = got
         dec.close()
-    for a, b in zip(outs["0"], outs["4"]):
+    for a, b in zip(outs[0], outs[4]):
         assert np.array_equal(a, b)
-    monkeypatch.setenv("RECORDTOOL_GPU_CHUNK", "-1")
-    with pytest.raises(ConfigError, match="RECORDTOOL_GPU_CHUNK"):
-        GPUDecoder(OutputSpec(224), max_batch=8, split="gpu")
-    monkeypatch.delenv("RECORDTOOL_GPU_CHUNK")
-    assert GPUDecoder(OutputSpec(224), max_batch=8, split="gpu", chunk=3).chunk == 3  # the Loader passes its own
-    for bad in (-1, 2.5, True):
+    assert GPUDecoder(OutputSpec(224), max_batch=8, split="gpu").chunk == 0  # the default: one call
+    for bad in (-1, 2.5, True, "4"):
         with pytest.raises(ConfigError, match="chunk"):
             GPUDecoder(OutputSpec(224), max_batch=8, split="gpu", chunk=bad)
 
@@ -336,7 +335,8 @@ def test_bad_jpeg_in_batch_is_reported():
 @gpu
 def test_dlpack_to_torch():
     torch = pytest.importorskip("torch")
-    from recordtool.decode.gpu import GPUDecoder, to_torch
+    from recordtool.decode.gpu import GPUDecoder
+    from recordtool.loader.dlpack import to_torch
 
     bufs, sizes = _jpegs(8)
     win = random_windows(sizes[:, 0], sizes[:, 1], np.arange(8), 0, 0)
@@ -650,28 +650,6 @@ def test_demand_cpu_first_measures_the_engines_on_small_batches():
             Demand(**bad)
 
 
-def test_gpu_measurement_settings_are_checked_without_a_gpu(monkeypatch):
-    """RECORDTOOL_GPU_DEMAND and RECORDTOOL_GPU_CHUNK are read into checked values (the Loader
-    reads them before it allocates anything)."""
-    from recordtool.decode.gpu.decoder import engine_chunk
-    from recordtool.errors import ConfigError
-    from recordtool.loader.gpu import demand_from_env
-
-    assert demand_from_env({}).first == "cpu"
-    assert demand_from_env({"RECORDTOOL_GPU_DEMAND": "engines"}).first == "engines"
-    assert demand_from_env({"RECORDTOOL_GPU_DEMAND": "off"}) is None
-    with pytest.raises(ConfigError, match="RECORDTOOL_GPU_DEMAND"):
-        demand_from_env({"RECORDTOOL_GPU_DEMAND": "gpu"})
-    monkeypatch.delenv("RECORDTOOL_GPU_CHUNK", raising=False)
-    assert engine_chunk() == 0
-    monkeypatch.setenv("RECORDTOOL_GPU_CHUNK", "64")
-    assert engine_chunk() == 64
-    for bad in ("-1", "x", "1.5"):
-        monkeypatch.setenv("RECORDTOOL_GPU_CHUNK", bad)
-        with pytest.raises(ConfigError, match="RECORDTOOL_GPU_CHUNK"):
-            engine_chunk()
-
-
 @pytest.mark.parametrize("split", ["auto", "gpu"])
 def test_planner_pauses_engines_that_refuse_every_batch_and_retries_them(split):
     """Engines that refuse every batch (the CPU redoes each one) and so never get a rate: after
@@ -955,13 +933,13 @@ def test_fidelity_bound_with_nvjpeg_upsampling_emulated(side, subsampling):
     replicated chroma (what nvJPEG outputs) + the kernel's reference resample, against our CPU path."""
     from turbojpeg import TJFLAG_FASTUPSAMPLE, TJPF_RGB
 
-    from recordtool.decode.reference import _turbojpeg
+    from recordtool.codec import turbojpeg
 
     gray = subsampling == "gray"
     bufs = _sharp_jpegs(side, 0 if gray else subsampling, n=2, gray=gray)
     worst = 99.0
     for k, data in enumerate(bufs):
-        full = _turbojpeg().decode(data, pixel_format=TJPF_RGB, flags=TJFLAG_FASTUPSAMPLE)
+        full = turbojpeg().decode(data, pixel_format=TJPF_RGB, flags=TJFLAG_FASTUPSAMPLE)
         h0, w0 = full.shape[:2]
         ids = np.arange(10) + 100 * k
         win = random_windows(np.full(10, w0), np.full(10, h0), ids, 0, 0)
@@ -1058,20 +1036,20 @@ def test_hostile_multiscan_files_in_a_gpu_batch_are_named():
 
 # ------------------------------------------------------------------ chroma="interpolate": libjpeg's pixels from planes
 # nvJPEG decodes whole images to planar YCbCr; the kernel upsamples chroma with libjpeg-turbo's
-# fancy (triangle) filter and converts with libjpeg's fixed-point tables (gpu_ref.planes_to_rgb).
+# fancy (triangle) filter and converts with libjpeg's fixed-point tables (decode.gpu.reference.planes_to_rgb).
 
 def _planes(data):
     """libjpeg-turbo's decoded planes before upsampling (TurboJPEG's YUV decode), cropped to
     the image: [Y] for grayscale, else [Y, Cb, Cr] at their subsampled sizes."""
     from turbojpeg import TJPF_GRAY
 
-    from recordtool.decode.reference import _turbojpeg
+    from recordtool.codec import turbojpeg
     from recordtool.format.jpeg import CHROMA_GRAY, probe
 
     info = probe(data)
     if info.chroma == CHROMA_GRAY:
-        return [_turbojpeg().decode(data, pixel_format=TJPF_GRAY)[:, :, 0]]
-    y, cb, cr = _turbojpeg().decode_to_yuv_planes(data)
+        return [turbojpeg().decode(data, pixel_format=TJPF_GRAY)[:, :, 0]]
+    y, cb, cr = turbojpeg().decode_to_yuv_planes(data)
     return [y[: info.height, : info.width], cb, cr]
 
 
@@ -1108,12 +1086,12 @@ _LAYOUT_SUB = {"444": (1, 1), "422": (2, 1), "420": (2, 2), "440": (1, 2)}
 @pytest.mark.parametrize("layout", ["420", "422", "444", "440", "gray"])
 @pytest.mark.parametrize("size", [(333, 251), (64, 48), (5, 7), (3, 9), (17, 2)])
 def test_planar_reference_is_libjpeg_bit_exact(layout, size):
-    """gpu_ref.planes_to_rgb (what the kernel computes per pixel) gives libjpeg-turbo's RGB decode
+    """decode.gpu.reference.planes_to_rgb (what the kernel computes per pixel) gives libjpeg-turbo's RGB decode
     bit for bit, from libjpeg's own planes: interior, edges, odd sizes, planes of ≤ 2 columns."""
     from turbojpeg import TJPF_RGB
 
-    from recordtool.decode.gpu_ref import planes_to_rgb
-    from recordtool.decode.reference import _turbojpeg
+    from recordtool.decode.gpu.reference import planes_to_rgb
+    from recordtool.codec import turbojpeg
 
     w, h = size
     if layout == "440":
@@ -1121,7 +1099,7 @@ def test_planar_reference_is_libjpeg_bit_exact(layout, size):
     data = _layout_jpeg(w, h, layout, seed=w)
     p = _planes(data)
     got = planes_to_rgb(p[0]) if layout == "gray" else planes_to_rgb(*p, *_LAYOUT_SUB[layout])
-    assert np.array_equal(got, _turbojpeg().decode(data, pixel_format=TJPF_RGB))
+    assert np.array_equal(got, turbojpeg().decode(data, pixel_format=TJPF_RGB))
     assert np.array_equal(got, np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))  # Pillow's libjpeg too
 
 
@@ -1131,8 +1109,8 @@ def test_sample_dtype_is_the_kernels_struct():
     are libjpeg's FIX() values the reference uses."""
     import re
 
-    from recordtool.decode import gpu_ref
     from recordtool.decode.gpu import SAMPLE_DTYPE
+    from recordtool.decode.gpu.reference import CB_B, CB_G, CR_G, CR_R
     from recordtool.decode.gpu.kernel import _source
 
     src = _source()
@@ -1151,9 +1129,9 @@ def test_sample_dtype_is_the_kernels_struct():
     assert list(SAMPLE_DTYPE.names) == [n for n, _ in fields]
     assert {n: SAMPLE_DTYPE.fields[n][1] for n in SAMPLE_DTYPE.names} == expect
     assert SAMPLE_DTYPE.itemsize == (off + 7) // 8 * 8
-    for const in (gpu_ref.CR_R, gpu_ref.CB_B, gpu_ref.CR_G, gpu_ref.CB_G):
+    for const in (CR_R, CB_B, CR_G, CB_G):
         assert str(const) in src
-    assert (gpu_ref.CR_R, gpu_ref.CB_B, gpu_ref.CR_G, gpu_ref.CB_G) == (91881, 116130, 46802, 22554)
+    assert (CR_R, CB_B, CR_G, CB_G) == (91881, 116130, 46802, 22554)
 
 
 @pytest.mark.parametrize("side", [500, 1600])
@@ -1162,7 +1140,7 @@ def test_fidelity_with_interpolated_chroma_emulated(side, subsampling):
     """CPU-only emulation of chroma="interpolate": libjpeg's planes → the kernel's reference
     (planes_to_rgb + resample) against our CPU path on sharp chroma edges — what replaced the
     35 dB bound of replicated chroma (test_fidelity_bound_with_nvjpeg_upsampling_emulated)."""
-    from recordtool.decode.gpu_ref import planes_to_rgb
+    from recordtool.decode.gpu.reference import planes_to_rgb
 
     bufs = _sharp_jpegs(side, subsampling, n=2)
     worst = 99.0
@@ -1182,7 +1160,7 @@ def test_fidelity_with_interpolated_chroma_emulated(side, subsampling):
 
 def test_kernel_source_built_for_the_host_matches_reference(tmp_path):
     """native/gpu_resize.cu itself (CUDA qualifiers defined away, the grid run as loops on the
-    CPU) on planar samples of every layout against gpu_ref: the kernel's upsampling and colour
+    CPU) on planar samples of every layout against decode.gpu.reference: the kernel's upsampling and colour
     arithmetic and SAMPLE_DTYPE's layout, checked without a GPU."""
     import ctypes
 
@@ -1190,7 +1168,7 @@ def test_kernel_source_built_for_the_host_matches_reference(tmp_path):
 
     from recordtool.decode.gpu import SAMPLE_DTYPE
     from recordtool.decode.gpu.kernel import FMT_GRAY, FMT_RGB, FMT_YCC
-    from recordtool.decode.gpu_ref import chroma_size, planes_to_rgb
+    from recordtool.decode.gpu.reference import chroma_size, planes_to_rgb
 
     lib = build(tmp_path)
     if lib is None:
@@ -1257,10 +1235,10 @@ def test_chroma_mode_is_validated():
 @pytest.mark.parametrize("fmt", ["420", "422", "440", "444", "gray"])
 def test_kernel_planar_matches_reference(fmt):
     """The kernel on planar samples (random planes, odd sizes, windows to the edges, mirror)
-    against gpu_ref: planes_to_rgb, then the same resample."""
+    against decode.gpu.reference: planes_to_rgb, then the same resample."""
     from recordtool.decode.gpu import SAMPLE_DTYPE, kernel
     from recordtool.decode.gpu.kernel import FMT_GRAY, FMT_YCC
-    from recordtool.decode.gpu_ref import chroma_size, planes_to_rgb
+    from recordtool.decode.gpu.reference import chroma_size, planes_to_rgb
 
     rng = np.random.default_rng(7)
     shapes = [(301, 403), (9, 5), (64, 3)]
@@ -1302,7 +1280,7 @@ def test_kernel_planar_matches_reference(fmt):
 def test_nvjpeg_planes_are_libjpeg_planes(layout):
     """What the kernel's exactness rests on: nvJPEG's planar output (engines for baseline,
     hybrid decoder for progressive / gray) equals libjpeg-turbo's planes (its IDCT)."""
-    from recordtool.decode.nvjpeg import HardwareDecoder, HybridDecoder
+    from recordtool.decode.gpu.nvjpeg import HardwareDecoder, HybridDecoder
 
     prog = layout.startswith("prog")
     lay = layout[4:] if prog else layout
@@ -1350,7 +1328,7 @@ def test_nvjpeg_region_planes_are_the_whole_images_planes(layout):
     aligned, engines for baseline, hybrid decoder for progressive / gray) equals the whole
     image's planes there, bit for bit — odd sizes, regions on every edge."""
     from recordtool.decode.gpu.roi import chroma_dims, plan_rois
-    from recordtool.decode.nvjpeg import HardwareDecoder, HybridDecoder
+    from recordtool.decode.gpu.nvjpeg import HardwareDecoder, HybridDecoder
 
     prog = layout.startswith("prog")
     lay = layout[4:] if prog else layout
@@ -1404,9 +1382,9 @@ def test_nvjpeg_region_planes_are_the_whole_images_planes(layout):
 
 @gpu
 @pytest.mark.parametrize("split", ["gpu", "auto"])
-def test_windowed_interpolate_is_whole_image_interpolate(monkeypatch, split):
+def test_windowed_interpolate_is_whole_image_interpolate(split):
     """chroma="interpolate" decoding each window's region gives the same pixels as decoding
-    whole images (RECORDTOOL_GPU_PLANAR=whole), bit for bit: 4:2:0 / 4:2:2 / 4:4:0 / 4:4:4,
+    whole images (planar_roi=False), bit for bit: 4:2:0 / 4:2:2 / 4:4:0 / 4:4:4,
     gray and progressive, odd sizes, windows on the edges, mirrored; and the CPU path's pixels
     (_interp_bound, ≥ 40 dB) on the RandomResizedCrop windows (on tiny edge windows both modes'
     filter taps reach past the window into the image, where the CPU path's crop stops)."""
@@ -1428,11 +1406,10 @@ def test_windowed_interpolate_is_whole_image_interpolate(monkeypatch, split):
     flips = np.arange(len(bufs)) % 2 == 1
     outs = []
     for mode in ("whole", "roi"):
-        monkeypatch.setenv("RECORDTOOL_GPU_PLANAR", mode)
         dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=len(bufs), split=split,
-                         chroma="interpolate")
+                         chroma="interpolate", planar_roi=mode == "roi")
         assert dec.planar_roi == (mode == "roi")
-        if mode == "roi":  # both decoders passed the region probe (probe.py) on this machine
+        if mode == "roi":  # both decoders passed the region check (roi_check.py) on this machine
             assert dec.planar_regions == {"engines": True, "hybrid": True}, dec.planar_regions
         outs.append(cupy.asnumpy(dec(bufs, win, flips, _hw(bufs))))
         if split == "gpu":
@@ -1628,21 +1605,27 @@ def test_cuda_loader_bfloat16_channels_last_and_device_spellings(packed_mix):
 
 
 @gpu
-def test_host_wait_policy_switch_sets_the_context_flags(monkeypatch):
-    """RECORDTOOL_GPU_SCHEDULE (a measurement switch): the context's scheduling flags follow it."""
-    from recordtool.loader.gpu import host_wait_policy
+def test_set_host_wait_policy_sets_the_context_flags():
+    """set_host_wait_policy (process-wide: only a measurement calls it): the context's
+    scheduling flags follow it."""
+    from recordtool.decode.gpu import set_host_wait_policy
 
-    monkeypatch.delenv("RECORDTOOL_GPU_SCHEDULE", raising=False)
-    assert host_wait_policy(0) is None  # unset: the context is left as it is
     try:
-        assert host_wait_policy(0, "block") & 0x7 == 4
-        assert host_wait_policy(0, "spin") & 0x7 == 1
+        assert set_host_wait_policy(0, "block") & 0x7 == 4
+        assert set_host_wait_policy(0, "spin") & 0x7 == 1
     finally:
-        assert host_wait_policy(0, "auto") & 0x7 == 0
+        assert set_host_wait_policy(0, "auto") & 0x7 == 0
+
+
+def test_an_unknown_host_wait_policy_is_refused_before_cuda():
+    """A mode that is not auto / spin / yield / block is a ConfigError, before CuPy or the driver
+    is touched (no GPU needed)."""
+    from recordtool.decode.gpu import set_host_wait_policy
     from recordtool.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="RECORDTOOL_GPU_SCHEDULE"):
-        host_wait_policy(0, "fast")
+    for bad in ("fast", "", None, 4):
+        with pytest.raises(ConfigError, match="host wait policy"):
+            set_host_wait_policy(0, bad)
 
 
 @gpu

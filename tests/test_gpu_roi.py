@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from recordtool.decode.gpu.roi import MARGIN, SUBSAMPLING, chroma_dims, plan_rois, tap_span
-from recordtool.decode.gpu_ref import chroma_size, planes_to_rgb, region_planes_to_rgb
+from recordtool.decode.gpu.reference import chroma_size, planes_to_rgb, region_planes_to_rgb
 from recordtool.decode.windows import random_windows
 
 CODES = {"444": 0, "422": 1, "420": 2, "440": 3, "gray": 6}
@@ -98,13 +98,13 @@ def _jpeg(w, h, layout, seed):
 def _libjpeg_planes(data):
     from turbojpeg import TJPF_GRAY
 
-    from recordtool.decode.reference import _turbojpeg
+    from recordtool.codec import turbojpeg
     from recordtool.format.jpeg import CHROMA_GRAY, probe
 
     info = probe(data)
     if info.chroma == CHROMA_GRAY:
-        return [_turbojpeg().decode(data, pixel_format=TJPF_GRAY)[:, :, 0]]
-    y, cb, cr = _turbojpeg().decode_to_yuv_planes(data)
+        return [turbojpeg().decode(data, pixel_format=TJPF_GRAY)[:, :, 0]]
+    y, cb, cr = turbojpeg().decode_to_yuv_planes(data)
     return [y[: info.height, : info.width], cb, cr]
 
 
@@ -130,7 +130,7 @@ def _synthetic_440(w, h, seed):
 @pytest.mark.parametrize("wh", [(333, 251), (17, 9), (64, 48), (5, 3), (3, 31)])
 def test_region_planes_give_the_whole_image_pixels(layout, wh):
     """The reference level of windowed interpolate: libjpeg's planes cut to each planned region,
-    upsampled with the whole image's edge rules (gpu_ref.region_planes_to_rgb, what the kernel
+    upsampled with the whole image's edge rules (decode.gpu.reference.region_planes_to_rgb, what the kernel
     does with ox / oy), are the whole-image decode's pixels in that region, bit for bit."""
     w, h = wh
     hs, vs = {"444": (1, 1), "422": (2, 1), "420": (2, 2), "440": (1, 2), "gray": (1, 1)}[layout]
@@ -139,9 +139,9 @@ def test_region_planes_give_the_whole_image_pixels(layout, wh):
     if layout != "440":  # the whole-image reference is libjpeg's decode itself (tests/test_gpu.py)
         from turbojpeg import TJPF_RGB
 
-        from recordtool.decode.reference import _turbojpeg
+        from recordtool.codec import turbojpeg
 
-        assert np.array_equal(whole, _turbojpeg().decode(_jpeg(w, h, layout, seed=w), pixel_format=TJPF_RGB))
+        assert np.array_equal(whole, turbojpeg().decode(_jpeg(w, h, layout, seed=w), pixel_format=TJPF_RGB))
     cases = [c for c in _cases(1) if c[:3] == (w, h, CODES[layout])]
     win = cases[0][3] if cases else random_windows(np.full(12, w), np.full(12, h), np.arange(12), 1, 0)
     rois = plan_rois(win, np.full(len(win), w), np.full(len(win), h), np.full(len(win), CODES[layout]), (224, 224))
@@ -250,7 +250,7 @@ def test_planar_placement_plans_regions_and_refuses_what_the_kernel_does_not_tak
     planes sized by the region; a header that does not parse, a window the header does not hold
     and gray on the engines go to the CPU path."""
     from recordtool.decode.gpu.kernel import FMT_GRAY, FMT_YCC
-    from recordtool.decode.gpu.plan import Plan
+    from recordtool.decode.gpu.plan import Assignment
 
     bufs = [_jpeg(333, 251, "420", 1), _jpeg(64, 48, "422", 2), _jpeg(17, 9, "444", 3), _jpeg(40, 30, "gray", 4),
             b"\xff\xd8 not a jpeg \xff\xd9", _jpeg(40, 30, "gray", 5), _jpeg(50, 40, "420", 6)]
@@ -259,7 +259,7 @@ def test_planar_placement_plans_regions_and_refuses_what_the_kernel_does_not_tak
     for planar_roi, engines_regions in ((True, True), (False, False), (True, False)):
         dec = _decoder_without_gpu(bufs, planar_roi)
         dec.planar_regions["engines"] = engines_regions  # (True, False): engines whole, hybrid regions
-        plan = Plan(engine=np.array([0, 1, 2, 3, 6]), hybrid=np.array([4, 5]), cpu=np.zeros(0, np.int64), forced=0)
+        plan = Assignment(engine=np.array([0, 1, 2, 3, 6]), hybrid=np.array([4, 5]), cpu=np.zeros(0, np.int64), forced=0)
         places, refused = dec._place_planar(bufs, win, plan)
         assert sorted(refused) == [3, 4, 6] and plan.engine.tolist() == [0, 1, 2] and plan.hybrid.tolist() == [5]
         s = dec.buf.samples
@@ -317,15 +317,15 @@ def _stand_in(how):
     """decode(data, ptrs, pitches, gray, roi) writing libjpeg's planes as a decoder would: "right"
     (a region's planes at the given pointers), "ignores" (the whole image whatever the region),
     "offset" (the region's planes where they lie in the whole image), "raises"."""
-    from recordtool.decode.gpu import probe
+    from recordtool.decode.gpu import roi_check
 
     def decode(data, ptrs, pitches, gray, roi):
         if how == "raises":
             raise RuntimeError("NVJPEG_STATUS_INVALID_PARAMETER")
         planes = _libjpeg_planes(data)
-        half = (probe.H + 1) // 2, (probe.W + 1) // 2
-        code = 6 if gray else {half: 2, (probe.H, half[1]): 1, (probe.H, probe.W): 0}[planes[1].shape]
-        shapes = probe.plane_shapes(code, None if how == "ignores" else roi)
+        half = (roi_check.H + 1) // 2, (roi_check.W + 1) // 2
+        code = 6 if gray else {half: 2, (roi_check.H, half[1]): 1, (roi_check.H, roi_check.W): 0}[planes[1].shape]
+        shapes = roi_check.plane_shapes(code, None if how == "ignores" else roi)
         hs, vs = SUBSAMPLING[code]
         for c, (p, (r, k)) in enumerate(zip(planes, shapes)):
             if roi is None or how == "ignores":
@@ -340,11 +340,11 @@ def _stand_in(how):
 
 
 @pytest.mark.parametrize("how", ["right", "ignores", "offset", "raises"])
-def test_region_probe_trusts_only_a_decoder_that_writes_regions_right(how):
-    """probe.check (run once per GPUDecoder): a decoder writing each region's planes where asked
+def test_region_check_trusts_only_a_decoder_that_writes_regions_right(how):
+    """roi_check.regions_decode_right (run once per GPUDecoder): a decoder writing each region's planes where asked
     is trusted with regions; one that ignores the region, writes it at the whole image's offset
     or refuses it is not (its images are then decoded whole)."""
-    from recordtool.decode.gpu import probe
+    from recordtool.decode.gpu import roi_check
 
     layouts = ("420", "422", "444", "gray", "prog420")
-    assert probe.check(_stand_in(how), layouts, _HostCupy) == (how == "right")
+    assert roi_check.regions_decode_right(_stand_in(how), layouts, _HostCupy) == (how == "right")

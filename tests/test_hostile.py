@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import hostile_data as hd
+import faults
 from conftest import jpeg_bytes, write
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -151,14 +152,14 @@ def test_native_refusals_match_the_python_rule():
 def test_corrupt_data_warnings_are_failures_like_verify():
     import warnings
 
+    from recordtool.codec import turbojpeg
     from recordtool.decode import decode_crop_resize
-    from recordtool.decode.reference import _turbojpeg
 
     data = hd.corrupt_entropy(0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(Warning):  # the reference decoder (verify --decode) warns
-            _turbojpeg().decode(data)
+            turbojpeg().decode(data)
     errors = []
     out = decode_crop_resize([data], np.array([[0, 0, 64, 64]]), size=(16, 16), on_error="skip", errors=errors)
     assert errors and "Corrupt JPEG data" in errors[0][1] and not out.any()
@@ -281,7 +282,7 @@ def test_overwrite_removes_exactly_what_the_manifest_lists(packed_small, small_f
 def test_killed_mid_publish_leftovers_are_recognised_as_ours(small_folder, tmp_path):
     # the marker's publishing list makes the parts a killed commit moved into OUT ours
     out = tmp_path / "out"
-    env = dict(os.environ, RECORDTOOL_FAULT="publish:2")
+    env = faults.env("publish:2")
     p = subprocess.run([sys.executable, "-m", "recordtool.cli", "pack", small_folder, out, "--shards", "2", "-q"],
                        env=env, capture_output=True)
     assert p.returncode < 0 and (out / "part-00000").exists() and not (out / "manifest.json").exists()
@@ -690,15 +691,15 @@ def _decoders_refuse(data) -> list:
 
     from PIL import Image
 
+    from recordtool.codec import turbojpeg
     from recordtool.decode import decode_crop_resize
-    from recordtool.decode.reference import _turbojpeg
 
     refused = []
     errors = []
     decode_crop_resize([data], np.array([[0, 0, 8, 8]]), size=(8, 8), on_error="skip", errors=errors)
     if errors:
         refused.append("native")
-    for name, dec in (("turbojpeg", lambda: _turbojpeg().decode(data)),
+    for name, dec in (("turbojpeg", lambda: turbojpeg().decode(data)),
                       ("pillow", lambda: Image.open(io.BytesIO(data)).load())):
         try:
             with warnings.catch_warnings():

@@ -2,7 +2,7 @@
 engine under signals — the driver stops its workers on SIGTERM/SIGHUP as on Ctrl-C, workers
 die with their driver, and a worker killed under the driver is a named error, not a traceback.
 
-Each case runs `recordtool pack` in a subprocess with timeouts; RECORDTOOL_FAULT (format/
+Each case runs `recordtool pack` in a subprocess with timeouts; RECORDTOOL_FAULT (tests/
 faults.py) slows, hangs or kills the workers at exact records so nothing depends on timing.
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+import faults
 from conftest import jpeg_bytes, tree, write
 
 CLI = [sys.executable, "-m", "recordtool.cli", "pack", "-q"]
@@ -123,7 +124,7 @@ def _start_pack(src, out, action: str, fault: str = "record:1", signals: str = "
     checking the stop event) or hung ("hang") from their first record, its driver's SIGTERM and
     SIGHUP at their default action (or `signals="ignore"`); returns once both workers are
     writing part files (and their pids)."""
-    env = dict(os.environ, RECORDTOOL_FAULT=fault, RECORDTOOL_FAULT_ACTION=action)
+    env = faults.env(fault, action)
     p = subprocess.Popen([sys.executable, "-c", _WITH_SIGNALS, signals] + CLI[1:]
                          + ["--engine", "process", "--workers", "2", "--shards", "4", str(src), str(out)], env=env)
     deadline = time.monotonic() + 240
@@ -190,7 +191,7 @@ def test_workers_die_with_a_killed_driver(src, tmp_path):
 def test_a_killed_worker_is_a_named_error_and_the_rerun_resumes(src, tmp_path):
     expected = _reference(src, tmp_path, "--shards", "4")
     out = tmp_path / "out"
-    env = dict(os.environ, RECORDTOOL_FAULT="record@part-00001:2")  # SIGKILL at its 2nd record
+    env = faults.env("record@part-00001:2")  # SIGKILL at its 2nd record
     cmd = CLI + ["--engine", "process", "--workers", "2", "--shards", "4", str(src), str(out)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 1, p.stderr

@@ -7,8 +7,7 @@ import shutil
 import pytest
 
 import recordtool
-from recordtool import _bundled
-from recordtool.decode import reference
+from recordtool import _bundled, codec
 
 INSTALLED = os.environ.get("RECORDTOOL_TEST_INSTALLED") == "1"
 
@@ -40,8 +39,8 @@ def test_pyturbojpeg_gets_the_bundled_library(tmp_path, monkeypatch):
 
     real = turbojpeg.TurboJPEG
     monkeypatch.setattr(turbojpeg, "TurboJPEG", lambda lib_path=None: seen.append(lib_path) or real(lib_path))
-    monkeypatch.setattr(reference, "_tj", None)
-    assert reference._turbojpeg().encode is not None
+    monkeypatch.setattr(codec, "_tj", None)
+    assert codec.turbojpeg().encode is not None
     assert seen == [str(libs / "libturbojpeg-0a1b2c3d.so.0.2.0")]
     monkeypatch.setattr(_bundled, "LIBS", str(tmp_path / "absent"))  # a source build: PyTurboJPEG searches
     assert _bundled.turbojpeg_path() is None
@@ -57,7 +56,7 @@ def test_the_suite_runs_against_the_installed_wheel():
     tree = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     assert os.path.dirname(os.path.abspath(recordtool.__file__)) != os.path.join(tree, "recordtool"), recordtool.__file__
     assert cpu.native_available()
-    reference._turbojpeg()
+    codec.turbojpeg()
     libs = os.path.realpath(_bundled.LIBS)
     mapped = _loaded("libjpeg") | _loaded("libturbojpeg")  # (Pillow's wheel maps a libjpeg of its own)
     ours = {os.path.basename(p).split("-")[0] for p in mapped if os.path.realpath(p).startswith(libs + os.sep)}

@@ -9,7 +9,12 @@
   them, each with who and why; an entry fails the test once its module is under the limit or
   gives its reason, so the list cannot outlive its cause;
 - the library never imports the tools (recordtool/tools/: only the CLI and other tools do);
-- ARCHITECTURE.md names every module (one line each) and no module that is not there.
+- ARCHITECTURE.md names every module (one line each) and no module that is not there;
+- the decode stage and the loader (NO_ENVIRONMENT) read no environment variable: a choice a user
+  needs is a typed argument, and a measurement's alternative path a keyword of the internal class;
+- the loader imports the GPU stage through its face (`recordtool.decode.gpu`), never its modules;
+  FACE_WAITING names a loader module that still does while its code is being changed elsewhere,
+  and fails once it no longer does.
 
 An edge goes to each module an import runs: `import a.b.c` → a.b.c and the packages a, a.b
 (those above the importing module only when named: the others are already running);
@@ -29,6 +34,10 @@ MAX_LINES = 420
 GENERATED = ("_pb2.py",)  # protoc's output (scripts/gen_proto.sh)
 ARCHITECTURE = ROOT.parent / "ARCHITECTURE.md"
 WAITING: dict = {}
+NO_ENVIRONMENT = ("decode", "loader")  # packages of ROOT configured by their arguments alone
+ENVIRONMENT_NAMES = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
+GPU_FACE = "decode.gpu"  # under ROOT: the package the loader imports the GPU stage from
+FACE_WAITING: dict = {}
 
 
 def module_files(root: Path = ROOT) -> dict:
@@ -267,7 +276,67 @@ def test_architecture_names_every_module():
     assert not gone, "ARCHITECTURE.md describes modules that do not exist: " + ", ".join(gone)
 
 
+def environment_reads(path: Path) -> list:
+    """(line, name) of each use of the process environment in a module: any attribute named
+    environ / getenv / ... (os.environ.get, os.getenv, `__import__("os").environ`) and those names
+    imported from os."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr in ENVIRONMENT_NAMES:
+            out.append((node.lineno, node.attr))
+        elif isinstance(node, ast.ImportFrom) and node.module in ("os", "posix"):
+            out += [(node.lineno, a.name) for a in node.names if a.name in ENVIRONMENT_NAMES | {"*"}]
+    return out
+
+
+def test_decode_and_loader_read_no_environment_variable():
+    wrong = [f"{path.relative_to(ROOT.parent)}:{line} uses {name}"
+             for package in NO_ENVIRONMENT for path in sorted((ROOT / package).rglob("*.py"))
+             for line, name in environment_reads(path)]
+    assert not wrong, "environment reads where configuration is by argument only:\n" + "\n".join(wrong)
+
+
+def gpu_module_imports(path: Path) -> list:
+    """(line, module) of each import in a loader module of a module inside the GPU stage's package
+    rather than the package itself (relative imports resolved as Python does)."""
+    module = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts)
+    face = f"{ROOT.name}.{GPU_FACE}"
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            names = [_resolve(module, path.name == "__init__.py", node.level, node.module)]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        out += [(node.lineno, n) for n in names if n.startswith(face + ".")]
+    return out
+
+
+def test_the_loader_imports_the_gpu_stage_through_its_face():
+    wrong, stale = [], []
+    for path in sorted((ROOT / "loader").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        found = gpu_module_imports(path)
+        if rel in FACE_WAITING:
+            stale += [] if found else [rel]
+        else:
+            wrong += [f"{rel}:{line} imports {name}" for line, name in found]
+    assert not wrong, f"import these from recordtool.{GPU_FACE} (add them to its face):\n" + "\n".join(wrong)
+    assert not stale, "FACE_WAITING entries whose module now imports the face only: " + ", ".join(stale)
+
+
 # ------------------------------------------------------- the checker itself, on made-up packages
+
+def test_environment_checker_finds_each_form(tmp_path):
+    forms = {"a.py": "import os\nx = os.environ.get('A')\n", "b.py": "import os\nx = os.getenv('B')\n",
+             "c.py": "from os import environ\n", "d.py": "x = __import__('os').environ['D']\n",
+             "e.py": "from os import *\n", "f.py": "import os\nx = dict(os.environ)\n"}
+    clean = {"g.py": "import os\nx = os.path.join('a', 'environ')\ny = os.sysconf('SC_PAGE_SIZE')\n"}
+    root = _tree(tmp_path, {**forms, **clean})
+    assert all(environment_reads(root / name) for name in forms)
+    assert environment_reads(root / "g.py") == []
+
 
 def _tree(tmp_path, files: dict) -> Path:
     root = tmp_path / "pkg"

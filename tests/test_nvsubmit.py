@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from recordtool.decode.nvjpeg import Image
+from recordtool.decode.gpu.nvjpeg import Image
 
 nvsubmit = pytest.importorskip("recordtool._nvsubmit") if not os.environ.get("RECORDTOOL_REQUIRE_NATIVE") \
     else __import__("recordtool._nvsubmit", fromlist=["submit"])
@@ -147,7 +147,7 @@ def test_infos_returns_what_image_info_returns_per_image():
 
 def _hardware_decoder(cap, planar):
     """A HardwareDecoder over stand-ins for nvJPEG (no GPU): what reaches nvJPEG is recorded."""
-    from recordtool.decode import nvjpeg
+    from recordtool.decode.gpu import nvjpeg
 
     log = {"init": [], "roi": [], "batched": []}
     channels = 3 if planar else 1
@@ -262,7 +262,7 @@ class _Event:
 
 def _hybrid(fns):
     """A HybridDecoder over the stand-ins (no nvJPEG, no GPU)."""
-    from recordtool.decode import nvjpeg
+    from recordtool.decode.gpu import nvjpeg
 
     d = object.__new__(nvjpeg.HybridDecoder)
     lib = _Lib(fns)
@@ -286,7 +286,7 @@ def test_hybrid_batch_makes_the_python_loops_calls(monkeypatch, fail):
     arguments in the same order (the two pinned sets alternating, each event waited for before
     its set is reused, format and ROI set only where they change), a failing image reported
     and the next one decoded, and the same decoder state after."""
-    from recordtool.decode import nvjpeg
+    from recordtool.decode.gpu import nvjpeg
 
     monkeypatch.setattr(nvjpeg, "context_current", lambda: None)
     n = 6
@@ -512,7 +512,7 @@ def test_queue_launch_without_arguments_and_launch_dimensions(monkeypatch):
             w.launch(_Ptr(7), dims, 1, ())
 
 
-class _FakeCupy:  # what _Pass allocates with
+class _FakeCupy:  # what NormalizePass allocates with
     class cuda:
         alloc_pinned_memory = staticmethod(lambda n: bytearray(n))
 
@@ -524,10 +524,9 @@ def test_a_pass_fills_its_two_host_sets_in_turn_and_only_after_a_queued_pass(npa
     """GPUBatcher's pass per producer slot: two host sets (sample table, params) in turn; the
     set stays the next one until a pass has been queued from it (a pass that failed before
     queueing must not make the next one fill the set whose copies may still be pending)."""
-    from recordtool.decode.gpu import SAMPLE_DTYPE
-    from recordtool.loader.gpu import _Pass
+    from recordtool.decode.gpu import SAMPLE_DTYPE, NormalizePass
 
-    p = _Pass(_FakeCupy, 8, nparams)
+    p = NormalizePass(_FakeCupy, 8, nparams)
     a = p.host()
     assert a[0].dtype == SAMPLE_DTYPE and len(a[0]) == 8 and a[1].shape == (8 * nparams,)
     assert p.host()[0] is a[0]  # no pass queued: the same set

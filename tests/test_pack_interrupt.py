@@ -2,7 +2,7 @@
 traceback from worker processes — also when it lands while they start.
 
 Each case runs the real command in a process group of its own and sends SIGINT to the group,
-as a terminal does. Nothing depends on timing: RECORDTOOL_FAULT (format/faults.py) slows the
+as a terminal does. Nothing depends on timing: RECORDTOOL_FAULT (tests/faults.py) slows the
 pack at its first record or holds each worker process inside its start, and the signal goes
 only once a file proves the pack got there.
 """
@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+import faults
 from conftest import jpeg_bytes, write
 
 # the driver starts with SIGINT at its default action whatever this process inherited (a
@@ -35,8 +36,8 @@ def src(tmp_path):
     return root
 
 
-def _start(args, env):
-    return subprocess.Popen(CLI + args, env=dict(os.environ, **env), start_new_session=True,
+def _start(args, fault, action):
+    return subprocess.Popen(CLI + args, env=faults.env(fault, action), start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -81,7 +82,7 @@ def test_ctrl_c_mid_pack_is_one_line_and_exit_130(src, tmp_path, engine, args):
     """The pack is at work (a part file is being written, records 0.5 s apart) when Ctrl-C comes."""
     out = tmp_path / "out"
     p = _start(["--engine", engine, "--workers", "2"] + args + [str(src), str(out)],
-               {"RECORDTOOL_FAULT": "record:1", "RECORDTOOL_FAULT_ACTION": "slow"})
+               "record:1", "slow")
     partial = out / ".partial"
 
     def writing():
@@ -100,7 +101,7 @@ def test_ctrl_c_while_workers_start_is_one_line_and_exit_130(src, tmp_path, args
     out, held = tmp_path / "out", tmp_path / "held"
     held.mkdir()
     p = _start(["--engine", "process", "--workers", "2"] + args + [str(src), str(out)],
-               {"RECORDTOOL_FAULT": "worker-start", "RECORDTOOL_FAULT_ACTION": f"pause:{held}"})
+               "worker-start", f"pause:{held}")
     _wait_for(p, lambda: len([n for n in os.listdir(held) if n.startswith("paused.")]) >= 2,
               "both workers held in their start")
     os.killpg(p.pid, signal.SIGINT)  # pending in every process of the group once this returns
@@ -115,7 +116,7 @@ def test_ctrl_c_in_the_python_api_stays_a_keyboard_interrupt(src, tmp_path):
     code = ("import sys\nfrom recordtool.pack import pack\ntry:\n    pack(sys.argv[1], sys.argv[2], engine='process', "
             "workers=2, shards=4, progress=False)\nexcept KeyboardInterrupt:\n    sys.exit(42)\n")
     p = subprocess.Popen([sys.executable, "-c", _WITH_SIGINT, "-c", code, str(src), str(out)],
-                         env=dict(os.environ, RECORDTOOL_FAULT="record:1", RECORDTOOL_FAULT_ACTION="slow"),
+                         env=faults.env("record:1", "slow"),
                          start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     partial = out / ".partial"
     _wait_for(p, lambda: partial.is_dir() and any(n.endswith(".tmp") for n in os.listdir(partial)),

@@ -19,6 +19,7 @@ import time
 
 import pytest
 
+import faults
 from conftest import jpeg_bytes, write
 
 CLI = [sys.executable, "-m", "recordtool.cli", "pack", "-q"]
@@ -143,7 +144,7 @@ def _semaphores(pid: int) -> set:
 @pytest.mark.skipif(not (sys.platform.startswith("linux") and os.path.isdir("/dev/shm")), reason="Linux /dev/shm")
 def test_the_semaphores_of_a_killed_process_pack_are_removed_by_the_next(src, tmp_path):
     out = tmp_path / "out"
-    env = dict(os.environ, RECORDTOOL_FAULT="record:1", RECORDTOOL_FAULT_ACTION="hang")
+    env = faults.env("record:1", "hang")
     cmd = ["--engine", "process", "--workers", "2", "--shards", "4", str(src), str(out)]
     p = subprocess.Popen(CLI + cmd, env=env, start_new_session=True)  # its group: driver, tracker, workers
     try:

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+import faults
 from conftest import tree
 from recordtool.pack import ray_tasks as pack_ray
 from recordtool.errors import PackError
@@ -25,8 +26,9 @@ def cluster():
 
 @contextlib.contextmanager
 def job(cluster, fault=None):
-    """One driver connection (a Ray job); RECORDTOOL_FAULT set in its workers only."""
-    env = {"env_vars": {"RECORDTOOL_FAULT": fault}} if fault else None
+    """One driver connection (a Ray job); RECORDTOOL_FAULT set in its workers only, with the
+    kill points' sitecustomize on their PYTHONPATH."""
+    env = {"env_vars": {"RECORDTOOL_FAULT": fault, "PYTHONPATH": faults.pythonpath()}} if fault else None
     ray.init(address=cluster.address, runtime_env=env, logging_level="WARNING")
     try:
         cluster.wait_for_nodes()

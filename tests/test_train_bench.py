@@ -73,11 +73,13 @@ def test_train_bench_cli_cpu_form(data, tmp_path):
 
 def test_a_failing_pipeline_is_reported_not_measured(data):
     res = train_bench.run(str(data / "out"), None, "resnet18", 64, 8, 2, 1, 1,
-                          ["recordtool:size=0", "dali", "nonsense"], 2, "cpu", consumer_ms=1, log=lambda m: None)
+                          ["recordtool:size=0", "dali", "nonsense", "synthetic:host_wait=block"], 2, "cpu",
+                          consumer_ms=1, log=lambda m: None)
     rows = res.summary()
-    assert set(rows) == {"recordtool:size=0", "dali", "nonsense"}
+    assert set(rows) == {"recordtool:size=0", "dali", "nonsense", "synthetic:host_wait=block"}
     assert all("error" in row for row in rows.values()), rows
     assert "needs the original files" in rows["dali"]["error"] and "unknown pipeline" in rows["nonsense"]["error"]
+    assert "cuda pipeline's option" in rows["synthetic:host_wait=block"]["error"]  # CUDA's flags: cuda only
     assert "failed" in train_bench.table(res)
 
 
@@ -135,22 +137,6 @@ def test_a_pipeline_names_a_compiled_op_by_its_registry_name(data):
         ld.close()
 
 
-def test_option_env_sets_the_env_pseudo_options_for_the_block_only(monkeypatch):
-    """`env.NAME=VALUE` in a pipeline's options (train_bench, gpu_neighbour): taken out of the
-    options, set while the block runs, and the environment as it was after — also on an error."""
-    from recordtool.tools.train_pipelines import option_env, parse_options
-
-    monkeypatch.setenv("RECORDTOOL_GPU_SYNC", "block")
-    monkeypatch.delenv("RECORDTOOL_GPU_PLANAR", raising=False)
-    opts = parse_options("split=gpu,env.RECORDTOOL_GPU_SYNC=spin,env.RECORDTOOL_GPU_PLANAR=whole")
-    with pytest.raises(RuntimeError):
-        with option_env(opts):
-            assert opts == {"split": "gpu"}
-            assert os.environ["RECORDTOOL_GPU_SYNC"] == "spin" and os.environ["RECORDTOOL_GPU_PLANAR"] == "whole"
-            raise RuntimeError("a run that fails")
-    assert os.environ["RECORDTOOL_GPU_SYNC"] == "block" and "RECORDTOOL_GPU_PLANAR" not in os.environ
-
-
 def test_split_state_reports_the_planner_and_the_demand():
     """The training benchmark's split diagnostic reads a cuda Loader's last BatchReport and its
     Demand (plain objects here: no GPU needed)."""
@@ -164,7 +150,7 @@ def test_split_state_reports_the_planner_and_the_demand():
     ld = SimpleNamespace(last_split=rep, batcher=SimpleNamespace(demand=Demand(allowed=0.25)))
     assert split_state(ld) == {"balanced_cpu": 0.612, "gpu_rate": 4000, "cpu_rate": None, "first": "cpu",
                                "allowed": 0.25}
-    ld.batcher = SimpleNamespace()  # RECORDTOOL_GPU_DEMAND=off: no Demand
+    ld.batcher = SimpleNamespace()  # a batcher without a Demand
     assert "allowed" not in split_state(ld)
 
 

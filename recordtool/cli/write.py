@@ -91,7 +91,7 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
     from ..sources.tfrecord import DEFAULT_MAX_INFLATE, PRESETS
 
     policy = on_error_policy(on_error, strict)
-    if preset in PRESETS:  # the old spelling of --keys
+    if preset in PRESETS:  # --preset tf-slim|tfds: accepted for --keys
         if keys not in (None, preset):
             raise click.UsageError(f"--preset {preset} contradicts --keys {keys}")
         keys, preset = preset, None

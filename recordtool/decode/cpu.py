@@ -8,7 +8,6 @@ within 45 dB) runs only after the program asks for it with allow_python_decoder(
 from __future__ import annotations
 
 import itertools
-import os
 import warnings
 from dataclasses import dataclass
 
@@ -68,7 +67,6 @@ _shared_pools = itertools.count()
 
 # The nice increment of background pools' threads: a GPU loader's CPU share, which helps the
 # engines only while a core is free and must give it up to the training loop when both want it.
-# RECORDTOOL_CPU_SHARE_NICE (read when a pool is handed out) overrides it, for measurements.
 BACKGROUND_NICE = 10
 
 
@@ -83,23 +81,8 @@ def new_pool_id(background: bool = False) -> int:
         free, first = (_free_background, 64) if background else (_free_pools, 1)
         pool = free.pop() if free else first + next(_shared_pools) % 63
     if background and _native is not None:
-        _native.set_pool_nice(pool, _background_nice())
+        _native.set_pool_nice(pool, BACKGROUND_NICE)
     return pool
-
-
-def _background_nice() -> int:
-    raw = os.environ.get("RECORDTOOL_CPU_SHARE_NICE")
-    if raw is None:
-        return BACKGROUND_NICE
-    try:
-        value = int(raw)
-    except ValueError:
-        value = None
-    if value is None or not 0 <= value <= 19:
-        from ..errors import ConfigError
-
-        raise ConfigError(f"RECORDTOOL_CPU_SHARE_NICE must be an integer in 0..19, not {raw!r}")
-    return value
 
 
 def release_pool_id(pool: int) -> None:

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from PIL import Image
 
+from .. import codec
 from ..format.jpeg import DEFAULT_MAX_PIXELS
 from .spec import bfloat16_bits
 
@@ -55,28 +56,11 @@ def region_of(window, m: int, scaled_w: int, scaled_h: int):
     return (rx0, ry0, rx1, ry1), (bx0 - rx0, by0 - ry0, bx1 - rx0, by1 - ry0)
 
 
-_tj = None
-
-
-def _turbojpeg():
-    global _tj
-    if _tj is None:
-        from turbojpeg import TurboJPEG
-
-        from .._bundled import turbojpeg_path
-
-        _tj = TurboJPEG(turbojpeg_path())  # the wheel's own library; None: PyTurboJPEG searches
-    return _tj
-
-
 def decode_scaled(data, m: int) -> np.ndarray:
     """Full decode at scale m/8 to RGB (H, W, 3) uint8; CMYK through Pillow's conversion."""
-    from turbojpeg import TJPF_RGB
-
-    tj = _turbojpeg()
     try:
         g = math.gcd(m, 8)
-        return tj.decode(bytes(data), pixel_format=TJPF_RGB, scaling_factor=(m // g, 8 // g))
+        return codec.decode_rgb(data, (m // g, 8 // g))
     except OSError:
         # libturbojpeg 2.1 cannot convert CMYK to RGB: decode with Pillow's draft (same DCT scaling)
         im = Image.open(io.BytesIO(bytes(data)))

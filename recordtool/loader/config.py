@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields
 from typing import Mapping, NamedTuple
 
 from ..checks import MAX_CACHE_LIMIT, bounded_int
-from ..decode.gpu.plan import DEFAULT_CHROMA, Chroma, Split, check_chroma, check_split  # pure NumPy
+from ..decode.gpu import DEFAULT_CHROMA, Split, check_chroma, check_split  # neither CuPy nor nvJPEG
 from ..decode.spec import EvalCrop, Output, TrainCrop
 from ..errors import ConfigError
 from ..io.fs import check_options, is_url, option_names
@@ -49,14 +49,14 @@ class GPUOptions:
         chroma: "interpolate" — how GPU-decoded 4:2:0 / 4:2:2 chroma is upsampled:
             "interpolate" (libjpeg-turbo's filter in our kernel: the CPU path's pixels, so a
             model sees the same images on either device), "replicate" (nvJPEG's output as it
-            is) or "nvjpeg" (nvJPEG's own interpolation); plan.Chroma.
+            is) or "nvjpeg" (nvJPEG's own interpolation); decode.gpu.plan.Chroma.
         same_pixels: True — 4:4:4 and gray JPEGs go to the CPU share, so their images equal
             device="cpu"'s bit for bit; False: the GPU decoders take them too.
     """
 
     split: Split = "auto"
     hybrid: bool = True
-    chroma: Chroma = DEFAULT_CHROMA
+    chroma: str = DEFAULT_CHROMA
     same_pixels: bool = True
 
     def __post_init__(self):

@@ -97,7 +97,8 @@ class EpochIterator:
             self._finish()
         images, labels = made.images, made.labels
         if made.ready is not None:  # its producer queued the batch's last pass without waiting for it
-            from ..decode.gpu.decoder import wait_ready
+            from ..decode.gpu import wait_ready
+
             wait_ready(made.ready, ld.gpu_id, ld.as_torch)
         if ld.as_torch:
             images, labels = self._torch(images, labels)
@@ -119,7 +120,7 @@ class EpochIterator:
         if not ld.dev.cuda:
             x, y = torch.from_numpy(images), torch.from_numpy(labels)
         else:
-            from ..decode.gpu import to_torch
+            from .dlpack import to_torch
 
             with torch.cuda.device(ld.gpu_id):  # complete, or torch's stream waits for it (made.ready)
                 # labels: a plain copy, measured to cost the training loop no more than pinned ones

@@ -6,7 +6,6 @@ batch, on the unmirrored images (the mirror is done by the normalising pass, as 
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 import time
 
@@ -15,52 +14,6 @@ import numpy as np
 from .config import GPUOptions
 from .cpu import call_user_op, image_op
 from .recipe import Made, Recipe
-
-
-_SCHEDULES = {"auto": 0, "spin": 1, "yield": 2, "block": 4}  # CU_CTX_SCHED_*
-
-
-def host_wait_policy(gpu_id: int, mode: str | None = None) -> int | None:
-    """RECORDTOOL_GPU_SCHEDULE=auto|spin|yield|block, for measurements only: how every host
-    thread of this process waits for the GPU's context (cuCtxSetFlags: the CUDA scheduling
-    policy, process-wide — the training loop's waits too, which is why no default sets it).
-    Returns the context's flags after the call, None when the variable is unset."""
-    mode = os.environ.get("RECORDTOOL_GPU_SCHEDULE") if mode is None else mode
-    if mode is None:
-        return None
-    from ..errors import ConfigError
-
-    if mode not in _SCHEDULES:
-        raise ConfigError(f"RECORDTOOL_GPU_SCHEDULE must be one of {', '.join(_SCHEDULES)}, not {mode!r}")
-    import ctypes
-
-    import cupy
-
-    with cupy.cuda.Device(gpu_id):
-        cupy.cuda.runtime.free(0)  # the device's primary context is current on this thread
-        lib = ctypes.CDLL("libcuda.so.1")
-        if not hasattr(lib, "cuCtxSetFlags"):
-            raise ConfigError("RECORDTOOL_GPU_SCHEDULE needs cuCtxSetFlags (a CUDA 12.1 or later driver)")
-        rc = lib.cuCtxSetFlags(ctypes.c_uint(_SCHEDULES[mode]))
-        flags = ctypes.c_uint(0)
-        rc = rc or lib.cuCtxGetFlags(ctypes.byref(flags))
-        if rc:
-            raise RuntimeError(f"cuCtxSetFlags / cuCtxGetFlags failed with CUDA error {rc}")
-        return flags.value
-
-
-def demand_from_env(environ=None):
-    """The Loader's plan.Demand: the CPU first, the engines take a share of the batch only while
-    the consumer waits (plan.Demand says why). RECORDTOOL_GPU_DEMAND=engines: the engines first,
-    the CPU while it waits; =off: None, the share follows measured rates alone (both for
-    measurements); anything else is a ConfigError."""
-    from ..decode.gpu.plan import Demand
-    from ..errors import ConfigError
-
-    first = (os.environ if environ is None else environ).get("RECORDTOOL_GPU_DEMAND", "cpu")
-    if first not in ("cpu", "engines", "off"):
-        raise ConfigError(f"RECORDTOOL_GPU_DEMAND must be cpu, engines or off, not {first!r}")
-    return None if first == "off" else Demand(first=first)
 
 
 class GPUBatcher:
@@ -87,13 +40,8 @@ class GPUBatcher:
 
     def __init__(self, recipe: Recipe, *, gpu_id: int, producers: int, threads: int, user_op, options: GPUOptions,
                  slots: int, max_batch: int):
-        from ..decode.gpu import OutputRing, route
-        from ..decode.gpu.kernel import kernel
-        from ..decode.gpu.decoder import engine_chunk
+        from ..decode.gpu import Demand, OutputRing, kernel, route
 
-        # the measurement settings, read once and first: a bad one fails the Loader before any
-        # allocation, and they hold for the decoders the producers make later
-        demand, self.chunk = demand_from_env(), engine_chunk()
         self.recipe, self.gpu_id, self.producers = recipe, gpu_id, producers
         self.spec = spec = recipe.output
         self.threads = threads
@@ -107,7 +55,6 @@ class GPUBatcher:
             with cupy.cuda.Device(gpu_id):
                 op_kernel(self.image_op)  # compile now: a refused kernel fails the Loader, not a batch
         self.max_batch = max_batch
-        host_wait_policy(gpu_id)
         # native threads of each decoder's CPU share: the cores left by the producers, shared out.
         # Measured on the H200 (BENCHMARKS.md): every core per producer's pool (64 threads on 16
         # cores) ran 15-25 % slower than this, 8 per pool ~13 % slower.
@@ -122,15 +69,16 @@ class GPUBatcher:
         # normalises it into `ring` (a 1:1 resample is an exact copy)
         self.raw_ring = OutputRing((max_batch, h, w, 3), "uint8", slots, gpu_id, producer_owned=True) \
             if user_op is not None else None
-        self._passes: dict = {}  # producer slot → its normalising pass (_Pass), with a user op
+        self._passes: dict = {}  # producer slot → its normalising pass (NormalizePass), with a user op
         self._raw_spec = dataclasses.replace(spec, dtype="uint8", layout="NHWC", memory_format="contiguous")
         self._normalize = kernel(spec.dtype, spec.buffer_layout) if user_op is not None else None
-        self.demand = demand
+        # the CPU first, the engines take a share of the batch only while the consumer waits
+        # (plan.Demand says why); shared by the producers' decoders
+        self.demand = Demand()
 
     def consumer_waited(self, wait: float, interval: float) -> None:
         """The consumer's wait for its last batch (EpochIterator), steering the CPU share."""
-        if self.demand is not None:
-            self.demand.observe(wait, interval)
+        self.demand.observe(wait, interval)
 
     def decoder(self, slot: int):
         """The GPUDecoder of a producer slot, made and warmed up on first use, kept across epochs."""
@@ -145,7 +93,7 @@ class GPUBatcher:
                                  gpu_id=self.gpu_id, split=self.options.split, hybrid=self.options.hybrid,
                                  chroma=self.options.chroma,
                                  cpu_threads=self.cpu_threads, ring=self.raw_ring if raw else self.ring,
-                                 demand=self.demand, chunk=self.chunk)
+                                 demand=self.demand)
                 dec.warmup(ix.jpeg_length, ix.width, ix.height, routes=self.routes)
                 self._decoders[slot] = dec
         return dec
@@ -182,58 +130,18 @@ class GPUBatcher:
         return Made(images, b.labels, dec.last.errors, stages, dec.last, ready)
 
     def _normalise(self, raw, dec, slot: int, keep=(), flips=None, op=None):
-        """uint8 NHWC (n, h, w, 3) → the output format, through the resize kernel at 1:1, mirrored
-        where flips (default none); op: (compiled ImageOp, its params) run on `raw` in place
-        first. Queued, not waited for, in one call (StreamWork: the uploads, the op's kernel,
-        the normalising kernel): returns (batch, event after the pass); the consumer's stream
-        waits for the event. The pass has its own sample table and params per slot (two host
-        sets: one is filled while the last pass may still read the other), and keeps what it
-        reads (`raw` and `keep`, uint8 ring slots) until the slot's next pass, which first
-        waits for this one."""
-        from ..decode.gpu.buffers import place_whole
-        from ..decode.gpu.kernel import geometry
-        from ..decode.gpu.work import StreamWork
-        from ..ops.cuda import call
+        """uint8 NHWC (n, h, w, 3) → the output format in a batch of the ring, queued on the
+        slot's decoder's stream by the slot's NormalizePass (made on first use); flips, op: see
+        NormalizePass. Returns (batch, event after the pass): the consumer's stream waits for it."""
+        from ..decode.gpu import NormalizePass
 
-        cupy = dec.cupy
-        n, size = raw.shape[0], self.spec.size
         p = self._passes.get(slot)
         if p is None:
             with self._lock:  # producers add their slots' passes at once (as decoders, `decoder`)
                 nparams = self.image_op.nparams if self.image_op is not None else 0
-                p = self._passes[slot] = _Pass(cupy, self.max_batch, nparams)
-        raw = cupy.ascontiguousarray(raw)
-        samples, host_params = p.host()  # the set is p's next only once this pass is queued
-        samples = samples[:n]
-        place_whole(samples, np.arange(n), size, raw.data.ptr)
-        samples["mirror"] = 0 if flips is None else np.asarray(flips, np.int32)
-        work = StreamWork()
-        if op is not None and n:
-            image_op, params = op
-            if params.size:
-                host_params = host_params[: params.size]
-                host_params[:] = params.reshape(-1)
-                work.copy(p.params_dev, host_params)
-            work.launch(*call(image_op, raw, p.params_dev))
-        out, ev = self.ring.take(n)
-        if ev is not None:
-            work.wait(ev)
-        if n:
-            work.copy(p.samples_dev, samples.view(np.uint8))
-            work.launch(self._normalize, *geometry(p.samples_dev, n, out, size, self.spec.mean, self.spec.std))
-        done = cupy.cuda.Event(disable_timing=True)
-        try:
-            work.queue(dec.stream, prev=p.done, done=done, native=self.native_queue)
-        except Exception:
-            try:  # nothing queued may still read this slot's host sets
-                dec.stream.synchronize()
-            except Exception:  # noqa: BLE001  (a device in an error state: the first error is the one to raise)
-                pass
-            p.done, p.held = None, ()
-            raise
-        p.done, p.held = done, (raw,) + tuple(keep)
-        p.used()
-        return out, done
+                p = self._passes[slot] = NormalizePass(dec.cupy, self.max_batch, nparams)
+        return p(raw, dec.stream, self.ring, self._normalize, self.spec, keep, flips=flips, op=op,
+                 native=self.native_queue)
 
     def close(self) -> None:
         for p in self._passes.values():
@@ -243,37 +151,3 @@ class GPUBatcher:
             dec.close()
         self._decoders.clear()
 
-
-class _Pass:
-    """A producer slot's normalising pass (with a user op): two pinned host sets of its sample
-    table and op params, used in turn (a pass waits for the one before it, so the set of the
-    pass before that is free), their device copies, the event after its last pass and the
-    uint8 images that pass reads."""
-
-    def __init__(self, cupy, max_batch: int, nparams: int):
-        from ..decode.gpu import SAMPLE_DTYPE
-
-        table = max_batch * SAMPLE_DTYPE.itemsize  # a multiple of 8: the params that follow are aligned
-        self._mem = [cupy.cuda.alloc_pinned_memory(table + 8 * max(1, max_batch * nparams)) for _ in range(2)]
-        self._sets = [(np.frombuffer(m, SAMPLE_DTYPE, max_batch),
-                       np.frombuffer(m, np.float64, max_batch * nparams, offset=table)) for m in self._mem]
-        self._next = 0
-        self.samples_dev = cupy.empty(table, np.uint8)
-        self.params_dev = cupy.empty(max(1, max_batch * nparams), np.float64)
-        self.done, self.held = None, ()
-
-    def host(self):
-        """(sample table, params) of the host set to fill: the one the pass before last used
-        (its copies are done: the last pass waited for it). The same set until `used`."""
-        return self._sets[self._next]
-
-    def used(self) -> None:
-        """The set `host` gave is queued: the next pass fills the other one."""
-        self._next ^= 1
-
-    def finish(self) -> None:
-        """Wait for the last pass; then what it read may be reused."""
-        if self.done is not None:
-            self.done.synchronize()
-            self.done = None
-        self.held = ()

@@ -14,6 +14,7 @@ import math
 import warnings
 from dataclasses import dataclass
 
+from .. import codec
 from ..checks import MAX_SIDE, bounded_int
 from ..errors import Rejected
 from ..format.jpeg import (DEFAULT_MAX_PIXELS, BadJPEG, CHROMA_410, CHROMA_411, CHROMA_UNKNOWN, CS_NAMES,
@@ -108,11 +109,7 @@ def _encode(rgb_array_or_image, quality: int) -> bytes:
 
     arr = np.ascontiguousarray(np.asarray(rgb_array_or_image, dtype=np.uint8))
     try:
-        from turbojpeg import TJSAMP_420, TJPF_RGB
-
-        from ..decode.reference import _turbojpeg
-
-        return _turbojpeg().encode(arr, quality=quality, pixel_format=TJPF_RGB, jpeg_subsample=TJSAMP_420)
+        return codec.encode_rgb(arr, quality)
     except (ImportError, OSError, RuntimeError):
         from PIL import Image
 
@@ -149,11 +146,7 @@ def _shrink_python(data: bytes, info: JpegInfo, w: int, h: int):
     factor = max(info.width, info.height) / max(w, h)
     denom = 8 if factor >= 8 else 4 if factor >= 4 else 2 if factor >= 2 else 1
     try:
-        from turbojpeg import TJPF_RGB
-
-        from ..decode.reference import _turbojpeg
-
-        im = Image.fromarray(_turbojpeg().decode(data, pixel_format=TJPF_RGB, scaling_factor=(1, denom)), "RGB")
+        im = Image.fromarray(codec.decode_rgb(data, (1, denom)), "RGB")
     except (ImportError, OSError, RuntimeError):
         im = Image.open(io.BytesIO(data))
         im.draft("RGB", (math.ceil(info.width / denom), math.ceil(info.height / denom)))

@@ -24,22 +24,21 @@ def share_world(records: int, images: int | None, batch_size: int) -> int:
     return max(1, min(records // images, records // batch_size)) if images else 1
 
 
-def loader_epochs(ld: Loader, epochs: int, images: int | None = None, consume=None) -> dict:
+def loader_epochs(ld: Loader, epochs: int, images: int | None = None) -> dict:
     """Run `epochs` epochs of a Loader; rate of the timed ones (all after the first, which warms
     up threads, buffers and the kernel build) in images per wall second and per second of this
     process's CPU time, each epoch's too, batch latencies, CPU cores busy, stage seconds.
-    consume: called with each batch (a consumer's own work, scripts/gil_probe.py).
 
     Leaves no producer running (`ld.close()`): a continuous Loader's producers would otherwise go
     on into the next epoch — up to producers × (prefetch + 1) batches — while whatever is timed
     next (another Loader's round, the decode stage alone) runs, and be counted against that."""
     try:
-        return _loader_epochs(ld, epochs, images, consume)
+        return _loader_epochs(ld, epochs, images)
     finally:
         ld.close()
 
 
-def _loader_epochs(ld: Loader, epochs: int, images: int | None, consume) -> dict:
+def _loader_epochs(ld: Loader, epochs: int, images: int | None) -> dict:
     device = ld.device
     lat, rates, per_cpu, done, dt, cpu_s = [], [], [], 0, 0.0, 0.0
     limit = -(-images // ld.batch_size) if images else None
@@ -54,8 +53,6 @@ def _loader_epochs(ld: Loader, epochs: int, images: int | None, consume) -> dict
         for k, (x, _) in enumerate(ld):
             if device == "cuda":
                 _sync(x)
-            if consume is not None:
-                consume(x)
             now = time.perf_counter()
             if timed:
                 lat.append(now - last)

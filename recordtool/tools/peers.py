@@ -1,5 +1,5 @@
 """The pipelines users would otherwise pick, run on the same images, batch and threads as ours
-(`recordtool bench`, scripts/bench_gpu.py): NVIDIA DALI first, then a Pillow + torchvision-rule
+(`recordtool bench`, benchmarks/bench_gpu.py): NVIDIA DALI first, then a Pillow + torchvision-rule
 RandomResizedCrop baseline, and on the GPU torchvision's and nvImageCodec's decoders.
 
 Every peer produces what our Loader produces: RandomResizedCrop (area 0.08–1, ratio 3/4–4/3)
@@ -86,7 +86,7 @@ def dali_random_resized_crop(jpegs, gpu: bool, size: int, hw_decoder_load: float
 
 
 def dali_rate(source, device: str, batch: int, threads: int, epochs: int = 2, hw_decoder_load: float = 0.75,
-              size: int = 224, device_id: int = 0, seed: int = 0, op: str | None = None, consume=None) -> dict:
+              size: int = 224, device_id: int = 0, seed: int = 0, op: str | None = None) -> dict:
     """DALI's RandomResizedCrop pipeline; img/s of the best timed epoch (the first warms up).
 
     Args:
@@ -103,7 +103,6 @@ def dali_rate(source, device: str, batch: int, threads: int, epochs: int = 2, hw
         device_id: CUDA device.
         seed: DALI's seed.
         op: also run DALI's counterpart of this `recordtool bench --op` op after the resize (dali_op).
-        consume: called with each batch's outputs (a consumer's work per batch, scripts/gil_probe.py).
     """
     from nvidia.dali import fn, pipeline_def, types
 
@@ -143,8 +142,6 @@ def dali_rate(source, device: str, batch: int, threads: int, epochs: int = 2, hw
         t = time.perf_counter()
         for _ in range(steps):
             out = p.run()
-            if consume is not None:
-                consume(out)
         if gpu:
             out[0].as_tensor()  # the batch is complete
         dt = time.perf_counter() - t

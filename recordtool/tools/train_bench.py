@@ -13,9 +13,10 @@ Pipelines (same model, batch, output side, optimiser and threads):
 A pipeline's options after ':' are the Loader's keywords, `op=NAME` a compiled user op by its
 registry name (recordtool.ops.by_name) — `dali:op=NAME` runs DALI's counterpart of that op
 (peers.dali_op: fn.color_twist for jitter), `synthetic:labels=pageable|pinned` copies the
-synthetic labels up from the host each step (what host labels cost) — plus two for measurements:
-`env.NAME=VALUE` sets an environment variable for that run (the loader's RECORDTOOL_GPU_*
-switches) and `switch=SECONDS` the interpreter's GIL switch interval.
+synthetic labels up from the host each step (what host labels cost) — plus two for measurements,
+each for that run only: `switch=SECONDS` the interpreter's GIL switch interval, and
+`host_wait=auto|spin|yield|block` how every host thread waits for the GPU (decode.gpu.
+set_host_wait_policy: CUDA's scheduling flags, process-wide, which the Loader never sets).
 
 Each pipeline is run `repeats` times, interleaved (all pipelines once, then again), so a drift
 of the machine shows in every pipeline's spread instead of favouring one. A run: a fresh model
@@ -50,8 +51,7 @@ import sys
 
 from .. import checks
 from ..errors import OptionError
-from .train_pipelines import (Beside, dali, endless, make_loader, option_env, parse_options, synthetic,
-                              torchvision_folder)
+from .train_pipelines import Beside, dali, endless, make_loader, parse_options, synthetic, torchvision_folder
 from .train_report import Result, Run, best_dali, table, write_json  # noqa: F401  (the command's names)
 from .train_step import ARCH_SIZES, Probe, child_pids, consume_cpu, release, train
 
@@ -208,60 +208,74 @@ def _runs(res, packed, files, arch, size, batch, steps, warmup, repeats, pipelin
             base, _, spec = name.partition(":")
             it, beside, closer, ld, taken, probe = None, None, None, None, [0], Probe(device, foreign=foreign)
             opts = parse_options(spec)
-            with option_env(opts):  # env.NAME=VALUE pseudo-options, set for this run
-                # diagnostic pseudo-option: the interpreter's GIL switch interval during this run
-                switch, old_switch = opts.pop("switch", None), sys.getswitchinterval()
-                if switch is not None:
-                    sys.setswitchinterval(float(switch))
-                try:
-                    if base == "synthetic":
-                        it = synthetic(batch, size, device, **opts)  # labels=pageable|pinned: a diagnostic
-                    elif base == "recordtool":
-                        ld = make_loader(packed, batch, size, device, opts)
-                        it, closer = counted(endless(ld), taken), ld.close
-                    elif base == "synthetic+recordtool":
-                        ld = make_loader(packed, batch, size, device, opts)
-                        beside = Beside(endless(ld))
-                        it, closer = beside.paced(synthetic(batch, size, device)), ld.close
-                    elif base == "dali":
-                        if files is None:
-                            raise ValueError("dali needs the original files (--files)")
-                        load = checks.bounded_float("dali's load", opts.pop("load", 0.75), 0.0, 1.0)
-                        it = dali(files, batch, size, threads, load, device, op=opts.pop("op", None))
-                        if opts:
-                            raise ValueError(f"dali takes only op=NAME and load=X, not {', '.join(opts)}")
-                    elif base == "torchvision":
-                        if files is None:
-                            raise ValueError("torchvision needs the original files (--files)")
-                        it = torchvision_folder(files, batch, size, threads)
-                    else:
-                        raise ValueError(f"unknown pipeline {name!r} (one of {', '.join(PIPELINES)})")
-                    if device == "cuda":
-                        rate, wait, cores = train(it, arch, steps, warmup, compile_, probe=probe)
-                    else:
-                        rate, wait, cores = consume_cpu(it, steps, warmup, consumer_ms, probe=probe)
-                    if ld is not None and taken[0]:  # where the producers' time per batch went (diagnostic)
-                        cores["loader_stage_ms_per_batch"] = {k: round(1e3 * v / taken[0], 3)
-                                                              for k, v in ld.stage_seconds.items()}
-                        if ld.decoded:  # where the images were decoded (the split the Loader chose)
-                            cores["decoded"] = dict(ld.decoded)
-                            cores["split"] = split_state(ld)
-                    if beside is not None:
-                        b, beside = beside, None
-                        b.close()  # raises what failed beside
-                        cores["beside_batches"] = b.batches
-                    r = Run(name, rate, wait, steps, cores=cores, **probe.report)
-                except Exception as e:  # a peer that cannot run here is reported, not fatal
-                    r = Run(name, float("nan"), float("nan"), 0, f"{type(e).__name__}: {e}")
-                finally:
-                    sys.setswitchinterval(old_switch)
-                    if beside is not None:
-                        beside.close()
-                    if closer is not None:
-                        closer()
-                    del it
-                    ld = closer = None  # the Loader freed before release() gives the pools back
-                    release(device)
+            # diagnostic pseudo-options: the interpreter's GIL switch interval and how host threads
+            # wait for the GPU during this run
+            switch, old_switch = opts.pop("switch", None), sys.getswitchinterval()
+            host_wait, waits_set = opts.pop("host_wait", None), None  # waits_set: the GPU whose policy was set
+            if switch is not None:
+                sys.setswitchinterval(float(switch))
+            try:
+                if host_wait is not None:
+                    if device != "cuda":
+                        raise ValueError("host_wait is a cuda pipeline's option")
+                    import torch
+
+                    from ..decode.gpu import set_host_wait_policy
+
+                    set_host_wait_policy(torch.cuda.current_device(), str(host_wait))
+                    waits_set = torch.cuda.current_device()
+                if base == "synthetic":
+                    it = synthetic(batch, size, device, **opts)  # labels=pageable|pinned: a diagnostic
+                elif base == "recordtool":
+                    ld = make_loader(packed, batch, size, device, opts)
+                    it, closer = counted(endless(ld), taken), ld.close
+                elif base == "synthetic+recordtool":
+                    ld = make_loader(packed, batch, size, device, opts)
+                    beside = Beside(endless(ld))
+                    it, closer = beside.paced(synthetic(batch, size, device)), ld.close
+                elif base == "dali":
+                    if files is None:
+                        raise ValueError("dali needs the original files (--files)")
+                    load = checks.bounded_float("dali's load", opts.pop("load", 0.75), 0.0, 1.0)
+                    it = dali(files, batch, size, threads, load, device, op=opts.pop("op", None))
+                    if opts:
+                        raise ValueError(f"dali takes only op=NAME and load=X, not {', '.join(opts)}")
+                elif base == "torchvision":
+                    if files is None:
+                        raise ValueError("torchvision needs the original files (--files)")
+                    it = torchvision_folder(files, batch, size, threads)
+                else:
+                    raise ValueError(f"unknown pipeline {name!r} (one of {', '.join(PIPELINES)})")
+                if device == "cuda":
+                    rate, wait, cores = train(it, arch, steps, warmup, compile_, probe=probe)
+                else:
+                    rate, wait, cores = consume_cpu(it, steps, warmup, consumer_ms, probe=probe)
+                if ld is not None and taken[0]:  # where the producers' time per batch went (diagnostic)
+                    cores["loader_stage_ms_per_batch"] = {k: round(1e3 * v / taken[0], 3)
+                                                          for k, v in ld.stage_seconds.items()}
+                    if ld.decoded:  # where the images were decoded (the split the Loader chose)
+                        cores["decoded"] = dict(ld.decoded)
+                        cores["split"] = split_state(ld)
+                if beside is not None:
+                    b, beside = beside, None
+                    b.close()  # raises what failed beside
+                    cores["beside_batches"] = b.batches
+                r = Run(name, rate, wait, steps, cores=cores, **probe.report)
+            except Exception as e:  # a peer that cannot run here is reported, not fatal
+                r = Run(name, float("nan"), float("nan"), 0, f"{type(e).__name__}: {e}")
+            finally:
+                sys.setswitchinterval(old_switch)
+                if beside is not None:
+                    beside.close()
+                if closer is not None:
+                    closer()
+                del it
+                ld = closer = None  # the Loader freed before release() gives the pools back
+                release(device)
+                if waits_set is not None:  # CUDA's default again, as the library leaves it
+                    from ..decode.gpu import set_host_wait_policy
+
+                    set_host_wait_policy(waits_set, "auto")
             res.runs.append(r)
             log(f"  run {rep + 1}/{repeats} {name:<28} " + (f"{r.img_s:9,.0f} img/s  wait {r.wait_ms:6.1f} ms/step"
                                                            f"  cores busy {r.cores_busy}  GPU {r.gpu_mib} MiB"

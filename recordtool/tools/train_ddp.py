@@ -1,7 +1,7 @@
 """The DDP form of the training benchmark (`python -m recordtool.tools.train_bench PACKED --ddp`
 under torchrun): one rank per GPU, and the Loader's checks across ranks — every sample once per
 epoch, a mid-epoch resume identical — whose parts (`digest`, `batches_of`, `cover`,
-`resume_matches`) scripts/distributed_loader.py uses too."""
+`resume_matches`) examples/distributed_loader.py uses too."""
 from __future__ import annotations
 
 import os

@@ -3,8 +3,6 @@ them), each an endless iterator of (images, labels) batches, and `parse_options`
 pipeline's ':k=v,…' options."""
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
 
 import numpy as np
@@ -165,21 +163,3 @@ def parse_options(spec: str) -> dict:
             except ValueError:
                 out[k] = {"true": True, "false": False}.get(v.lower(), v)
     return out
-
-
-@contextlib.contextmanager
-def option_env(opts: dict):
-    """Take the `env.NAME=VALUE` pseudo-options out of a pipeline's options (in place) and set
-    them in the environment for the block, restoring it after: a diagnostic for settings read
-    when a Loader is made (RECORDTOOL_GPU_*)."""
-    envs = {k[4:]: str(opts.pop(k)) for k in list(opts) if k.startswith("env.")}
-    old = {k: os.environ.get(k) for k in envs}
-    os.environ.update(envs)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v

@@ -119,7 +119,7 @@ class DecodeBuffers:
             dims: per position of idx, (width, height, hs, vs, y_w, y_h, c_w, c_h): the image,
                 its chroma subsampling (hs = 0: grayscale) and the plane sizes nvJPEG writes
                 (image_info). Whole planes are allocated for the larger of those and libjpeg's
-                sizes; the kernel clamps to libjpeg's (gpu_ref.chroma_size).
+                sizes; the kernel clamps to libjpeg's (reference.chroma_size).
             rois: per position of idx, the region (x, y, w, h) to decode (gpu.roi.plan_rois:
                 x a multiple of hs, y of vs); None: whole images. A region's planes are its
                 size (chroma: roi.chroma_dims) plus what nvJPEG's plane sizes exceed libjpeg's by.

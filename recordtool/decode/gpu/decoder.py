@@ -8,11 +8,10 @@ what neither takes and for a share of the rest (plan.py decides), then one CUDA 
 Not split: `__call__` is one batch's transaction across three decoders and one stream (the
 engines' submission, the CPU share and the hybrid decoder overlapped, their failures moved to
 the CPU path, one kernel, one wait); what stands apart already lives beside it (plan, roi,
-probe, buffers, kernel).
+roi_check, buffers, kernel).
 """
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -78,13 +77,17 @@ class GPUDecoder:
         chroma: how GPU-decoded 4:2:x chroma is upsampled (plan.Chroma): "interpolate" gives
             the CPU path's (libjpeg-turbo's) pixels; "replicate" nvJPEG's RGBI as it is.
         chunk: the engines' images in nvJPEG calls of at most this many, each after the last
-            one's work (0: one call); None: RECORDTOOL_GPU_CHUNK (engine_chunk).
+            one's work (0, the default: one call).
+        planar_roi: with chroma="interpolate", decode each window's region of the planes
+            (roi.plan_rois: the same pixels); False decodes whole images (the tests' reference).
+        native_submit: the engines' batch and the hybrid decoder's images each in one GIL-free
+            call (recordtool._nvsubmit); False: the ctypes loops (their reference, for the tests).
     """
 
     def __init__(self, spec: OutputSpec = OutputSpec(), max_batch: int = 256, cpu_threads: int | None = None,
                  split: Split = "auto", gpu_id: int = 0, pool: int | None = None, hybrid: bool = True,
                  ring: OutputRing | None = None, demand: Demand | None = None, chroma: Chroma = DEFAULT_CHROMA,
-                 chunk: int | None = None):
+                 chunk: int = 0, planar_roi: bool = True, native_submit: bool = True):
         import cupy
 
         if not isinstance(spec, OutputSpec):
@@ -93,10 +96,10 @@ class GPUDecoder:
             raise ConfigError(f"max_batch must be an integer ≥ 1, not {max_batch!r}")
         self.chroma = check_chroma(chroma)
         # "interpolate": planes, our kernel upsamples; each image's region of its window
-        # (roi.plan_rois: the same pixels as whole planes). RECORDTOOL_GPU_PLANAR=whole decodes
-        # whole images (for measurements). "nvjpeg": nvJPEG's own interpolation flag
+        # (roi.plan_rois: the same pixels as whole planes) unless planar_roi=False. "nvjpeg":
+        # nvJPEG's own interpolation flag
         self.planar = chroma == "interpolate"
-        self.planar_roi = self.planar and _setting("PLANAR", "roi") != "whole"
+        self.planar_roi = self.planar and bool(planar_roi)
         nvjpeg_interp = chroma == "nvjpeg"
         self.cupy = cupy
         self.spec, self.gpu_id = spec, int(gpu_id)
@@ -107,12 +110,12 @@ class GPUDecoder:
         self.size, self.mean, self.std = spec.size, spec.mean, spec.std
         self.layout, self.dtype = spec.buffer_layout, spec.storage_dtype
         self.cpu_threads = cpu_threads or max(1, cpu.cores() - 1)
-        # the engines' batch and the hybrid decoder's images each in one GIL-free call;
-        # RECORDTOOL_GPU_SUBMIT=python: the ctypes loops (their reference)
-        self.native_submit = _setting("SUBMIT", "native") == "native"
-        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 0):
+        # the engines' batch and the hybrid decoder's images each in one GIL-free call, or
+        # (native_submit=False) the ctypes loops, their reference
+        self.native_submit = bool(native_submit)
+        if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 0:
             raise ConfigError(f"chunk must be an integer ≥ 0, not {chunk!r}")
-        self.chunk = engine_chunk() if chunk is None else int(chunk)
+        self.chunk = int(chunk)
         self._own_pool = pool is None
         self.pool = cpu.new_pool_id(background=True) if pool is None else pool  # a CPU share: at low priority
         self.planner = SplitPlanner(split, demand=demand)
@@ -123,19 +126,18 @@ class GPUDecoder:
         # the CPU part and the hybrid decoder run beside the engines' submission, on threads kept
         # for the decoder's life (a thread per batch would churn stacks and malloc arenas)
         self._workers = ThreadPoolExecutor(2, thread_name_prefix="recordtool-gpu")
-        block = _setting("SYNC", "block") == "block"  # waits sleep on blocking-sync events (see _Waiter)
         # records whose bytes passed the refusal rule (refuse_hybrid); this decoder's own
         self._cleared: set = set()
         with self.device:
             self.stream = _stream(cupy)
-            self._done = _Waiter(cupy, block)
+            self._done = _Waiter(cupy)  # waits sleep on a blocking-sync event
             # made once and recorded again each batch (an event made per call costs a CUDA call
             # more, and each CUDA call gives up the GIL that the producer must then take back)
             self._ev_start, self._ev_decoded = cupy.cuda.Event(), cupy.cuda.Event()
             self._ev_hybrid = cupy.cuda.Event(disable_timing=True)
             self._kernel = K.kernel(spec.dtype, spec.buffer_layout)
             if self.planner.split != "cpu":
-                from ..nvjpeg import HardwareDecoder, HybridDecoder, NvjpegError
+                from .nvjpeg import HardwareDecoder, HybridDecoder, NvjpegError
 
                 try:
                     self.hw = HardwareDecoder(max_batch, planar=self.planar, interpolate=nvjpeg_interp)
@@ -144,20 +146,20 @@ class GPUDecoder:
                 if hybrid:
                     try:
                         self.hybrid_stream = _stream(cupy)
-                        self._hybrid_done = _Waiter(cupy, block)
-                        self.hybrid = HybridDecoder(self.hybrid_stream.ptr, interpolate=nvjpeg_interp, block=block)
+                        self._hybrid_done = _Waiter(cupy)
+                        self.hybrid = HybridDecoder(self.hybrid_stream.ptr, interpolate=nvjpeg_interp)
                     except (NvjpegError, OSError) as e:
                         self.hybrid_error = str(e)
             self.buf = DecodeBuffers(cupy, self.max_batch, self.size, self.gpu_id)
         self.planner.engines = self.hw is not None
         self.planner.hybrid = self.hybrid is not None
-        # which decoders decode regions' planes right here (probe.py); the others whole images
+        # which decoders decode regions' planes right here (roi_check.py); the others whole images
         self.planar_regions = {"engines": False, "hybrid": False}
         if self.planar_roi:
-            from .probe import check_decoders
+            from .roi_check import check_region_decode
 
             with self.device:
-                self.planar_regions = check_decoders(self, cupy)
+                self.planar_regions = check_region_decode(self, cupy)
 
     def sync(self) -> None:
         """Wait for the work queued on this decoder's stream (sleeping, see _event)."""
@@ -356,7 +358,7 @@ class GPUDecoder:
             return {}, refused
         dims = np.stack([w0, h0, hs, vs, w0, h0, w1, h1], 1)[keep]
         rois = regions = None
-        if self.planar_roi:  # regions where the image's decoder decodes them right (probe.py)
+        if self.planar_roi:  # regions where the image's decoder decodes them right (roi_check.py)
             rois = plan_rois(windows[idx], w0[keep], h0[keep], css[keep], self.size)
             regions = np.where(keep < ne, self.planar_regions["engines"], self.planar_regions["hybrid"])
         return self.buf.place_planar(windows, idx, dims, rois, regions), refused
@@ -408,7 +410,7 @@ class GPUDecoder:
     def _decode_hybrid(self, buffers, idx, places):
         """Hybrid-decode each window (Huffman on this thread, the rest on the hybrid stream);
         return the indices it refused, for the CPU path, and the seconds it took."""
-        from ..nvjpeg import OUTPUT_RGBI, OUTPUT_Y, OUTPUT_YUV
+        from .nvjpeg import OUTPUT_RGBI, OUTPUT_Y, OUTPUT_YUV
 
         t = time.perf_counter()
         idx = idx.tolist()
@@ -440,50 +442,26 @@ class GPUDecoder:
                 setattr(self, name, None)
 
 
-def _setting(name: str, default: str) -> str:
-    return os.environ.get("RECORDTOOL_GPU_" + name, default)
-
-
-def engine_chunk() -> int:
-    """RECORDTOOL_GPU_CHUNK=N (for measurements): the engines' images in nvJPEG calls of at most
-    N, each after the last one's work; 0 (the default): one call. Anything but an integer ≥ 0 is
-    a ConfigError."""
-    raw = _setting("CHUNK", "0")
-    try:
-        v = int(raw)
-    except ValueError:
-        v = -1
-    if v < 0:
-        raise ConfigError(f"RECORDTOOL_GPU_CHUNK must be an integer ≥ 0, not {raw!r}")
-    return v
-
-
 def _stream(cupy):
     """A non-blocking stream at the device's highest priority: the decoders' few small kernels
     are scheduled ahead of the training step's queued ones instead of waiting behind them."""
-    if _setting("PRIORITY", "high") == "high":
-        for priority in (-5, -1):  # CUDA's greatest priority on current GPUs; -1 where CuPy checks the range
-            try:
-                return cupy.cuda.Stream(non_blocking=True, priority=priority)
-            except Exception:  # an older CuPy without stream priorities, or a range check
-                continue
+    for priority in (-5, -1):  # CUDA's greatest priority on current GPUs; -1 where CuPy checks the range
+        try:
+            return cupy.cuda.Stream(non_blocking=True, priority=priority)
+        except Exception:  # an older CuPy without stream priorities, or a range check
+            continue
     return cupy.cuda.Stream(non_blocking=True)
 
 
 class _Waiter:
     """Waits for a stream's work so far by sleeping on a blocking-sync event
     (cudaEventBlockingSync): with one CUDA context and many cores, CUDA's default wait spins a
-    core at 100 % for the whole decode — a core the training loop's own thread needs.
-    RECORDTOOL_GPU_SYNC=spin (block=False) restores the default wait (for measurements)."""
+    core at 100 % for the whole decode — a core the training loop's own thread needs."""
 
-    def __init__(self, cupy, block: bool):
-        self.block = block
-        self.event = cupy.cuda.Event(block=True, disable_timing=True) if self.block else None
+    def __init__(self, cupy):
+        self.event = cupy.cuda.Event(block=True, disable_timing=True)
 
     def __call__(self, stream) -> None:
-        if self.event is None:
-            stream.synchronize()
-            return
         self.event.record(stream)
         self.event.synchronize()
 
@@ -529,12 +507,3 @@ def wait_ready(event, device: int, torch: bool = False) -> None:
     with cupy.cuda.Device(device):
         cupy.cuda.runtime.streamWaitEvent(consumer_stream(device), event.ptr, 0)
 
-
-def to_torch(array, stream=None):
-    """Hand a CuPy array to PyTorch through DLPack; PyTorch's current stream waits for `stream`."""
-    import torch
-
-    if stream is not None:
-        dev = torch.device("cuda", array.device.id)
-        torch.cuda.current_stream(dev).wait_stream(torch.cuda.ExternalStream(stream.ptr, device=dev))
-    return torch.from_dlpack(array)

@@ -1,11 +1,11 @@
 """The one CUDA kernel after decode: resize (Pillow's antialiased BILINEAR) + mirror + normalize +
-layout + dtype for a whole batch (native/gpu_resize.cu; numpy reference: decode/gpu_ref.py).
+layout + dtype for a whole batch (native/gpu_resize.cu; numpy reference: decode/gpu/reference.py).
 
 Each sample of the batch is a row of SAMPLE_DTYPE: where its decoded pixels are (any pitch),
 the float window inside them, and whether to mirror it; its `format` says whether they are
 interleaved RGB (FMT_RGB) or nvJPEG's planar YCbCr / Y (FMT_YCC, FMT_GRAY: the kernel makes
-libjpeg-turbo's RGB from them, see gpu_ref.planes_to_rgb) — the whole image's planes or a
-region's starting at image pixel (ox, oy) (gpu_ref.region_planes_to_rgb).
+libjpeg-turbo's RGB from them, see reference.planes_to_rgb) — the whole image's planes or a
+region's starting at image pixel (ox, oy) (reference.region_planes_to_rgb).
 """
 from __future__ import annotations
 

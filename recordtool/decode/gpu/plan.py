@@ -140,7 +140,7 @@ def check_split(split) -> Split:
 
 
 @dataclass
-class Plan:
+class Assignment:
     """One batch's assignment: batch positions per decoder."""
 
     engine: np.ndarray
@@ -265,7 +265,7 @@ class SplitPlanner:
         if self.split == "cpu":
             self.engines = self.hybrid = False
 
-    def plan(self, routes, eoi) -> Plan:
+    def plan(self, routes, eoi) -> Assignment:
         """routes: Route codes (n,); eoi: ends_with_eoi (n,)."""
         routes = np.asarray(routes)
         n = len(routes)
@@ -290,7 +290,7 @@ class SplitPlanner:
         forced = np.nonzero(~on_gpu)[0]
         extra = max(0, min(len(eligible), int(round(share * n)) - len(forced)))
         moved, kept = eligible[len(eligible) - extra:], eligible[: len(eligible) - extra]
-        return Plan(engine=kept, hybrid=hyb, cpu=np.concatenate([forced, moved]).astype(np.int64),
+        return Assignment(engine=kept, hybrid=hyb, cpu=np.concatenate([forced, moved]).astype(np.int64),
                     forced=len(forced))
 
     def observe(self, n: int, n_gpu: int, t_gpu, n_cpu: int, t_cpu, n_hyb: int = 0, t_hyb=None,

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import RecordtoolError
-from .. import nvjpeg
-from ..nvjpeg import _addr, _driver, _nvsubmit
+from . import nvjpeg
+from .nvjpeg import _addr, _driver, _nvsubmit
 
 _CALLS = {1: "cuEventSynchronize", 2: "cuStreamWaitEvent", 3: "cuMemcpyHtoDAsync", 4: "cuLaunchKernel",
           5: "cuEventRecord"}

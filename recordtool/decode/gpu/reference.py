@@ -36,7 +36,7 @@ def resize_normalize(region: np.ndarray, box, out_h: int, out_w: int, mirror: bo
     if mirror:
         img = img[:, ::-1]
     if mean is not None:  # the kernel's (and the CPU path's) constants: (img / 255 - mean) / std
-        from .spec import scale_bias
+        from ..spec import scale_bias
 
         scale, bias = scale_bias(mean, std)
         img = img * scale.astype(np.float64) + bias.astype(np.float64)

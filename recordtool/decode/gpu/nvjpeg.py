@@ -2,7 +2,8 @@
 and the decoupled hybrid decoder (CPU Huffman, GPU IDCT) for what the engines cannot take.
 
 Loads libnvjpeg.so.13 or .so.12 — whichever matches the CUDA major version of the installed
-CuPy — from the nvidia-nvjpeg wheels or the CUDA toolkit. Only what recordtool uses is bound.
+CuPy — from the nvidia-nvjpeg wheels or the CUDA toolkit (_bundled.nvjpeg_candidates). Only what
+recordtool uses is bound.
 
 Not split: it is one library's ABI in one place — the loading, enums, structs, `check` and
 every ctypes declaration are shared by the hardware and the hybrid decoder; split, each part
@@ -11,17 +12,15 @@ would declare its half of nvjpeg.h again and the two could drift.
 from __future__ import annotations
 
 import ctypes
-import glob
-import os
-import sys
 import threading
 
 import numpy as np
 
-from ..errors import RecordtoolError
+from ..._bundled import nvjpeg_candidates
+from ...errors import RecordtoolError
 
 try:  # the GIL-free batch submission (native/nvjpeg_submit.cpp); optional like the decoder
-    from .. import _nvsubmit
+    from ... import _nvsubmit
 except ImportError:
     _nvsubmit = None
 if _nvsubmit is not None and not hasattr(_nvsubmit, "infos"):  # a build older than its source: unused
@@ -48,20 +47,6 @@ class Image(ctypes.Structure):
     _fields_ = [("channel", ctypes.c_void_p * 4), ("pitch", ctypes.c_size_t * 4)]
 
 
-def _candidates(major: int) -> list[str]:
-    names = []
-    for base in sys.path:
-        names += glob.glob(os.path.join(base, "nvidia", "cu13" if major >= 13 else "nvjpeg", "lib",
-                                        f"libnvjpeg.so.{major}*"))
-    for root in [os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", ""), "/usr/local/cuda",
-                 f"/usr/local/cuda-{major}", *sorted(glob.glob(f"/usr/local/cuda-{major}.*"))]:
-        if root:
-            names += glob.glob(os.path.join(root, "targets", "*", "lib", f"libnvjpeg.so.{major}*"))
-            names += glob.glob(os.path.join(root, "lib64", f"libnvjpeg.so.{major}*"))
-    names.append(f"libnvjpeg.so.{major}")
-    return names
-
-
 def _cuda_major() -> int:
     import cupy
 
@@ -76,7 +61,7 @@ def lib():
     if _lib is None:
         major = _cuda_major()
         errors = []
-        for path in _candidates(major):
+        for path in nvjpeg_candidates(major):
             try:
                 _lib = ctypes.CDLL(path)
                 _path = path
@@ -402,7 +387,7 @@ class HybridDecoder(_Handle):
     def __init__(self, stream_ptr: int, interpolate: bool = False, block: bool = True):
         """interpolate: NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION on the handle (RGBI output);
         block: blocking-sync events, so that waiting for a pinned buffer's copy sleeps instead
-        of spinning a core (GPUDecoder passes RECORDTOOL_GPU_SYNC's choice)."""
+        of spinning a core (False: CUDA's default wait, which spins)."""
         import cupy
 
         L = lib()

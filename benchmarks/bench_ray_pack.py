@@ -10,7 +10,7 @@ tiny slice of it (TINY files): the tiny run is the fixed cost (process start, Ra
 worker start-up, publish), and (N - TINY) / (t_full - t_tiny) the steady rate that decides
 hours at ImageNet scale. With and without `--max-side` transcoding.
 
-    python scripts/bench_ray_pack.py SRC --cores 16 [--replicate 8] [--max-side 256] [--json out.json]
+    python benchmarks/bench_ray_pack.py SRC --cores 16 [--replicate 8] [--max-side 256] [--json out.json]
 
 `--replicate K` packs SRC's files K times (hard links under K copies of each class folder), so a
 small generated set gives runs long enough for the steady rate; all reads come from the page

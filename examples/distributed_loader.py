@@ -2,7 +2,7 @@
 """One Loader per process under torch.distributed: per-rank img/s per epoch, total img/s, a check
 that the ranks together see every sample exactly once per epoch, and a mid-epoch resume check.
 
-  torchrun --nproc_per_node=N scripts/distributed_loader.py PACKED [--device cuda|cpu] [--epochs 6]
+  torchrun --nproc_per_node=N examples/distributed_loader.py PACKED [--device cuda|cpu] [--epochs 6]
       [--pin/--no-pin] [--resume-check] [--json FILE]
 
 NCCL with one GPU per rank; gloo on CPU and when ranks share a GPU (NCCL refuses two ranks on

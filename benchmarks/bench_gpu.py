@@ -69,7 +69,7 @@ def nvjpg_ceiling(ds, batch, threads=2, passes=2):
     import cupy
 
     from recordtool import _native
-    from recordtool.decode.nvjpeg import HardwareDecoder
+    from recordtool.decode.gpu.nvjpeg import HardwareDecoder
 
     c = ds.index
     hw = np.nonzero(hardware_decodable(c.chroma, c.progressive, c.colorspace))[0]

@@ -69,7 +69,7 @@ def region_written_right(whole, region, roi, code) -> bool:
     return True
 
 
-def check(decode, layouts, cupy) -> bool:
+def regions_decode_right(decode, layouts, cupy) -> bool:
     """decode(jpeg bytes, device plane pointers (3), pitches (3), gray, roi or None) decodes on
     the device and waits. True when every layout's regions come out right (region_written_right)."""
     for code, data in sample_jpegs(layouts):
@@ -90,8 +90,8 @@ def check(decode, layouts, cupy) -> bool:
     return True
 
 
-def check_decoders(dec, cupy) -> dict:
-    """{"engines": bool, "hybrid": bool}: `check` for a GPUDecoder's engines (baseline 4:2:0 /
+def check_region_decode(dec, cupy) -> dict:
+    """{"engines": bool, "hybrid": bool}: `regions_decode_right` for a GPUDecoder's engines (baseline 4:2:0 /
     4:2:2 / 4:4:4) and hybrid decoder (gray, progressive 4:2:0 / 4:2:2), each on its own stream."""
     out = {"engines": False, "hybrid": False}
     if dec.hw is not None:
@@ -102,12 +102,12 @@ def check_decoders(dec, cupy) -> dict:
                                  None if roi is None else [roi], native=dec.native_submit)
             dec.stream.synchronize()
 
-        out["engines"] = check(engines, ("420", "422", "444"), cupy)
+        out["engines"] = regions_decode_right(engines, ("420", "422", "444"), cupy)
     if dec.hybrid is not None:
         def hybrid(data, ptrs, pitches, gray, roi):
             view = np.frombuffer(data, np.uint8)
             dec.hybrid.decode_planes(view.ctypes.data, len(view), ptrs, pitches, gray, roi)
             dec.hybrid_stream.synchronize()
 
-        out["hybrid"] = check(hybrid, ("gray", "prog420", "prog422"), cupy)
+        out["hybrid"] = regions_decode_right(hybrid, ("gray", "prog420", "prog422"), cupy)
     return out

@@ -6,7 +6,7 @@ byte-identical.
 Points: `record` (after each record written, any shard), `record@part-NNNNN` (after each
 record of that part file), `publish` (before each file moved into OUT, the manifest apart),
 `published` (after the manifest is in place, before .partial is removed), `worker-start` (in a
-spawned worker process while it imports recordtool: before its initializer ran).
+spawned worker process as its interpreter starts: before its initializer ran).
 `name:N:FLAG` fires only in the one process that creates the file FLAG first (a worker
 killed once, then retried by Ray). RECORDTOOL_FAULT_ACTION changes what a firing point
 does, for the tests of a driver's signals: `hang` sleeps for good (a hung worker), `slow`
@@ -14,9 +14,10 @@ sleeps 0.5 s at this and every later hit, then goes on (a worker that is still b
 `pause:DIR` creates DIR/paused.<pid> and waits until DIR/go exists (at most 10 minutes): the
 test knows the process is at that point, does what it tests, then lets it go on.
 
-Nothing of this is on the production path: `recordtool/__init__.py` calls `install()` only
-when RECORDTOOL_FAULT is set (so in every process of a pack: driver, worker processes, Ray
-workers), and `install` wraps the writer's methods.
+None of this is in the package: `env()` gives a pack's environment the fault and a PYTHONPATH
+that starts with tests/faultsite/, whose `sitecustomize` calls `install()` as each Python process
+of that pack starts (driver, spawned workers, Ray workers: they all inherit the environment), and
+`install` wraps the writer's methods from outside.
 """
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ import signal
 import sys
 import time
 
-from ..io import files
+from recordtool.io import files
+
+SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "faultsite")
 
 _hits: dict = {}
 
@@ -64,7 +67,7 @@ def hit(name: str) -> None:
 
 def install() -> None:
     """Wrap the writer's methods with the kill points (once per process)."""
-    from . import writer
+    from recordtool.format import writer
 
     if getattr(writer.ShardWriter.add, "_fault", False):
         return
@@ -91,3 +94,22 @@ def install() -> None:
     add_point._fault = True
     writer.ShardWriter.add, writer.DatasetWriter._move, writer.DatasetWriter._published = (
         add_point, move_point, published_point)
+
+
+def pythonpath() -> str:
+    """tests/faultsite/ (its sitecustomize installs the kill points), then the directory of the
+    recordtool these tests import (the installed wheel, or the tree), then the PYTHONPATH
+    inherited: a pack's processes import the recordtool under test, from their first line on."""
+    import recordtool
+
+    home = os.path.dirname(os.path.dirname(os.path.abspath(recordtool.__file__)))
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return os.pathsep.join([SITE, home] + rest)
+
+
+def env(fault: str, action: str | None = None) -> dict:
+    """The environment of a pack killed (or slowed, hung, paused: `action`) at `fault`."""
+    e = dict(os.environ, RECORDTOOL_FAULT=fault, PYTHONPATH=pythonpath())
+    if action is not None:
+        e["RECORDTOOL_FAULT_ACTION"] = action
+    return e
