@@ -45,8 +45,8 @@ def recordtool_loader(ds, batch, epochs, producers=None, split="auto", hybrid=Tr
     the GPU decoders' chroma upsampling (default: the Loader's)."""
     import cupy
 
-    ld = recordtool.Loader(ds, batch_size=batch, device="cuda", dtype="float16", producers=producers, split=split,
-                           hybrid=hybrid, chroma=chroma)
+    gpu = recordtool.GPUOptions(split=split, hybrid=hybrid, **({} if chroma is None else {"chroma": chroma}))
+    ld = recordtool.Loader(ds, batch_size=batch, device="cuda", dtype="float16", producers=producers, gpu=gpu)
     if cpu_threads:
         ld.batcher.cpu_threads = cpu_threads
     pool = cupy.get_default_memory_pool()

@@ -8,12 +8,19 @@ from .datasets import open_dataset as open  # noqa: E402,F401  (recordtool.open)
 from .reader import BlockSampler, Dataset, Sampler  # noqa: E402,F401
 
 
+_CONFIG = ("Output", "TrainCrop", "EvalCrop", "GPUOptions", "RemoteOptions")
+
+
 def __getattr__(name):
     # the Loader pulls in the decode stage, pack the sources and the writer: imported when asked for
     if name == "Loader":
         from .loader import Loader
 
         return Loader
+    if name in _CONFIG:  # the Loader's configuration parts (recordtool.loader.config)
+        from .loader import config
+
+        return getattr(config, name)
     if name == "pack":  # the package recordtool.pack, callable: recordtool.pack(src, out, ...)
         import importlib
 
@@ -21,6 +28,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'recordtool' has no attribute {name!r}")
 
 
-__all__ = ["Dataset", "Sampler", "BlockSampler", "Loader", "open", "pack", "OnError", "RecordtoolError",
+__all__ = ["Dataset", "Sampler", "BlockSampler", "Loader", "Output", "TrainCrop", "EvalCrop", "GPUOptions",
+           "RemoteOptions", "open", "pack", "OnError", "RecordtoolError",
            "FormatError", "UnsafePath", "PackError", "WorkerLost", "Rejected", "OutputExists", "DecodeError",
            "RecordError", "RemoteError", "CacheFull", "NativeDecoderMissing", "__version__"]

@@ -27,10 +27,13 @@ CLASSES_LIMIT = 1 << 22
 _UNITS = {"KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40, "B": 1}
 
 
-def bounded_int(name: str, value, lo: int, hi: int | None = None) -> int:
-    """`value` as an int in lo..hi (hi None: no upper bound), else OptionError naming `name`.
-    bool and non-integral numbers are refused (True is not a thread count, 2.5 no batch size)."""
-    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, float)) \
+def bounded_int(name: str, value, lo: int, hi: int | None = None, floats: bool = True) -> int:
+    """`value` as an int in lo..hi (hi None: no upper bound), else OptionError naming `name`:
+    the one integer check of the package. bool and non-integral numbers are refused (True is
+    not a thread count, 2.5 no batch size). floats: an integral float (32.0, as a CLI's or a
+    JSON file's number may come) is taken; False: integers only, Python's or NumPy's — the
+    Loader's arguments and parts, as torch's DataLoader takes them."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, float) if floats else numbers.Integral) \
             or (isinstance(value, float) and not value.is_integer()):
         raise OptionError(f"{name} must be an integer, not {value!r}")
     v = int(value)

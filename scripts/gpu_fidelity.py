@@ -163,7 +163,7 @@ def main():
     from recordtool.decode.gpu.plan import CHROMA_MODES
     from recordtool.decode.gpu.reference import SUBSAMPLING, planes_to_rgb
     from recordtool.decode.gpu.nvjpeg import HardwareDecoder, HybridDecoder
-    from recordtool.decode.spec import OutputSpec
+    from recordtool.decode.spec import Output
 
     ap = argparse.ArgumentParser()
     ap.add_argument("photos", nargs="?")
@@ -186,7 +186,7 @@ def main():
     from turbojpeg import TJPF_RGB
 
     stream = cupy.cuda.Stream(non_blocking=True)
-    spec = OutputSpec(224, dtype="uint8", layout="NHWC")
+    spec = Output(224, dtype="uint8", layout="NHWC")
     decs = {c: GPUDecoder(spec, max_batch=a.windows, split="gpu", chroma=c) for c in chromas}
     raw_dec = {}  # chroma → (engine decoder, hybrid decoder) for the raw pixels
     for c in chromas:

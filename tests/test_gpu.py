@@ -1492,10 +1492,9 @@ def test_interpolate_memory_is_steady_and_loader_matches_cpu(packed_mix):
             before, allocs = pool.total_bytes(), dec.allocations
     assert pool.total_bytes() == before and dec.allocations == allocs == 0 and dec.prealloc_error is None
     dec.close()
-    kw = dict(batch_size=8, size=64, seed=4, drop_last=False, as_torch=False, dtype="float32", layout="NHWC",
-              split="gpu")
+    kw = dict(batch_size=8, size=64, seed=4, drop_last=False, as_torch=False, dtype="float32", layout="NHWC")
     cpu_b = [np.asarray(x) for x, _ in Loader(packed_mix, device="cpu", **kw)]
-    gpu_b = [cupy.asnumpy(x) for x, _ in Loader(packed_mix, device="cuda", chroma="interpolate", **kw)]
+    gpu_b = [cupy.asnumpy(x) for x, _ in Loader(packed_mix, device="cuda", split="gpu", chroma="interpolate", **kw)]
     std, mean = np.array([0.229, 0.224, 0.225], np.float32), np.array([0.485, 0.456, 0.406], np.float32)
     for xg, xc in zip(gpu_b, cpu_b):
         for a, b in zip(xg, xc):

@@ -37,8 +37,7 @@ WAITING: dict = {}
 NO_ENVIRONMENT = ("decode", "loader")  # packages of ROOT configured by their arguments alone
 ENVIRONMENT_NAMES = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
 GPU_FACE = "decode.gpu"  # under ROOT: the package the loader imports the GPU stage from
-FACE_WAITING = {"loader/loader.py": "the Loader's argument checks (check_split, check_chroma) are being reworked; "
-                                    "they are in the face already"}
+FACE_WAITING: dict = {}
 
 
 def module_files(root: Path = ROOT) -> dict:

@@ -1,5 +1,5 @@
 """The Loader's user-facing API: evaluation order, device spellings, output types and memory
-formats (OutputSpec), the ring's size, resume-state checks and the first errors users meet."""
+formats (Output), the ring's size, resume-state checks and the first errors users meet."""
 import sys
 import types
 
@@ -8,7 +8,7 @@ import pytest
 
 import recordtool
 from conftest import jpeg_bytes, write
-from recordtool.decode.spec import OutputSpec, bfloat16_bits, bfloat16_values
+from recordtool.decode.spec import Output, bfloat16_bits, bfloat16_values
 from recordtool.errors import BadState, ConfigError, DatasetNotFound, DeviceUnavailable, RecordtoolError
 from recordtool.loader import Loader
 from recordtool.loader.device import Device, parse_device
@@ -153,8 +153,8 @@ def test_load_state_dict_names_a_missing_key(packed):
 
 
 def test_output_spec_is_validated_once_and_frozen():
-    s = OutputSpec(32, dtype=np.float16)
-    assert s.size == (32, 32) and s.dtype == "float16" and hash(s) == hash(OutputSpec((32, 32), dtype="float16"))
+    s = Output(32, dtype=np.float16)
+    assert s.size == (32, 32) and s.dtype == "float16" and hash(s) == hash(Output((32, 32), dtype="float16"))
     with pytest.raises(Exception):
         s.dtype = "float32"
     for kw, match in [({"size": 0}, "size"), ({"size": 2.5}, "size"), ({"size": True}, "size"),
@@ -162,8 +162,8 @@ def test_output_spec_is_validated_once_and_frozen():
                       ({"mean": (0, 0)}, "mean"), ({"memory_format": "channels_last", "layout": "NHWC"}, "NCHW"),
                       ({"memory_format": "preserve"}, "memory_format")]:
         with pytest.raises(ConfigError, match=match):
-            OutputSpec(**kw)
-    cl = OutputSpec(8, dtype="bfloat16", memory_format="channels_last")
+            Output(**kw)
+    cl = Output(8, dtype="bfloat16", memory_format="channels_last")
     assert cl.buffer_layout == "NHWC" and cl.buffer_shape(2) == (2, 8, 8, 3) and cl.shape(2) == (2, 3, 8, 8)
     assert cl.storage_dtype == np.uint16 and cl.nbytes(2) == 2 * 8 * 8 * 3 * 2
 
@@ -268,15 +268,15 @@ def test_crop_options_are_checked_at_the_edge_naming_the_option(packed, kw, matc
 def test_crop_options_are_frozen_and_the_defaults_are_torchvisions(packed):
     from dataclasses import FrozenInstanceError
 
-    from recordtool.decode.spec import CropSpec
+    from recordtool import EvalCrop, TrainCrop
 
     ld = Loader(packed, batch_size=4, size=16, as_torch=False)
-    assert ld.crop == CropSpec() and ld.batcher.recipe.crop is ld.crop
+    assert ld.augment == TrainCrop() and ld.batcher.recipe.augment is ld.augment
     assert (ld.scale, ld.ratio, ld.hflip) == ((0.08, 1.0), (0.75, 4 / 3), 0.5)
     with pytest.raises(FrozenInstanceError):
-        ld.crop.hflip = 1.0
+        ld.augment.hflip = 1.0
     ev = Loader(packed, batch_size=4, size=16, train=False, crop_pct=0.9, as_torch=False)
-    assert ev.crop_pct == 0.9 and ev.batcher.recipe.crop == CropSpec(crop_pct=0.9)
+    assert ev.crop_pct == 0.9 and ev.batcher.recipe.augment == EvalCrop(crop_pct=0.9)
 
 
 @pytest.mark.parametrize("layout,memory_format", [("NCHW", "contiguous"), ("NHWC", "contiguous"),

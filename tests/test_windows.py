@@ -95,7 +95,7 @@ def test_center_windows_match_resize_then_centre_crop():
         assert math.isclose(w, 224 * W / rw) and math.isclose(h, 224 * H / rh)
 
 
-# ---------------------------------------------------------------- the Loader's crop options (Recipe + CropSpec)
+# ---------------------------------------------------------------- the Loader's crop options (Recipe + TrainCrop / EvalCrop)
 
 def old_center_windows(widths, heights, resize=256, crop=224):
     """center_windows as it was before sizes and crop_pct were options (square only)."""
@@ -119,11 +119,11 @@ def recipe(widths, heights, train=True, size=224, seed=0, **crop):
     """A Recipe over an index of these image sizes (sample id k: widths[k] × heights[k])."""
     from types import SimpleNamespace
 
-    from recordtool.decode.spec import CropSpec, OutputSpec
+    from recordtool.decode.spec import EvalCrop, Output, TrainCrop
     from recordtool.loader.recipe import Recipe
 
     ix = SimpleNamespace(width=np.asarray(widths, np.int64), height=np.asarray(heights, np.int64))
-    return Recipe(SimpleNamespace(index=ix), train, OutputSpec(size), seed, CropSpec(**crop))
+    return Recipe(SimpleNamespace(index=ix), Output(size), seed, TrainCrop(**crop) if train else EvalCrop(**crop))
 
 
 PIN_IDS = np.array([0, 1, 2, 7, 33, 49])

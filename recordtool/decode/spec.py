@@ -1,4 +1,4 @@
-"""`OutputSpec`: what the decode stage writes — output side, normalisation, element type, layout
+"""`Output`: what the decode stage writes — output side, normalisation, element type, layout
 and memory format — validated once where a user hands it in (the `Loader`, a `GPUDecoder`
 caller) into a frozen value that every layer below (batchers, decoders, rings, kernels) trusts.
 
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..checks import bounded_int
 from ..errors import ConfigError
 
 MAX_SIDE = 16384  # output sides above this are refused (the batch would not fit in memory anyway)
@@ -49,9 +50,7 @@ def name_of(value) -> str:
 
 
 def _side(v, what: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= MAX_SIDE:
-        raise ConfigError(f"{what} must be an integer in 1..{MAX_SIDE}, not {v!r}")
-    return int(v)
+    return bounded_int(what, v, 1, MAX_SIDE, floats=False)
 
 
 def _triple(v, what: str, positive: bool) -> tuple:
@@ -66,20 +65,32 @@ def _triple(v, what: str, positive: bool) -> tuple:
 
 
 @dataclass(frozen=True)
-class OutputSpec:
-    """The output of a decode: batches of `size` images, (x / 255 - mean) / std per channel.
+class Output:
+    """What a batch looks like: `size` images, (x / 255 - mean) / std per channel, written in
+    `dtype`, `layout` and `memory_format`. Frozen and hashable; every field is checked once
+    here (ConfigError naming it), and every layer below (batchers, decoders, rings, kernels)
+    trusts it.
 
     Args:
-        size: output side (int, square) or (h, w), each 1..MAX_SIDE.
-        mean, std: per channel, 0..1 units (torchvision's); std > 0. Unused for uint8.
-        dtype: "float32", "float16", "bfloat16" (normalised), or "uint8" (pixels); numpy and
-            torch dtypes are accepted too.
-        layout: the batch's shape: "NCHW" (n, 3, h, w) or "NHWC" (n, h, w, 3).
-        memory_format: "contiguous", or "channels_last" (NCHW shape in NHWC memory; layout
-            NCHW only); torch.contiguous_format / torch.channels_last are accepted too.
+        size: 224 — the output side, an int (square, size × size) or (h, w), each 1..MAX_SIDE:
+            what torchvision's RandomResizedCrop(size) / CenterCrop(size) take; 224 is the
+            ImageNet models' input. Stored as (h, w).
+        mean: IMAGENET_MEAN — per channel (R, G, B), 0..1 units (torchvision's Normalize):
+            ImageNet's, what pretrained models expect. Unused for uint8.
+        std: IMAGENET_STD — per channel, 0..1 units, each > 0; ImageNet's. Unused for uint8.
+        dtype: "float32" — "float32", "float16", "bfloat16" (normalised), or "uint8" (pixels,
+            for a GPUDecoder; the Loader normalises); numpy and torch dtypes are taken too.
+            float32 is what a model takes without autocast; bfloat16 and float16 halve the
+            batch's bytes (bfloat16 comes as torch.bfloat16, or as its bits in uint16).
+        layout: "NCHW" — the batch's shape: "NCHW" (n, 3, h, w), torch's convention, or
+            "NHWC" (n, h, w, 3).
+        memory_format: "contiguous" — or "channels_last" (NCHW shape in NHWC memory, layout
+            NCHW only: what a model in torch.channels_last takes without a copy);
+            torch.contiguous_format / torch.channels_last are taken too. Every combination is
+            written directly: none costs a copy.
     """
 
-    size: tuple = (224, 224)
+    size: int | tuple = 224
     mean: tuple = IMAGENET_MEAN
     std: tuple = IMAGENET_STD
     dtype: str = "float32"
@@ -145,6 +156,9 @@ class OutputSpec:
         return batch.permute(0, 3, 1, 2) if hasattr(batch, "permute") else batch.transpose(0, 3, 1, 2)
 
 
+OutputSpec = Output  # the name the GPU decoder's callers use (decode.gpu), the same class
+
+
 DEFAULT_SCALE = (0.08, 1.0)
 DEFAULT_RATIO = (3 / 4, 4 / 3)
 DEFAULT_HFLIP = 0.5
@@ -170,29 +184,25 @@ def _pair(v, what: str, low: float, high: float) -> tuple:
 
 
 @dataclass(frozen=True)
-class CropSpec:
-    """How each image's crop window and flip are chosen — torchvision's / timm's parameters,
-    validated once where a user hands them in (the Loader) into a frozen value that the windows
-    of every batch trust. The defaults are torchvision's RandomResizedCrop and
-    RandomHorizontalFlip and the evaluation crop of its reference scripts (resize 256, crop 224).
+class TrainCrop:
+    """Training augmentation: torchvision's RandomResizedCrop and RandomHorizontalFlip, each
+    window and flip keyed by (seed, epoch, sample id). Frozen and hashable; every field is
+    checked once here (ConfigError naming it), and the windows of every batch trust it. The
+    defaults are torchvision's.
 
     Args:
-        scale: training — RandomResizedCrop's area range, a share of the image's area:
-            0 < lo ≤ hi ≤ 1.
-        ratio: training — RandomResizedCrop's aspect (width / height) range, drawn
-            log-uniformly: 0 < lo ≤ hi.
-        hflip: training — the probability of a horizontal flip, 0..1.
-        crop_pct: evaluation — the centre crop's share of the resized image (timm's crop_pct):
-            the image is resized, keeping its aspect, to cover floor(h / crop_pct) ×
-            floor(w / crop_pct) of the output (h, w) — for a square output: its shorter side to
-            floor(size / crop_pct), torchvision's Resize(int) — and the centre (h, w) is cut
-            out of it. MIN_CROP_PCT..1 (above 1 the crop would need padding).
+        scale: (0.08, 1.0) — the crop's area range, a share of the image's area:
+            0 < lo ≤ hi ≤ 1. torchvision's default, the ImageNet recipe's.
+        ratio: (3/4, 4/3) — the crop's aspect (width / height) range, drawn log-uniformly:
+            0 < lo ≤ hi. torchvision's default. The window does not depend on the output size:
+            it is resized to (h, w) whatever its aspect, as torchvision does.
+        hflip: 0.5 — the probability of a horizontal flip, 0..1 (RandomHorizontalFlip());
+            0 never flips.
     """
 
     scale: tuple = DEFAULT_SCALE
     ratio: tuple = DEFAULT_RATIO
     hflip: float = DEFAULT_HFLIP
-    crop_pct: float = DEFAULT_CROP_PCT
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -201,24 +211,36 @@ class CropSpec:
         hflip = _number(self.hflip, "hflip")
         if not 0.0 <= hflip <= 1.0:
             raise ConfigError(f"hflip (the flip probability) must be in 0..1, not {self.hflip!r}")
+        set_(self, "hflip", hflip)
+
+
+@dataclass(frozen=True)
+class EvalCrop:
+    """Evaluation: resize, keeping the aspect, then the centre crop — the same window for an
+    image every epoch, no flip. Frozen and hashable; checked once here (ConfigError naming the
+    field).
+
+    Args:
+        crop_pct: 0.875 — the centre crop's share of the resized image (timm's crop_pct),
+            MIN_CROP_PCT..1 (above 1 the crop would need padding): the image is resized to
+            cover floor(h / crop_pct) × floor(w / crop_pct) of the output (h, w) — for a
+            square output: its shorter side to floor(size / crop_pct), torchvision's
+            Resize(int) — and the centre (h, w) is the output. 0.875 = 224 / 256, the
+            evaluation crop of torchvision's and timm's reference scripts.
+    """
+
+    crop_pct: float = DEFAULT_CROP_PCT
+
+    def __post_init__(self):
         crop_pct = _number(self.crop_pct, "crop_pct")
         if not MIN_CROP_PCT <= crop_pct <= 1.0:
             raise ConfigError(f"crop_pct must be in {MIN_CROP_PCT:g}..1 (the centre crop's share of the resized "
                               f"image), not {self.crop_pct!r}")
-        set_(self, "hflip", hflip)
-        set_(self, "crop_pct", crop_pct)
+        object.__setattr__(self, "crop_pct", crop_pct)
 
-    def unused(self, train: bool) -> list:
-        """The options set away from their defaults that would do nothing with this `train`:
-        scale, ratio and hflip in evaluation, crop_pct in training."""
-        if train:
-            return ["crop_pct"] if self.crop_pct != DEFAULT_CROP_PCT else []
-        return [k for k, v, d in (("scale", self.scale, DEFAULT_SCALE), ("ratio", self.ratio, DEFAULT_RATIO),
-                                  ("hflip", self.hflip, DEFAULT_HFLIP)) if v != d]
-
-    def eval_resize(self, size) -> tuple:
-        """The evaluation resize box (h, w) of an output size (h, w): floor(side / crop_pct), as
-        timm computes it (224 at 0.875: 256)."""
+    def resize(self, size) -> tuple:
+        """The resize box (h, w) of an output size (h, w): floor(side / crop_pct), as timm
+        computes it (224 at 0.875: 256)."""
         return tuple(math.floor(s / self.crop_pct) for s in size)
 
 

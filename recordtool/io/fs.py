@@ -53,11 +53,9 @@ def is_url(path) -> bool:
     return isinstance(path, str) and "://" in path and not path.startswith("file://")
 
 
-def check_options(path, options) -> dict:
-    """`storage_options` checked where they come in (recordtool.open, Loader, pack to a URL): a
-    mapping of option names, and only for an object-store URL — a local path has none to take,
-    so options given with one are a mistake, not something to drop in silence. ConfigError
-    names the option (never its value: it may be a secret). Returns a copy."""
+def option_names(options) -> dict:
+    """`storage_options` as a mapping of option names (str), copied; {} for None. ConfigError
+    names what is wrong (never a value: it may be a secret)."""
     if options is None:
         return {}
     if not isinstance(options, Mapping):
@@ -67,6 +65,15 @@ def check_options(path, options) -> dict:
     bad = [k for k in options if not isinstance(k, str)]
     if bad:
         raise ConfigError(f"storage_options keys are option names (str), not {type(bad[0]).__name__} {bad[0]!r}")
+    return dict(options)
+
+
+def check_options(path, options) -> dict:
+    """`storage_options` checked where they come in (recordtool.open, Loader, pack to a URL): a
+    mapping of option names, and only for an object-store URL — a local path has none to take,
+    so options given with one are a mistake, not something to drop in silence. ConfigError
+    names the option (never its value: it may be a secret). Returns a copy."""
+    options = option_names(options)
     if options and not is_url(os.fspath(path) if isinstance(path, os.PathLike) else path):
         raise ConfigError(f"storage_options ({', '.join(sorted(options))}) given for {os.fspath(path)!r}, a local "
                           "path: they reach an object store (s3://bucket/prefix, gs://…); leave them out, or give "

@@ -15,13 +15,6 @@ from ..errors import ConfigError
 RING_MEMORY_SHARE = 0.5
 
 
-def count(value, what: str, low: int = 0) -> int:
-    """An integer argument (not a bool, not a string) ≥ low, or ConfigError naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ConfigError(f"{what} must be an integer ≥ {low}, not {value!r}")
-    return int(value)
-
-
 def flag(value, what: str) -> bool:
     """A bool argument (NumPy's too), or ConfigError naming it: 0, 1 and strings are refused."""
     if not isinstance(value, (bool, np.bool_)):

@@ -80,7 +80,7 @@ class CPUBatcher:
 
     Args:
         recipe: what a batch is (windows, flips, labels from seed, epoch and ids) and its
-            output (recipe.spec: size, normalisation, dtype, layout, memory format).
+            output (recipe.output: size, normalisation, dtype, layout, memory format).
         threads: native decode threads per call.
         user_op: optional op on the uint8 NHWC batch before normalisation (see ops.batch), or a
             compiled per-image op (recordtool.ops.ImageOp) run inside the fused pass.
@@ -91,7 +91,7 @@ class CPUBatcher:
 
     def __init__(self, recipe: Recipe, *, threads: int, user_op, slots: int, max_batch: int, producers: int = 1):
         self.recipe, self.threads = recipe, threads
-        self.spec = spec = recipe.spec
+        spec = recipe.output
         self.user_op = user_op
         self.image_op = image_op(user_op)
         if self.image_op is not None:
@@ -116,7 +116,7 @@ class CPUBatcher:
         t1 = time.perf_counter()
         errors: list = []
         out = self.ring.acquire(len(ids))
-        spec = self.spec
+        spec = self.recipe.output
         pool = self._pools[slot]
         if self.user_op is None or self.image_op is not None:
             op = None

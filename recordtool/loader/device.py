@@ -18,6 +18,11 @@ class Device:
     type: str
     index: int | None = None
 
+    @property
+    def cuda(self) -> bool:
+        """Batches made on a GPU (else on the CPU)."""
+        return self.type == "cuda"
+
     def __str__(self) -> str:
         return self.type if self.index is None else f"{self.type}:{self.index}"
 

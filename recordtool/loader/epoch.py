@@ -102,7 +102,7 @@ class EpochIterator:
             wait_ready(made.ready, ld.gpu_id, ld.as_torch)
         if ld.as_torch:
             images, labels = self._torch(images, labels)
-        images = ld.spec.arrange(images)  # channels_last: the NCHW-shaped view of the NHWC batch
+        images = ld.output.arrange(images)  # channels_last: the NCHW-shaped view of the NHWC batch
         return (images, labels, ids) if ld.with_ids else (images, labels)
 
     def _finish(self) -> None:
@@ -117,7 +117,7 @@ class EpochIterator:
         import torch
 
         ld = self.loader
-        if ld.device == "cpu":
+        if not ld.dev.cuda:
             x, y = torch.from_numpy(images), torch.from_numpy(labels)
         else:
             from .dlpack import to_torch
@@ -125,7 +125,7 @@ class EpochIterator:
             with torch.cuda.device(ld.gpu_id):  # complete, or torch's stream waits for it (made.ready)
                 # labels: a plain copy, measured to cost the training loop no more than pinned ones
                 x, y = to_torch(images), torch.from_numpy(labels).cuda(ld.gpu_id, non_blocking=True)
-        if ld.spec.dtype == "bfloat16":
+        if ld.output.dtype == "bfloat16":
             x = x.view(torch.bfloat16)  # the uint16 bits as what they are (no copy)
         return x, y
 

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from .config import GPUOptions
 from .cpu import call_user_op, image_op
 from .recipe import Made, Recipe
 
@@ -23,29 +24,28 @@ class GPUBatcher:
     (its reference, for the tests).
 
     Args:
-        recipe: what a batch is, and its output (recipe.spec).
+        recipe: what a batch is, and its output (recipe.output).
         gpu_id: CUDA device id (producer threads do not inherit the caller's current device).
         producers: producer slots (one GPUDecoder each).
         threads: CPU threads in all (shared by the slots' CPU shares).
         user_op: optional op on the uint8 NHWC CuPy batch before normalisation, or a compiled
             per-image op (recordtool.ops.ImageOp: its CUDA kernel).
-        split, hybrid, chroma: see GPUDecoder.
-        same_pixels: 4:4:4 and gray files to the CPU share (decode.gpu.plan.route).
+        options: split, hybrid, chroma (see GPUDecoder) and same_pixels (4:4:4 and gray files
+            to the CPU share: decode.gpu.plan.route), checked (loader.config.GPUOptions).
         slots: output batches alive at once.
         max_batch: images per batch at most.
     """
 
     native_queue = True
 
-    def __init__(self, recipe: Recipe, *, gpu_id: int, producers: int, threads: int, user_op, split, hybrid: bool,
-                 slots: int, max_batch: int, chroma: str | None = None, same_pixels: bool = True):
-        from ..decode.gpu import DEFAULT_CHROMA, Demand, OutputRing, kernel, route
+    def __init__(self, recipe: Recipe, *, gpu_id: int, producers: int, threads: int, user_op, options: GPUOptions,
+                 slots: int, max_batch: int):
+        from ..decode.gpu import Demand, OutputRing, kernel, route
 
         self.recipe, self.gpu_id, self.producers = recipe, gpu_id, producers
-        self.spec = spec = recipe.spec
+        self.spec = spec = recipe.output
         self.threads = threads
-        self.user_op, self.split, self.hybrid = user_op, split, hybrid
-        self.chroma = DEFAULT_CHROMA if chroma is None else chroma
+        self.user_op, self.options = user_op, options
         self.image_op = image_op(user_op)
         if self.image_op is not None:
             import cupy
@@ -60,7 +60,7 @@ class GPUBatcher:
         # cores) ran 15-25 % slower than this, 8 per pool ~13 % slower.
         self.cpu_threads = max(1, (threads - producers) // producers)
         ix = recipe.ds.index
-        self.routes = route(ix.chroma, ix.progressive, ix.colorspace, same_pixels=same_pixels)
+        self.routes = route(ix.chroma, ix.progressive, ix.colorspace, same_pixels=options.same_pixels)
         h, w = spec.size
         self._decoders: dict = {}
         self._lock = threading.Lock()
@@ -90,7 +90,8 @@ class GPUBatcher:
                 ix = self.recipe.ds.index
                 raw = self.user_op is not None
                 dec = GPUDecoder(self._raw_spec if raw else self.spec, max_batch=self.max_batch,
-                                 gpu_id=self.gpu_id, split=self.split, hybrid=self.hybrid, chroma=self.chroma,
+                                 gpu_id=self.gpu_id, split=self.options.split, hybrid=self.options.hybrid,
+                                 chroma=self.options.chroma,
                                  cpu_threads=self.cpu_threads, ring=self.raw_ring if raw else self.ring,
                                  demand=self.demand)
                 dec.warmup(ix.jpeg_length, ix.width, ix.height, routes=self.routes)

@@ -10,19 +10,21 @@ the epoch stands, and resuming yields exactly the batches an uninterrupted run w
 """
 from __future__ import annotations
 
+import inspect
 import weakref
 from typing import Literal, Union
 
 import numpy as np
 
+from ..checks import bounded_int
 from ..datasets import open_dataset
 from ..decode.cpu import cores
-from ..decode.spec import (DEFAULT_CROP_PCT, DEFAULT_HFLIP, DEFAULT_RATIO, DEFAULT_SCALE, IMAGENET_MEAN,
-                           IMAGENET_STD, CropSpec, OutputSpec)
+from ..decode.spec import EvalCrop, Output, TrainCrop
 from ..errors import BadState, ConfigError, NotADataset, OnError, on_error as _on_error
 from ..reader import Dataset
-from .args import RING_MEMORY_SHARE, count as _count, dist_defaults as _dist_defaults, flag as _flag
+from .args import RING_MEMORY_SHARE, dist_defaults as _dist_defaults, flag as _flag
 from .args import memory_bound as _memory_bound
+from .config import GPUOptions, RemoteOptions, parts as _parts
 from .cpu import check_user_op
 from .device import parse_device, resolve
 from .prefetch import on_producer_thread
@@ -36,42 +38,52 @@ DeviceLike = Union[Literal["cpu", "cuda"], str, int, object]  # also "cuda:1", t
 class Loader:
     """Iterate `(images, labels)` batches of a packed dataset, one epoch per iteration.
 
+    The configuration comes in a few frozen parts, each checked once when it is made
+    (loader.config): `Output` (what a batch looks like), `TrainCrop` / `EvalCrop` (the
+    augmentation), `GPUOptions` (a cuda Loader's decoders), `RemoteOptions` (a dataset URL's
+    store and cache). Their fields may also be given flat, as keywords of the Loader
+    (`size=224, dtype="bfloat16", scale=(0.2, 1.0), split="gpu", cache_dir=...`): each is
+    folded into its part and checked there; a part and one of its keywords together are a
+    ConfigError, and so is an unknown keyword (naming the nearest known one).
+
     Args:
         path: dataset directory, dataset URL (s3://bucket/prefix, any fsspec URL), or an open `Dataset`.
         batch_size: images per batch (≥ 1).
         device: "cpu" (native CPU decoder), or a GPU (NVJPG engines + hybrid decoder + CPU share):
             "cuda" (the caller's current CUDA device), "cuda:1", torch.device("cuda", 1), or 1.
-        train: RandomResizedCrop windows (`scale`, `ratio`) + random horizontal flip (`hflip`),
-            keyed by (seed, epoch, sample id); False: resize + centre crop (`crop_pct`).
+        train: training (random windows and flips, keyed by (seed, epoch, sample id)) or
+            evaluation (resize + centre crop). None: False when `augment` is an EvalCrop, else
+            True; given, it must agree with `augment`'s kind.
+        output: what the batch looks like — Output(size=224, mean=IMAGENET_MEAN,
+            std=IMAGENET_STD, dtype="float32", layout="NCHW", memory_format="contiguous"):
+            the side (an int, or (h, w)), the normalisation, the element type ("float32",
+            "float16" or "bfloat16": the Loader normalises), the shape and the memory order
+            (see Output). Keywords: size, mean, std, dtype, layout, memory_format.
+        augment: TrainCrop(scale=(0.08, 1.0), ratio=(3/4, 4/3), hflip=0.5) — torchvision's
+            RandomResizedCrop and RandomHorizontalFlip — or EvalCrop(crop_pct=0.875): resize
+            to cover floor(size / crop_pct), centre crop (see each). Default: the one `train`
+            says, at its defaults. Keywords: scale, ratio, hflip (train), crop_pct
+            (evaluation); those of the other mode set away from their defaults are a
+            ConfigError (they would do nothing).
+        gpu: cuda only — GPUOptions(split="auto", hybrid=True, chroma="interpolate",
+            same_pixels=True): how images are shared between the engines, nvJPEG's hybrid
+            decoder and the CPU, and how chroma is upsampled (see GPUOptions). Given with
+            device="cpu" it is a ConfigError, as are its keywords (split, hybrid, chroma,
+            same_pixels) set away from their defaults.
+        remote: a dataset URL only — RemoteOptions(cache_dir=None, cache_limit=None,
+            storage_options=None): the local shard cache and the fsspec options that reach
+            the store, as `recordtool.open` takes them. Given for a local path or an open
+            Dataset it is a ConfigError. Keywords: cache_dir, cache_limit, storage_options.
         shuffle: a new order every epoch (keyed by seed and epoch); default: `train`. False:
             record order, the same every epoch (evaluation).
         drop_last: drop the last partial batch (and cut the epoch to equal rank shares); default:
             `train`. False: every sample once (ranks padded to equal shares, as torch's
             DistributedSampler does).
-        size: the output: an int (square, size × size) or (h, w), each side 1..16384 — what
-            torchvision's RandomResizedCrop(size) / CenterCrop(size) take.
-        scale, ratio: train — RandomResizedCrop's: the crop's area as a share of the image's,
-            0 < lo ≤ hi ≤ 1 (default (0.08, 1.0)), and its aspect (width / height) range,
-            0 < lo ≤ hi, drawn log-uniformly (default (3/4, 4/3)). The window does not depend
-            on `size`: it is resized to (h, w) whatever its aspect, as torchvision does.
-        hflip: train — the probability of a horizontal flip, 0..1 (default 0.5:
-            RandomHorizontalFlip()); 0 never flips.
-        crop_pct: evaluation — the centre crop's share of the resized image (timm's crop_pct,
-            0.01..1; default 0.875 = 224/256): the image is resized keeping its aspect to cover
-            floor(h / crop_pct) × floor(w / crop_pct) (square: its shorter side to
-            floor(size / crop_pct), torchvision's Resize(int(size / crop_pct))) and its centre
-            (h, w) is the output (CenterCrop(size)).
-            The training options with train=False, or crop_pct with train=True, set away from
-            their defaults, are a ConfigError (they would do nothing).
-        mean, std: normalisation per channel, 0..1 units (torchvision's).
-        dtype: "float32", "float16" or "bfloat16" (torch dtypes too). bfloat16 comes as a
-            torch.bfloat16 tensor; with as_torch=False as its bits in a uint16 array.
-        layout: the batch's shape, "NCHW" or "NHWC".
-        memory_format: "contiguous", or "channels_last" (NCHW shape in NHWC memory: what a
-            model in torch.channels_last takes without a copy); torch.channels_last too. Every
-            combination is written directly, none costs a copy (decode.spec).
         seed: keys the shuffle, windows, flips and keyed user ops.
         rank, world_size: this process's share; default from torch.distributed or RANK/WORLD_SIZE.
+        block_shards: `Dataset.sampler`'s — None: block shuffle for URLs, global permutation for local data.
+        threads: CPU decode threads (default: cores).
+        producers: producer threads (default 2).
         prefetch: batches each producer makes ahead.
         continuous: the producers go on into the next epoch's first batches while the training
             loop takes this epoch's last ones (as DALI's pipeline does), so an epoch does not
@@ -80,7 +92,6 @@ class Loader:
             another epoch, load_state_dict, a loop left early) discards them. False: nothing is
             made before it is asked for (each epoch starts from idle producers). Not for a
             dataset URL: its shard cache follows one epoch's block plan at a time.
-        threads: CPU decode threads (default: cores).
         user_op: op(batch) or KeyedOp op(batch, keys) on each uint8 NHWC batch before
             normalisation (numpy on CPU, CuPy on GPU); returns the batch. Or a compiled per-image
             op (recordtool.ops.ImageOp, needs recordtool[numba]): run by the native decode threads
@@ -88,24 +99,18 @@ class Loader:
             kernel, one launch per batch); compiled here, OpCompileError if it cannot be. A
             torchvision transform or a torch.nn.Module is refused (ConfigError naming what to pass
             instead): they take tensors, and v2 transforms hand a NumPy batch back unchanged.
-        as_torch: torch tensors (DLPack on the GPU); default: when torch imports.
-        producers: producer threads (default 2).
-        with_ids: also yield each batch's sample ids.
-        split: cuda only — how the engines' images are shared with the CPU: "auto" (the CPU first,
-            the engines while the consumer waits: plan.Demand; an image may be decoded by either,
-            see README's fidelity bound), "gpu" (bit-identical runs), "cpu", or a CPU share in [0, 1].
-        hybrid: cuda only — progressive (and without same_pixels gray) files to nvJPEG's hybrid decoder, else the CPU.
-        chroma: cuda only — how GPU-decoded 4:2:0 / 4:2:2 chroma is upsampled: "interpolate"
-            (libjpeg-turbo's filter in our kernel: the CPU path's pixels), "replicate" (nvJPEG's
-            output as it is) or "nvjpeg" (nvJPEG's own interpolation); see decode.gpu.plan.Chroma.
-        same_pixels: cuda only — the CPU share decodes 4:4:4 and gray JPEGs: their images equal
-            device="cpu"'s bit for bit. False: the GPU decoders take them (README's fidelity bound).
         on_error: a record no decoder can decode — "raise" (RecordError naming shard and offset),
             "warn" (a warning; the sample is zeros, its label kept; listed in `bad_records`) or
             "skip" (the same without the warning).
-        cache_dir, cache_limit, storage_options: for a dataset URL (s3://…): its local shard cache and the
-            fsspec options that reach the store, as `recordtool.open` takes them (recordtool.remote).
-        block_shards: `Dataset.sampler`'s — None: block shuffle for URLs, global permutation for local data.
+        as_torch: torch tensors (DLPack on the GPU); None: when torch imports. bfloat16 comes
+            as a torch.bfloat16 tensor; with as_torch=False as its bits in a uint16 array.
+        with_ids: also yield each batch's sample ids.
+
+    Read-only attributes: the parts (`output`, `augment`, `gpu` — None on the CPU —, `remote`
+    — None unless given —) and their fields (`size` — an int for a square output —, `mean`,
+    `std`, `dtype`, `layout`, `memory_format`, `scale`, `ratio`, `hflip`, `crop_pct` — None
+    where the augmentation has no such field —, `split`, `hybrid`, `chroma`, `same_pixels` —
+    None on the CPU), `device` ("cpu" or "cuda"; `dev` the parsed Device) and `gpu_id`.
 
     Epochs: each `iter(loader)` runs one epoch. A loop that leaves an epoch early (a `break`,
     Lightning's `limit_train_batches`) and iterates again gets the next epoch, never the same
@@ -121,63 +126,41 @@ class Loader:
     # shuffles through it): the Loader batches itself, so there is no batch sampler
     batch_sampler = None
 
-    def __init__(self, path, batch_size: int, device: DeviceLike = "cpu", train: bool = True, size: int | tuple = 224,
-                 mean=IMAGENET_MEAN, std=IMAGENET_STD, dtype: Literal["float32", "float16", "bfloat16"] = "float32",
-                 layout: Literal["NCHW", "NHWC"] = "NCHW", seed: int = 0, rank: int | None = None,
-                 world_size: int | None = None, drop_last: bool | None = None, prefetch: int = 2,
-                 threads: int | None = None, user_op=None, as_torch: bool | None = None, producers: int | None = None,
-                 with_ids: bool = False, split="auto", hybrid: bool = True, on_error: OnError | str = "raise",
-                 cache_dir: str | None = None, cache_limit: int | None = None, block_shards: int | None = None,
-                 shuffle: bool | None = None, memory_format: str = "contiguous", chroma: str | None = None,
-                 storage_options: dict | None = None, continuous: bool = True, same_pixels: bool = True,
-                 scale: tuple = DEFAULT_SCALE, ratio: tuple = DEFAULT_RATIO, hflip: float = DEFAULT_HFLIP,
-                 crop_pct: float = DEFAULT_CROP_PCT):
-        # every argument checked here, once, into frozen values (OutputSpec, Device) or ints
-        from ..decode.gpu.plan import DEFAULT_CHROMA, check_chroma, check_split  # pure NumPy
-
-        dev = parse_device(device)
-        self.batch_size = _count(batch_size, "batch_size", 1)
-        self.spec = OutputSpec(size, mean, std, dtype, layout, memory_format)  # an int: square
-        if not self.spec.normalized:
-            raise ConfigError("dtype must be float32, float16 or bfloat16 (the Loader normalises)")
-        self.train = _flag(train, "train")
-        self.crop = CropSpec(scale, ratio, hflip, crop_pct)
-        unused = self.crop.unused(self.train)
-        if unused:  # a setting that does nothing is refused, not ignored
-            what = "evaluation's centre crop" if self.train else "training's RandomResizedCrop and flip"
-            raise ConfigError(f"{', '.join(unused)}: set for {what}, nothing with train={self.train}; leave "
-                              f"{'it' if len(unused) == 1 else 'them'} at the default or pass train={not self.train}")
+    def __init__(self, path, batch_size: int, device: DeviceLike = "cpu", *, train: bool | None = None,
+                 output: Output | None = None, augment: TrainCrop | EvalCrop | None = None,
+                 gpu: GPUOptions | None = None, remote: RemoteOptions | None = None, shuffle: bool | None = None,
+                 drop_last: bool | None = None, seed: int = 0, rank: int | None = None, world_size: int | None = None,
+                 block_shards: int | None = None, threads: int | None = None, producers: int | None = None,
+                 prefetch: int = 2, continuous: bool = True, user_op=None, on_error: OnError | str = "raise",
+                 as_torch: bool | None = None, with_ids: bool = False, **shorthand):
+        # every argument checked here, once, into frozen parts (Output, TrainCrop / EvalCrop,
+        # GPUOptions, RemoteOptions, Device) or ints; the layers below take them as they are
+        self.dev = dev = parse_device(device)
+        self.batch_size = bounded_int("batch_size", batch_size, 1, floats=False)
+        self.train, self.output, self.augment, self.gpu, self.remote = _parts(
+            path, dev, train=train, output=output, augment=augment, gpu=gpu, remote=remote, shorthand=shorthand,
+            keywords=_KEYWORDS)
         self.shuffle = self.train if shuffle is None else _flag(shuffle, "shuffle")
         self.drop_last = self.train if drop_last is None else _flag(drop_last, "drop_last")
-        self.seed = _count(seed, "seed")
-        self.prefetch = _count(prefetch, "prefetch", 1)
+        self.seed = bounded_int("seed", seed, 0, floats=False)
+        self.prefetch = bounded_int("prefetch", prefetch, 1, floats=False)
         self.continuous = _flag(continuous, "continuous")
-        self.threads = cores() if threads is None else _count(threads, "threads", 1)
+        self.threads = cores() if threads is None else bounded_int("threads", threads, 1, floats=False)
         # producer threads, batches dealt round-robin and handed out in order: two, so one's
         # Python work (and user op) overlaps the other's decode. On the GPU, measured in training
         # with epochs running into each other (BENCHMARKS.md), 4 producers took twice the
         # producers' CPU for the same rate and cost the training loop more than 2.
-        self.producers = 2 if producers is None else _count(producers, "producers", 1)
-        if dev.type == "cuda":
-            split = check_split(split)
-        self.chroma = check_chroma(DEFAULT_CHROMA if chroma is None else chroma)
-        self.same_pixels = _flag(same_pixels, "same_pixels")
+        self.producers = 2 if producers is None else bounded_int("producers", producers, 1, floats=False)
         self.on_error = _on_error(on_error)
-        user_op = check_user_op(user_op)  # before the dataset opens: a refused op costs no download
-        self.device = dev.type  # "cpu" or "cuda"
-        self.gpu_id = resolve(dev) if dev.type == "cuda" else None
-        if isinstance(path, Dataset) and storage_options not in (None, {}):
-            raise ConfigError("storage_options are for opening a dataset URL; the Dataset given is open already")
-        self.ds = path if isinstance(path, Dataset) else open_dataset(path, cache_dir=cache_dir, cache_limit=cache_limit,
-                                                                      storage_options=storage_options)
-        h, w = self.spec.size
-        self.size = h if h == w else (h, w)  # an int for a square output, as given
-        self.mean, self.std = self.spec.mean, self.spec.std
-        self.dtype, self.layout, self.memory_format = self.spec.dtype, self.spec.layout, self.spec.memory_format
-        self.user_op, self.with_ids, self.split, self.hybrid = user_op, with_ids, split, hybrid
+        self.with_ids = _flag(with_ids, "with_ids")
+        as_torch = None if as_torch is None else _flag(as_torch, "as_torch")
+        self.user_op = user_op = check_user_op(user_op)  # before the dataset opens: a refused op costs no download
+        self.gpu_id = resolve(dev) if dev.cuda else None
+        self.ds = path if isinstance(path, Dataset) else open_dataset(
+            path, **({} if self.remote is None else self.remote.open_args()))
         rank, world_size = _dist_defaults(rank, world_size)
-        self.world_size = _count(world_size, "world_size", 1)
-        self.rank = _count(rank, "rank")
+        self.world_size = bounded_int("world_size", world_size, 1, floats=False)
+        self.rank = bounded_int("rank", rank, 0, floats=False)
         if self.rank >= self.world_size:
             raise ConfigError(f"rank {self.rank} not in [0, world_size={self.world_size})")
         self._order = self.ds.sampler(seed=self.seed, rank=self.rank, world_size=self.world_size,
@@ -211,28 +194,60 @@ class Loader:
         self.last_split = None  # cuda: the last yielded batch's BatchReport
         # producer-side seconds per stage, and (cuda) images per decoder, summed over yielded batches
         self.stage_seconds, self.decoded = {}, {}
-        recipe = Recipe(self.ds, self.train, self.spec, self.seed, self.crop)
+        recipe = Recipe(self.ds, self.output, self.seed, self.augment)
         # batches alive at once: queued (producers × prefetch), being made (producers), and the
         # consumer's current and previous one; each as large as the largest batch this rank makes
         slots = self.producers * (self.prefetch + 1) + 2
         max_batch = max(1, min(self.batch_size, share))
-        need, bound = slots * self.spec.nbytes(max_batch), _memory_bound(self.gpu_id)
+        need, bound = slots * self.output.nbytes(max_batch), _memory_bound(self.gpu_id)
         if need > bound:
             where = "RAM" if self.gpu_id is None else f"GPU {self.gpu_id}'s memory"
+            h, w = self.output.size
             raise ConfigError(f"the output ring would take {need / 2**30:.1f} GiB ({slots} batches of {max_batch} "
-                              f"{self.spec.dtype} images of {h}×{w}), more than {RING_MEMORY_SHARE:.0%} of "
+                              f"{self.output.dtype} images of {h}×{w}), more than {RING_MEMORY_SHARE:.0%} of "
                               f"{where} ({bound / 2**30:.1f} GiB): lower batch_size, size, prefetch or producers")
-        if self.device == "cpu":
+        if dev.cuda:
+            from .gpu import GPUBatcher
+
+            self.batcher = GPUBatcher(recipe, gpu_id=self.gpu_id, producers=self.producers, threads=self.threads,
+                                      user_op=user_op, options=self.gpu, slots=slots, max_batch=max_batch)
+        else:
             from .cpu import CPUBatcher
 
             self.batcher = CPUBatcher(recipe, threads=self.threads, user_op=user_op, slots=slots, max_batch=max_batch,
                                       producers=self.producers)
-        else:
-            from .gpu import GPUBatcher
 
-            self.batcher = GPUBatcher(recipe, gpu_id=self.gpu_id, producers=self.producers, threads=self.threads,
-                                      user_op=user_op, split=split, hybrid=hybrid, slots=slots, max_batch=max_batch,
-                                      chroma=self.chroma, same_pixels=self.same_pixels)
+    # ------------------------------------------------------------------ the parts' fields, read-only
+    @property
+    def device(self) -> str:
+        """"cpu" or "cuda" (the parsed Device is `dev`, its GPU `gpu_id`)."""
+        return self.dev.type
+
+    @property
+    def spec(self) -> Output:
+        """`output` by its other name (Output is also decode.spec.OutputSpec)."""
+        return self.output
+
+    @property
+    def size(self):
+        """The output side: an int for a square output, as given, else (h, w)."""
+        h, w = self.output.size
+        return h if h == w else (h, w)
+
+    mean = property(lambda self: self.output.mean, doc="Output.mean.")
+    std = property(lambda self: self.output.std, doc="Output.std.")
+    dtype = property(lambda self: self.output.dtype, doc="Output.dtype.")
+    layout = property(lambda self: self.output.layout, doc="Output.layout.")
+    memory_format = property(lambda self: self.output.memory_format, doc="Output.memory_format.")
+    scale = property(lambda self: getattr(self.augment, "scale", None), doc="TrainCrop.scale (None: evaluation).")
+    ratio = property(lambda self: getattr(self.augment, "ratio", None), doc="TrainCrop.ratio (None: evaluation).")
+    hflip = property(lambda self: getattr(self.augment, "hflip", None), doc="TrainCrop.hflip (None: evaluation).")
+    crop_pct = property(lambda self: getattr(self.augment, "crop_pct", None), doc="EvalCrop.crop_pct (None: training).")
+    split = property(lambda self: getattr(self.gpu, "split", None), doc="GPUOptions.split (None on the CPU).")
+    hybrid = property(lambda self: getattr(self.gpu, "hybrid", None), doc="GPUOptions.hybrid (None on the CPU).")
+    chroma = property(lambda self: getattr(self.gpu, "chroma", None), doc="GPUOptions.chroma (None on the CPU).")
+    same_pixels = property(lambda self: getattr(self.gpu, "same_pixels", None),
+                           doc="GPUOptions.same_pixels (None on the CPU).")
 
     # ------------------------------------------------------------------ epoch bookkeeping
     def __len__(self) -> int:
@@ -250,7 +265,7 @@ class Loader:
         calls it through `loader.sampler` at every epoch's start). Called inside a running loop,
         that loop finishes its own epoch and the next one runs `epoch`. After `load_state_dict`,
         the saved state's own epoch keeps its batch (a resume mid-epoch stays exact)."""
-        epoch = _count(epoch, "epoch")
+        epoch = bounded_int("epoch", epoch, 0, floats=False)
         self._generation += 1
         if not (self._resumed and epoch == self._pos[0]):
             self._pos, self._resumed = (epoch, 0), False
@@ -306,12 +321,6 @@ class Loader:
         self._generation += 1
         self._pos, self._open, self._resumed = (int(state["epoch"]), int(state["batch"])), False, True
 
-    # the crop options, read from the frozen CropSpec the recipe uses (one place: they cannot differ)
-    scale = property(lambda self: self.crop.scale, doc="RandomResizedCrop's area range (train=True).")
-    ratio = property(lambda self: self.crop.ratio, doc="RandomResizedCrop's aspect range (train=True).")
-    hflip = property(lambda self: self.crop.hflip, doc="The horizontal flip probability (train=True).")
-    crop_pct = property(lambda self: self.crop.crop_pct, doc="The evaluation crop ratio (train=False).")
-
     @property
     def padding(self) -> int:
         """Samples of this rank's epoch that are repeats (0 or 1): with drop_last=False the ranks'
@@ -326,7 +335,8 @@ class Loader:
 
     def batch_ids(self, epoch: int) -> list:
         """The sample ids of each batch of `epoch` for this rank."""
-        return epoch_batches(self._order, self.batch_size, self.drop_last, _count(epoch, "epoch"))
+        epoch = bounded_int("epoch", epoch, 0, floats=False)
+        return epoch_batches(self._order, self.batch_size, self.drop_last, epoch)
 
     @property
     def ring(self):
@@ -398,3 +408,7 @@ class Loader:
                 self.batcher.close()
         except Exception:
             pass
+
+
+# the Loader's own keywords, for the did-you-mean of an unknown one (loader.config.parts)
+_KEYWORDS = tuple(p for p in inspect.signature(Loader.__init__).parameters if p not in ("self", "shorthand"))

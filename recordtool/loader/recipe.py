@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..decode import center_windows, random_flips, random_windows
-from ..decode.spec import CropSpec, OutputSpec
+from ..decode.spec import EvalCrop, Output, TrainCrop
 from ..reader import Dataset
 
 
@@ -34,18 +34,20 @@ class BatchInputs:
 class Recipe:
     """Args:
         ds: the dataset.
-        train: RandomResizedCrop windows + random flips (crop.scale, crop.ratio, crop.hflip);
-            else resize + centre crop (crop.crop_pct).
-        spec: the output (size (h, w), normalisation, ...), validated; the batchers write what it says.
+        output: the output (size (h, w), normalisation, ...), checked; the batchers write what it says.
         seed: keys the windows, flips and keyed user ops (with epoch and sample id).
-        crop: how the windows and flips are drawn, validated (CropSpec).
+        augment: TrainCrop (RandomResizedCrop windows + random flips) or EvalCrop (resize +
+            centre crop), checked.
     """
 
     ds: Dataset
-    train: bool
-    spec: OutputSpec
+    output: Output
     seed: int
-    crop: CropSpec = CropSpec()
+    augment: TrainCrop | EvalCrop = TrainCrop()
+
+    @property
+    def train(self) -> bool:
+        return isinstance(self.augment, TrainCrop)
 
     def draws(self, ids: np.ndarray, epoch: int) -> tuple:
         """(windows, flips) of these ids in this epoch. Each row depends on its id alone, so the
@@ -54,12 +56,12 @@ class Recipe:
         producer thread retaking it waits behind a busy training thread)."""
         ix = self.ds.index
         w, h = ix.width[ids], ix.height[ids]
-        c = self.crop
-        if self.train:
-            return (random_windows(w, h, ids, self.seed, epoch, c.scale, c.ratio),
-                    random_flips(ids, self.seed, epoch, c.hflip))
-        size = self.spec.size
-        return center_windows(w, h, resize=c.eval_resize(size), crop=size), np.zeros(len(ids), bool)
+        a = self.augment
+        if isinstance(a, TrainCrop):
+            return (random_windows(w, h, ids, self.seed, epoch, a.scale, a.ratio),
+                    random_flips(ids, self.seed, epoch, a.hflip))
+        size = self.output.size
+        return center_windows(w, h, resize=a.resize(size), crop=size), np.zeros(len(ids), bool)
 
     def inputs(self, ids: np.ndarray, epoch: int, drawn: tuple | None = None) -> BatchInputs:
         """The batch's inputs; drawn: its (windows, flips) when already drawn (`draws`)."""

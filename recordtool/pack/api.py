@@ -97,12 +97,6 @@ class PackConfig:
     progress: bool
 
 
-def _positive(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{what} must be an integer ≥ 1, not {value!r}")
-    return value
-
-
 def configure(*, shards=None, shard_size=None, workers=None, seed=0, on_error="skip", overwrite=False,
               max_pixels=DEFAULT_MAX_PIXELS, transcode=NO_TRANSCODE, progress=True, engine=None, ray_address=None,
               resume=True) -> PackConfig:
@@ -115,15 +109,11 @@ def configure(*, shards=None, shard_size=None, workers=None, seed=0, on_error="s
     max_pixels = bounded_int("max_pixels", max_pixels, 1, MAX_PIXELS)
     if shards is not None and shard_size is not None:
         raise ValueError("give --shards or --shard-size, not both")
-    if shards is not None:
-        _positive(shards, "--shards")
-    elif shard_size is None:
+    if shards is None and shard_size is None:
         shard_size = DEFAULT_SHARD_SIZE
-    else:
-        _positive(shard_size, "--shard-size")
     if not isinstance(transcode, Transcode):
         raise TypeError(f"transcode must be a Transcode, not {type(transcode).__name__}")
-    options = Options(_positive(max_pixels, "max_pixels"), transcode, _on_error(on_error))
+    options = Options(max_pixels, transcode, _on_error(on_error))
     eng = engine_of(engine, workers, ray_address, transcoding=bool(transcode.max_side or transcode.hw_friendly))
     return PackConfig(eng, options, shards, shard_size, int(seed), bool(overwrite), bool(resume), bool(progress))
 

@@ -24,6 +24,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Iterator, Protocol
 
+from ..checks import MAX_THREADS, bounded_int
 from ..errors import ShardStopped, WorkerLost
 from ..sources.base import Source
 from ..util import cores
@@ -63,12 +64,12 @@ class Engine(Protocol):
         """Workers ready for `source`'s items (a `Session`), stopped when the block ends."""
 
 
-def _count(workers, what: str) -> int | None:
-    if workers is None or workers == 0:
-        return None
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-        raise ValueError(f"{what} must be a positive integer, not {workers!r}")
-    return workers
+def _workers(engine) -> None:
+    """An engine's `workers` checked (an integer in 0..MAX_THREADS) and stored as an int, or
+    None for 0 / None (the engine's default)."""
+    w = engine.workers
+    w = None if w is None else bounded_int("workers", w, 0, MAX_THREADS, floats=False)
+    object.__setattr__(engine, "workers", w or None)
 
 
 def ordered_chunks(session, items: list, chunk: int = CHUNK) -> Iterator[tuple]:
@@ -103,7 +104,7 @@ class ThreadEngine:
     name = "local"
 
     def __post_init__(self):
-        _count(self.workers, "workers")
+        _workers(self)
 
     @property
     def threads(self) -> int:
@@ -194,7 +195,7 @@ class ProcessEngine:
     name = "process"
 
     def __post_init__(self):
-        _count(self.workers, "workers")
+        _workers(self)
 
     @property
     def processes(self) -> int:
@@ -326,7 +327,7 @@ class RayEngine:
     name = "ray"
 
     def __post_init__(self):
-        _count(self.workers, "workers")
+        _workers(self)
         from .ray_tasks import require
 
         require()

@@ -152,10 +152,11 @@ def fused_pass_cost(ds, op, seed: int, n: int = 256, repeat: int = 3) -> dict:
     compiled op, alternated `repeat` times (best of each): the thread's own CPU time, which
     other processes on the machine change much less than they change a rate."""
     from ..decode.cpu import apply_op, decode_crop_resize, decode_crop_resize_normalize
+    from ..decode.spec import Output, TrainCrop
     from ..loader.recipe import Recipe
 
     ids = ds.sampler(seed=seed).indices(0)[:n]
-    b = Recipe(ds, True, 224, seed).inputs(ids, 0)
+    b = Recipe(ds, Output(224), seed, TrainCrop()).inputs(ids, 0)
     params = op.batch_params(len(ids), b.keys, 224, 224)
     out = np.empty((len(ids), 3, 224, 224), np.float32)
     best = {"none": float("inf"), "compiled": float("inf")}

@@ -21,6 +21,7 @@ import numpy as np
 
 from ...format.jpeg import CHROMA_444, DEFAULT_MAX_PIXELS, BadJPEG, NotJPEG, decode_refusal, probe
 from .. import cpu
+from ...checks import bounded_int
 from ...errors import ConfigError
 from ..spec import OutputSpec
 from . import kernel as K
@@ -92,8 +93,7 @@ class GPUDecoder:
 
         if not isinstance(spec, OutputSpec):
             raise ConfigError(f"spec must be an OutputSpec, not {type(spec).__name__}")
-        if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
-            raise ConfigError(f"max_batch must be an integer ≥ 1, not {max_batch!r}")
+        max_batch = bounded_int("max_batch", max_batch, 1, floats=False)
         self.chroma = check_chroma(chroma)
         # "interpolate": planes, our kernel upsamples; each image's region of its window
         # (roi.plan_rois: the same pixels as whole planes) unless planar_roi=False. "nvjpeg":
@@ -113,9 +113,7 @@ class GPUDecoder:
         # the engines' batch and the hybrid decoder's images each in one GIL-free call, or
         # (native_submit=False) the ctypes loops, their reference
         self.native_submit = bool(native_submit)
-        if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 0:
-            raise ConfigError(f"chunk must be an integer ≥ 0, not {chunk!r}")
-        self.chunk = int(chunk)
+        self.chunk = bounded_int("chunk", chunk, 0, floats=False)
         self._own_pool = pool is None
         self.pool = cpu.new_pool_id(background=True) if pool is None else pool  # a CPU share: at low priority
         self.planner = SplitPlanner(split, demand=demand)

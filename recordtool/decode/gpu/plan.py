@@ -11,6 +11,7 @@ from typing import Literal, Union
 
 import numpy as np
 
+from ...errors import ConfigError
 from ...format.jpeg import CHROMA_420, CHROMA_422, CHROMA_440, CHROMA_444, CHROMA_GRAY, CS_GRAY, CS_YCBCR
 
 
@@ -118,20 +119,23 @@ DEFAULT_CHROMA: Chroma = "interpolate"
 
 
 def check_chroma(chroma) -> Chroma:
-    if chroma not in CHROMA_MODES:
-        raise ValueError(f"chroma must be one of {', '.join(CHROMA_MODES)}, not {chroma!r}")
+    """A chroma mode (CHROMA_MODES), or ConfigError naming the option."""
+    if not isinstance(chroma, str) or chroma not in CHROMA_MODES:
+        raise ConfigError(f"chroma must be one of {', '.join(CHROMA_MODES)}, not {chroma!r}")
     return chroma
 
 
 def check_split(split) -> Split:
-    if split in ("auto", "gpu", "cpu"):
+    """A Split: "auto", "gpu", "cpu", or a CPU share in [0, 1] (a float); else ConfigError
+    naming the option."""
+    if isinstance(split, str) and split in ("auto", "gpu", "cpu"):
         return split
     try:
-        f = float(split)
+        f = -1.0 if isinstance(split, (str, bytes, bool, np.bool_)) else float(split)
     except (TypeError, ValueError):
         f = -1.0
     if not 0.0 <= f <= 1.0:
-        raise ValueError(f"split must be 'auto', 'gpu', 'cpu' or a CPU share in [0, 1], not {split!r}")
+        raise ConfigError(f"split must be 'auto', 'gpu', 'cpu' or a CPU share in [0, 1], not {split!r}")
     return f
 
 

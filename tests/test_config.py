@@ -1,0 +1,277 @@
+"""The Loader's configuration parts (recordtool.loader.config): each checked once, frozen and
+hashable; the flat keywords folded into them give the same batches; the combinations that
+would do nothing or contradict each other are refused."""
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+import recordtool
+from conftest import jpeg_bytes, write
+from recordtool import EvalCrop, GPUOptions, Loader, Output, RemoteOptions, TrainCrop
+from recordtool.errors import ConfigError
+from recordtool.pack import pack
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("config")
+    src = root / "src"
+    for i in range(24):
+        write(str(src / f"c{i % 3}" / f"{i}.jpg"), jpeg_bytes(64 + 8 * (i % 4), 48 + 4 * (i % 5), seed=i))
+    pack(str(src), str(root / "out"), shards=2, progress=False)
+    return str(root / "out")
+
+
+def batches(loader):
+    out = [(np.asarray(x).copy(), np.asarray(y).copy()) for x, y in loader]
+    loader.close()
+    return out
+
+
+# ---------------------------------------------------------------- each part checks each field
+
+BAD = [
+    (Output, {"size": 0}, "size"), (Output, {"size": 2.5}, "size"), (Output, {"size": True}, "size"),
+    (Output, {"size": (16, 0)}, r"size \(width\)"), (Output, {"size": (1, 2, 3)}, "size"),
+    (Output, {"mean": (0, 0)}, "mean"), (Output, {"mean": (0, 0, float("nan"))}, "mean"),
+    (Output, {"std": (1, 0, 1)}, "std"), (Output, {"dtype": "int8"}, "dtype"), (Output, {"layout": "CHW"}, "layout"),
+    (Output, {"memory_format": "preserve"}, "memory_format"),
+    (Output, {"memory_format": "channels_last", "layout": "NHWC"}, "memory_format"),
+    (TrainCrop, {"scale": (0.0, 1.0)}, "scale"), (TrainCrop, {"scale": (0.5, 0.2)}, "scale"),
+    (TrainCrop, {"scale": 0.5}, "scale"), (TrainCrop, {"ratio": (2, 1)}, "ratio"),
+    (TrainCrop, {"ratio": (1, math.inf)}, "ratio"), (TrainCrop, {"hflip": 1.5}, "hflip"),
+    (TrainCrop, {"hflip": True}, "hflip"), (TrainCrop, {"hflip": "0.5"}, "hflip"),
+    (EvalCrop, {"crop_pct": 0}, "crop_pct"), (EvalCrop, {"crop_pct": 1.2}, "crop_pct"),
+    (EvalCrop, {"crop_pct": None}, "crop_pct"),
+    (GPUOptions, {"split": "gpus"}, "split"), (GPUOptions, {"split": 1.5}, "split"),
+    (GPUOptions, {"split": "0.5"}, "split"), (GPUOptions, {"split": True}, "split"),
+    (GPUOptions, {"split": float("nan")}, "split"), (GPUOptions, {"hybrid": 1}, "hybrid"),
+    (GPUOptions, {"hybrid": "yes"}, "hybrid"), (GPUOptions, {"chroma": "bilinear"}, "chroma"),
+    (GPUOptions, {"chroma": None}, "chroma"), (GPUOptions, {"same_pixels": 0}, "same_pixels"),
+    (RemoteOptions, {"cache_dir": 3}, "cache_dir"), (RemoteOptions, {"cache_limit": 0}, "cache_limit"),
+    (RemoteOptions, {"cache_limit": -1}, "cache_limit"), (RemoteOptions, {"cache_limit": "200GB"}, "cache_limit"),
+    (RemoteOptions, {"cache_limit": True}, "cache_limit"),
+    (RemoteOptions, {"storage_options": "endpoint_url=x"}, "storage_options"),
+    (RemoteOptions, {"storage_options": {1: "x"}}, "storage_options"),
+]
+
+
+@pytest.mark.parametrize("cls,kw,match", BAD, ids=[f"{c.__name__}-{list(k)[0]}-{i}" for i, (c, k, _) in enumerate(BAD)])
+def test_each_bad_field_is_a_config_error_naming_it(cls, kw, match):
+    with pytest.raises(ConfigError, match=match):
+        cls(**kw)
+
+
+def test_the_parts_normalise_what_they_take():
+    assert Output(32).size == (32, 32) and Output((12, 20)).size == (12, 20)
+    assert Output(dtype=np.float16).dtype == "float16" and Output(mean=[0, 0, 0]).mean == (0.0, 0.0, 0.0)
+    assert TrainCrop(scale=[0.2, 1]).scale == (0.2, 1.0) and EvalCrop(1).crop_pct == 1.0
+    assert GPUOptions(split=0.25).split == 0.25 and GPUOptions(split=np.float32(0.5)).split == 0.5
+    assert GPUOptions(hybrid=np.bool_(False)).hybrid is False
+    assert RemoteOptions(cache_limit=np.int64(10)).cache_limit == 10
+    assert RemoteOptions(storage_options={}) == RemoteOptions()  # empty options: none
+
+
+@pytest.mark.parametrize("part", [Output(16, dtype="bfloat16"), TrainCrop(hflip=0.0), EvalCrop(0.9),
+                                  GPUOptions(split="gpu"), RemoteOptions(cache_dir="/c", cache_limit=5,
+                                                                         storage_options={"anon": True})])
+def test_parts_are_frozen_and_hashable(part):
+    field = dataclasses.fields(part)[0].name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(part, field, getattr(part, field))
+    again = dataclasses.replace(part)  # made anew from its own fields: equal, same hash
+    assert again == part and hash(again) == hash(part) and len({part, again}) == 1
+
+
+def test_remote_options_keep_a_read_only_copy_of_the_storage_options():
+    given = {"endpoint_url": "http://127.0.0.1:9000"}
+    r = RemoteOptions(storage_options=given)
+    given["endpoint_url"] = "http://elsewhere"
+    assert r.storage_options["endpoint_url"] == "http://127.0.0.1:9000"
+    with pytest.raises(TypeError):
+        r.storage_options["key"] = "x"
+
+
+def test_the_parts_are_exported_lazily():
+    import subprocess
+    import sys
+
+    code = ("import sys, recordtool; assert 'recordtool.loader' not in sys.modules; "
+            "from recordtool import Output, TrainCrop, EvalCrop, GPUOptions, RemoteOptions; "
+            "from recordtool.loader.config import Output as O; assert Output is O")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert set(recordtool.__all__) >= {"Output", "TrainCrop", "EvalCrop", "GPUOptions", "RemoteOptions"}
+
+
+# ---------------------------------------------------------------- the Loader with parts or keywords
+
+def test_a_part_and_its_keywords_make_the_same_batches(packed):
+    base = dict(batch_size=5, seed=3, as_torch=False, drop_last=False)
+    flat = Loader(packed, size=(16, 24), dtype="float16", memory_format="channels_last", scale=(0.3, 0.9),
+                  ratio=(0.5, 2.0), hflip=0.25, **base)
+    parts = Loader(packed, output=Output((16, 24), dtype="float16", memory_format="channels_last"),
+                   augment=TrainCrop(scale=(0.3, 0.9), ratio=(0.5, 2.0), hflip=0.25), **base)
+    assert flat.output == parts.output and flat.augment == parts.augment and flat.train and parts.train
+    a, b = batches(flat), batches(parts)
+    assert len(a) == len(b) == 5 and a[0][0].shape == (5, 3, 16, 24) and a[0][0].dtype == np.float16
+    assert all(np.array_equal(x, y) and np.array_equal(u, v) for (x, u), (y, v) in zip(a, b))
+    # and differently configured, different batches: the comparison above can fail
+    other = batches(Loader(packed, output=Output((16, 24), dtype="float16", memory_format="channels_last"),
+                           augment=TrainCrop(scale=(0.3, 0.9), ratio=(0.5, 2.0), hflip=0.75), **base))
+    assert not all(np.array_equal(x, y) for (x, _), (y, _) in zip(a, other))
+
+
+def test_eval_crop_implies_evaluation_and_equals_the_keywords(packed):
+    base = dict(batch_size=6, size=20, as_torch=False)
+    ev = Loader(packed, augment=EvalCrop(crop_pct=0.9), **base)
+    assert ev.train is False and ev.shuffle is False and ev.drop_last is False and ev.crop_pct == 0.9
+    assert ev.scale is None and ev.hflip is None
+    flat = Loader(packed, train=False, crop_pct=0.9, **base)
+    assert flat.augment == ev.augment
+    a, b = batches(ev), batches(flat)
+    assert all(np.array_equal(x, y) for (x, _), (y, _) in zip(a, b))
+    tr = Loader(packed, augment=TrainCrop(), **base)
+    assert tr.train is True and tr.crop_pct is None and tr.scale == (0.08, 1.0)
+
+
+def test_the_loaders_read_only_attributes_read_the_parts(packed):
+    ld = Loader(packed, 4, output=Output((12, 20), mean=(0, 0, 0), std=(1, 1, 1), layout="NHWC"), as_torch=False)
+    assert ld.size == (12, 20) and ld.layout == "NHWC" and ld.mean == (0, 0, 0) and ld.std == (1, 1, 1)
+    assert ld.spec is ld.output and ld.batcher.recipe.output is ld.output and ld.batcher.recipe.augment is ld.augment
+    assert ld.device == "cpu" and not ld.dev.cuda and ld.gpu is None and ld.split is None and ld.remote is None
+    assert Loader(packed, 4, size=16, as_torch=False).size == 16
+    with pytest.raises(AttributeError):
+        ld.size = 32
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"output": Output(16), "size": 16}, "size and output= both given"),
+    ({"output": Output(16), "dtype": "float16", "layout": "NHWC"}, "dtype, layout and output= both given"),
+    ({"augment": TrainCrop(), "scale": (0.2, 1.0)}, "scale and augment= both given"),
+    ({"augment": EvalCrop(), "crop_pct": 0.875}, "crop_pct and augment= both given"),
+    ({"augment": TrainCrop(), "crop_pct": 0.9}, "crop_pct and augment= both given"),
+    ({"remote": RemoteOptions(), "cache_dir": "/c"}, "cache_dir and remote= both given"),
+])
+def test_a_part_and_one_of_its_keywords_is_a_config_error(packed, kw, match):
+    with pytest.raises(ConfigError, match=match):
+        Loader(packed, 4, **kw)
+
+
+def test_a_gpu_part_and_its_keyword_is_a_config_error_too(packed):
+    with pytest.raises(ConfigError, match="split and gpu= both given"):
+        Loader(packed, 4, device="cuda", gpu=GPUOptions(), split="gpu")  # before any GPU is looked for
+
+
+@pytest.mark.parametrize("bad,near", [("sise", "size"), ("scales", "scale"), ("batchsize", "batch_size"),
+                                      ("memory_fromat", "memory_format"), ("shufle", "shuffle"),
+                                      ("storage_option", "storage_options")])
+def test_an_unknown_keyword_names_the_nearest_one(packed, bad, near):
+    with pytest.raises(ConfigError, match=f"unknown keyword '{bad}'; did you mean '{near}'"):
+        Loader(packed, 4, **{bad: 1})
+
+
+def test_an_unknown_keyword_like_nothing_is_named_alone(packed):
+    with pytest.raises(ConfigError, match=r"unknown keyword 'zzz'$"):
+        Loader(packed, 4, zzz=1)
+
+
+def test_gpu_options_on_a_cpu_loader_are_refused(packed):
+    with pytest.raises(ConfigError, match="GPU options given for device='cpu'"):
+        Loader(packed, 4, gpu=GPUOptions())
+    with pytest.raises(ConfigError, match="GPU options given for device='cpu': split, hybrid do nothing"):
+        Loader(packed, 4, split="gpu", hybrid=False)
+    with pytest.raises(ConfigError, match="chroma"):  # checked by the part, before the dataset opens
+        Loader("/nonexistent", 4, chroma="bilinear")
+    # at their defaults they do nothing and say nothing wrong: code written for either device runs
+    ld = Loader(packed, 4, split="auto", hybrid=True, chroma="interpolate", same_pixels=True, as_torch=False)
+    assert ld.gpu is None and ld.chroma is None
+    ld.close()
+
+
+def test_remote_options_for_a_local_or_open_dataset_are_refused(packed, tmp_path):
+    with pytest.raises(ConfigError, match="remote options .* local path"):
+        Loader(packed, 4, remote=RemoteOptions())
+    with pytest.raises(ConfigError, match=r"remote options \(cache_dir\) given for .* a local path"):
+        Loader(packed, 4, cache_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="local path") as e:
+        Loader(packed, 4, storage_options={"endpoint_url": "http://secret-host:1"})
+    assert "endpoint_url" in str(e.value) and "secret-host" not in str(e.value)
+    ds = recordtool.open(packed)
+    for kw in ({"remote": RemoteOptions(cache_limit=10)}, {"cache_limit": 10}):
+        with pytest.raises(ConfigError, match=r"remote options \(cache_limit\) are for opening a dataset URL"):
+            Loader(ds, 4, **kw)
+    # keywords at their defaults ask for nothing
+    Loader(packed, 4, cache_dir=None, storage_options={}, as_torch=False).close()
+    Loader(ds, 4, storage_options={}, as_torch=False).close()
+
+
+def test_train_contradicting_the_augment_is_refused(packed):
+    with pytest.raises(ConfigError, match="train=True contradicts augment=EvalCrop"):
+        Loader(packed, 4, train=True, augment=EvalCrop())
+    with pytest.raises(ConfigError, match="train=False contradicts augment=TrainCrop"):
+        Loader(packed, 4, train=False, augment=TrainCrop())
+    with pytest.raises(ConfigError, match="train must be True or False"):
+        Loader(packed, 4, train=1, augment=TrainCrop())
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"scale": (0.5, 1.0), "train": False}, "scale: set for training's"),
+    ({"hflip": 0.0, "ratio": (1, 1), "train": False}, "ratio, hflip: set for training's"),
+    ({"crop_pct": 0.95}, "crop_pct: set for evaluation's"),
+    ({"crop_pct": 0.95, "train": True}, "crop_pct: set for evaluation's")])
+def test_keywords_of_the_other_mode_set_away_from_their_defaults_are_refused(packed, kw, match):
+    with pytest.raises(ConfigError, match=match):
+        Loader(packed, 4, **kw)
+
+
+def test_keywords_of_the_other_mode_at_their_defaults_are_dropped(packed):
+    ev = Loader(packed, 4, train=False, scale=(0.08, 1.0), hflip=0.5, as_torch=False)
+    tr = Loader(packed, 4, crop_pct=0.875, as_torch=False)
+    assert ev.augment == EvalCrop() and tr.augment == TrainCrop()
+    ev.close(), tr.close()
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"output": 224}, "output must be a recordtool.Output"), ({"augment": "train"}, "augment must be"),
+    ({"gpu": {"split": "gpu"}}, "gpu must be a recordtool.GPUOptions"),
+    ({"remote": {"cache_dir": "/c"}}, "remote must be a recordtool.RemoteOptions"),
+    ({"output": Output(dtype="uint8")}, "dtype must be float32, float16 or bfloat16"),
+    ({"with_ids": 1}, "with_ids"), ({"as_torch": "no"}, "as_torch"), ({"hybrid": "no"}, "hybrid"),
+    ({"same_pixels": None}, "same_pixels"), ({"batch_size": 2.5}, "batch_size"), ({"seed": -1}, "seed")])
+def test_wrong_kinds_are_config_errors_naming_the_argument(packed, kw, match):
+    with pytest.raises(ConfigError, match=match):
+        Loader(packed, **dict({"batch_size": 4}, **kw))
+
+
+def test_the_parts_walk_down_unchanged(packed):
+    """One value each: the batcher and its recipe hold the Loader's own parts, not copies."""
+    out, aug = Output(16, dtype="bfloat16"), TrainCrop(hflip=0.0)
+    ld = Loader(packed, 4, output=out, augment=aug, as_torch=False)
+    assert ld.output is out and ld.augment is aug
+    assert ld.batcher.recipe.output is out and ld.batcher.recipe.augment is aug and ld.batcher.recipe.train
+    assert not hasattr(ld.batcher, "spec")  # the CPU batcher reads the recipe's
+    ld.close()
+
+
+def test_remote_options_and_their_keywords_open_a_url_alike(packed, tmp_path):
+    """memory:// goes through the shard cache as s3:// does: the part and its keywords reach it
+    alike, and give the local dataset's batches."""
+    fsspec = pytest.importorskip("fsspec")
+    mem = fsspec.filesystem("memory")
+    mem.put(packed, "/rt-config/train", recursive=True)
+    try:
+        base = dict(batch_size=6, size=16, seed=1, as_torch=False, block_shards=1)
+        opts = RemoteOptions(cache_dir=str(tmp_path / "a"), cache_limit=1 << 30)
+        by_part = Loader("memory://rt-config/train", remote=opts, **base)
+        by_keywords = Loader("memory://rt-config/train", cache_dir=str(tmp_path / "b"), cache_limit=1 << 30, **base)
+        assert by_part.remote == opts and by_part.ds.cache_limit == by_keywords.ds.cache_limit == 1 << 30
+        assert by_part.ds.cache.dir.startswith(str(tmp_path / "a"))
+        local = Loader(recordtool.open(packed), **base)
+        a, b, c = batches(by_part), batches(by_keywords), batches(local)
+        assert len(a) == len(c) == 4
+        assert all(np.array_equal(x, y) and np.array_equal(x, z) for (x, _), (y, _), (z, _) in zip(a, b, c))
+        by_part.ds.close(), by_keywords.ds.close()
+    finally:
+        mem.rm("/rt-config", recursive=True)
