@@ -99,7 +99,6 @@ def _hard_plan(rng):
 
 def _encode_layout(img: Image.Image, plan) -> bytes:
     """libjpeg-turbo's encoder for every layout (Pillow's has no 4:4:0)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     from turbojpeg import TJFLAG_PROGRESSIVE, TJPF_GRAY, TJPF_RGB, TJSAMP_420, TJSAMP_422, TJSAMP_440, TJSAMP_444, \
         TJSAMP_GRAY
 
