@@ -1,5 +1,5 @@
 """Range checks of numeric parameters: one rule per kind of value, for the Python API's edges
-(`pack`, `Transcode`, `tune.run`, `index_parts`, the sources: an OptionError, a ValueError)
+(`pack`, `Transcode`, `tune.run`, `index_parts`, the sources: an ConfigError, a ValueError)
 and for the CLI, whose click types (recordtool.cli) apply the same bounds and turn a bad value
 into a usage error (exit 2). Inner layers trust what passed here.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from .errors import OptionError
+from .errors import ConfigError
 
 MAX_THREADS = 4096  # threads / workers / producers / processes a parameter may ask for
 MAX_BATCH = 1 << 16
@@ -28,33 +28,33 @@ _UNITS = {"KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40, "B": 1}
 
 
 def bounded_int(name: str, value, lo: int, hi: int | None = None, floats: bool = True) -> int:
-    """`value` as an int in lo..hi (hi None: no upper bound), else OptionError naming `name`:
+    """`value` as an int in lo..hi (hi None: no upper bound), else ConfigError naming `name`:
     the one integer check of the package. bool and non-integral numbers are refused (True is
     not a thread count, 2.5 no batch size). floats: an integral float (32.0, as a CLI's or a
     JSON file's number may come) is taken; False: integers only, Python's or NumPy's — the
     Loader's arguments and parts, as torch's DataLoader takes them."""
     if isinstance(value, bool) or not isinstance(value, (numbers.Integral, float) if floats else numbers.Integral) \
             or (isinstance(value, float) and not value.is_integer()):
-        raise OptionError(f"{name} must be an integer, not {value!r}")
+        raise ConfigError(f"{name} must be an integer, not {value!r}")
     v = int(value)
     if v < lo or (hi is not None and v > hi):
-        raise OptionError(f"{name} must be in {lo}..{hi}, not {v}" if hi is not None
+        raise ConfigError(f"{name} must be in {lo}..{hi}, not {v}" if hi is not None
                           else f"{name} must be at least {lo}, not {v}")
     return v
 
 
 def bounded_float(name: str, value, lo: float, hi: float) -> float:
-    """`value` as a finite float in lo..hi, else OptionError naming `name` (NaN and inf too)."""
+    """`value` as a finite float in lo..hi, else ConfigError naming `name` (NaN and inf too)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise OptionError(f"{name} must be a number, not {value!r}")
+        raise ConfigError(f"{name} must be a number, not {value!r}")
     v = float(value)
     if not (math.isfinite(v) and lo <= v <= hi):
-        raise OptionError(f"{name} must be in {lo:g}..{hi:g}, not {value!r}")
+        raise ConfigError(f"{name} must be in {lo:g}..{hi:g}, not {value!r}")
     return v
 
 
 def parse_size(name: str, text, lo: int = 1, hi: int = MAX_SHARD_SIZE) -> int:
-    """'256MB', '1GiB', '1.5GB', '1000000' (or an int) → bytes in lo..hi, else OptionError
+    """'256MB', '1GiB', '1.5GB', '1000000' (or an int) → bytes in lo..hi, else ConfigError
     naming `name` (a negative, NaN, infinite or 1e400 MB size included)."""
     if isinstance(text, numbers.Integral) and not isinstance(text, bool):
         return bounded_int(name, text, lo, hi)
@@ -67,18 +67,18 @@ def parse_size(name: str, text, lo: int = 1, hi: int = MAX_SHARD_SIZE) -> int:
     try:
         v = float(t) * mult if mult != 1 or not t.isdigit() else int(t)
     except ValueError:
-        raise OptionError(f"{name}: a size such as 128MB, 1GiB or 1000000 expected, not {text!r}") from None
+        raise ConfigError(f"{name}: a size such as 128MB, 1GiB or 1000000 expected, not {text!r}") from None
     if not (isinstance(v, int) or math.isfinite(v)) or not lo <= v <= hi:
-        raise OptionError(f"{name} must be in {lo}..{hi} bytes, not {text!r}")
+        raise ConfigError(f"{name} must be in {lo}..{hi} bytes, not {text!r}")
     return int(v)
 
 
 def parse_ints(name: str, text: str, lo: int, hi: int) -> list:
-    """'256,320' → [256, 320], each in lo..hi, at least one; else OptionError naming `name`."""
+    """'256,320' → [256, 320], each in lo..hi, at least one; else ConfigError naming `name`."""
     try:
         vals = [int(v) for v in str(text).split(",") if v.strip()]
     except ValueError:
-        raise OptionError(f"{name}: comma-separated integers expected, got {text!r}") from None
+        raise ConfigError(f"{name}: comma-separated integers expected, got {text!r}") from None
     if not vals:
-        raise OptionError(f"{name}: no value given")
+        raise ConfigError(f"{name}: no value given")
     return [bounded_int(name, v, lo, hi) for v in vals]

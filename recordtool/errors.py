@@ -146,20 +146,17 @@ class CacheChanged(RecordtoolError, OSError):
     recordtool writes them (a cache cleaner, say); the message names the path."""
 
 
-class OptionError(RecordtoolError, ValueError):
-    """A parameter out of its range (`pack(max_side=-5)`, a shard size of 1e400 MB, ...): the
-    API's error for what the CLI reports as a usage error (exit 2). The message names it."""
+class ConfigError(RecordtoolError, ValueError):
+    """A bad parameter, whichever layer checks it: a value out of its range (`pack(max_side=-5)`,
+    a shard size of 1e400 MB), a Loader argument or part field of the wrong type or value, an
+    option that would do nothing. The API's error for what the CLI reports as a usage error
+    (exit 2). The message names the parameter."""
 
 
 class ThreadStartError(RecordtoolError, OSError):
     """The system would not start a native decode thread (a memory cap leaves no room for its
     stack, a thread limit is reached). Fewer `threads` may work; the threads started so far
     stay usable."""
-
-
-# one class for a bad parameter, whichever layer checks it (the Loader's arguments, pack's and
-# tune's numbers): ConfigError is the Loader's name for it
-ConfigError = OptionError
 
 
 class DeviceUnavailable(RecordtoolError, RuntimeError):
@@ -194,11 +191,11 @@ class OnError(str, Enum):
 
 
 def on_error(value) -> OnError:
-    """`value` as an OnError, or OptionError (a ValueError) naming the accepted words."""
+    """`value` as an OnError, or ConfigError (a ValueError) naming the accepted words."""
     try:
         return OnError(value)
     except ValueError:
-        raise OptionError(f"on_error must be one of {', '.join(repr(a.value) for a in OnError)}, not {value!r}") \
+        raise ConfigError(f"on_error must be one of {', '.join(repr(a.value) for a in OnError)}, not {value!r}") \
             from None
 
 

@@ -259,7 +259,7 @@ def test_python_decoder_when_allowed_same_results(photos, monkeypatch):
     allow_python_decoder(False)
     with pytest.raises(cpu.NativeDecoderMissing):
         decode_crop_resize(bufs, win)
-    with pytest.raises(cpu.OptionError, match="allow="):
+    with pytest.raises(cpu.ConfigError, match="allow="):
         allow_python_decoder("yes")
 
 

@@ -430,14 +430,14 @@ def test_an_ops_fastmath_option_reaches_numba():
         "seed-negative", "batch-p-str", "p-nan", "jitter-none", "spec-inf", "by-name-seed-str", "name-colon",
         "alias-colon", "name-int"])
 def test_op_values_are_checked_when_the_op_is_made(make):
-    """A bad size, amplitude or seed is an OptionError (a ValueError) when the op is made — not
+    """A bad size, amplitude or seed is an ConfigError (a ValueError) when the op is made — not
     an OverflowError, and not a failure at the first batch inside a producer thread; a name
     `by_name` could never reach is refused by `register`."""
     from recordtool import ops
-    from recordtool.errors import OptionError
+    from recordtool.errors import ConfigError
 
     before = ops.names()
-    with pytest.raises(OptionError):
+    with pytest.raises(ConfigError):
         make(ops)
     assert ops.names() == before
 
@@ -507,7 +507,7 @@ def test_with_checks_is_a_copy_with_its_own_compiled_function():
     assert checked is not op and checked.checked and not op.checked and checked.size == 9 and checked.seed == 2
     assert checked.compiled() is not op.compiled() and checked.compiled() is Cutout(9).with_checks().compiled()
     assert checked.compiled().kernel.targetoptions.get("boundscheck") is True
-    from recordtool.errors import OptionError
+    from recordtool.errors import ConfigError
 
-    with pytest.raises(OptionError):
+    with pytest.raises(ConfigError):
         op.with_checks("yes")

@@ -1,5 +1,5 @@
 """Every numeric option is bounded: out of range is a usage error (exit 2) naming the option on
-the command line, and an OptionError (a RecordtoolError and a ValueError) in the Python API —
+the command line, and an ConfigError (a RecordtoolError and a ValueError) in the Python API —
 never a silent 1x1 transcode, a "loader failed" with exit 0, or a raw OverflowError."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from conftest import jpeg_bytes, write
 from recordtool.cli import main
-from recordtool.errors import OptionError, RecordtoolError
+from recordtool.errors import ConfigError, RecordtoolError
 
 
 @pytest.fixture
@@ -71,7 +71,7 @@ def test_sizes_parse():
     assert parse_size("s", "128MB") == 128 << 20 and parse_size("s", "1GiB") == 1 << 30
     assert parse_size("s", "1.5GB") == 3 << 29 and parse_size("s", "1000000") == 10**6 and parse_size("s", 7) == 7
     for bad in ("1e400MB", "-1", "nan", "inf", "0", "", "MB", True, 2**41):
-        with pytest.raises(OptionError):
+        with pytest.raises(ConfigError):
             parse_size("s", bad)
 
 
@@ -82,25 +82,25 @@ def test_api_edges_raise_option_error(src, tmp_path):
     from recordtool.sources.imagefolder import ImageFolderSource
     from recordtool.tools.tune import Candidate, run
 
-    assert issubclass(OptionError, RecordtoolError) and issubclass(OptionError, ValueError)
+    assert issubclass(ConfigError, RecordtoolError) and issubclass(ConfigError, ValueError)
     for kw in ({"max_side": -5}, {"max_side": 0}, {"quality": 0}, {"quality": 101}, {"max_side": 2.5}):
-        with pytest.raises(OptionError):
+        with pytest.raises(ConfigError):
             Transcode(**kw)
     out = tmp_path / "out"
     for kw in ({"shard_size": float("inf")}, {"shard_size": "1e400MB"}, {"shard_size": -5}, {"workers": 0},
                {"seed": -1}, {"max_pixels": 0}, {"shards": 0}, {"shards": True}):
-        with pytest.raises(OptionError):
+        with pytest.raises(ConfigError):
             pack(src, str(out), progress=False, **kw)
         assert not out.exists()
     for kw in ({"max_side": -64}, {"max_side": 0}, {"max_side": 256, "quality": 101}):
-        with pytest.raises(OptionError):
+        with pytest.raises(ConfigError):
             Candidate(**kw)
     for kw in ({"images": -5}, {"batch_size": 0}, {"epochs": 0}, {"min_psnr": float("nan")}, {"threads": 0}):
-        with pytest.raises(OptionError):
+        with pytest.raises(ConfigError):
             run(src, progress=False, **kw)
     (tmp_path / "parts").mkdir()
-    with pytest.raises(OptionError, match="max_classes"):
+    with pytest.raises(ConfigError, match="max_classes"):
         index_parts(str(tmp_path / "parts"), progress=False, max_classes=2**31)  # before the scan
-    with pytest.raises(OptionError, match="max_classes"):
+    with pytest.raises(ConfigError, match="max_classes"):
         ImageFolderSource(src, max_classes=0)
     assert os.listdir(tmp_path / "parts") == []

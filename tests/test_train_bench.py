@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import jpeg_bytes, write
-from recordtool.errors import OptionError
+from recordtool.errors import ConfigError
 from recordtool.tools import peers, train_bench, train_step
 from recordtool.pack import pack
 
@@ -183,13 +183,13 @@ def test_node_cpus_and_dali_loads_refuse_what_cannot_be_measured():
     avail = sorted(os.sched_getaffinity(0))
     assert train_bench.node_cpus(None) == avail and train_bench.node_cpus(1) == avail[:1]
     for bad in (0, -1, len(avail) + 1, 1.5, True):
-        with pytest.raises(OptionError, match="--cores"):
+        with pytest.raises(ConfigError, match="--cores"):
             train_bench.node_cpus(bad)
     assert train_bench.dali_loads(None, "cuda") == (0.65, 0.75, 0.9, 0.99)
     assert train_bench.dali_loads(None, "cpu") == ()  # the value means nothing to DALI's CPU decoder
     assert train_bench.dali_loads("0.65, 0.99,0.65") == (0.65, 0.99) and train_bench.dali_loads(0.5) == (0.5,)
     for bad in ("", "0.5,x", "1.5", "nan", [-0.1]):
-        with pytest.raises(OptionError, match="--dali-load"):
+        with pytest.raises(ConfigError, match="--dali-load"):
             train_bench.dali_loads(bad)
     assert train_bench.with_loads(["synthetic", "dali", "dali:op=jitter", "dali:load=0.8"], (0.65, 0.99)) == [
         "synthetic", "dali:load=0.65", "dali:load=0.99", "dali:op=jitter,load=0.65", "dali:op=jitter,load=0.99",

@@ -9,7 +9,7 @@ import functools
 import click
 
 from .. import checks
-from ..errors import OptionError, RecordtoolError, Signalled
+from ..errors import ConfigError, RecordtoolError, Signalled
 
 
 class Interrupted(click.ClickException):
@@ -54,7 +54,7 @@ class Size(click.ParamType):
     def convert(self, value, param, ctx):
         try:
             return checks.parse_size("the size", value, self.lo, self.hi)
-        except OptionError as e:
+        except ConfigError as e:
             self.fail(str(e), param, ctx)
 
 
@@ -71,7 +71,7 @@ class Ints(click.ParamType):
             return value
         try:
             return checks.parse_ints("each value", value, self.lo, self.hi)
-        except OptionError as e:
+        except ConfigError as e:
             self.fail(str(e), param, ctx)
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import DecodeError, NativeDecoderMissing, OnError, OpError, OptionError, on_error as _on_error
+from ..errors import DecodeError, NativeDecoderMissing, OnError, OpError, ConfigError, on_error as _on_error
 from ..format.jpeg import DEFAULT_MAX_PIXELS  # noqa: F401  (callers import it from here too)
 from ..util import ForkLock, cores  # noqa: F401  (cpu.cores: the default thread count)
 from . import reference
@@ -43,7 +43,7 @@ def allow_python_decoder(allow: bool = True) -> None:
     No effect where the native decoder is there."""
     global _python_decoder
     if not isinstance(allow, bool):
-        raise OptionError(f"allow_python_decoder(allow=): True or False, not {allow!r}")
+        raise ConfigError(f"allow_python_decoder(allow=): True or False, not {allow!r}")
     _python_decoder = allow
     if _python_decoder and _native is None:
         warnings.warn(f"recordtool: the native decoder is not built ({_IMPORT_ERROR}); decoding with the "

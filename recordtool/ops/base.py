@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import OptionError
+from ..errors import ConfigError
 from .batch import KeyedOp, _xp
 
 
@@ -77,7 +77,7 @@ class ImageOp(KeyedOp):
         import copy
 
         if not isinstance(checked, (bool, np.bool_)):
-            raise OptionError(f"{self.name}: checked must be True or False, not {checked!r}")
+            raise ConfigError(f"{self.name}: checked must be True or False, not {checked!r}")
         op = copy.copy(self)
         op.checked = bool(checked)
         return op

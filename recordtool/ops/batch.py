@@ -21,18 +21,18 @@ MAX_SIDE = 2**31 - 1  # a square side bound (larger than any image: it covers th
 
 def check_seed(seed, op: str) -> int:
     """An op's seed: an integer ≥ 0 (Python or NumPy, not a bool) — checked when the op is made,
-    not by the first batch inside a producer thread. OptionError names the op."""
+    not by the first batch inside a producer thread. ConfigError names the op."""
     return bounded_int(f"{op}: seed", seed, 0)
 
 
 def check_number(value, what: str, low: float, high: float) -> float:
-    """A finite real number in [low, high] (not a bool, not a string), or OptionError naming it."""
+    """A finite real number in [low, high] (not a bool, not a string), or ConfigError naming it."""
     return bounded_float(what, value, low, high)
 
 
 def check_side(value, what: str) -> int:
     """A whole number of pixels in [1, MAX_SIDE] (an integral float such as 32.0 is taken;
-    1.5, inf, nan, a string are not), or OptionError naming it."""
+    1.5, inf, nan, a string are not), or ConfigError naming it."""
     return bounded_int(what, value, 1, MAX_SIDE)
 
 

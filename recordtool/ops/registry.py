@@ -6,14 +6,14 @@ A name is looked up case-insensitively, with '-' and '_' ignored ("ColorJitter",
 "jitter" are one op). A spec may carry arguments after a colon, `"cutout:size=32"`,
 `"jitter:brightness=0.2,saturation=0"`, parsed as finite numbers; keyword arguments of `by_name`
 win. So a name may not hold a colon (`register` refuses one: `by_name` could never reach it).
-Errors are OptionError (a ValueError), naming the op and the argument.
+Errors are ConfigError (a ValueError), naming the op and the argument.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from ..errors import OptionError
+from ..errors import ConfigError
 from ..util import ForkLock
 from .base import ImageOp
 from .examples import ColorJitter, Cutout, RandomGrayscale
@@ -42,11 +42,11 @@ def _check_name(name) -> str:
     """A name `by_name` can reach: a string, not empty once folded, without the colon that
     starts a spec's arguments."""
     if not isinstance(name, str):
-        raise OptionError(f"an op name must be a string, not {name!r}")
+        raise ConfigError(f"an op name must be a string, not {name!r}")
     if not _fold(name):
-        raise OptionError(f"op name {name!r} is empty (names ignore case, spaces at the ends, '-' and '_')")
+        raise ConfigError(f"op name {name!r} is empty (names ignore case, spaces at the ends, '-' and '_')")
     if ":" in name:
-        raise OptionError(f"op name {name!r} holds ':', which starts a spec's arguments: by_name could never "
+        raise ConfigError(f"op name {name!r} holds ':', which starts a spec's arguments: by_name could never "
                           "reach it")
     return name
 
@@ -55,7 +55,7 @@ def register(name: str, cls: type, aliases=(), **defaults) -> None:
     """Register an ImageOp subclass under `name` (and `aliases`), built with `defaults` unless
     the caller overrides them. ValueError when a name or alias is taken by another op; the same
     class registered again under its name replaces its entry (a module imported twice).
-    OptionError (a ValueError) for a name `by_name` cannot reach (not a string, empty, holding
+    ConfigError (a ValueError) for a name `by_name` cannot reach (not a string, empty, holding
     ':'); TypeError for a class that is not an ImageOp."""
     if not (isinstance(cls, type) and issubclass(cls, ImageOp)):
         raise TypeError(f"{cls!r} is not an ImageOp subclass")
@@ -68,11 +68,11 @@ def register(name: str, cls: type, aliases=(), **defaults) -> None:
     with _lock:
         old = _entries.get(name)
         if old is not None and old.cls is not cls:
-            raise OptionError(f"op name {name!r} is already registered for {old.cls.__name__}")
+            raise ConfigError(f"op name {name!r} is already registered for {old.cls.__name__}")
         for k in keys:
             taken = _names.get(k)
             if taken is not None and taken != name:
-                raise OptionError(f"op name {k!r} is already registered for {taken!r}")
+                raise ConfigError(f"op name {k!r} is already registered for {taken!r}")
         if old is not None:
             for k in (name, *old.aliases):
                 _names.pop(_fold(k), None)
@@ -88,11 +88,11 @@ def names() -> tuple:
 
 
 def lookup(name: str) -> Entry:
-    """The Entry of a name or alias; OptionError listing the known names."""
+    """The Entry of a name or alias; ConfigError listing the known names."""
     with _lock:
         canonical = _names.get(_fold(name)) if isinstance(name, str) else None
         if canonical is None:
-            raise OptionError(f"unknown op {name!r}: one of {', '.join(_entries)}")
+            raise ConfigError(f"unknown op {name!r}: one of {', '.join(_entries)}")
         return _entries[canonical]
 
 
@@ -105,9 +105,9 @@ def _number(key: str, text: str):
     try:
         value = float(text)
     except ValueError:
-        raise OptionError(f"op argument {key}={text!r} is not a number") from None
+        raise ConfigError(f"op argument {key}={text!r} is not a number") from None
     if not math.isfinite(value):  # "1e400", "inf", "nan": no op argument means that
-        raise OptionError(f"op argument {key}={text!r} is not a finite number")
+        raise ConfigError(f"op argument {key}={text!r} is not a finite number")
     return value
 
 
@@ -119,23 +119,23 @@ def parse(spec: str) -> tuple:
     for item in filter(None, (s.strip() for s in rest.split(","))):
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
-            raise OptionError(f"op argument {item!r} of {spec!r} is not key=value")
+            raise ConfigError(f"op argument {item!r} of {spec!r} is not key=value")
         args[key.strip()] = _number(key.strip(), value)
     return entry, args
 
 
 def by_name(spec: str, **kwargs) -> ImageOp:
     """A new op from its name or spec (module docstring), e.g. `by_name("colorjitter")`,
-    `by_name("cutout:size=32", seed=1)`. OptionError (a ValueError) for an unknown name, a
+    `by_name("cutout:size=32", seed=1)`. ConfigError (a ValueError) for an unknown name, a
     malformed argument, one the op does not take, or a value the op refuses."""
     if not isinstance(spec, str):
-        raise OptionError(f"an op spec must be a string such as 'cutout:size=32', not {spec!r}")
+        raise ConfigError(f"an op spec must be a string such as 'cutout:size=32', not {spec!r}")
     entry, args = parse(spec)
     merged = {**entry.defaults, **args, **kwargs}
     try:
         return entry.cls(**merged)
     except TypeError as e:
-        raise OptionError(f"op {entry.name!r} ({entry.cls.__name__}): {e}") from None
+        raise ConfigError(f"op {entry.name!r} ({entry.cls.__name__}): {e}") from None
 
 
 # the tools' names; the arguments are those `recordtool bench --op` has always measured

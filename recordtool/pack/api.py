@@ -101,7 +101,7 @@ def configure(*, shards=None, shard_size=None, workers=None, seed=0, on_error="s
               max_pixels=DEFAULT_MAX_PIXELS, transcode=NO_TRANSCODE, progress=True, engine=None, ray_address=None,
               resume=True) -> PackConfig:
     """`pack()`'s arguments (see there) checked and turned into a `PackConfig`."""
-    # numbers checked once here (the CLI's click types apply the same bounds): OptionError
+    # numbers checked once here (the CLI's click types apply the same bounds): ConfigError
     shards = None if shards is None else bounded_int("shards", shards, 1)  # ≤ items: checked with the plan
     shard_size = None if shard_size is None else parse_size("shard_size", shard_size)
     workers = None if workers is None else bounded_int("workers", workers, 1, MAX_THREADS)

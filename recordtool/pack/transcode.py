@@ -30,7 +30,7 @@ class Transcode:
     quality: int = CONVERT_QUALITY  # for every re-encode, conversions included
     hw_friendly: bool = False  # re-encode progressive / 4:1:1 / 4:1:0 / odd layouts as baseline 4:2:0
 
-    def __post_init__(self):  # OptionError for `--max-side -5` (1x1 images before), a quality of 0
+    def __post_init__(self):  # ConfigError for `--max-side -5` (1x1 images before), a quality of 0
         if self.max_side is not None:
             object.__setattr__(self, "max_side", bounded_int("max_side", self.max_side, 1, MAX_SIDE))
         object.__setattr__(self, "quality", bounded_int("quality", self.quality, 1, 100))

@@ -50,7 +50,7 @@ import os
 import sys
 
 from .. import checks
-from ..errors import OptionError
+from ..errors import ConfigError
 from .train_pipelines import Beside, dali, endless, make_loader, parse_options, synthetic, torchvision_folder
 from .train_report import Result, Run, best_dali, table, write_json  # noqa: F401  (the command's names)
 from .train_step import ARCH_SIZES, Probe, child_pids, consume_cpu, release, train
@@ -63,16 +63,16 @@ DALI_LOADS = (0.65, 0.75, 0.9, 0.99)
 
 def node_cpus(cores: int | None) -> list:
     """The first `cores` CPUs of this process's affinity (all of them for None), sorted: the
-    node's share a run is pinned to. OptionError naming --cores for 0, a non-integer or more
+    node's share a run is pinned to. ConfigError naming --cores for 0, a non-integer or more
     than the process may use."""
     avail = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     if cores is None:
         return avail if avail is not None else list(range(os.cpu_count() or 1))
     n = checks.bounded_int("--cores", cores, 1)
     if avail is None:
-        raise OptionError("--cores: this system cannot pin a process to cores")
+        raise ConfigError("--cores: this system cannot pin a process to cores")
     if n > len(avail):
-        raise OptionError(f"--cores {n}: this process may use only {len(avail)} core(s)")
+        raise ConfigError(f"--cores {n}: this process may use only {len(avail)} core(s)")
     return avail[:n]
 
 
@@ -107,7 +107,7 @@ def pinned(cpus: list):
 
 def dali_loads(value, device: str = "cuda") -> tuple:
     """DALI's hw_decoder_load values to run: a number, a sequence or '0.65,0.99' (each in 0..1);
-    None: DALI_LOADS on cuda, none on the CPU (where the value means nothing). OptionError
+    None: DALI_LOADS on cuda, none on the CPU (where the value means nothing). ConfigError
     naming --dali-load otherwise."""
     if value is None:
         return DALI_LOADS if device == "cuda" else ()
@@ -115,11 +115,11 @@ def dali_loads(value, device: str = "cuda") -> tuple:
         try:
             value = [float(v) for v in value.split(",") if v.strip()]
         except ValueError:
-            raise OptionError(f"--dali-load: comma-separated numbers in 0..1 expected, not {value!r}") from None
+            raise ConfigError(f"--dali-load: comma-separated numbers in 0..1 expected, not {value!r}") from None
     elif not isinstance(value, (list, tuple)):
         value = [value]
     if not value:
-        raise OptionError("--dali-load: no value given")
+        raise ConfigError("--dali-load: no value given")
     return tuple(dict.fromkeys(checks.bounded_float("--dali-load", v, 0.0, 1.0) for v in value))
 
 
@@ -340,7 +340,7 @@ def main(argv=None) -> int | None:
         return 0
     try:
         node_cpus(a.cores), dali_loads(a.dali_load, a.device)  # refused before any pipeline starts
-    except OptionError as e:
+    except ConfigError as e:
         ap.error(str(e))
     res = run(a.packed, a.files, a.arch, a.size, a.batch, a.steps, a.warmup, a.repeats,
               [p for p in a.pipelines.split(";" if ";" in a.pipelines else ",") if p], a.threads, a.device,

@@ -47,7 +47,7 @@ class Candidate:
     max_side: int | None = None
     quality: int = CONVERT_QUALITY
 
-    def __post_init__(self):  # OptionError for `--sides 0`, `--qualities 101`, ...
+    def __post_init__(self):  # ConfigError for `--sides 0`, `--qualities 101`, ...
         if self.max_side is not None:
             object.__setattr__(self, "max_side", bounded_int("max_side", self.max_side, 1, MAX_SIDE))
         object.__setattr__(self, "quality", bounded_int("quality", self.quality, 1, 100))
