@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import ConfigError
 
-MAX_SIDE = 16384  # output sides above this are refused (the batch would not fit in memory anyway)
+MAX_OUTPUT_SIDE = 16384  # a decoded image's output side: larger is refused (its batch would not fit in memory)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -45,8 +45,8 @@ def name_of(value) -> str:
 
 
 def _side(v, what: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= MAX_SIDE:
-        raise ConfigError(f"{what} must be an integer in 1..{MAX_SIDE}, not {v!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= MAX_OUTPUT_SIDE:
+        raise ConfigError(f"{what} must be an integer in 1..{MAX_OUTPUT_SIDE}, not {v!r}")
     return int(v)
 
 
@@ -66,7 +66,7 @@ class OutputSpec:
     """The output of a decode: batches of `size` images, (x / 255 - mean) / std per channel.
 
     Args:
-        size: output side (int, square) or (h, w), each 1..MAX_SIDE.
+        size: output side (int, square) or (h, w), each 1..MAX_OUTPUT_SIDE.
         mean, std: per channel, 0..1 units (torchvision's); std > 0. Unused for uint8.
         dtype: "float32", "float16", "bfloat16" (normalised), or "uint8" (pixels); numpy and
             torch dtypes are accepted too.

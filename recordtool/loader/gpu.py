@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from .cpu import call_user_op, image_op
-from .recipe import Made, Recipe
+from .recipe import ProducedBatch, Recipe
 
 
 _SCHEDULES = {"auto": 0, "spin": 1, "yield": 2, "block": 4}  # CU_CTX_SCHED_*
@@ -179,7 +179,7 @@ class GPUBatcher:
                 images, ready = self._normalise(images, dec, slot, (first,))
         stages = {"inputs": t1 - t0, "decode": t2 - t1, "user_op": t3 - t2, "normalize": time.perf_counter() - t3}
         stages.update({"gpu." + k: v for k, v in dec.last.stages.items()})
-        return Made(images, b.labels, dec.last.errors, stages, dec.last, ready)
+        return ProducedBatch(images, b.labels, dec.last.errors, stages, dec.last, ready)
 
     def _normalise(self, raw, dec, slot: int, keep=(), flips=None, op=None):
         """uint8 NHWC (n, h, w, 3) → the output format, through the resize kernel at 1:1, mirrored

@@ -1,16 +1,18 @@
-"""Three compiled per-image ops: RandomGrayscale, Cutout (the batch examples of ops.batch, per
-image) and ColorJitter (brightness, contrast, saturation) — what a user writes with `ImageOp`.
+"""Three compiled per-image ops: RandomGrayscale, Cutout and ColorJitter (brightness, contrast,
+saturation) — what a user writes with `ImageOp`.
 
 All three are defined in integer arithmetic (luma and factors in fixed point), so the Numba
 function, the CUDA kernel and the NumPy reference give bit-identical pixels (ColorJitter's Numba
-function computes those integers in float32, exactly: see its `image`).
+function computes those integers in float32, exactly: see its `image`). RandomGrayscale's and
+Cutout's references are array code for NumPy and CuPy alike (`reference_on_device`): without
+Numba, `ReferenceOp(op)` runs them on the whole batch where it is.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .base import ImageOp
-from .batch import check_number, check_side
+from .batch import _xp, check_number, check_side
 
 # ITU-R 601 luma in 16-bit fixed point (Pillow's convert("L")): (R·19595 + G·38470 + B·7471 + 2^15) >> 16
 _LR, _LG, _LB = 19595, 38470, 7471
@@ -25,7 +27,7 @@ def _luma(batch: np.ndarray) -> np.ndarray:
 
 class RandomGrayscale(ImageOp):
     """With probability p, an image becomes its luma in all 3 channels (Pillow's integer ITU-R
-    601 luma; batch.RandomGrayscale rounds a float32 luma instead: at most 1 level apart).
+    601 luma; torchvision's float luma is at most 1 level apart).
 
     Args:
         p: probability per image.
@@ -34,6 +36,7 @@ class RandomGrayscale(ImageOp):
 
     nparams = 1
     cuda_name = "rt_grayscale"
+    reference_on_device = True
 
     def __init__(self, p: float = 0.2, seed: int = 0):
         super().__init__(seed)
@@ -56,8 +59,9 @@ class RandomGrayscale(ImageOp):
                 img[y, x, 2] = v
 
     def reference(self, batch, params):
-        pick = params[:, 0] != 0
-        batch[pick] = _luma(batch[pick]).astype(np.uint8)[..., None]
+        pick = _xp(batch).asarray(np.nonzero(params[:, 0] != 0)[0])
+        if len(pick):
+            batch[pick] = _luma(batch[pick]).astype(np.uint8)[..., None]
         return batch
 
     cuda_source = r'''
@@ -76,8 +80,7 @@ extern "C" __global__ void rt_grayscale(unsigned char* batch, int n, int h, int 
 
 class Cutout(ImageOp):
     """Zero one size×size square per image, centre uniform over the image (DeVries & Taylor),
-    clipped at the edges — the draws of batch.Cutout, so the same squares (here before the
-    mirror: a flipped image's square is mirrored with it).
+    clipped at the edges; applied before the mirror (a flipped image's square is mirrored with it).
 
     Args:
         size: side of the square, whole pixels in [1, 2**31 - 1] (larger than the image: all of it).
@@ -86,6 +89,7 @@ class Cutout(ImageOp):
 
     nparams = 4  # y0, y1, x0, x1: rows y0..y1-1, columns x0..x1-1
     cuda_name = "rt_cutout"
+    reference_on_device = True
 
     def __init__(self, size: int = 56, seed: int = 0):
         super().__init__(seed)
