@@ -116,6 +116,9 @@ def test_user_ops_applied_and_reproducible(packed):
     ref = a.copy()
     ref[mask] = 0
     assert np.array_equal(out, ref)
+    from recordtool.ops.examples import _zero_boxes  # what a CuPy batch gets: one mask
+
+    assert np.array_equal(_zero_boxes(np, a.copy(), cut.op.batch_params(4, keys, 32, 32).astype(np.int64)), ref)
 
 
 def test_torch_tensors_when_torch_is_installed(packed):
