@@ -10,7 +10,7 @@ from conftest import jpeg_bytes, write
 from recordtool.pack import pack
 
 torch = pytest.importorskip("torch", reason="torch.distributed needed")
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "distributed_loader.py")
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "examples", "distributed_loader.py")
 
 
 @pytest.mark.parametrize("world", [2, 3])
