@@ -7,7 +7,7 @@ All three read JPEG bytes from the same packed dataset (page cache warm) and pro
 - fused:   recordtool.decode.decode_crop_resize (native, T threads) with RandomResizedCrop windows
 - (a)      Pillow decode + torchvision-rule RandomResizedCrop + resize(BILINEAR), T processes
 - (b)      bare full decode, no crop/resize: Pillow in T threads (and OpenCV when importable)
-Goals from the issue: fused ≥ 2× (a), ≥ 1.25× (b).
+BENCHMARKS.md gives the results and the goals they are read against.
 """
 from __future__ import annotations
 

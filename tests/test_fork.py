@@ -47,8 +47,8 @@ _FORK_RIGHT_AFTER = textwrap.dedent("""
 
     if __name__ == "__main__":
         import recordtool
-        from recordtool.ops import batch
-        op = batch.Cutout(4) if sys.argv[2] == "batch" else recordtool.ops.Cutout(4)
+        from recordtool.ops import Cutout, ReferenceOp
+        op = ReferenceOp(Cutout(4)) if sys.argv[2] == "batch" else Cutout(4)
         ld = recordtool.Loader(sys.argv[1], batch_size=2, size=16, as_torch=False, threads=1, user_op=op)
         it = iter(ld)
         ctx = mp.get_context("fork")
@@ -83,7 +83,7 @@ _IMPORTS_WHILE_RUNNING = textwrap.dedent("""
     import sys
     import threading
     import recordtool
-    from recordtool.ops import ColorJitter, batch
+    from recordtool.ops import ColorJitter, Cutout, RandomGrayscale, ReferenceOp
 
     class Attempts:  # first on sys.meta_path: asked for every import not yet done, failed ones too
         names = []
@@ -94,7 +94,7 @@ _IMPORTS_WHILE_RUNNING = textwrap.dedent("""
             return None
 
     sys.meta_path.insert(0, Attempts())
-    ops = [None, batch.Cutout(4), batch.RandomGrayscale(0.5)] + ([ColorJitter()] if sys.argv[2] == "compiled" else [])
+    ops = [None, ReferenceOp(Cutout(4)), ReferenceOp(RandomGrayscale(0.5))] + ([ColorJitter()] if sys.argv[2] == "compiled" else [])
     for op in ops:
         for train in (True, False):
             ld = recordtool.Loader(sys.argv[1], batch_size=3, size=16, as_torch=False, threads=2, train=train,

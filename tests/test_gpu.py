@@ -733,10 +733,10 @@ def test_cuda_keyed_user_op_same_for_any_producers_and_normalised_by_the_kernel(
     op returns is normalised by the resize kernel at 1:1 into the output ring — the same values
     as normalising it on the host."""
     from recordtool.loader import Loader
-    from recordtool.ops.batch import Cutout
+    from recordtool.ops import Cutout, ReferenceOp
 
     kw = dict(batch_size=8, size=48, seed=2, split="gpu", as_torch=False, dtype="float32", layout="NCHW",
-              user_op=Cutout(16))
+              user_op=ReferenceOp(Cutout(16)))  # array code on the CuPy batch
     ref = [cupy.asnumpy(x) for x, _ in Loader(packed_mix, device="cuda", producers=1, **kw)]
     got = [cupy.asnumpy(x) for x, _ in Loader(packed_mix, device="cuda", producers=4, **kw)]
     assert all(np.array_equal(a, b) for a, b in zip(ref, got))
@@ -857,12 +857,11 @@ def test_cuda_user_op_pass_queued_in_one_call_equals_its_cupy_calls(packed_mix, 
     from recordtool.decode.gpu.work import native_available
     from recordtool.loader import Loader
     from recordtool.loader.gpu import GPUBatcher
-    from recordtool.ops import ColorJitter, ReferenceOp
-    from recordtool.ops.batch import Cutout
+    from recordtool.ops import ColorJitter, Cutout, ReferenceOp
 
     assert native_available()
     kw = dict(batch_size=8, size=48, seed=4, split="gpu", as_torch=False, dtype=dtype, layout=layout, producers=2)
-    for op in (ColorJitter(0.5, 0.5, 0.5), _Invert.make(), Cutout(12)):
+    for op in (ColorJitter(0.5, 0.5, 0.5), _Invert.make(), ReferenceOp(Cutout(12))):
         native = [cupy.asnumpy(x) for x, _ in Loader(packed_mix, device="cuda", user_op=op, **kw)]
         with monkeypatch.context() as m:
             m.setattr(GPUBatcher, "native_queue", False)

@@ -422,11 +422,11 @@ def test_gzip_bomb_is_bounded_and_leaves_no_scratch(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     out = work / "out"
-    p = _cli("pack", "--from", "tfrecord", "--preset", "tfds", bomb, out, "-q", timeout=120)
+    p = _cli("pack", "--from", "tfrecord", "--keys", "tfds", bomb, out, "-q", timeout=120)
     assert p.returncode == 0 and "inflates past" in p.stderr, p.stderr
     assert os.listdir(work) == ["out"]  # no scratch left beside OUT
     assert json.loads((out / "manifest.json").read_text())["records"] == 1
-    p = _cli("pack", "--from", "tfrecord", "--preset", "tfds", "--strict", bomb, work / "out2", "-q", timeout=120)
+    p = _cli("pack", "--from", "tfrecord", "--keys", "tfds", "--strict", bomb, work / "out2", "-q", timeout=120)
     assert p.returncode == 1 and "inflates past" in p.stderr
     assert os.listdir(work) == ["out"]
 

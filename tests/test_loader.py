@@ -9,7 +9,7 @@ import recordtool
 from conftest import jpeg_bytes, write
 from recordtool.loader import BatchKeys, Loader
 from recordtool.pack import pack
-from recordtool.ops.batch import Cutout, RandomGrayscale
+from recordtool.ops import Cutout, RandomGrayscale, ReferenceOp
 
 
 @pytest.fixture(scope="module")
@@ -95,13 +95,13 @@ def test_clean_shutdown_no_leaked_threads(packed):
 
 
 def test_user_ops_applied_and_reproducible(packed):
-    gray = RandomGrayscale(p=1.0)
+    gray = ReferenceOp(RandomGrayscale(p=1.0))  # array code: no Numba needed
     ld = Loader(packed, batch_size=8, size=32, layout="NHWC", user_op=gray, as_torch=False, mean=(0, 0, 0),
                 std=(1, 1, 1))
     x, _ = next(iter(ld))
     assert np.allclose(x[..., 0], x[..., 1]) and np.allclose(x[..., 1], x[..., 2])
     ld.close()
-    cut = Cutout(size=16)
+    cut = ReferenceOp(Cutout(size=16))
     a = np.full((4, 32, 32, 3), 200, np.uint8)
     keys = BatchKeys(np.array([7, 3, 11, 5]), 2, 9)
     out = cut(a.copy(), keys)
@@ -116,6 +116,9 @@ def test_user_ops_applied_and_reproducible(packed):
     ref = a.copy()
     ref[mask] = 0
     assert np.array_equal(out, ref)
+    from recordtool.ops.examples import _zero_boxes  # what a CuPy batch gets: one mask
+
+    assert np.array_equal(_zero_boxes(np, a.copy(), cut.op.batch_params(4, keys, 32, 32).astype(np.int64)), ref)
 
 
 def test_torch_tensors_when_torch_is_installed(packed):
@@ -195,7 +198,7 @@ def test_undecodable_record_names_shard_and_offset(packed, tmp_path):
     assert list(ld.bad_records) == [7]
 
 
-@pytest.mark.parametrize("op", [Cutout(size=12), RandomGrayscale(p=0.5)])
+@pytest.mark.parametrize("op", [ReferenceOp(Cutout(size=12)), ReferenceOp(RandomGrayscale(p=0.5))])
 def test_keyed_user_ops_give_the_same_batches_for_any_producers(packed, op):
     """A batch is a pure function of (seed, epoch, ids): keyed user ops get their keys with the
     call, so producer threads running batches at once cannot swap them (the op is shared)."""

@@ -10,17 +10,15 @@ import numpy as np
 import pytest
 
 from conftest import jpeg_bytes, write
-from recordtool.ops import batch as user_ops
 from recordtool.decode import cpu, decode_crop_resize, normalize, random_flips, random_windows
-from recordtool.decode.cpu import NativeOp, apply_op, apply_op_reference
-from recordtool.decode.ops import mirror
+from recordtool.decode.cpu import NativeOp, apply_op, apply_op_reference, mirror
 from recordtool.errors import OpCompileError, OpError, RecordtoolError
 from recordtool.loader import BatchKeys, Loader
 from recordtool.pack import pack
 
 pytest.importorskip("numba")
 
-from recordtool.ops import ColorJitter, Cutout, ImageOp, RandomGrayscale  # noqa: E402
+from recordtool.ops import ColorJitter, Cutout, ImageOp, RandomGrayscale, ReferenceOp  # noqa: E402
 
 OPS = [RandomGrayscale(0.5), Cutout(9), ColorJitter(0.4, 0.4, 0.4), ColorJitter(0.9, 0.0, 2.0, seed=3)]
 IDS = [f"{type(o).__name__}-{k}" for k, o in enumerate(OPS)]
@@ -93,19 +91,21 @@ def test_params_are_keyed_by_seed_epoch_and_sample_id():
     assert ((a >= lo) & (a <= hi)).all()
 
 
-def test_cutout_squares_are_the_batch_ops_squares():
-    """Same draws as user_ops.Cutout: on unflipped images the compiled op equals the batch op."""
+@pytest.mark.parametrize("op", [Cutout(12, seed=2), RandomGrayscale(0.5, seed=1)], ids=["Cutout", "RandomGrayscale"])
+def test_compiled_op_equals_its_array_code_as_a_batch_op(op):
+    """One definition: the compiled op and `ReferenceOp(op)` (its array code on the whole batch,
+    what runs without Numba) give the same pixels, and the op changes the batch."""
     b = _batch(16, 40, 36)
     keys = BatchKeys(np.arange(16) * 3, 1, 4)
-    assert np.array_equal(Cutout(12, seed=2)(b.copy(), keys), user_ops.Cutout(12, seed=2)(b.copy(), keys))
+    a = op(b.copy(), keys)
+    assert np.array_equal(a, ReferenceOp(op)(b.copy(), keys)) and not np.array_equal(a, b)
 
 
-def test_grayscale_within_one_level_of_the_float_batch_op():
+def test_grayscale_within_one_level_of_torchvisions_float_luma():
     b = _batch(8, 20, 20)
-    keys = BatchKeys(np.arange(8), 0, 0)
-    a = RandomGrayscale(1.0)(b.copy(), keys).astype(int)
-    f = user_ops.RandomGrayscale(1.0)(b.copy(), keys).astype(int)
-    assert np.abs(a - f).max() <= 1
+    a = RandomGrayscale(1.0)(b.copy(), BatchKeys(np.arange(8), 0, 0)).astype(int)
+    f = np.rint(b[..., 0] * 0.299 + b[..., 1] * 0.587 + b[..., 2] * 0.114).astype(int)[..., None]
+    assert np.abs(a - f).max() <= 1 and (a[..., 0] == a[..., 2]).all()
 
 
 def _jpegs(n=10):
@@ -172,9 +172,9 @@ def test_loader_with_a_compiled_op_same_batches_any_threads_producers_and_equal_
 
 
 def test_loader_compiled_op_equals_the_batch_op_where_they_agree(packed):
-    """No flips (train=False): compiled Cutout == user_ops.Cutout in the Loader (same keyed squares)."""
+    """No flips (train=False): compiled Cutout == ReferenceOp(Cutout) in the Loader (same keyed squares)."""
     a, _ = _loader_batches(packed, Cutout(10, seed=1), 2, 2, train=False)
-    b, _ = _loader_batches(packed, user_ops.Cutout(10, seed=1), 2, 2, train=False)
+    b, _ = _loader_batches(packed, ReferenceOp(Cutout(10, seed=1)), 2, 2, train=False)
     assert all(np.array_equal(x[0], y[0]) for x, y in zip(a, b))
     plain, _ = _loader_batches(packed, None, 2, 2, train=False)
     assert not all(np.array_equal(x[0], y[0]) for x, y in zip(a, plain))
@@ -250,8 +250,8 @@ _NO_NUMBA = textwrap.dedent("""
     import numpy as np
     import recordtool, recordtool.ops
     from recordtool.errors import OpCompileError
-    from recordtool.ops.batch import Cutout
-    ld = recordtool.Loader(sys.argv[1], batch_size=4, size=16, user_op=Cutout(8), as_torch=False)
+    from recordtool.ops import Cutout, ReferenceOp
+    ld = recordtool.Loader(sys.argv[1], batch_size=4, size=16, user_op=ReferenceOp(Cutout(8)), as_torch=False)
     x, _ = next(iter(ld))
     assert x.shape == (4, 3, 16, 16)
     ld.close()
@@ -413,12 +413,12 @@ def test_an_ops_fastmath_option_reaches_numba():
     lambda ops: ops.by_name("cutout:size=1e400"),
     lambda ops: ops.Cutout(size=1e30),
     lambda ops: ops.Cutout(size=7.5),
-    lambda ops: user_ops.Cutout(size=0),
+    lambda ops: ops.Cutout(size=0),
     lambda ops: ops.Cutout(seed="x"),
     lambda ops: ops.Cutout(seed=1.5),
     lambda ops: ops.Cutout(seed=None),
     lambda ops: ops.RandomGrayscale(seed=-1),
-    lambda ops: user_ops.RandomGrayscale(p="0.5"),
+    lambda ops: ops.RandomGrayscale(p="0.5"),
     lambda ops: ops.RandomGrayscale(p=float("nan")),
     lambda ops: ops.ColorJitter(contrast=None),
     lambda ops: ops.by_name("jitter:brightness=inf"),

@@ -138,7 +138,7 @@ def test_explicit_keys_and_bad_label(tmp_path):
 
 
 def test_cli_tfrecord(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "recordtool.cli", "pack", "--from", "tfrecord", "--preset", "tf-slim",
+    p = subprocess.run([sys.executable, "-m", "recordtool.cli", "pack", "--from", "tfrecord", "--keys", "tf-slim",
                         fx("slim-0000[01]-of-00002"), str(tmp_path / "o"), "-q"], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert "packed 12 records" in p.stdout

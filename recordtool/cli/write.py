@@ -32,12 +32,11 @@ from .options import CLASSES, Finite, SEED, Size, THREADS, errors, on_error_poli
 @click.option("--overwrite", is_flag=True, help="Replace a finished dataset in OUT.")
 @click.option("--max-pixels", type=click.IntRange(1, checks.MAX_PIXELS), default=None,
               help="Reject images declaring more pixels (default 64 Mpx).")
-@click.option("--preset", type=click.Choice(["fast", "balanced", "lossless", "tf-slim", "tfds"]), default=None,
+@click.option("--preset", type=click.Choice(["fast", "balanced", "lossless"]), default=None,
               help="Speed preset (measured by `recordtool tune`, see README): lossless = JPEG bytes as they are; "
               + "; ".join(f"{k} = --max-side {t.max_side} --quality {t.quality}" + (" --hw-friendly" if t.hw_friendly else "")
                           for k, t in SPEED_PRESETS.items() if t.max_side)
-              + ". --max-side/--quality given as well override the preset's. "
-              "tf-slim and tfds: the same as --keys (kept as an alias).")
+              + ". --max-side/--quality given as well override the preset's.")
 @click.option("--keys", type=click.Choice(["tf-slim", "tfds"]), default=None,
               help="TFRecord feature keys: tf-slim (image/encoded, 1-based image/class/label) or tfds (image, label).")
 @click.option("--image-key", default=None, help="TFRecord/OFRecord feature holding the image bytes.")
@@ -91,10 +90,6 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
     from ..sources.tfrecord import DEFAULT_MAX_INFLATE, PRESETS
 
     policy = on_error_policy(on_error, strict)
-    if preset in PRESETS:  # --preset tf-slim|tfds: accepted for --keys
-        if keys not in (None, preset):
-            raise click.UsageError(f"--preset {preset} contradicts --keys {keys}")
-        keys, preset = preset, None
     transcode = _transcode(preset, max_side, quality, hw_friendly)
     max_classes = max_classes or MAX_CLASSES
     source = None

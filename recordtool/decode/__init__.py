@@ -1,7 +1,7 @@
 """Decode stage: crop windows from the index, fused JPEG decode → crop → resize, and the
 CPU-side mirror/normalize for CPU-only training. One documented function per op."""
-from .cpu import DecodeError, allow_python_decoder, decode_crop_resize, native_available, normalize
-from .ops import eval_transform, mirror
+from .cpu import (DecodeError, allow_python_decoder, decode_crop_resize, eval_transform, mirror, native_available,
+                  normalize)
 from .windows import center_windows, random_flips, random_windows
 
 __all__ = ["random_windows", "random_flips", "center_windows", "decode_crop_resize", "eval_transform",

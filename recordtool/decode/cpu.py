@@ -1,5 +1,5 @@
 """CPU fused decode → crop → resize (→ mirror → normalize), batched, on the native thread pool;
-`normalize` on its own for a decoded uint8 batch.
+`normalize` and `mirror` on their own for a decoded uint8 batch, and the eval transform.
 
 Without the native extension the first decode raises NativeDecoderMissing with the fix: a
 training script must not run ~3× slower because an install went wrong and a warning scrolled
@@ -18,8 +18,9 @@ from ..format.jpeg import DEFAULT_MAX_PIXELS  # noqa: F401  (callers import it f
 from ..util import ForkLock, cores  # noqa: F401  (cpu.cores: the default thread count)
 from . import reference
 from .reference import refusal
-from .spec import MAX_SIDE  # noqa: F401  (callers import it from here too)
+from .spec import MAX_OUTPUT_SIDE  # noqa: F401  (callers import it from here too)
 from .spec import IMAGENET_MEAN, IMAGENET_STD, out_dtype, scale_bias
+from .windows import center_windows
 
 try:
     from .. import _native
@@ -221,8 +222,8 @@ def decode_crop_resize(buffers, windows, size=(224, 224), threads: int | None = 
     n = len(buffers)
     op = op.checked(n) if op is not None else None
     oh, ow = int(size[0]), int(size[1])
-    if not (0 < oh <= MAX_SIDE and 0 < ow <= MAX_SIDE):
-        raise ValueError(f"output size {oh}x{ow}: each side must be in 1..{MAX_SIDE}")
+    if not (0 < oh <= MAX_OUTPUT_SIDE and 0 < ow <= MAX_OUTPUT_SIDE):
+        raise ValueError(f"output size {oh}x{ow}: each side must be in 1..{MAX_OUTPUT_SIDE}")
     win = np.ascontiguousarray(np.asarray(windows, dtype=np.float64).reshape(n, 4))
     if out is None:
         out = np.empty((n, oh, ow, 3), np.uint8)
@@ -331,8 +332,8 @@ def decode_crop_resize_normalize(buffers, windows, flips=None, size=(224, 224), 
     on_error = _on_error(on_error)
     n = len(buffers)
     oh, ow = int(size[0]), int(size[1])
-    if not (0 < oh <= MAX_SIDE and 0 < ow <= MAX_SIDE):
-        raise ValueError(f"output size {oh}x{ow}: each side must be in 1..{MAX_SIDE}")
+    if not (0 < oh <= MAX_OUTPUT_SIDE and 0 < ow <= MAX_OUTPUT_SIDE):
+        raise ValueError(f"output size {oh}x{ow}: each side must be in 1..{MAX_OUTPUT_SIDE}")
     if layout not in ("NCHW", "NHWC"):
         raise ValueError("layout must be NCHW or NHWC")
     name, dtype = out_dtype(dtype)
@@ -375,3 +376,19 @@ def decode_crop_resize_normalize(buffers, windows, flips=None, size=(224, 224), 
         failures = _retry(failures, buffers, win, ow, oh, max_pixels, write)
     _settle(failures, errors, on_error)
     return out
+
+
+def eval_transform(buffers, widths, heights, resize=256, crop=224, **kw) -> np.ndarray:
+    """Resize (shorter side to `resize`, or to cover (rh, rw): center_windows), centre crop
+    `crop` (side or (h, w)) — one native crop+resize pass."""
+    size = (crop, crop) if np.isscalar(crop) else tuple(crop)
+    return decode_crop_resize(buffers, center_windows(widths, heights, resize, crop), size=size, **kw)
+
+
+def mirror(batch: np.ndarray, flags) -> np.ndarray:
+    """Flip NHWC images horizontally where flags is true, in place."""
+    flags = np.asarray(flags, dtype=bool)
+    if flags.any():
+        idx = np.nonzero(flags)[0]
+        batch[idx] = batch[idx, :, ::-1]
+    return batch

@@ -22,7 +22,7 @@ import numpy as np
 from ..checks import bounded_int
 from ..errors import ConfigError
 
-MAX_SIDE = 16384  # output sides above this are refused (the batch would not fit in memory anyway)
+MAX_OUTPUT_SIDE = 16384  # a decoded image's output side: larger is refused (its batch would not fit in memory)
 SCALE_MARGIN = 1.1
 """The CPU path decodes a window at libjpeg's DCT scale M/8 only while the scaled window stays
 ≥ SCALE_MARGIN × the output (native fused.cpp choose_scale, which says why 1.1); the GPU kernel
@@ -50,7 +50,7 @@ def name_of(value) -> str:
 
 
 def _side(v, what: str) -> int:
-    return bounded_int(what, v, 1, MAX_SIDE, floats=False)
+    return bounded_int(what, v, 1, MAX_OUTPUT_SIDE, floats=False)
 
 
 def _triple(v, what: str, positive: bool) -> tuple:
@@ -72,7 +72,7 @@ class Output:
     trusts it.
 
     Args:
-        size: 224 — the output side, an int (square, size × size) or (h, w), each 1..MAX_SIDE:
+        size: 224 — the output side, an int (square, size × size) or (h, w), each 1..MAX_OUTPUT_SIDE:
             what torchvision's RandomResizedCrop(size) / CenterCrop(size) take; 224 is the
             ImageNet models' input. Stored as (h, w).
         mean: IMAGENET_MEAN — per channel (R, G, B), 0..1 units (torchvision's Normalize):

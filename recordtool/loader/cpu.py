@@ -13,9 +13,8 @@ import types
 import numpy as np
 
 from ..decode import cpu
-from ..decode.ops import normalize
 from ..errors import ConfigError, OpError, OpResultError
-from .recipe import Made, Recipe
+from .recipe import ProducedBatch, Recipe
 
 
 class HostRing:
@@ -138,9 +137,9 @@ class CPUBatcher:
             t2 = time.perf_counter()
             raw = call_user_op(self.user_op, raw, b.keys)
             t3 = time.perf_counter()
-            normalize(raw, spec.mean, spec.std, spec.buffer_layout, spec.dtype, threads=self.threads, out=out)
-        return Made(out, b.labels, errors, {"inputs": t1 - t0, "decode": t2 - t1, "user_op": t3 - t2,
-                                            "normalize": time.perf_counter() - t3})
+            cpu.normalize(raw, spec.mean, spec.std, spec.buffer_layout, spec.dtype, threads=self.threads, out=out)
+        return ProducedBatch(out, b.labels, errors, {"inputs": t1 - t0, "decode": t2 - t1, "user_op": t3 - t2,
+                                                     "normalize": time.perf_counter() - t3})
 
     def close(self) -> None:
         for pool in self._pools:
@@ -189,9 +188,10 @@ def _op_name(op) -> str:
 _TORCHVISION_EQUIVALENTS = {
     "ColorJitter": "recordtool.ops.ColorJitter(brightness=, contrast=, saturation=) (compiled, "
                    "needs recordtool[numba])",
-    "RandomErasing": "recordtool.ops.Cutout(size=) (one square of zeros per image; recordtool.ops.batch.Cutout "
-                     "without Numba)",
-    "RandomGrayscale": "recordtool.ops.RandomGrayscale(p=) (recordtool.ops.batch.RandomGrayscale without Numba)",
+    "RandomErasing": "recordtool.ops.Cutout(size=) (one square of zeros per image; without Numba "
+                     "recordtool.ops.ReferenceOp(recordtool.ops.Cutout(size=)))",
+    "RandomGrayscale": "recordtool.ops.RandomGrayscale(p=) (without Numba "
+                       "recordtool.ops.ReferenceOp(recordtool.ops.RandomGrayscale(p=)))",
     "Grayscale": "recordtool.ops.RandomGrayscale(p=1.0)",
 }
 _LOADER_DOES = ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "Normalize", "ToTensor",
@@ -234,7 +234,7 @@ def check_user_op(op):
     plain = isinstance(target, (types.FunctionType, types.BuiltinFunctionType, types.MethodType))
     module = (getattr(target, "__module__", None) if plain else type(target).__module__) or ""
     what = _op_name(target) if plain else type(target).__qualname__
-    instead = ("A user op is recordtool.ops.ColorJitter, Cutout or RandomGrayscale, a recordtool.ops.batch op, or "
+    instead = ("A user op is recordtool.ops.ColorJitter, Cutout or RandomGrayscale (ReferenceOp(op) without Numba), or "
                "a function op(batch) that edits the uint8 NHWC batch (NumPy; CuPy on device='cuda') and returns "
                "it; or apply the transform to the Loader's output tensors in the training loop")
     if module == "torchvision" or module.startswith("torchvision."):

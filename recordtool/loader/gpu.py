@@ -13,7 +13,7 @@ import numpy as np
 
 from .config import GPUOptions
 from .cpu import call_user_op, image_op
-from .recipe import Made, Recipe
+from .recipe import ProducedBatch, Recipe
 
 
 class GPUBatcher:
@@ -127,7 +127,7 @@ class GPUBatcher:
                 images, ready = self._normalise(images, dec, slot, (first,))
         stages = {"inputs": t1 - t0, "decode": t2 - t1, "user_op": t3 - t2, "normalize": time.perf_counter() - t3}
         stages.update({"gpu." + k: v for k, v in dec.last.stages.items()})
-        return Made(images, b.labels, dec.last.errors, stages, dec.last, ready)
+        return ProducedBatch(images, b.labels, dec.last.errors, stages, dec.last, ready)
 
     def _normalise(self, raw, dec, slot: int, keep=(), flips=None, op=None):
         """uint8 NHWC (n, h, w, 3) → the output format in a batch of the ring, queued on the

@@ -71,7 +71,7 @@ class Recipe:
 
 
 @dataclass
-class Made:
+class ProducedBatch:
     """One batch as a batcher hands it to the epoch iterator."""
 
     images: object  # numpy / CuPy array in the Loader's layout and dtype

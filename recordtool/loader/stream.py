@@ -38,7 +38,7 @@ class BatchStream:
     this epoch only. `take()` gives (epoch, batch index, ids, made) in order.
 
     Args:
-        batcher: batcher(ids, epoch, slot, drawn) → Made; drawn = draws(ids, epoch).
+        batcher: batcher(ids, epoch, slot, drawn) → ProducedBatch; drawn = draws(ids, epoch).
         draws: draws(ids, epoch) → (windows, flips) of those ids (Recipe.draws); None: the
             batcher draws each batch itself (batcher(ids, epoch, slot)).
         sampler, batch_size, drop_last: what each epoch's batches are (epoch_batches).

@@ -4,8 +4,8 @@ the GIL), and as one CUDA kernel launch per batch on the GPU. Pass one as `Loade
 
 Write one by subclassing `ImageOp` (see recordtool.ops.base and the examples). Numba is the
 optional extra `recordtool[numba]`, imported only when an op is first compiled; batch ops
-(recordtool.ops.batch) need none of this. The tools build theirs by name (`by_name`,
-recordtool.ops.registry).
+(recordtool.ops.batch, and `ReferenceOp(op)`: an ImageOp's array code) need none of this. The
+tools build theirs by name (`by_name`, recordtool.ops.registry).
 """
 from .base import ImageOp, ReferenceOp
 from .examples import ColorJitter, Cutout, RandomGrayscale

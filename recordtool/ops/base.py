@@ -13,8 +13,9 @@ Three parts, so the CPU, the GPU and the tests agree on every value:
   launch per batch on the GPU loader (`extern "C" __global__ void NAME(unsigned char* batch,
   int n, int h, int w, const double* params, int k)`); `cuda_block_per_image` picks the grid.
 
-`reference(batch, params)` is its NumPy reference (tests). An ImageOp is also a batch op
-(`op(batch, keys)`), so it works wherever `user_op=` takes one.
+`reference(batch, params)` is its NumPy reference (tests; `ReferenceOp` runs it as a batch op
+without Numba). An ImageOp is also a batch op (`op(batch, keys)`), so it works wherever
+`user_op=` takes one.
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ class ImageOp(KeyedOp):
     cuda_source: str | None = None
     cuda_name: str | None = None
     cuda_block_per_image = False  # True: one block of 256 threads per image (per-image reductions)
+    reference_on_device = False  # True: `reference` is array code that also takes a CuPy batch
 
     def params(self, n: int, keys, h: int, w: int) -> np.ndarray:
         """float64 (n, nparams): each image's parameters from its keyed draws (`self.draws`)."""
@@ -113,7 +115,8 @@ class ImageOp(KeyedOp):
 class ReferenceOp(KeyedOp):
     """An ImageOp's NumPy reference as a batch op — the op as array code on the whole batch, as
     it is written without Numba (`recordtool bench --op` measures it beside the compiled op).
-    A CuPy batch goes to the host and back.
+    A CuPy batch stays on the GPU when the op's reference takes one (`reference_on_device`),
+    else it goes to the host and back.
 
     Args:
         op: the ImageOp.
@@ -126,7 +129,7 @@ class ReferenceOp(KeyedOp):
     def __call__(self, batch, keys=None):
         n, h, w = batch.shape[:3]
         p = self.op.batch_params(n, keys, h, w)
-        if _xp(batch) is np:
+        if _xp(batch) is np or self.op.reference_on_device:
             return self.op.reference(batch, p)
         import cupy
 

@@ -46,7 +46,7 @@ def _numba():
         return numba
     except ImportError as e:
         raise OpCompileError(f"compiled per-image ops need Numba ({e}): pip install 'recordtool[numba]'; "
-                             "or pass a batch op (recordtool.ops.batch) as user_op") from None
+                             "or pass the op as array code on the whole batch: recordtool.ops.ReferenceOp(op)") from None
 
 
 def _where(e, fn) -> str:

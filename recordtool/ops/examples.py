@@ -1,16 +1,18 @@
-"""Three compiled per-image ops: RandomGrayscale, Cutout (the batch examples of ops.batch, per
-image) and ColorJitter (brightness, contrast, saturation) — what a user writes with `ImageOp`.
+"""Three compiled per-image ops: RandomGrayscale, Cutout and ColorJitter (brightness, contrast,
+saturation) — what a user writes with `ImageOp`.
 
 All three are defined in integer arithmetic (luma and factors in fixed point), so the Numba
 function, the CUDA kernel and the NumPy reference give bit-identical pixels (ColorJitter's Numba
-function computes those integers in float32, exactly: see its `image`).
+function computes those integers in float32, exactly: see its `image`). RandomGrayscale's and
+Cutout's references are array code for NumPy and CuPy alike (`reference_on_device`): without
+Numba, `ReferenceOp(op)` runs them on the whole batch where it is.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .base import ImageOp
-from .batch import check_number, check_side
+from .batch import _xp, check_number, check_side
 
 # ITU-R 601 luma in 16-bit fixed point (Pillow's convert("L")): (R·19595 + G·38470 + B·7471 + 2^15) >> 16
 _LR, _LG, _LB = 19595, 38470, 7471
@@ -25,7 +27,7 @@ def _luma(batch: np.ndarray) -> np.ndarray:
 
 class RandomGrayscale(ImageOp):
     """With probability p, an image becomes its luma in all 3 channels (Pillow's integer ITU-R
-    601 luma; batch.RandomGrayscale rounds a float32 luma instead: at most 1 level apart).
+    601 luma; torchvision's float luma is at most 1 level apart).
 
     Args:
         p: probability per image.
@@ -34,6 +36,7 @@ class RandomGrayscale(ImageOp):
 
     nparams = 1
     cuda_name = "rt_grayscale"
+    reference_on_device = True
 
     def __init__(self, p: float = 0.2, seed: int = 0):
         super().__init__(seed)
@@ -56,8 +59,9 @@ class RandomGrayscale(ImageOp):
                 img[y, x, 2] = v
 
     def reference(self, batch, params):
-        pick = params[:, 0] != 0
-        batch[pick] = _luma(batch[pick]).astype(np.uint8)[..., None]
+        pick = _xp(batch).asarray(np.nonzero(params[:, 0] != 0)[0])
+        if len(pick):
+            batch[pick] = _luma(batch[pick]).astype(np.uint8)[..., None]
         return batch
 
     cuda_source = r'''
@@ -76,8 +80,7 @@ extern "C" __global__ void rt_grayscale(unsigned char* batch, int n, int h, int 
 
 class Cutout(ImageOp):
     """Zero one size×size square per image, centre uniform over the image (DeVries & Taylor),
-    clipped at the edges — the draws of batch.Cutout, so the same squares (here before the
-    mirror: a flipped image's square is mirrored with it).
+    clipped at the edges; applied before the mirror (a flipped image's square is mirrored with it).
 
     Args:
         size: side of the square, whole pixels in [1, 2**31 - 1] (larger than the image: all of it).
@@ -86,6 +89,7 @@ class Cutout(ImageOp):
 
     nparams = 4  # y0, y1, x0, x1: rows y0..y1-1, columns x0..x1-1
     cuda_name = "rt_cutout"
+    reference_on_device = True
 
     def __init__(self, size: int = 56, seed: int = 0):
         super().__init__(seed)
@@ -103,9 +107,13 @@ class Cutout(ImageOp):
         img[int(p[0]):int(p[1]), int(p[2]):int(p[3]), :] = 0
 
     def reference(self, batch, params):
-        for k, (y0, y1, x0, x1) in enumerate(params.astype(np.int64)):
-            batch[k, y0:y1, x0:x1] = 0
-        return batch
+        p = params.astype(np.int64)
+        xp = _xp(batch)
+        if xp is np:  # one small slice per image: no full-batch mask on the CPU
+            for k, (y0, y1, x0, x1) in enumerate(p):
+                batch[k, y0:y1, x0:x1] = 0
+            return batch
+        return _zero_boxes(xp, batch, xp.asarray(p))  # on the GPU one masked kernel beats n slice launches
 
     cuda_source = r'''
 extern "C" __global__ void rt_cutout(unsigned char* batch, int n, int h, int w, const double* params, int k) {
@@ -121,6 +129,15 @@ extern "C" __global__ void rt_cutout(unsigned char* batch, int n, int h, int w, 
     q[2] = 0;
 }
 '''
+
+
+def _zero_boxes(xp, batch, p):
+    """Zero rows p[k, 0]..p[k, 1]-1 × columns p[k, 2]..p[k, 3]-1 of each image k, as one mask."""
+    h, w = batch.shape[1:3]
+    yy, xx = xp.arange(h)[None, :, None], xp.arange(w)[None, None, :]
+    y0, y1, x0, x1 = (p[:, j, None, None] for j in range(4))
+    batch[(yy >= y0) & (yy < y1) & (xx >= x0) & (xx < x1)] = 0
+    return batch
 
 
 class ColorJitter(ImageOp):

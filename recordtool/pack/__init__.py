@@ -3,7 +3,7 @@
 Modules, in the order the data goes through them:
     api.py        `pack()`: arguments validated once into a `PackConfig`; the one pipeline
                   (source → shuffle → by size or planned → publish); `Summary`.
-    plan.py       `Plan`/`ShardTask`/`Options`: which items go into which part file (frozen, hashed).
+    plan.py       `ShardPlan`/`ShardTask`/`Options`: which items go into which part file (frozen, hashed).
     task.py       the units of work every engine runs: `load_item`, `fill_shard`, `ShardDone`.
     transcode.py  `prepare`: a source image into bytes every decoder takes; `Transcode`, presets.
     engines.py    `Engine`s: `ThreadEngine`, `ProcessEngine`, `RayEngine` (process_worker.py: what runs

@@ -9,7 +9,7 @@ to cut:
 - by size (no `shards`, the default): items are loaded and fixed on the engine's workers and
   written in order by this process, a new part file when the current one reaches
   `shard_size`;
-- planned (`shards=N`): a `Plan` gives each part file its items; each is filled by
+- planned (`shards=N`): a `ShardPlan` gives each part file its items; each is filled by
   `task.fill_shard` on a worker and recorded as finished in `OUT/.partial/part-NNNNN.done.json`;
   a re-run after a crash reuses the shards finished under the same plan.
 
@@ -35,7 +35,7 @@ from ..format.writer import DatasetWriter, FinishedShard
 from ..io.fs import get_fs, is_url
 from ..sources.base import Source, source_paths
 from .engines import Engine, engine_of, ordered_chunks
-from .plan import Options, Plan, make_plan, shuffle
+from .plan import Options, ShardPlan, make_plan, shuffle
 from .semaphores import sweep as sweep_semaphores
 from .task import finished, merge_notes
 from .transcode import NO_TRANSCODE, Transcode
@@ -245,8 +245,8 @@ def _by_size(source, shuffled: list, out: str, config: PackConfig, t0: float) ->
     return _summary(writer.manifest, out, source, config, t0, converted, skipped, [], retried)
 
 
-def _planned(source, plan: Plan, out: str, config: PackConfig, t0: float) -> Summary:
-    """Plan → shard tasks on the engine → their records merged → publish; the shards an
+def _planned(source, plan: ShardPlan, out: str, config: PackConfig, t0: float) -> Summary:
+    """ShardPlan → shard tasks on the engine → their records merged → publish; the shards an
     unfinished run of the same plan finished are reused."""
     options = plan.options
     with DatasetWriter(out, overwrite=config.overwrite, sources=source_paths(source), plan=plan.marker(),

@@ -56,7 +56,10 @@ class ShardTask:
 
 
 @dataclass(frozen=True)
-class Plan:
+class ShardPlan:
+    """Which items go into which part file: one ShardTask per part file, the seed and options
+    they were cut with, and the hash a re-run compares to reuse finished shards."""
+
     seed: int
     options: Options
     tasks: list  # ShardTask per part file, in file order
@@ -74,7 +77,7 @@ def shuffle(items: list, seed: int) -> list:
     return [items[i] for i in order]
 
 
-def make_plan(source, shuffled: list, shards: int, seed: int, options: Options) -> Plan:
+def make_plan(source, shuffled: list, shards: int, seed: int, options: Options) -> ShardPlan:
     """Cut the shuffled items into `shards` part files: candidate k goes to shard k*N//n, so a
     shard's items never depend on what is skipped elsewhere.
 
@@ -97,4 +100,4 @@ def make_plan(source, shuffled: list, shards: int, seed: int, options: Options) 
             h.update(repr(item).encode("utf-8", "backslashreplace") + b"\n")
         tasks.append(ShardTask(k, shard_name(k), items, h.hexdigest()))
         whole.update(tasks[-1].hash.encode())
-    return Plan(seed, options, tasks, whole.hexdigest())
+    return ShardPlan(seed, options, tasks, whole.hexdigest())

@@ -85,19 +85,15 @@ OPS = ("grayscale", "cutout", "jitter")  # recordtool.ops.registry's names of th
 def bench_ops(name: str):
     """(compiled per-image op, the same op as a batch op) for `--op`: the op `recordtool.ops.by_name`
     gives (grayscale — RandomGrayscale(0.2), cutout — Cutout(56), jitter — ColorJitter(0.4, 0.4,
-    0.4)); the batch op is recordtool.ops.batch's where it has one, else the op's NumPy reference
-    on the whole batch. (op_costs runs the compiled op checked first: `op.with_checks()`.)"""
+    0.4)); the batch op is the op's reference as array code on the whole batch (`ReferenceOp`: on
+    the GPU for grayscale and cutout, through the host for jitter). (op_costs runs the compiled op
+    checked first: `op.with_checks()`.)"""
     from .. import ops
-    from ..ops import batch as batch_ops
 
     name = ops.registry.lookup(name).name
     if name not in OPS:
         raise ValueError(f"op must be one of {', '.join(OPS)}, not {name!r}")
     op = ops.by_name(name)
-    if name == "grayscale":
-        return op, batch_ops.RandomGrayscale(op.p)
-    if name == "cutout":
-        return op, batch_ops.Cutout(op.size)
     return op, ops.ReferenceOp(op)
 
 

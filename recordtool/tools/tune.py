@@ -242,7 +242,7 @@ def run(src, images: int = 1000, seed: int = 0, cands: list | None = None, min_p
     epochs = bounded_int("epochs", epochs, 1, MAX_EPOCHS)
     threads = bounded_int("threads", threads, 1, MAX_THREADS) if threads is not None else cores()
     workers = bounded_int("workers", workers, 1, MAX_THREADS) if workers is not None else None
-    size = bounded_int("size", size, 1, cpu.MAX_SIDE)
+    size = bounded_int("size", size, 1, cpu.MAX_OUTPUT_SIDE)
     cands = list(cands) if cands else candidates()
     if isinstance(src, (str, os.PathLike)):
         from ..sources.imagefolder import ImageFolderSource
