@@ -34,7 +34,7 @@ timeout "$(cap ${FID_SET_S:-100})" python3 scripts/gpu_fidelity.py --set /tmp/fi
 echo "== Loader speed per chroma mode, alternating ($(left) s left)"
 dali=--no-dali; [ "${FID_DALI:-0}" = 1 ] && dali="--dali"
 if (( $(left) > 45 )); then
-  timeout "$(cap 90)" python3 scripts/bench_gpu.py /tmp/bench-packed --epochs 3 --producers 4 \
+  timeout "$(cap 90)" python3 benchmarks/bench_gpu.py /tmp/bench-packed --epochs 3 --producers 4 \
     --splits auto --hybrid on --chroma $MODES,$MODES --no-ceilings --peers none $dali --json "$D/speed.json" \
     > "$D/speed.log" 2>&1 || echo "speed: rc $? (see $D/speed.log)"
 fi

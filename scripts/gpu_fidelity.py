@@ -182,7 +182,8 @@ def main():
             with open(a.json, "w") as f:
                 json.dump(res, f)
         return
-    tj = R._turbojpeg()
+    from recordtool.codec import turbojpeg
+    tj = turbojpeg()
     from turbojpeg import TJPF_RGB
 
     stream = cupy.cuda.Stream(non_blocking=True)
