@@ -111,7 +111,7 @@ CPG=${CORES_PER_GPU:-$((CORES / (NGPU > 0 ? NGPU : 1)))}
 one_gpu() {  # run a command as on the one-GPU machine: GPU 0 and CPG cores
   if (( NGPU > 1 )); then CUDA_VISIBLE_DEVICES=0 taskset -c 0-$((CPG - 1)) "$@"; else "$@"; fi
 }
-if has fidelity && fits fidelity $(( ${FID_BUDGET:-230} + 10 )); then  # issue 23: each GPU chroma mode's pixels and speed
+if has fidelity && fits fidelity $(( ${FID_BUDGET:-230} + 10 )); then  # each GPU chroma mode's pixels and speed
   one_gpu timeout 250 bash scripts/fidelity_device.sh > "$OUT/fidelity.log" 2>&1
 fi
 if has gpu && fits gpu 150; then
@@ -246,7 +246,7 @@ fi
 if has ops && ! python3 -c "import numba" 2>/dev/null; then
   echo "SKIPPED ops (numba does not import: carry .numba, NUMBA=1 scripts/prepare_device_carry.sh)" | tee -a "$OUT/skipped.log"
 elif has ops && fits ops 80; then
-  # compiled per-image ops (issue 27): each op on each device beside the Loader without it
+  # compiled per-image ops: each op on each device beside the Loader without it
   for op in ${OPS:-jitter cutout grayscale}; do
     for d in ${OPS_DEVICES:-cuda cpu}; do
       fits "ops $op $d" 75 || break 2

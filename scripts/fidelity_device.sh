@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 23 on the GPU machine, in one call (< 4 min): GPU vs CPU pixels and Loader speed for each
+# The GPU path's pixels on the GPU machine, in one call (< 4 min): GPU vs CPU pixels and Loader speed for each
 # chroma mode of the GPU decoders (replicate = nvJPEG's RGBI as before, interpolate = planar
 # YCbCr of each window's region + libjpeg's fancy upsampling in our kernel, nvjpeg =
 # NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION).
@@ -25,11 +25,11 @@ echo "pytest (chroma): rc $rc, $(tail -1 "$D/pytest_chroma.log")"
 fi
 echo "== fidelity set + Loader cuda vs cpu ($(left) s left)"
 if [ ! -d /tmp/fidset ]; then
-  python3 scripts/make_fidelity_set.py /tmp/fidset --photos .carry/photos --images "${FID_IMAGES:-3000}" \
+  python3 benchmarks/make_fidelity_set.py /tmp/fidset --photos .carry/photos --images "${FID_IMAGES:-3000}" \
     > "$D/fidset.log" 2>&1
 fi
 tail -1 "$D/fidset.log"
-timeout "$(cap ${FID_SET_S:-100})" python3 scripts/gpu_fidelity.py --set /tmp/fidset --chroma $MODES \
+timeout "$(cap ${FID_SET_S:-100})" python3 benchmarks/gpu_fidelity.py --set /tmp/fidset --chroma $MODES \
   --splits gpu,auto --same-pixels "${FID_SAME:-on}" --json "$D/set.json" > "$D/set.log" 2>&1 || echo "set report: rc $? (see $D/set.log)"
 echo "== Loader speed per chroma mode, alternating ($(left) s left)"
 dali=--no-dali; [ "${FID_DALI:-0}" = 1 ] && dali="--dali"
@@ -40,10 +40,10 @@ if (( $(left) > 45 )); then
 fi
 echo "== photo variants per chroma mode ($(left) s left)"
 if (( $(left) > 30 )); then
-  timeout "$(cap 200)" python3 scripts/gpu_fidelity.py .carry/photos --windows "${FID_WINDOWS:-6}" --chroma $MODES \
+  timeout "$(cap 200)" python3 benchmarks/gpu_fidelity.py .carry/photos --windows "${FID_WINDOWS:-6}" --chroma $MODES \
     --json "$D/photos.json" > "$D/photos.log" 2>&1 || echo "photos: rc $? (see $D/photos.log)"
 fi
-echo "=================== fidelity (issue 23) results, $((SECONDS - T0)) s"
+echo "=================== fidelity results, $((SECONDS - T0)) s"
 grep -E "passed|failed|error" "$D/pytest_chroma.log" | tail -3
 grep -E "^(FAILED|ERROR)" "$D/pytest_chroma.log" | head -12
 grep -E "^=== Loader|chroma .* split .* all|4:2:0|4:2:2|4:4:4|gray|progr|worst" "$D/set.log" | head -60

@@ -51,7 +51,7 @@ def test_clear_errors_not_tracebacks(tmp_path, folder):
 
 
 def test_every_command_has_the_same_error_policy(tmp_path, folder):
-    """One error policy for every command (issue 25): a value an option's type refuses is a
+    """One error policy for every command: a value an option's type refuses is a
     usage error (exit 2) and one checked inside the command a one-line error (exit 1), never a
     traceback, whichever command gets it (verify used to let a ValueError out as a traceback)."""
     assert run("pack", folder, tmp_path / "ds", "-q").returncode == 0

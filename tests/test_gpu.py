@@ -891,7 +891,7 @@ def test_cuda_kernel_that_nvrtc_refuses_is_a_clear_error():
 # nvJPEG's decoders (engines and hybrid) upsample 4:2:0 / 4:2:2 chroma by replication; libjpeg-turbo
 # (our CPU path, and Pillow) by its "fancy" triangle filter. On the H200 the raw decoded regions
 # equalled libjpeg-turbo's TJFLAG_FASTUPSAMPLE decode to 0.1 dB (34.6 dB vs fancy on the worst
-# photo window, both ways), 4:4:4 bit-exact, gray ≥ 65 dB (scripts/gpu_fidelity.py). README states
+# photo window, both ways), 4:4:4 bit-exact, gray ≥ 65 dB (benchmarks/gpu_fidelity.py). README states
 # the resulting bound: GPU vs CPU ≥ 35 dB per image on real photos (1st percentile ≥ 40 dB).
 BOUND_DB = 35.0
 # chroma="interpolate" (libjpeg's upsampling in our kernel): what is left is resampling (the CPU
@@ -1457,7 +1457,7 @@ def test_gpu_interpolate_matches_cpu_on_sharp_chroma(layout):
 def test_chroma_modes_on_the_mixed_batch(chroma):
     """Each chroma mode decodes the usual mixed batch (4:2:0 / 4:2:2 / 4:4:4, progressive, gray)
     on the GPU decoders; "interpolate" to the CPU path's pixels (_interp_bound), "nvjpeg" (the
-    library's own interpolation, measured by scripts/gpu_fidelity.py) to the old bound."""
+    library's own interpolation, measured by benchmarks/gpu_fidelity.py) to the old bound."""
     from recordtool.decode.gpu import GPUDecoder
 
     bufs, sizes = _jpegs()

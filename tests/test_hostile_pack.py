@@ -1,4 +1,4 @@
-"""Hostile suite, pack side (issue 22): an OUT that is SRC under another name, and the process
+"""Hostile suite, pack side: an OUT that is SRC under another name, and the process
 engine under signals — the driver stops its workers on SIGTERM/SIGHUP as on Ctrl-C, workers
 die with their driver, and a worker killed under the driver is a named error, not a traceback.
 

@@ -279,7 +279,7 @@ def test_object_store_sources_never_overlap_a_local_out():
 
 def test_engine_default_is_packs_own_and_the_package_is_callable(folder, tmp_path):
     """pack() picks the engine itself (processes when transcoding, as the CLI did), so tune and
-    library callers get the CLI's default (issue 25); recordtool.pack is callable."""
+    library callers get the CLI's default; recordtool.pack is callable."""
     from conftest import tree
     from recordtool.pack import Transcode, configure
 

@@ -46,8 +46,8 @@ def test_same_bytes_when_transcoding(cluster, folder, tmp_path):
 
 @pytest.mark.parametrize("transcode", [None, Transcode(max_side=40, quality=90)])
 def test_by_size_same_bytes_as_local_engine(cluster, folder, tmp_path, transcode):
-    """Without --shards every engine fills part files in turn up to shard_size (issue 20: Ray
-    used to plan a shard count from a sample and wrote other bytes than local)."""
+    """Without --shards every engine fills part files in turn up to shard_size (Ray too: the
+    same bytes as local, no shard count planned from a sample)."""
     kw = dict(shard_size=6000, seed=4, progress=False, transcode=transcode or Transcode())
     a = pack(str(folder), str(tmp_path / "local"), **kw)
     b = pack(str(folder), str(tmp_path / "ray"), engine="ray", **kw)

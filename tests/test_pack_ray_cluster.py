@@ -60,8 +60,8 @@ def test_two_nodes_same_bytes(cluster, reference, tmp_path):
 
 @pytest.mark.parametrize("at", [3, 1])
 def test_worker_killed_mid_shard_is_retried(cluster, reference, tmp_path, at):
-    """The retry is counted by the driver that submits it again (issue 20: it was counted from
-    the task's own message to an actor, lost when the worker died before sending it): at=1
+    """The retry is counted by the driver that submits it again (not from the task's own
+    message to an actor, which is lost when the worker dies before sending it): at=1
     kills the worker at its first record, as soon as it can die."""
     src, expected = reference
     flag = tmp_path / "killed-once"

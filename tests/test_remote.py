@@ -450,7 +450,7 @@ def test_downloads_refused_when_the_disk_has_no_room(s3, s3_config, remote, tmp_
     assert not [n for n in os.listdir(tmp_path) if n.startswith("recordtool-tfrecord-")]
 
 
-# ------------------------------------------------------------------ hostile stores and options (issue 22, 24)
+# ------------------------------------------------------------------ hostile stores and options
 
 def test_cache_key_includes_the_endpoint(s3, remote, tmp_path):
     """The same s3:// URL on two endpoints (here: through the proxy and straight to the server)

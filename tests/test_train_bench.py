@@ -122,8 +122,8 @@ def test_ddp_form_two_ranks_on_cpu(data, tmp_path):
 
 
 def test_a_pipeline_names_a_compiled_op_by_its_registry_name(data):
-    """`recordtool:op=cutout` — the training benchmark's Loader with that compiled op (issue 27's
-    op in training), the other options passed through."""
+    """`recordtool:op=cutout` — the training benchmark's Loader with that compiled op (the op in
+    training), the other options passed through."""
     pytest.importorskip("numba")
     from recordtool.ops import Cutout
     from recordtool.tools.train_pipelines import make_loader, parse_options

@@ -52,7 +52,7 @@ def test_calling_thread_decode_matches_the_pool(big_folder):
 @pytest.mark.skipif(not cpu.native_available(), reason="native decoder not built")
 def test_transcoding_workers_do_not_queue_on_one_native_pool(big_folder, tmp_path):
     """Each pack worker shrinks on its own thread: no call goes to the shared pool, whose one-call-
-    at-a-time lock serialised every worker (issue 14: --workers 2 was no faster than 1)."""
+    at-a-time lock would serialise every worker (--workers 2 no faster than 1)."""
     code = ("import sys; from recordtool import _native; from recordtool.pack import pack; "
             "from recordtool.pack.transcode import Transcode; "
             "s = pack(sys.argv[1], sys.argv[2], workers=2, transcode=Transcode(max_side=96), progress=False); "

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Generate a fidelity set (OUT/<synset>/<name>.JPEG) for GPU-vs-CPU pixel checks: images
 ImageNet's mix of sizes, chroma layouts, qualities, progressive and grayscale files, cut from
-photos at random places and scales (so mostly other content than scripts/gpu_fidelity.py's
+photos at random places and scales (so mostly other content than benchmarks/gpu_fidelity.py's
 whole-photo variants), and a share with sharp saturated colour edges drawn in (text-like
 strokes, flags, stripes, logos on flat colour) — where replicated and interpolated chroma differ
 most — and a share of large downscales (big originals).
@@ -12,7 +12,7 @@ Measure on photos the code was not tuned on: pass --photos a folder of photograp
 the tuning (e.g. half of ../shared/photos).
 
 Deterministic per --seed. The plan of each image (size, chroma, quality, edges) is printed as a
-summary; scripts/gpu_fidelity.py --set OUT reports it.
+summary; benchmarks/gpu_fidelity.py --set OUT reports it.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 from PIL import Image, ImageDraw
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))  # make_imagenet_like
 import make_imagenet_like as M  # noqa: E402
 
 # ImageNet train: 4:2:0 mostly, some 4:4:4 / 4:2:2; quality spread wider than the benchmark set's

@@ -14,7 +14,7 @@ progressive; gray). For RandomResizedCrop windows it compares, per image and chr
   planes by the kernel's reference (interpolate),
 grouped by chroma mode, variant, route and the CPU's DCT scale; the worst cases are listed.
 
---set: a folder of JPEGs (scripts/make_fidelity_set.py) is packed and read by the Loader users
+--set: a folder of JPEGs (benchmarks/make_fidelity_set.py) is packed and read by the Loader users
 run, device="cuda" (each chroma mode × split) against device="cpu" on the same windows (same
 seed): PSNR per image, min / p1 / median and the count below 30 / 40 dB, overall and per chroma
 layout of the index.
