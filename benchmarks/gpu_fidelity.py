@@ -157,15 +157,9 @@ def loader_report(folder, chromas, splits, size=224, batch=256, same_pixels=(Tru
 
 
 def main():
-    import cupy
-
-    from recordtool.decode.gpu import GPUDecoder, route
     from recordtool.decode.gpu.plan import CHROMA_MODES
-    from recordtool.decode.gpu.reference import SUBSAMPLING, planes_to_rgb
-    from recordtool.decode.gpu.nvjpeg import HardwareDecoder, HybridDecoder
-    from recordtool.decode.spec import Output
 
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("photos", nargs="?")
     ap.add_argument("--set", default=None, help="a folder of JPEGs to read through the Loader (make_fidelity_set.py)")
     ap.add_argument("--windows", type=int, default=16)
@@ -174,6 +168,13 @@ def main():
     ap.add_argument("--same-pixels", default="on", help="--set: the Loader's same_pixels, on / off / on,off")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    import cupy  # a GPU run from here on (--help works without one)
+
+    from recordtool.decode.gpu import GPUDecoder, route
+    from recordtool.decode.gpu.nvjpeg import HardwareDecoder, HybridDecoder
+    from recordtool.decode.gpu.reference import SUBSAMPLING, planes_to_rgb
+    from recordtool.decode.spec import Output
+
     chromas = a.chroma.split(",")
     if a.set:
         same = [{"on": True, "off": False}[v] for v in a.same_pixels.split(",")]
