@@ -115,11 +115,13 @@ class RemoteDataset(Dataset):
     # ------------------------------------------------------------------ records
     def _slice(self, shard: int, offset: int, length: int) -> memoryview:
         # slices are taken under the lock: a view that exists pins its mapping (mm.close()
-        # refuses while it lives), so _release never unmaps bytes in use
+        # refuses while it lives), so _release never unmaps bytes in use. A record counts as
+        # served when its view is taken, not before: while its reader fetches the shard, the
+        # shard is still needed (kept mapped, not evicted for others' room)
         with self._lock:
-            self._served[shard] += 1
             v = self._views[shard]
             if v is not None:
+                self._served[shard] += 1
                 return v[offset:offset + length]
         for _ in range(5):
             self._fetch(shard)  # outside the lock: may download, or wait for another process
@@ -127,10 +129,12 @@ class RemoteDataset(Dataset):
                 with self._lock:
                     v = self._views[shard]
                     if v is not None:
+                        self._served[shard] += 1
                         return v[offset:offset + length]
                 pinned = self._pin(shard)  # outside the lock too: checking the copy's digest takes a while
                 if pinned is not None:
                     with self._lock:
+                        self._served[shard] += 1
                         return self._install(shard, pinned)[offset:offset + length]
         raise CacheFull(f"{self.cache.url(self.shards[shard]['name'])}: evicted again each time before it could "
                         f"be mapped; raise cache_limit")

@@ -550,6 +550,50 @@ def test_loader_at_the_smallest_cache_limit_never_waits_on_itself(s3, packed8, t
     assert got == [True] * 6
 
 
+def test_a_record_being_read_keeps_its_shard_needed(packed, tmp_path, monkeypatch):
+    """A record counts as served only once its reader holds its bytes. Counted before (when the
+    read began), a reader that is still fetching a shard while others read that shard's other
+    records made the shard look done for the epoch: it was unmapped and evicted under the
+    reader, which then had to download it again — at the smallest cache_limit, into room that
+    the other blocks in use held, waiting until CacheFull."""
+    from recordtool import remote as rremote
+
+    monkeypatch.setattr(rremote, "FETCH_THREADS", 0)  # no read-ahead: only the readers download
+    local = recordtool.open(packed)
+    ds = _open(_upload(packed), tmp_path, cache_limit=sum(sorted(s["bytes"] for s in local.shards)[-3:]))
+    ds.sampler(seed=0, block_shards=1, shuffle=False).indices(0)  # the epoch's plan: shards in turn
+    of = {k: [i for i in range(len(ds)) if int(ds.index.shard[i]) == k] for k in range(4)}
+    first = ds.shards[0]["name"]
+    downloads, fetched, go = [], threading.Event(), threading.Event()
+    download, fetch = rcache.ShardCache._download, rcache.ShardCache.fetch
+
+    def counted(self, dir_fd, fd, fname, name, *a, **k):
+        downloads.append(name)
+        return download(self, dir_fd, fd, fname, name, *a, **k)
+
+    def paused(self, name, *a, **k):  # the slow reader: fetched, not yet pinned
+        got = fetch(self, name, *a, **k)
+        if threading.current_thread().name == "slow" and name == first and not fetched.is_set():
+            fetched.set()
+            go.wait(10)
+        return got
+
+    monkeypatch.setattr(rcache.ShardCache, "_download", counted)
+    monkeypatch.setattr(rcache.ShardCache, "fetch", paused)
+    held = []
+    slow = threading.Thread(target=lambda: held.append(bytes(ds.jpeg_views(of[0][-1:])[0])), name="slow")
+    slow.start()
+    assert fetched.wait(10)
+    for k in range(4):  # the other records of shard 0, then shards 1..3 whole: room is made by eviction
+        got = [bytes(v) for v in ds.jpeg_views(of[k][:-1] if k == 0 else of[k])]
+        assert got == [bytes(local[i][0]) for i in (of[k][:-1] if k == 0 else of[k])]
+    go.set()
+    slow.join(30)
+    assert held == [bytes(local[of[0][-1]][0])]
+    assert downloads.count(first) == 1, downloads
+    ds.close()
+
+
 # ------------------------------------------------------------------ names and keys
 
 def test_cache_key_depends_on_the_store():
