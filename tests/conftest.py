@@ -83,3 +83,27 @@ def tree(root) -> dict:
     """name → bytes of every file directly in a dataset directory (what byte-identity compares)."""
     return {n: open(os.path.join(root, n), "rb").read() for n in sorted(os.listdir(root))
             if os.path.isfile(os.path.join(root, n))}
+
+
+@pytest.fixture(scope="module")
+def host_kernel(tmp_path_factory):
+    """native/gpu_resize.cu built for the host (tests/host_kernel.py), or a skip without g++."""
+    from host_kernel import build
+
+    lib = build(tmp_path_factory.mktemp("hostkernel"))
+    if lib is None:
+        pytest.skip("no C++ compiler")
+    return lib
+
+
+def cut_to_region(planes, roi, hs, vs):
+    """What a region decode writes: the whole planes (Y, and Cb, Cr subsampled hs × vs, or Y
+    alone) cut to the region roi = (x, y, w, h); (y, None, None) for grayscale."""
+    from recordtool.decode.gpu.roi import chroma_dims
+
+    rx, ry, rw, rh = roi
+    y = planes[0][ry:ry + rh, rx:rx + rw]
+    if len(planes) == 1:
+        return y, None, None
+    (cc,), (cr,) = chroma_dims([roi], hs, vs)
+    return (y, *(p[ry // vs:ry // vs + cr, rx // hs:rx // hs + cc] for p in planes[1:]))

@@ -7,6 +7,7 @@ import ctypes
 
 import numpy as np
 import pytest
+from conftest import cut_to_region
 
 from recordtool.decode.gpu.roi import MARGIN, SUBSAMPLING, chroma_dims, plan_rois, tap_span
 from recordtool.decode.gpu.reference import chroma_size, planes_to_rgb, region_planes_to_rgb
@@ -108,16 +109,6 @@ def _libjpeg_planes(data):
     return [y[: info.height, : info.width], cb, cr]
 
 
-def _cut(planes, roi, hs, vs):
-    """What a region decode writes: the whole planes cut to the region."""
-    rx, ry, rw, rh = roi
-    y = planes[0][ry:ry + rh, rx:rx + rw]
-    if len(planes) == 1:
-        return y, None, None
-    (cc,), (cr,) = chroma_dims([roi], hs, vs)
-    return (y, *(p[ry // vs:ry // vs + cr, rx // hs:rx // hs + cc] for p in planes[1:]))
-
-
 def _synthetic_440(w, h, seed):
     """Planes of a 4:4:0 image (Pillow cannot write 4:4:0 files): random Y and half-height chroma."""
     rng = np.random.default_rng(seed)
@@ -149,18 +140,8 @@ def test_region_planes_give_the_whole_image_pixels(layout, wh):
     ylo, yhi = tap_span(win[:, 0], win[:, 0] + win[:, 2], np.full(len(win), h), 224)
     for k, roi in enumerate(rois):  # every pixel the kernel reads for the window
         xs, ys = np.arange(xlo[k], xhi[k]), np.arange(ylo[k], yhi[k])
-        got = region_planes_to_rgb(*_cut(planes, roi, hs, vs), hs, vs, roi, w, h, xs, ys)
+        got = region_planes_to_rgb(*cut_to_region(planes, roi, hs, vs), hs, vs, roi, w, h, xs, ys)
         assert np.array_equal(got, whole[np.ix_(ys, xs)]), (layout, wh, roi)
-
-
-@pytest.fixture(scope="module")
-def host_kernel(tmp_path_factory):
-    from host_kernel import build
-
-    lib = build(tmp_path_factory.mktemp("hostkernel"))
-    if lib is None:
-        pytest.skip("no C++ compiler")
-    return lib
 
 
 @pytest.mark.parametrize("layout", ["420", "422", "440", "444", "gray"])
@@ -185,7 +166,7 @@ def test_kernel_on_region_planes_equals_kernel_on_whole_planes(host_kernel, layo
         both = np.zeros((2, n), SAMPLE_DTYPE)
         for k in range(n):
             for m, roi in enumerate([(0, 0, w, h), tuple(rois[k])]):
-                cut = [np.ascontiguousarray(p) for p in _cut(planes, roi, hs, vs) if p is not None]
+                cut = [np.ascontiguousarray(p) for p in cut_to_region(planes, roi, hs, vs) if p is not None]
                 keep += cut
                 row = both[m, k]
                 y, x, wh, ww = win[k]

@@ -8,33 +8,17 @@ import io
 
 import numpy as np
 import pytest
+from conftest import cut_to_region, sharp_chroma
 
 from recordtool.decode.gpu.buffers import scaled_boxes
 from recordtool.decode.gpu.kernel import FMT_GRAY, FMT_YCC, SAMPLE_DTYPE
 from recordtool.decode.gpu.reference import chroma_size, reduced_planes_to_rgb, resize_normalize
 from recordtool.decode.gpu.roi import SUBSAMPLING, dct_reduction, plan_rois
 from recordtool.decode.windows import random_windows
+from recordtool.tools.fidelity import psnr
 
 CODES = {"444": 0, "422": 1, "420": 2, "440": 3, "gray": 6}
 TJ_SUB = {"444": 0, "422": 1, "420": 2, "440": 4, "gray": 3}  # TurboJPEG's TJSAMP_*
-
-
-def _photo_like(w, h, seed):
-    """Smooth gradients, texture and hard coloured edges: what scaled decodes meet in photos."""
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:h, 0:w].astype(np.float64)
-    img = np.stack([128 + 100 * np.sin(xx / (7 + 13 * rng.random()) + c) * np.cos(yy / (5 + 17 * rng.random()))
-                    for c in range(3)], -1)
-    img += rng.normal(0, 12, img.shape)
-    for _ in range(6):
-        x0, y0 = rng.integers(0, w), rng.integers(0, h)
-        img[y0:y0 + int(rng.integers(3, h // 3 + 4)), x0:x0 + int(rng.integers(2, w // 3 + 4))] = rng.integers(0, 256, 3)
-    return np.clip(img, 0, 255).astype(np.uint8)
-
-
-def _psnr(a, b):
-    d = np.mean((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2)
-    return 99.0 if d == 0 else 10 * np.log10(255 ** 2 / d)
 
 
 @pytest.mark.parametrize("layout,red", [("420", 2), ("420", 4), ("444", 2), ("444", 4), ("422", 2), ("440", 2),
@@ -50,7 +34,7 @@ def test_reference_is_libjpegs_scaled_decode(layout, red):
     from turbojpeg import TJPF_GRAY, TJPF_RGB
 
     for k, (w, h) in enumerate([(333, 251), (500, 375), (61, 47), (802, 611)]):
-        img = _photo_like(w, h, k)
+        img = np.asarray(sharp_chroma(w, h, seed=k))
         if layout == "gray":
             from PIL import Image
 
@@ -61,14 +45,12 @@ def test_reference_is_libjpegs_scaled_decode(layout, red):
             data = tj.encode(img, quality=90, pixel_format=TJPF_RGB, jpeg_subsample=TJ_SUB[layout])
         planes = [tj.decode(data, pixel_format=TJPF_GRAY)[:, :, 0]] if layout == "gray" else tj.decode_to_yuv_planes(data)
         hs, vs = SUBSAMPLING[CODES[layout]]
-        ref = reduced_planes_to_rgb(planes[0]) if layout == "gray" and red == 1 else (
-            reduced_planes_to_rgb(planes[0], red=red) if layout == "gray" else
-            reduced_planes_to_rgb(planes[0], planes[1], planes[2], hs, vs, red))
+        ref = reduced_planes_to_rgb(planes[0], red=red) if layout == "gray" else \
+            reduced_planes_to_rgb(planes[0], planes[1], planes[2], hs, vs, red)
         lib = tj.decode(data, pixel_format=TJPF_RGB, scaling_factor=(1, red))
         assert lib.shape == ref.shape == (-(-h // red), -(-w // red), 3)
         diff = np.abs(lib.astype(int) - ref.astype(int))[:-1, :-1]  # the last (padded) block row / column apart
-        print(layout, red, w, h, round(_psnr(lib, ref), 1), diff.max(), round((diff > 2).mean(), 4))
-        assert _psnr(lib, ref) >= 44.0 and (diff > 2).mean() < 0.03, (layout, red, w, h)
+        assert psnr(lib, ref) >= 44.0 and (diff > 2).mean() < 0.03, (layout, red, w, h)
 
 
 def test_red_one_is_the_full_scale_image():
@@ -97,24 +79,6 @@ def test_reduction_follows_the_cpu_scale_rule():
         assert red.tolist() == want
 
 
-@pytest.fixture(scope="module")
-def host_kernel(tmp_path_factory):
-    from host_kernel import build
-
-    lib = build(tmp_path_factory.mktemp("hostkernel"))
-    if lib is None:
-        pytest.skip("no C++ compiler")
-    return lib
-
-
-def _cut(planes, roi, hs, vs):
-    x, y, w, h = roi
-    out = [planes[0][y:y + h, x:x + w]]
-    for c in planes[1:]:
-        out.append(c[y // vs:-(-(y + h) // vs), x // hs:-(-(x + w) // hs)])
-    return out
-
-
 @pytest.mark.parametrize("layout", ["420", "422", "440", "444", "gray"])
 def test_kernel_reduced_equals_reference_on_whole_and_region_planes(host_kernel, layout):
     """The kernel's own source on samples as GPUDecoder places them (buffers.scaled_boxes, the
@@ -141,7 +105,7 @@ def test_kernel_reduced_equals_reference_on_whole_and_region_planes(host_kernel,
         keep = []
         for j in range(n):
             for m, roi in enumerate([(0, 0, w, h), tuple(rois[j])]):
-                cut = [np.ascontiguousarray(p) for p in _cut(planes, roi, hs, vs)]
+                cut = [np.ascontiguousarray(p) for p in cut_to_region(planes, roi, hs, vs) if p is not None]
                 keep += cut
                 r = rows[m, j]
                 f = int(red[j])
