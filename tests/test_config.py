@@ -50,6 +50,7 @@ BAD = [
     (GPUOptions, {"split": float("nan")}, "split"), (GPUOptions, {"hybrid": 1}, "hybrid"),
     (GPUOptions, {"hybrid": "yes"}, "hybrid"), (GPUOptions, {"chroma": "bilinear"}, "chroma"),
     (GPUOptions, {"chroma": None}, "chroma"), (GPUOptions, {"same_pixels": 0}, "same_pixels"),
+    (GPUOptions, {"first": "gpu"}, "first"), (GPUOptions, {"first": None}, "first"),
     (RemoteOptions, {"cache_dir": 3}, "cache_dir"), (RemoteOptions, {"cache_limit": 0}, "cache_limit"),
     (RemoteOptions, {"cache_limit": -1}, "cache_limit"), (RemoteOptions, {"cache_limit": "200GB"}, "cache_limit"),
     (RemoteOptions, {"cache_limit": True}, "cache_limit"),
@@ -72,6 +73,19 @@ def test_the_parts_normalise_what_they_take():
     assert GPUOptions(hybrid=np.bool_(False)).hybrid is False
     assert RemoteOptions(cache_limit=np.int64(10)).cache_limit == 10
     assert RemoteOptions(storage_options={}) == RemoteOptions()  # empty options: none
+
+
+def test_first_auto_gives_the_engines_the_lead_on_a_node_share_of_cores():
+    """split="auto" with first="auto": the engines first below ENGINES_FIRST_BELOW threads (a
+    node's share, where CPU decode takes the training loop's cores), the CPU first above; a
+    side named is kept whatever the threads."""
+    from recordtool.decode.gpu import demand_first
+    from recordtool.decode.gpu.plan import ENGINES_FIRST_BELOW
+
+    assert GPUOptions().first == "auto"
+    assert [demand_first("auto", t) for t in (1, 4, 8, ENGINES_FIRST_BELOW - 1)] == ["engines"] * 4
+    assert [demand_first("auto", t) for t in (ENGINES_FIRST_BELOW, 16, 64)] == ["cpu"] * 3
+    assert demand_first("cpu", 4) == "cpu" and demand_first("engines", 64) == "engines"
 
 
 @pytest.mark.parametrize("part", [Output(16, dtype="bfloat16"), TrainCrop(hflip=0.0), EvalCrop(0.9),

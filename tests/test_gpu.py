@@ -520,6 +520,31 @@ def test_cuda_loader_memory_fixed_after_warmup(packed_mix):
 
 
 @gpu
+def test_cuda_loader_leads_with_the_engines_on_few_threads(packed_mix):
+    """The Loader's split="auto" gives the engines the lead below ENGINES_FIRST_BELOW CPU
+    threads and the CPU above (plan.demand_first); first= names a side whatever the threads.
+    Before the consumer has waited, the lead side decodes every image it can take."""
+    from recordtool.decode.gpu.plan import ENGINES_FIRST_BELOW
+    from recordtool.loader import Loader
+
+    kw = dict(batch_size=8, size=64, device="cuda", as_torch=False, same_pixels=False, with_ids=True)
+    few = Loader(packed_mix, threads=4, **kw)
+    many = Loader(packed_mix, threads=ENGINES_FIRST_BELOW, **kw)
+    named = Loader(packed_mix, threads=4, first="cpu", **kw)
+    assert (few.batcher.demand.first, many.batcher.demand.first, named.batcher.demand.first) == \
+        ("engines", "cpu", "cpu")
+    ix = __import__("recordtool").open(packed_mix).index
+    routes = route(ix.chroma, ix.progressive, ix.colorspace)
+    for ld, lead in ((few, "gpu"), (named, "cpu")):
+        _, _, ids = next(iter(ld))  # nobody has waited yet: the lead side takes what it can
+        engines = int((routes[np.asarray(ids)] == ENGINE).sum())
+        if ld.batcher.decoder(0).hw is not None and engines:
+            assert ld.last_split.gpu == (engines if lead == "gpu" else 0), ld.last_split
+    for ld in (few, many, named):
+        ld.close()
+
+
+@gpu
 def test_cuda_loader_names_a_damaged_record(packed_mix, tmp_path):
     from test_loader import _damaged_copy
 

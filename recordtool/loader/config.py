@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields
 from typing import Mapping, NamedTuple
 
 from ..checks import MAX_CACHE_LIMIT, bounded_int
-from ..decode.gpu import DEFAULT_CHROMA, Split, check_chroma, check_split  # neither CuPy nor nvJPEG
+from ..decode.gpu import DEFAULT_CHROMA, First, Split, check_chroma, check_first, check_split  # neither CuPy nor nvJPEG
 from ..decode.spec import EvalCrop, Output, TrainCrop
 from ..errors import ConfigError
 from ..io.fs import check_options, is_url, option_names
@@ -39,11 +39,15 @@ class GPUOptions:
     device="cpu" it is a ConfigError: it would do nothing.
 
     Args:
-        split: "auto" — "auto": the CPU first, the engines take images while the training loop
-            waits for its batch (plan.Demand), so the GPU helps only when the CPU falls behind
-            (an image may be decoded by either: README's fidelity bound); "gpu": every image the
-            engines can take goes to them (bit-identical runs); "cpu": everything on the CPU;
-            or a fixed CPU share in [0, 1].
+        split: "auto" — "auto": one side decodes first (`first`), the other takes images
+            only while the training loop waits for its batch (plan.Demand), up to the share
+            where both would finish together (an image may be decoded by either: README's
+            fidelity bound); "gpu": every image the engines can take goes to them
+            (bit-identical runs); "cpu": everything on the CPU; or a fixed CPU share in [0, 1].
+        first: "auto" — with split="auto", the side that decodes first: "engines", "cpu", or
+            "auto": the engines when the Loader has fewer than 12 CPU threads (a node's share
+            of cores, where CPU decode takes the cores the training loop runs on), else the CPU
+            (it keeps up alone there and leaves the GPU's SMs to the model); plan.demand_first.
         hybrid: True — progressive files (and, without same_pixels, gray ones) go to nvJPEG's
             hybrid decoder, which the engines cannot take; False: to the CPU.
         chroma: "interpolate" — how GPU-decoded 4:2:0 / 4:2:2 chroma is upsampled:
@@ -55,6 +59,7 @@ class GPUOptions:
     """
 
     split: Split = "auto"
+    first: First = "auto"
     hybrid: bool = True
     chroma: str = DEFAULT_CHROMA
     same_pixels: bool = True
@@ -62,6 +67,7 @@ class GPUOptions:
     def __post_init__(self):
         set_ = object.__setattr__
         set_(self, "split", check_split(self.split))
+        set_(self, "first", check_first(self.first))
         set_(self, "hybrid", flag(self.hybrid, "hybrid"))
         set_(self, "chroma", check_chroma(self.chroma))
         set_(self, "same_pixels", flag(self.same_pixels, "same_pixels"))

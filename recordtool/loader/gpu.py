@@ -40,7 +40,7 @@ class GPUBatcher:
 
     def __init__(self, recipe: Recipe, *, gpu_id: int, producers: int, threads: int, user_op, options: GPUOptions,
                  slots: int, max_batch: int):
-        from ..decode.gpu import Demand, OutputRing, kernel, route
+        from ..decode.gpu import Demand, OutputRing, demand_first, kernel, route
 
         self.recipe, self.gpu_id, self.producers = recipe, gpu_id, producers
         self.spec = spec = recipe.output
@@ -72,9 +72,9 @@ class GPUBatcher:
         self._passes: dict = {}  # producer slot → its normalising pass (NormalizePass), with a user op
         self._raw_spec = dataclasses.replace(spec, dtype="uint8", layout="NHWC", memory_format="contiguous")
         self._normalize = kernel(spec.dtype, spec.buffer_layout) if user_op is not None else None
-        # the CPU first, the engines take a share of the batch only while the consumer waits
-        # (plan.Demand says why); shared by the producers' decoders
-        self.demand = Demand()
+        # one side first (by the threads: plan.demand_first), the other takes a share of the
+        # batch only while the consumer waits (plan.Demand says why); shared by the producers' decoders
+        self.demand = Demand(first=demand_first(options.first, threads))
 
     def consumer_waited(self, wait: float, interval: float) -> None:
         """The consumer's wait for its last batch (EpochIterator), steering the CPU share."""

@@ -65,11 +65,11 @@ class Loader:
             says, at its defaults. Keywords: scale, ratio, hflip (train), crop_pct
             (evaluation); those of the other mode set away from their defaults are a
             ConfigError (they would do nothing).
-        gpu: cuda only — GPUOptions(split="auto", hybrid=True, chroma="interpolate",
-            same_pixels=True): how images are shared between the engines, nvJPEG's hybrid
-            decoder and the CPU, and how chroma is upsampled (see GPUOptions). Given with
-            device="cpu" it is a ConfigError, as are its keywords (split, hybrid, chroma,
-            same_pixels) set away from their defaults.
+        gpu: cuda only — GPUOptions(split="auto", first="auto", hybrid=True,
+            chroma="interpolate", same_pixels=True): how images are shared between the
+            engines, nvJPEG's hybrid decoder and the CPU, and how chroma is upsampled (see
+            GPUOptions). Given with device="cpu" it is a ConfigError, as are its keywords
+            (split, first, hybrid, chroma, same_pixels) set away from their defaults.
         remote: a dataset URL only — RemoteOptions(cache_dir=None, cache_limit=None,
             storage_options=None): the local shard cache and the fsspec options that reach
             the store, as `recordtool.open` takes them. Given for a local path or an open

@@ -170,6 +170,30 @@ class Rates:
 
 
 DemandFirst = Literal["cpu", "engines"]
+First = Literal["auto", "cpu", "engines"]
+FIRSTS = ("auto", "cpu", "engines")
+
+# first="auto": below this many CPU threads the engines decode first. On a node's share of the
+# host (4-8 cores for a GPU) the CPU share, decoding first, took the cores the training loop
+# dispatches from: ResNet-18 at 4 cores ran at 4.6k img/s (3.4-5.8k) CPU-first, 7.7k
+# (7.3-8.0k) with every image on the engines (BENCHMARKS.md). With more cores the CPU keeps up
+# by itself and leaves the SMs to the model (ResNet-50 at 16 cores: 0.99x synthetic).
+ENGINES_FIRST_BELOW = 12
+
+
+def check_first(first) -> First:
+    """A First ("auto", "cpu", "engines"), or ConfigError naming the option."""
+    if not isinstance(first, str) or first not in FIRSTS:
+        raise ConfigError(f"first must be one of {', '.join(FIRSTS)}, not {first!r}")
+    return first
+
+
+def demand_first(first: First, threads: int) -> DemandFirst:
+    """The side that decodes first under split="auto" for a Loader of `threads` CPU threads:
+    `first` itself, or for "auto" the engines below ENGINES_FIRST_BELOW threads, else the CPU."""
+    if first != "auto":
+        return first
+    return "engines" if threads < ENGINES_FIRST_BELOW else "cpu"
 
 
 @dataclass
@@ -181,11 +205,11 @@ class Demand:
     second side is needed: a loader that keeps ahead of the model should leave the model what it
     uses, not balance two sides for a speed nobody consumes.
 
-    first="cpu" (the default): the CPU first, the engines for what it cannot give. nvJPEG's
-    hardware decode runs per-image kernels on the SMs at the model's priority and blocks on
-    them, so beside a training loop its images cost the model more than the CPU share's one copy
-    and one kernel (BENCHMARKS.md); the decode threads run at low priority and yield the cores.
-    first="engines": the engines first, the CPU for what they cannot give.
+    first="cpu": the CPU first, the engines for what it cannot give — where the cores are
+    plenty: the engines' images cost the model GPU time the CPU share's one copy and one kernel
+    do not (BENCHMARKS.md), and the decode threads run at low priority and yield the cores.
+    first="engines": the engines first, the CPU for what they cannot give — on a node's share
+    of the cores, which the CPU share would take from the training loop (demand_first).
 
     One per Loader, shared by its producers' planners; written only by the consumer's thread
     (`observe`), read by the producers (a float: atomic under the GIL).

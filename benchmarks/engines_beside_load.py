@@ -1,0 +1,223 @@
+"""Where the NVJPG engines' rate goes beside a training model.
+
+The Loader with every image on the engines (`split="gpu", same_pixels=False`) is timed alone and
+beside loads that each share one resource with it, all in its process as a training script is:
+
+  alone     nothing else runs
+  model     an eager training loop (torchvision ARCH, synthetic batches) on the main thread: the
+            GPU's SMs, the GIL and the cores, as in training
+  model-sync  the same loop waiting for each step's GPU work (torch.cuda.synchronize): the GIL is
+            free while the GPU works, so the GIL held by a host running ahead is taken out
+  gpu       bf16 matrix products on a side stream, a few long kernels with an event wait between:
+            the SMs busy, the GIL and the cores almost free
+  gil       a pure-Python loop on a thread: the GIL and one core, the GPU free
+
+Each run reports the Loader's img/s (batches taken by the main thread or a consumer thread) and
+its producers' mean seconds per batch in each stage (Loader.stage_seconds: `gpu.engines_native`
+is nvJPEG's batched call without the GIL, `gpu.wait` the time the producer then waits for its CPU
+share and the GPU), the load's own rate, and the Loader's device memory: the output ring, the
+decoders' buffers and what nvidia-smi says the process holds.
+
+Usage (on a GPU machine, pinned to a node's share):
+  taskset -c 0-3 python benchmarks/engines_beside_load.py PACKED --threads 4 --loads alone,model,gpu,gil
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+
+def loader(packed, batch, threads, size, options):
+    from recordtool import Loader
+
+    kw = dict(batch_size=batch, size=size, device="cuda", dtype="float16", as_torch=True, threads=threads,
+              split="gpu", same_pixels=False)
+    kw.update(options)
+    return Loader(packed, **kw)
+
+
+def endless(ld):
+    while True:
+        yield from ld
+
+
+def smi_mib():
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout
+        for line in out.splitlines():
+            pid, _, mib = line.partition(",")
+            if pid.strip() == str(os.getpid()):
+                return float(mib)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        pass
+    return None
+
+
+class Side(threading.Thread):
+    """A load on a thread until `stop`; `count` its units of work."""
+
+    def __init__(self, fn):
+        super().__init__(daemon=True)
+        self.fn, self.stop, self.count, self.error = fn, threading.Event(), 0, None
+
+    def run(self):
+        try:
+            self.fn(self)
+        except BaseException as e:  # reported: a run whose load failed is no measurement
+            self.error = e
+
+
+def gpu_load(side):
+    import torch
+
+    s = torch.cuda.Stream()
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    with torch.cuda.stream(s):
+        while not side.stop.is_set():
+            for _ in range(4):
+                b = a @ a
+            ev = torch.cuda.Event()
+            ev.record(s)
+            ev.synchronize()
+            side.count += 4
+    del b
+
+
+def gil_load(side):
+    while not side.stop.is_set():
+        x = 0
+        for i in range(20000):
+            x += i
+        side.count += 1
+
+
+def consume(it, stop, counter):
+    while not stop.is_set():
+        next(it)
+        counter[0] += 1
+
+
+def run_one(args, load):
+    import torch
+
+    from recordtool.tools.train_step import make_model, train_step
+
+    ld = loader(args.packed, args.batch, args.threads, args.size, json.loads(args.options))
+    it = endless(ld)
+    next(it)  # the decoders made and warmed up
+    for _ in range(args.warmup):
+        next(it)
+    model = opt = x = y = None
+    if load in ("model", "model-sync"):
+        model, opt = make_model(args.arch, torch.device("cuda"), False)
+        x = torch.randn(args.model_batch, 3, args.model_size, args.model_size, device="cuda").half()
+        x = x.contiguous(memory_format=torch.channels_last)
+        y = torch.randint(0, 1000, (args.model_batch,), device="cuda")
+        for _ in range(3):
+            train_step(model, opt, x, y)
+        torch.cuda.synchronize()
+    side = Side(gpu_load if load == "gpu" else gil_load) if load in ("gpu", "gil") else None
+    if side is not None:
+        side.start()
+        time.sleep(0.5)
+    ld.stage_seconds.clear()
+    decoded0 = dict(ld.decoded)
+    stop, taken = threading.Event(), [0]
+    consumer = None
+    steps = 0
+    t0 = time.perf_counter()
+    c0 = side.count if side is not None else 0
+    if model is not None:  # the Loader's batches taken on a thread, the model on the main one
+        consumer = threading.Thread(target=consume, args=(it, stop, taken), daemon=True)
+        consumer.start()
+        while time.perf_counter() - t0 < args.seconds:
+            train_step(model, opt, x, y)
+            if load == "model-sync":
+                torch.cuda.synchronize()
+            steps += 1
+        torch.cuda.synchronize()
+    else:
+        while time.perf_counter() - t0 < args.seconds:
+            next(it)
+            taken[0] += 1
+    dt = time.perf_counter() - t0
+    stop.set()
+    load_rate = None
+    if side is not None:
+        load_rate = (side.count - c0) / dt
+    if consumer is not None:
+        consumer.join(timeout=30)
+    n = max(1, sum(ld.decoded.get(k, 0) - decoded0.get(k, 0) for k in ("gpu", "hybrid", "cpu")) / args.batch)
+    stages = {k: round(v / n * 1e3, 2) for k, v in sorted(ld.stage_seconds.items()) if v}
+    mem = smi_mib()
+    ring = ld.batcher.ring
+    buffers = {}
+    for slot, dec in ld.batcher._decoders.items():
+        b = dec.buf
+        buffers[slot] = {"arena_mib": round((b.arena.nbytes if b.arena is not None else 0) / 2**20, 1),
+                         "staging_mib": round((b.staging_np.size if b.staging_np is not None else 0) / 2**20, 1),
+                         "cpu_dev_mib": round(b.cpu_dev.nbytes / 2**20, 1)}
+    import cupy
+
+    pool = cupy.get_default_memory_pool()
+    out = {"load": load, "threads": args.threads, "img_s": round(taken[0] * args.batch / dt),
+           "model_img_s": round(steps * args.model_batch / dt) if model is not None else None,
+           "load_rate": load_rate and round(load_rate, 1), "stages_ms_per_batch": stages,
+           "decoded": {k: ld.decoded.get(k, 0) - decoded0.get(k, 0) for k in ("gpu", "hybrid", "cpu")},
+           "process_mib": mem, "cupy_pool_mib": round(pool.total_bytes() / 2**20),
+           "cupy_used_mib": round(pool.used_bytes() / 2**20),
+           "torch_reserved_mib": round(torch.cuda.memory_reserved() / 2**20),
+           "ring_mib": round(ring.nbytes * len(ring._mem) / 2**20),
+           "decoder_buffers": buffers}
+    if side is not None:
+        side.stop.set()
+        side.join(timeout=30)
+        if side.error:
+            out["load_error"] = repr(side.error)
+    ld.close()
+    del model, opt, x, y
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    pool.free_all_blocks()
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("packed")
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--arch", default="resnet50")
+    ap.add_argument("--model-batch", type=int, default=256)
+    ap.add_argument("--model-size", type=int, default=224)
+    ap.add_argument("--loads", default="alone,model,model-sync,gpu,gil")
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--options", default="{}", help="the Loader's keywords beside split/same_pixels, as JSON")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    import torch
+
+    torch.backends.cudnn.benchmark = True
+    torch.cuda.init()
+    base = smi_mib()
+    results = []
+    for load in args.loads.split(","):
+        r = run_one(args, load)
+        r["context_mib"] = base
+        print(json.dumps(r), flush=True)
+        results.append(r)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
