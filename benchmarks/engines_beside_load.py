@@ -166,7 +166,9 @@ def run_one(args, load):
     import cupy
 
     pool = cupy.get_default_memory_pool()
-    out = {"load": load, "threads": args.threads, "img_s": round(taken[0] * args.batch / dt),
+    ix = ld.ds.index
+    out = {"max_image": [int(ix.width.max()), int(ix.height.max())], "producers": ld.producers,
+           "slots": len(ring._mem), "load": load, "threads": args.threads, "img_s": round(taken[0] * args.batch / dt),
            "model_img_s": round(steps * args.model_batch / dt) if model is not None else None,
            "load_rate": load_rate and round(load_rate, 1), "stages_ms_per_batch": stages,
            "decoded": {k: ld.decoded.get(k, 0) - decoded0.get(k, 0) for k in ("gpu", "hybrid", "cpu")},
