@@ -51,6 +51,8 @@ BAD = [
     (GPUOptions, {"hybrid": "yes"}, "hybrid"), (GPUOptions, {"chroma": "bilinear"}, "chroma"),
     (GPUOptions, {"chroma": None}, "chroma"), (GPUOptions, {"same_pixels": 0}, "same_pixels"),
     (GPUOptions, {"first": "gpu"}, "first"), (GPUOptions, {"first": None}, "first"),
+    (GPUOptions, {"run_ahead": 0}, "run_ahead"), (GPUOptions, {"run_ahead": 1.0}, "run_ahead"),
+    (GPUOptions, {"run_ahead": True}, "run_ahead"), (GPUOptions, {"run_ahead": 65}, "run_ahead"),
     (RemoteOptions, {"cache_dir": 3}, "cache_dir"), (RemoteOptions, {"cache_limit": 0}, "cache_limit"),
     (RemoteOptions, {"cache_limit": -1}, "cache_limit"), (RemoteOptions, {"cache_limit": "200GB"}, "cache_limit"),
     (RemoteOptions, {"cache_limit": True}, "cache_limit"),

@@ -42,6 +42,43 @@ def test_same_pixels_routes_4_4_4_and_gray_to_the_cpu():
     assert route(chroma, prog, cs, same_pixels=True).tolist() == [CPU, CPU, CPU, CPU, ENGINE, ENGINE, HYBRID, CPU]
 
 
+def test_planar_need_is_what_place_planar_gives_a_whole_image():
+    """buffers.planar_need (the warm-up's estimate from index columns) equals the arena bytes
+    place_planar's layout gives each whole image at its chroma layout (PlaneLayout.total, with
+    nvJPEG's plane sizes equal to libjpeg's), and 4:4:4 where the layout is unknown."""
+    from recordtool.decode.gpu.buffers import PlaneLayout, planar_need
+    from recordtool.format.jpeg import CHROMA_440, CHROMA_444
+
+    layouts = {CHROMA_444: (1, 1), CHROMA_422: (2, 1), CHROMA_420: (2, 2), CHROMA_440: (1, 2), CHROMA_GRAY: (0, 0)}
+    rng = np.random.default_rng(0)
+    for code, (hs, vs) in layouts.items():
+        w, h = rng.integers(1, 3000, 50), rng.integers(1, 3000, 50)
+        cw = np.where(hs == 0, 0, -(-w // max(hs, 1)))
+        ch = np.where(hs == 0, 0, -(-h // max(vs, 1)))
+        dims = np.stack([w, h, np.full(50, hs), np.full(50, vs), w, h, cw, ch], 1)
+        assert np.array_equal(planar_need(w, h, np.full(50, code)), PlaneLayout(dims).total), code
+    w, h = np.array([640, 33]), np.array([480, 17])
+    assert np.array_equal(planar_need(w, h, [-1, 99]), planar_need(w, h))  # unknown: as 4:4:4
+    assert np.array_equal(planar_need(w, h), planar_need(w, h, [CHROMA_444] * 2))
+
+
+def test_batch_room_holds_random_batches_of_a_heavy_tailed_set():
+    """buffers.batch_room: all of a set smaller than a batch; between the largest record and the
+    batch's largest records at once; and a random batch of an ImageNet-like mix (a 0.3 % tail
+    of images 40× the typical one) fits it — checked over many drawn batches."""
+    from recordtool.decode.gpu.buffers import batch_room
+
+    assert batch_room([5, 7, 9], 8) == 21 and batch_room([], 8) == 0
+    rng = np.random.default_rng(1)
+    need = np.where(rng.random(8192) < 0.003, rng.integers(8_000_000, 18_000_000, 8192),
+                    rng.integers(50_000, 400_000, 8192))
+    room = batch_room(need, 256)
+    top = np.sort(need)[::-1][:256].sum()
+    assert need.max() <= room < top / 2  # far less than the 256 largest at once
+    sums = np.array([need[rng.choice(len(need), 256, replace=False)].sum() for _ in range(4000)])
+    assert (sums > room).mean() < 0.002
+
+
 @pytest.mark.parametrize("shape,box,out", [((300, 400), (0, 0, 400, 300), (224, 224)),
                                            ((80, 60), (3.5, 1.25, 57.5, 70.75), (224, 224)),
                                            ((500, 375), (10, 20, 300, 460), (96, 128))])
@@ -514,9 +551,75 @@ def test_cuda_loader_memory_fixed_after_warmup(packed_mix):
         torch.cuda.synchronize()
         if epoch == 0:
             before = pool.total_bytes()
-    assert pool.total_bytes() == before and ld.ring.spills == 0
+    assert pool.total_bytes() == before and ld.ring.spills == 0 and ld.overflow == 0
     ld.close()  # the producers had gone on into epoch 4 (continuous): what they made is dropped
     assert ld.ring.free == ld.ring.slots  # every batch given back
+
+
+@gpu
+def test_cuda_loader_bounds_how_far_the_training_loop_runs_ahead(packed_mix):
+    """run_ahead=1 (the default): when batch k is handed out, the GPU work the loop queued
+    before it took batch k - 1 has finished — the Loader slept for it — while the loop still
+    had a step queued; the batches are those of an unbounded Loader."""
+    torch = pytest.importorskip("torch")
+    from recordtool.loader import Loader
+
+    kw = dict(batch_size=8, size=64, device="cuda", dtype="float16", split="gpu", seed=3)
+    assert Loader(packed_mix, **kw).run_ahead == 1
+    sums = {}
+    for ahead in (1, None):
+        ld = Loader(packed_mix, run_ahead=ahead, **kw)
+        assert (ld.pace is None) == (ahead is None)
+        done, sums[ahead] = [], []
+        for k, (x, _) in enumerate(ld):
+            if ahead is not None and k >= 2:
+                assert done[k - 2].query(), k  # the step before last is finished
+            sums[ahead].append(x.float().sum())
+            torch.cuda._sleep(200_000_000)  # a long step queued (~0.1 s of GPU time)
+            ev = torch.cuda.Event()
+            ev.record()
+            done.append(ev)
+        torch.cuda.synchronize()
+        if ahead is not None:
+            assert ld.stage_seconds["run_ahead"] > 0.05  # it slept on the queued steps
+        ld.close()
+    assert [float(v) for v in sums[1]] == [float(v) for v in sums[None]]
+
+
+@gpu
+def test_a_batch_past_the_room_sends_its_last_images_to_the_cpu_share():
+    """A batch heavier than the room planned at warm-up (buffers.batch_room) keeps the buffers
+    as they are: the images past the room are decoded by the CPU share, counted in
+    BatchReport.overflow, with the CPU path's pixels bit for bit; nothing is allocated."""
+    from recordtool.decode.gpu import GPUDecoder
+
+    bufs, sizes = _jpegs(16)
+    routes, ids = _hw(bufs), np.arange(16)
+    spec = OutputSpec(64, dtype="float32")
+    win, flips = random_windows(sizes[:, 0], sizes[:, 1], ids, 0, 0), random_flips(ids, 0, 0)
+    lengths = [len(b) for b in bufs]
+    ref = GPUDecoder(spec, max_batch=16, split="cpu")
+    ref.warmup(lengths, sizes[:, 0], sizes[:, 1], routes=routes)
+    want = cupy.asnumpy(ref(bufs, win, flips, routes))
+    ref.close()
+    dec = GPUDecoder(spec, max_batch=16, split="gpu")
+    dec.warmup(lengths, sizes[:, 0], sizes[:, 1], routes=routes)
+    if dec.hw is None:
+        pytest.skip("no NVJPG engines here")
+    full = cupy.asnumpy(dec(bufs, win, flips, routes))
+    assert dec.last.overflow == 0  # a set smaller than a batch: room for all of it
+    dec.buf.arena = cupy.empty(dec.buf.arena.size // 3, np.uint8)  # a batch three times the room
+    pool = cupy.get_default_memory_pool()
+    before, allocs = pool.total_bytes(), dec.allocations
+    got = cupy.asnumpy(dec(bufs, win, flips, routes))
+    r = dec.last
+    assert 0 < r.overflow < r.gpu + r.hybrid + r.overflow and r.cpu >= r.cpu_forced + r.overflow
+    assert pool.total_bytes() == before and dec.allocations == allocs
+    exact = [i for i in range(16) if np.array_equal(got[i], want[i])]
+    assert len(exact) >= r.cpu  # what the CPU share decoded is the CPU path's image
+    for i in range(16):
+        assert np.array_equal(got[i], want[i]) or np.array_equal(got[i], full[i]), i
+    dec.close()
 
 
 @gpu

@@ -56,6 +56,14 @@ class GPUOptions:
             is) or "nvjpeg" (nvJPEG's own interpolation); decode.gpu.plan.Chroma.
         same_pixels: True — 4:4:4 and gray JPEGs go to the CPU share, so their images equal
             device="cpu"'s bit for bit; False: the GPU decoders take them too.
+        run_ahead: 1 — training steps of GPU work the consuming thread may still have queued
+            when it takes a batch: before handing out batch k the Loader sleeps (GIL released)
+            until the GPU has finished what that thread queued before taking batch k - run_ahead.
+            An eager loop left unbounded runs ahead until CUDA's launch queue is full and then
+            blocks inside a kernel launch with the GIL held — the decoders' threads then wait
+            for the GIL and their nvJPEG submissions for the same queue (the engines measured at
+            a third of their rate beside ResNet-50, BENCHMARKS.md). 1 still keeps a whole step
+            queued ahead of the GPU; None: unbounded (the loop runs as far ahead as CUDA lets it).
     """
 
     split: Split = "auto"
@@ -63,6 +71,7 @@ class GPUOptions:
     hybrid: bool = True
     chroma: str = DEFAULT_CHROMA
     same_pixels: bool = True
+    run_ahead: int | None = 1
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -71,6 +80,8 @@ class GPUOptions:
         set_(self, "hybrid", flag(self.hybrid, "hybrid"))
         set_(self, "chroma", check_chroma(self.chroma))
         set_(self, "same_pixels", flag(self.same_pixels, "same_pixels"))
+        if self.run_ahead is not None:
+            set_(self, "run_ahead", bounded_int("run_ahead", self.run_ahead, 1, 64, floats=False))
 
 
 @dataclass(frozen=True)

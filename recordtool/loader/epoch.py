@@ -70,6 +70,8 @@ class EpochIterator:
         if self._next >= self._count:
             self._finish()  # the epoch is out (or had nothing left to yield: resumed at its end)
             raise StopIteration
+        if ld.pace is not None:  # GPU work this thread queued steps ago first (GPUOptions.run_ahead)
+            ld.stage_seconds["run_ahead"] = ld.stage_seconds.get("run_ahead", 0.0) + ld.pace.before()
         t = time.perf_counter()
         try:
             epoch, j, ids, made = self._stream.take()
@@ -88,6 +90,7 @@ class EpochIterator:
         if made.report is not None:
             ld.last_split = r = made.report
             ld.decoded = {side: ld.decoded.get(side, 0) + getattr(r, side) for side in ("gpu", "hybrid", "cpu")}
+            ld.overflow += r.overflow
         for k, v in made.stages.items():
             ld.stage_seconds[k] = ld.stage_seconds.get(k, 0.0) + v
         if made.errors:
@@ -103,6 +106,8 @@ class EpochIterator:
         if ld.as_torch:
             images, labels = self._torch(images, labels)
         images = ld.output.arrange(images)  # channels_last: the NCHW-shaped view of the NHWC batch
+        if ld.pace is not None:
+            ld.pace.handed()
         return (images, labels, ids) if ld.with_ids else (images, labels)
 
     def _finish(self) -> None:

@@ -94,7 +94,7 @@ class GPUBatcher:
                                  chroma=self.options.chroma,
                                  cpu_threads=self.cpu_threads, ring=self.raw_ring if raw else self.ring,
                                  demand=self.demand)
-                dec.warmup(ix.jpeg_length, ix.width, ix.height, routes=self.routes)
+                dec.warmup(ix.jpeg_length, ix.width, ix.height, routes=self.routes, chroma=ix.chroma)
                 self._decoders[slot] = dec
         return dec
 

@@ -66,10 +66,10 @@ class Loader:
             (evaluation); those of the other mode set away from their defaults are a
             ConfigError (they would do nothing).
         gpu: cuda only — GPUOptions(split="auto", first="auto", hybrid=True,
-            chroma="interpolate", same_pixels=True): how images are shared between the
-            engines, nvJPEG's hybrid decoder and the CPU, and how chroma is upsampled (see
-            GPUOptions). Given with device="cpu" it is a ConfigError, as are its keywords
-            (split, first, hybrid, chroma, same_pixels) set away from their defaults.
+            chroma="interpolate", same_pixels=True, run_ahead=1): how images are shared between
+            the engines, nvJPEG's hybrid decoder and the CPU, how chroma is upsampled, and how
+            many steps of GPU work the training loop may keep queued (see GPUOptions). Given with device="cpu" it is a ConfigError, as are its keywords
+            (split, first, hybrid, chroma, same_pixels, run_ahead) set away from their defaults.
         remote: a dataset URL only — RemoteOptions(cache_dir=None, cache_limit=None,
             storage_options=None): the local shard cache and the fsspec options that reach
             the store, as `recordtool.open` takes them. Given for a local path or an open
@@ -194,6 +194,10 @@ class Loader:
         self.last_split = None  # cuda: the last yielded batch's BatchReport
         # producer-side seconds per stage, and (cuda) images per decoder, summed over yielded batches
         self.stage_seconds, self.decoded = {}, {}
+        self.pace = None  # a cuda Loader's RunAhead (GPUOptions.run_ahead)
+        # GPU-bound images the decoders' buffers had no room for in their batch, decoded by the
+        # CPU share instead (counted in decoded["cpu"] too; decode.gpu.buffers.batch_room)
+        self.overflow = 0
         recipe = Recipe(self.ds, self.output, self.seed, self.augment)
         # batches alive at once: queued (producers × prefetch), being made (producers), and the
         # consumer's current and previous one; each as large as the largest batch this rank makes
@@ -211,6 +215,10 @@ class Loader:
 
             self.batcher = GPUBatcher(recipe, gpu_id=self.gpu_id, producers=self.producers, threads=self.threads,
                                       user_op=user_op, options=self.gpu, slots=slots, max_batch=max_batch)
+            if self.gpu.run_ahead is not None:  # how far the consumer may queue GPU work ahead (pace.py)
+                from .pace import RunAhead
+
+                self.pace = RunAhead(self.gpu.run_ahead, self.gpu_id)
         else:
             from .cpu import CPUBatcher
 
@@ -246,6 +254,8 @@ class Loader:
     split = property(lambda self: getattr(self.gpu, "split", None), doc="GPUOptions.split (None on the CPU).")
     hybrid = property(lambda self: getattr(self.gpu, "hybrid", None), doc="GPUOptions.hybrid (None on the CPU).")
     chroma = property(lambda self: getattr(self.gpu, "chroma", None), doc="GPUOptions.chroma (None on the CPU).")
+    run_ahead = property(lambda self: getattr(self.gpu, "run_ahead", None),
+                         doc="GPUOptions.run_ahead (None on the CPU).")
     same_pixels = property(lambda self: getattr(self.gpu, "same_pixels", None),
                            doc="GPUOptions.same_pixels (None on the CPU).")
 

@@ -151,7 +151,7 @@ def torchvision_folder(files: str, batch: int, size: int, threads: int):
 
 
 def parse_options(spec: str) -> dict:
-    """'recordtool:split=gpu,producers=2' → {'split': 'gpu', 'producers': 2}."""
+    """'recordtool:split=gpu,producers=2,run_ahead=none' → {'split': 'gpu', 'producers': 2, 'run_ahead': None}."""
     out = {}
     for kv in filter(None, spec.split(",")):
         k, _, v = kv.partition("=")
@@ -161,5 +161,5 @@ def parse_options(spec: str) -> dict:
             try:
                 out[k] = float(v)
             except ValueError:
-                out[k] = {"true": True, "false": False}.get(v.lower(), v)
+                out[k] = {"true": True, "false": False, "none": None}.get(v.lower(), v)
     return out

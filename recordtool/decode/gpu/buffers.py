@@ -2,6 +2,11 @@
 pinned staging for JPEG bytes, the device arena for decoded windows, pinned + device buffers
 for the CPU share's pixels, the per-sample table the kernel reads, and the ring of output
 batches handed to the consumer.
+
+The planar arena and the staging are sized for a batch as the dataset's records make one
+(`batch_room`), not for its `max_batch` largest files at once: on an ImageNet-like set that
+bound is ten times what any random batch needs. A batch that does not fit sends the images past
+the room to the CPU share (GPUDecoder counts them in BatchReport.overflow): memory stays fixed.
 """
 from __future__ import annotations
 
@@ -21,15 +26,51 @@ def region_bytes(w, h) -> np.ndarray:
     return ((np.ceil(w) + 1) * (np.ceil(h) + 1) * 3 + 2 * ALIGN).astype(np.int64)
 
 
-def planar_bytes(w, h) -> np.ndarray:
-    """Upper bound of the arena bytes one whole image's planes need (Y and two chroma planes of
-    at most its size, each aligned)."""
-    return (3 * np.asarray(w, np.int64) * np.asarray(h, np.int64) + 3 * ALIGN).astype(np.int64)
-
 
 def staging_bytes(lengths) -> int:
     """Pinned bytes a batch of JPEGs of these lengths needs (64-byte aligned slots)."""
     return int(np.sum(np.asarray(lengths, np.int64))) + 64 * len(lengths)
+
+
+def staging_each(lengths) -> np.ndarray:
+    """Pinned bytes each JPEG takes in the staging (its 64-byte aligned slot)."""
+    return (np.asarray(lengths, np.int64) + 63) // 64 * 64
+
+
+# libjpeg chroma code (format.jpeg.CHROMA_*) → (horizontal, vertical) subsampling; (0, 0) gray;
+# the codes the planar path does not take as 4:4:4 (what place_planar would allocate at most)
+_SUBSAMPLING = np.array([(1, 1), (2, 1), (2, 2), (1, 2), (1, 1), (1, 1), (0, 0), (1, 1)], np.int64)
+
+
+def planar_need(widths, heights, chroma=None) -> np.ndarray:
+    """Arena bytes each whole image's planes take at its chroma layout (format.jpeg.CHROMA_*
+    codes; None or an unknown code: 4:4:4, the largest) — what place_planar places for it at
+    most (a region is a part of them)."""
+    w, h = np.asarray(widths, np.int64), np.asarray(heights, np.int64)
+    if chroma is None:
+        hs = vs = np.ones_like(w)
+    else:
+        c = np.asarray(chroma, np.int64)
+        hv = _SUBSAMPLING[np.where((c >= 0) & (c < len(_SUBSAMPLING)), c, 0)]
+        hs, vs = hv[:, 0], hv[:, 1]
+    gray = hs == 0
+    hs1, vs1 = np.maximum(hs, 1), np.maximum(vs, 1)
+    ysize = (w * h + ALIGN - 1) // ALIGN * ALIGN
+    csize = np.where(gray, 0, ((-(-w // hs1)) * (-(-h // vs1)) + ALIGN - 1) // ALIGN * ALIGN)
+    return ysize + 2 * csize
+
+
+def batch_room(need, batch: int) -> int:
+    """Bytes that hold any batch of `batch` records whose needs are `need` nearly always: the
+    sum of the `batch` largest where that is less (small datasets), else batch × the mean plus
+    four standard deviations of a batch's sum plus the largest one — room for the rarest image
+    on top of a heavy batch. A batch past it has its last images decoded by the CPU share."""
+    need = np.asarray(need, np.float64)
+    if not len(need):
+        return 0
+    top = float(np.sort(need)[::-1][:batch].sum())
+    room = batch * need.mean() + 4.0 * need.std() * np.sqrt(batch) + need.max()
+    return int(min(top, np.ceil(room)))
 
 
 class DecodeBuffers:
@@ -49,6 +90,7 @@ class DecodeBuffers:
         b = max_batch
         self.staging = self.staging_np = self.arena = None
         self.allocations = 0  # growths after construction (0 in steady state)
+        self.planned = False  # sized by a warm-up: a batch then fits the room (room_for), never grows it
         with cupy.cuda.Device(device):
             self._cpu_out_mem = cupy.cuda.alloc_pinned_memory(b * h * w * 3)
             self.cpu_out = np.frombuffer(self._cpu_out_mem, np.uint8, b * h * w * 3).reshape(b, h, w, 3)
@@ -80,6 +122,19 @@ class DecodeBuffers:
         lens = np.sort(np.asarray(jpeg_lengths, np.int64))[::-1][:b]
         regions = np.sort(region_bytes(np.asarray(widths, np.float64), np.asarray(heights, np.float64)))[::-1][:b]
         return staging_bytes(lens), int(regions.sum())
+
+    def room_for(self, arena_need, staging_need) -> np.ndarray:
+        """Which of these images (in order) fit the arena and the staging as they are: the
+        longest prefix whose planes (arena_need) and JPEG slots (staging_need) both fit. Before
+        a warm-up planned them, the buffers grow to take all (counted in .allocations)."""
+        arena_need = np.cumsum(np.asarray(arena_need, np.int64))
+        staging_need = np.cumsum(np.asarray(staging_need, np.int64))
+        if not len(arena_need):
+            return np.zeros(0, bool)
+        if not self.planned:
+            self.reserve(int(staging_need[-1]), int(arena_need[-1]))
+            return np.ones(len(arena_need), bool)
+        return (arena_need <= self.arena.size) & (staging_need <= self.staging_np.size)
 
     def ensure(self, buffers, windows) -> None:
         """Grow if this batch needs more than warm-up planned (counted in .allocations)."""
@@ -132,27 +187,10 @@ class DecodeBuffers:
                 the window's whole-pixel region there, as the CPU path resamples it.
         Returns where each image's planes are, by batch position (PlanarPlaces), for the decoders."""
         s = self.samples
-        d = np.asarray(dims, np.int64).reshape(len(idx), 8)
-        w, h, hs, vs = d[:, 0], d[:, 1], d[:, 2], d[:, 3]
-        gray = hs == 0
-        hs1, vs1 = np.maximum(hs, 1), np.maximum(vs, 1)
-        cw = np.where(gray, 0, -(-w // hs1))  # libjpeg's downsampled_width / height
-        ch = np.where(gray, 0, -(-h // vs1))
-        # what nvJPEG's planes exceed libjpeg's by (0 on the files seen): room for it in either mode
-        sy_w, sy_h = np.maximum(d[:, 4] - w, 0), np.maximum(d[:, 5] - h, 0)
-        sc_w, sc_h = np.maximum(d[:, 6] - cw, 0), np.maximum(d[:, 7] - ch, 0)
-        r = np.stack([np.zeros_like(w), np.zeros_like(w), w, h], 1)
-        used = np.zeros(len(idx), bool) if rois is None else \
-            (np.ones(len(idx), bool) if regions is None else np.asarray(regions, bool).reshape(len(idx)))
-        if used.any():
-            r[used] = np.asarray(rois, np.int64).reshape(len(idx), 4)[used]
-        ypitch, yrows = r[:, 2] + sy_w, r[:, 3] + sy_h
-        cpitch = np.where(gray, 0, -(-r[:, 2] // hs1) + sc_w)
-        crows = np.where(gray, 0, -(-r[:, 3] // vs1) + sc_h)
-        ysize = (ypitch * yrows + ALIGN - 1) // ALIGN * ALIGN
-        csize = (cpitch * crows + ALIGN - 1) // ALIGN * ALIGN
-        total = ysize + 2 * csize
-        self.reserve(0, int(total.sum()))
+        L = PlaneLayout(dims, rois, regions)
+        w, h, gray, hs1, vs1, cw, ch = L.w, L.h, L.gray, L.hs1, L.vs1, L.cw, L.ch
+        r, used, ypitch, cpitch, ysize, csize, total = L.r, L.used, L.ypitch, L.cpitch, L.ysize, L.csize, L.total
+        self.reserve(0, int(total.sum()))  # GPUDecoder fits the batch first (fit_planar): no growth there
         base = self.arena.data.ptr + np.concatenate([[0], np.cumsum(total)[:-1]]).astype(np.int64)
         cb, cr = base + ysize, base + ysize + csize
         win = windows[idx]
@@ -172,6 +210,36 @@ class DecodeBuffers:
         planes = np.stack([base, np.where(gray, base, cb), np.where(gray, base, cr)], 1)
         pitches = np.stack([ypitch, cpitch, cpitch], 1)
         return PlanarPlaces(idx, len(windows), planes, pitches, gray, np.where(used[:, None], r, NO_ROI))
+
+
+class PlaneLayout:
+    """The planes place_planar gives each image (see there for dims, rois, regions): the
+    region decoded (r: x, y, w, h), the Y and chroma pitches and rows, and the aligned bytes
+    (`total` per image: what it takes of the arena)."""
+
+    def __init__(self, dims, rois=None, regions=None):
+        d = self.dims = np.asarray(dims, np.int64).reshape(-1, 8)
+        n = len(d)
+        w, h, hs, vs = d[:, 0], d[:, 1], d[:, 2], d[:, 3]
+        self.w, self.h = w, h
+        gray = self.gray = hs == 0
+        hs1, vs1 = self.hs1, self.vs1 = np.maximum(hs, 1), np.maximum(vs, 1)
+        cw = self.cw = np.where(gray, 0, -(-w // hs1))  # libjpeg's downsampled_width / height
+        ch = self.ch = np.where(gray, 0, -(-h // vs1))
+        # what nvJPEG's planes exceed libjpeg's by (0 on the files seen): room for it in either mode
+        sy_w, sy_h = np.maximum(d[:, 4] - w, 0), np.maximum(d[:, 5] - h, 0)
+        sc_w, sc_h = np.maximum(d[:, 6] - cw, 0), np.maximum(d[:, 7] - ch, 0)
+        r = self.r = np.stack([np.zeros_like(w), np.zeros_like(w), w, h], 1)
+        used = self.used = np.zeros(n, bool) if rois is None else \
+            (np.ones(n, bool) if regions is None else np.asarray(regions, bool).reshape(n))
+        if used.any():
+            r[used] = np.asarray(rois, np.int64).reshape(n, 4)[used]
+        self.ypitch, yrows = r[:, 2] + sy_w, r[:, 3] + sy_h
+        self.cpitch = np.where(gray, 0, -(-r[:, 2] // hs1) + sc_w)
+        crows = np.where(gray, 0, -(-r[:, 3] // vs1) + sc_h)
+        self.ysize = (self.ypitch * yrows + ALIGN - 1) // ALIGN * ALIGN
+        self.csize = (self.cpitch * crows + ALIGN - 1) // ALIGN * ALIGN
+        self.total = self.ysize + 2 * self.csize
 
 
 def scaled_boxes(win, red, width, height) -> np.ndarray:

@@ -25,7 +25,7 @@ from ...checks import bounded_int
 from ...errors import ConfigError
 from ..spec import OutputSpec
 from . import kernel as K
-from .buffers import DecodeBuffers, OutputRing, planar_bytes
+from .buffers import DecodeBuffers, OutputRing, PlaneLayout, batch_room, planar_need, staging_each
 from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, Chroma, Demand, Split, SplitPlanner, check_chroma,
                    buffer_spans, ends_with_eoi)
 from .roi import dct_reduction, plan_rois
@@ -48,6 +48,7 @@ class BatchReport:
     gpu_rate: float | None = None
     cpu_rate: float | None = None
     hybrid_rate: float | None = None
+    overflow: int = 0  # of the CPU's, GPU-bound images past the arena's or staging's room (buffers.batch_room)
     errors: list = field(default_factory=list)  # (batch index, reason) of images nothing decoded
     seconds: float = 0.0
     stages: dict = field(default_factory=dict)  # seconds per stage of this call
@@ -180,25 +181,38 @@ class GPUDecoder:
         return self.spec.buffer_shape(self.max_batch if n is None else n)
 
     # ------------------------------------------------------------------ warm-up
-    def warmup(self, jpeg_lengths, widths, heights, outputs: int = 3, routes=None) -> None:
-        """Size every buffer from the index's largest images, so steady state allocates nothing.
+    def warmup(self, jpeg_lengths, widths, heights, outputs: int = 3, routes=None, chroma=None) -> None:
+        """Size every buffer from the index, so steady state allocates nothing.
+
+        Planar (chroma="interpolate"): the arena and the staging get the room a batch of this
+        dataset's GPU-bound records needs (buffers.batch_room; a batch past it sends its last
+        images to the CPU share, counted in BatchReport.overflow). Otherwise: room for the
+        `max_batch` largest at once.
 
         Args:
             jpeg_lengths, widths, heights: the index columns of every record this decoder may see.
             outputs: output batches alive at once (the ring's slots), unless a ring was given.
             routes: route codes per record; primes the hybrid decoder and pre-allocates nvJPEG's
-                engine buffers for the largest image each will see.
+                engine buffers for the largest image each will see; None: all to the engines.
+            chroma: the index's chroma codes (format.jpeg.CHROMA_*): each image's planes at its
+                own layout; None: 4:4:4 (the largest).
         """
         widths, heights = np.asarray(widths), np.asarray(heights)
-        staging, arena = self.buf.plan_for(jpeg_lengths, widths, heights)
-        if self.planar:  # whole images' planes rather than windows
-            arena = max(arena, int(np.sort(planar_bytes(widths, heights))[::-1][: self.max_batch].sum()))
-        self.buf.reserve(staging, arena)
-        self.buf.allocations = 0
+        routes = None if routes is None else np.asarray(routes)
+        if self.planar:
+            lengths = np.asarray(jpeg_lengths, np.int64)
+            gpu = np.ones(len(widths), bool) if routes is None else routes != CPU
+            engine = np.ones(len(widths), bool) if routes is None else routes == ENGINE
+            cw = None if chroma is None else np.asarray(chroma)[gpu]
+            arena = batch_room(planar_need(widths[gpu], heights[gpu], cw), self.max_batch)
+            staging = batch_room(staging_each(lengths[engine]), self.max_batch)
+        else:
+            staging, arena = self.buf.plan_for(jpeg_lengths, widths, heights)
+        self.buf.reserve(max(staging, 64), max(arena, 256))
+        self.buf.allocations, self.buf.planned = 0, True
         cpu.reserve(widths, heights, self.cpu_threads, self.pool)  # the CPU share's decode buffers
         if self.ring is None and outputs > 0:
             self.ring = OutputRing(self.output_shape(), self.dtype, outputs, self.gpu_id)
-        routes = None if routes is None else np.asarray(routes)
         if self.hybrid is not None and routes is not None and (routes == HYBRID).any():
             sel = routes == HYBRID
             try:
@@ -258,10 +272,12 @@ class GPUDecoder:
         routes = np.where(routes, ENGINE, CPU) if routes.dtype == bool else routes.copy()
         refuse_hybrid(routes, buffers, ids, self._cleared)  # multi-scan files: the decoders' refusal rule first
         plan = self.planner.plan(routes, ends_with_eoi(buffers))
-        self.buf.ensure(buffers, windows)
+        if not (self.planar and self.buf.planned):  # planar: the batch fits the room (_place_planar)
+            self.buf.ensure(buffers, windows)
         pre_failed = []  # planar: headers nvJPEG refused or layouts the kernel does not take
+        overflow = 0
         if self.planar:
-            places, pre_failed = self._place_planar(buffers, windows, plan)
+            places, pre_failed, overflow = self._place_planar(buffers, windows, plan)
         else:
             places = self.buf.place(windows, np.concatenate([plan.engine, plan.hybrid]).astype(np.int64))
         t_plan = time.perf_counter()
@@ -316,7 +332,7 @@ class GPUDecoder:
                           "keep refusing)", RuntimeWarning, stacklevel=2)
         r = self.planner.rates
         t_end = time.perf_counter()
-        self.last = BatchReport(n=n, gpu=n_gpu, hybrid=n_hyb, cpu=len(cpu_idx), cpu_forced=plan.forced,
+        self.last = BatchReport(n=n, gpu=n_gpu, hybrid=n_hyb, cpu=len(cpu_idx), cpu_forced=plan.forced, overflow=overflow,
                                 cpu_fraction=self.planner.cpu_fraction, gpu_rate=r.gpu, cpu_rate=r.cpu,
                                 hybrid_rate=r.hybrid, errors=errors, seconds=t_end - t0,
                                 stages={"plan": t_plan - t0, "engines_submit": t_submit,
@@ -353,7 +369,7 @@ class GPUDecoder:
         keep = ok.nonzero()[0]
         idx = idx[keep]
         if not len(idx):
-            return {}, refused
+            return {}, refused, 0
         dims = np.stack([w0, h0, hs, vs, w0, h0, w1, h1], 1)[keep]
         rois = regions = None
         # the CPU path decodes a window much larger than the output DCT-scaled (1/2, 1/4): the
@@ -362,7 +378,20 @@ class GPUDecoder:
         if self.planar_roi:  # regions where the image's decoder decodes them right (roi_check.py)
             rois = plan_rois(windows[idx], w0[keep], h0[keep], css[keep], self.size, red=red)
             regions = np.where(keep < ne, self.planar_regions["engines"], self.planar_regions["hybrid"])
-        return self.buf.place_planar(windows, idx, dims, rois, regions, red=red), refused
+        # the room: the engines' JPEGs are staged, every image's planes take arena
+        fit = self.buf.room_for(PlaneLayout(dims, rois, regions).total,
+                                np.where(keep < ne, staging_each(lengths[keep]), 0))
+        if not fit.all():
+            over = idx[~fit]
+            plan.engine = plan.engine[~np.isin(plan.engine, over)]
+            plan.hybrid = plan.hybrid[~np.isin(plan.hybrid, over)]
+            plan.cpu = np.concatenate([np.asarray(plan.cpu, np.int64), over])
+            idx, dims, red = idx[fit], dims[fit], red[fit]
+            if rois is not None:
+                rois, regions = rois[fit], regions[fit]
+            if not len(idx):
+                return {}, refused, len(over)
+        return self.buf.place_planar(windows, idx, dims, rois, regions, red=red), refused, int((~fit).sum())
 
     def _decode_cpu(self, buffers, windows, idx, at: int):
         """CPU-decode `idx` into cpu_out[at:at+len(idx)]; (seconds, [(batch index, reason)])."""

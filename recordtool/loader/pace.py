@@ -1,0 +1,62 @@
+"""How far a cuda Loader's consumer may run ahead of the GPU (GPUOptions.run_ahead).
+
+An eager training loop queues a step's kernels and comes back for the next batch long before
+the GPU has run them. Unbounded, it goes on until CUDA's launch queue is full, and from then on
+each of its kernel launches blocks inside torch's op with the GIL held: the Loader's producer
+threads wait for the GIL between their stages, and their own CUDA submissions (nvJPEG's) queue
+behind the full launch queue. `RunAhead` bounds the loop instead: before batch k is handed out,
+the consuming thread sleeps — on a blocking-sync event, the GIL released, no core spinning —
+until the GPU has finished what that thread's stream held when batch k - steps was handed out.
+With steps = 1 the GPU still has the previous step queued while the loop queues the next one.
+
+Invariant: one event per hand-out of the last `steps + 1`, recorded on the consumer's current
+stream (torch's when torch is loaded, as OutputRing's give-back events); a wait never targets an
+event that has not been recorded.
+"""
+from __future__ import annotations
+
+
+class RunAhead:
+    """Bounds a consumer to `steps` hand-outs of queued GPU work (see the module).
+
+    Args:
+        steps: hand-outs whose work may still be queued, at least 1 (1: the step before the
+            one the consumer is starting may still run, so the GPU is never left without work).
+        device: the CUDA device of the Loader.
+    """
+
+    def __init__(self, steps: int, device: int):
+        import cupy
+
+        if int(steps) < 1:
+            raise ValueError(f"steps must be at least 1, not {steps}")
+        self.steps, self.device = int(steps), int(device)
+        with cupy.cuda.Device(self.device):
+            self._events = [cupy.cuda.Event(block=True, disable_timing=True) for _ in range(self.steps + 1)]
+        self._handed = 0  # hand-outs recorded so far
+        self.waited = 0.0  # seconds the consumer slept here (Loader.stage_seconds["run_ahead"])
+
+    def before(self) -> float:
+        """Sleep until the work queued before hand-out (next - steps) is done; the seconds slept."""
+        import time
+
+        k = self._handed - self.steps
+        if k < 0:  # fewer hand-outs than steps so far
+            return 0.0
+        ev = self._events[k % (self.steps + 1)]
+        t = time.perf_counter()
+        ev.synchronize()  # cudaEventSynchronize without the GIL; a blocking-sync event sleeps
+        dt = time.perf_counter() - t
+        self.waited += dt
+        return dt
+
+    def handed(self) -> None:
+        """A batch was handed out: mark what the consumer's stream holds now."""
+        import cupy
+
+        from ..decode.gpu.buffers import consumer_stream
+
+        ev = self._events[self._handed % (self.steps + 1)]
+        with cupy.cuda.Device(self.device):
+            cupy.cuda.runtime.eventRecord(ev.ptr, consumer_stream(self.device))
+        self._handed += 1
