@@ -42,6 +42,25 @@ def test_same_pixels_routes_4_4_4_and_gray_to_the_cpu():
     assert route(chroma, prog, cs, same_pixels=True).tolist() == [CPU, CPU, CPU, CPU, ENGINE, ENGINE, HYBRID, CPU]
 
 
+def test_images_past_the_gpu_size_go_to_the_cpu_and_the_engines_buffers_take_the_largest_layout():
+    """route(pixels=): an image above GPU_MAX_PIXELS goes to the CPU path whatever its layout
+    (the engines' and hybrid decoder's buffers are sized by the largest image they see);
+    largest_layout: the engines' buffers are pre-allocated for the widest layout they will see."""
+    from recordtool.decode.gpu.decoder import largest_layout
+    from recordtool.decode.gpu.plan import GPU_MAX_PIXELS
+    from recordtool.format.jpeg import CHROMA_440, CHROMA_444
+
+    chroma = np.array([CHROMA_420, CHROMA_420, CHROMA_422, CHROMA_422])
+    prog, cs = np.array([0, 0, 1, 1]), np.array([CS_YCBCR] * 4)
+    pixels = np.array([GPU_MAX_PIXELS, GPU_MAX_PIXELS + 1, GPU_MAX_PIXELS, 5000 * 4000])
+    assert route(chroma, prog, cs, pixels=pixels).tolist() == [ENGINE, CPU, HYBRID, CPU]
+    assert route(chroma, prog, cs).tolist() == [ENGINE, ENGINE, HYBRID, HYBRID]
+    assert largest_layout([CHROMA_420, CHROMA_420]) == CHROMA_420
+    assert largest_layout([CHROMA_420, CHROMA_440]) == CHROMA_440
+    assert largest_layout([CHROMA_420, CHROMA_422, CHROMA_444]) == CHROMA_444
+    assert largest_layout(None) == largest_layout([]) == CHROMA_444
+
+
 def test_planar_need_is_what_place_planar_gives_a_whole_image():
     """buffers.planar_need (the warm-up's estimate from index columns) equals the arena bytes
     place_planar's layout gives each whole image at its chroma layout (PlaneLayout.total, with

@@ -60,7 +60,8 @@ class GPUBatcher:
         # cores) ran 15-25 % slower than this, 8 per pool ~13 % slower.
         self.cpu_threads = max(1, (threads - producers) // producers)
         ix = recipe.ds.index
-        self.routes = route(ix.chroma, ix.progressive, ix.colorspace, same_pixels=options.same_pixels)
+        self.routes = route(ix.chroma, ix.progressive, ix.colorspace, same_pixels=options.same_pixels,
+                            pixels=ix.width.astype(np.int64) * ix.height)
         h, w = spec.size
         self._decoders: dict = {}
         self._lock = threading.Lock()

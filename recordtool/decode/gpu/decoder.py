@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...format.jpeg import CHROMA_444, DEFAULT_MAX_PIXELS, BadJPEG, NotJPEG, decode_refusal, probe
+from ...format.jpeg import (CHROMA_420, CHROMA_422, CHROMA_440, CHROMA_444, DEFAULT_MAX_PIXELS, BadJPEG, NotJPEG,
+                            decode_refusal, probe)
 from .. import cpu
 from ...checks import bounded_int
 from ...errors import ConfigError
@@ -222,11 +223,11 @@ class GPUDecoder:
         if self.hw is not None and len(widths):
             engine = np.ones(len(widths), bool) if routes is None else routes == ENGINE
             if engine.any():
-                try:  # 4:4:4 is the largest layout: enough for any chroma of these sizes
+                try:  # the largest layout the engines will see (4:4:4 > 4:2:2, 4:4:0 > 4:2:0)
                     with self.device:
                         self.hw.set_padding(16 << 20)
                         self.hw.preallocate(self.max_batch, int(widths[engine].max()), int(heights[engine].max()),
-                                            CHROMA_444)
+                                            largest_layout(None if chroma is None else np.asarray(chroma)[engine]))
                 except Exception as e:  # a sizing hint only: decoding works without it
                     self.prealloc_error = str(e)
 
@@ -470,6 +471,19 @@ class GPUDecoder:
             if d is not None:
                 d.close()
                 setattr(self, name, None)
+
+
+def largest_layout(chroma) -> int:
+    """The chroma layout (format.jpeg.CHROMA_*, nvJPEG's codes) of these whose planes take the
+    most bytes per pixel — what the engines' buffers are pre-allocated for; None or a code
+    outside the engines' layouts: 4:4:4, the largest."""
+    if chroma is None:
+        return CHROMA_444
+    present = set(np.unique(np.asarray(chroma)).tolist())
+    for layout in (CHROMA_444, CHROMA_422, CHROMA_440, CHROMA_420):
+        if layout in present:
+            return layout
+    return CHROMA_444
 
 
 def _stream(cupy):

@@ -42,13 +42,14 @@ def hardware_decodable(chroma, progressive, colorspace) -> np.ndarray:
     return np.isin(chroma, HW_CHROMA) & (np.asarray(progressive) == 0) & (np.asarray(colorspace) == CS_YCBCR)
 
 
-def route(chroma, progressive, colorspace, same_pixels: bool = False) -> np.ndarray:
+def route(chroma, progressive, colorspace, same_pixels: bool = False, pixels=None) -> np.ndarray:
     """Route codes (int8) per image: ENGINE for baseline YCbCr the engines take; HYBRID for
     progressive YCbCr (same chroma layouts) and grayscale; CPU for the rest.
 
     same_pixels: 4:4:4 and grayscale files go to the CPU too. Nothing is upsampled in them, so
     the GPU could only differ from the CPU path by its IDCT and resampling; decoded by the CPU
-    path itself, they are the CPU path's pixels bit for bit (SAME_PIXELS_CHROMA)."""
+    path itself, they are the CPU path's pixels bit for bit (SAME_PIXELS_CHROMA).
+    pixels: width × height per image (the index's); images above GPU_MAX_PIXELS go to the CPU."""
     chroma, progressive, colorspace = np.asarray(chroma), np.asarray(progressive), np.asarray(colorspace)
     hw = hardware_decodable(chroma, progressive, colorspace)
     hybrid = ((np.isin(chroma, HW_CHROMA) & (colorspace == CS_YCBCR))
@@ -56,7 +57,17 @@ def route(chroma, progressive, colorspace, same_pixels: bool = False) -> np.ndar
     codes = np.where(hw, ENGINE, np.where(hybrid, HYBRID, CPU)).astype(np.int8)
     if same_pixels:
         codes[np.isin(chroma, SAME_PIXELS_CHROMA)] = CPU
+    if pixels is not None:
+        codes[np.asarray(pixels, np.int64) > GPU_MAX_PIXELS] = CPU
     return codes
+
+
+GPU_MAX_PIXELS = 4_000_000
+"""The largest image (width × height) the GPU decoders take; larger ones go to the CPU path. nvJPEG's
+engine buffers are sized at warm-up for the largest image they will see: measured on the H200,
+689 MiB per decoder for a 3574×3366 image (4:4:4) against about 150 MiB for 1200×1200, and ImageNet's
+few images above 4 MP (its 0.3 % tail) would set that size for all. The CPU path decodes their
+large windows DCT-scaled (1/2, 1/4), so they cost it little."""
 
 
 # the layouts `route(same_pixels=True)` sends to the CPU: with no chroma to upsample, the GPU's
