@@ -62,10 +62,10 @@ def test_images_past_the_gpu_size_go_to_the_cpu_and_the_engines_buffers_take_the
 
 
 def test_planar_need_is_what_place_planar_gives_a_whole_image():
-    """buffers.planar_need (the warm-up's estimate from index columns) equals the arena bytes
+    """room.planar_need (the warm-up's estimate from index columns) equals the arena bytes
     place_planar's layout gives each whole image at its chroma layout (PlaneLayout.total, with
     nvJPEG's plane sizes equal to libjpeg's), and 4:4:4 where the layout is unknown."""
-    from recordtool.decode.gpu.buffers import PlaneLayout, planar_need
+    from recordtool.decode.gpu.room import PlaneLayout, planar_need
     from recordtool.format.jpeg import CHROMA_440, CHROMA_444
 
     layouts = {CHROMA_444: (1, 1), CHROMA_422: (2, 1), CHROMA_420: (2, 2), CHROMA_440: (1, 2), CHROMA_GRAY: (0, 0)}
@@ -82,10 +82,10 @@ def test_planar_need_is_what_place_planar_gives_a_whole_image():
 
 
 def test_batch_room_holds_random_batches_of_a_heavy_tailed_set():
-    """buffers.batch_room: all of a set smaller than a batch; between the largest record and the
+    """room.batch_room: all of a set smaller than a batch; between the largest record and the
     batch's largest records at once; and a random batch of an ImageNet-like mix (a 0.3 % tail
     of images 40× the typical one) fits it — checked over many drawn batches."""
-    from recordtool.decode.gpu.buffers import batch_room
+    from recordtool.decode.gpu.room import batch_room
 
     assert batch_room([5, 7, 9], 8) == 21 and batch_room([], 8) == 0
     rng = np.random.default_rng(1)
@@ -481,7 +481,7 @@ def packed_layouts(tmp_path_factory):
 @gpu
 @pytest.mark.parametrize("dtype,split", [("float32", "auto"), ("float32", "gpu"), ("float16", "gpu")])
 def test_cuda_loader_gives_4_4_4_and_gray_bit_for_bit(packed_layouts, dtype, split):
-    """same_pixels (the default): a cuda Loader's 4:4:4 and gray images are device="cpu"'s,
+    """same_pixels=True: a cuda Loader's 4:4:4 and gray images are device="cpu"'s,
     bit for bit, normalised values included; the others within the fidelity bound. Without
     it the GPU decodes them and they are not."""
     import recordtool
@@ -536,7 +536,7 @@ def test_cuda_loader_sizes_and_crops_match_the_cpu_loader(packed_layouts, train,
     cpu = {i: (x, y) for xs, ys, ids in Loader(ds, device="cpu", **kw)
            for i, x, y in zip(np.asarray(ids).tolist(), xs, ys)}
     op = (lambda b: b) if user_op else None
-    ld = Loader(ds, device="cuda", split="gpu", user_op=op, **kw)
+    ld = Loader(ds, device="cuda", split="gpu", user_op=op, same_pixels=True, **kw)
     h, w = ld.spec.size
     std = np.array([0.229, 0.224, 0.225], np.float32)
     mean = np.array([0.485, 0.456, 0.406], np.float32)
@@ -588,7 +588,7 @@ def test_cuda_loader_bounds_how_far_the_training_loop_runs_ahead(packed_mix):
     sums = {}
     for ahead in (1, None):
         ld = Loader(packed_mix, run_ahead=ahead, **kw)
-        assert (ld.pace is None) == (ahead is None)
+        assert (ld.batcher.pace is None) == (ahead is None)
         done, sums[ahead] = [], []
         for k, (x, _) in enumerate(ld):
             if ahead is not None and k >= 2:

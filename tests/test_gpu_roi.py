@@ -216,6 +216,7 @@ def _decoder_without_gpu(buffers, planar_roi):
     from recordtool.decode.gpu.decoder import GPUDecoder
 
     buf = DecodeBuffers.__new__(DecodeBuffers)
+    buf.planned = False  # no warm-up: room_for grows (the stand-in's reserve) and takes every image
     buf.samples = np.zeros(len(buffers), SAMPLE_DTYPE)
     buf.arena = type("Arena", (), {"data": type("Ptr", (), {"ptr": 1 << 20})(), "size": 1 << 40})()
     buf.reserve = lambda staging, arena: None
@@ -241,8 +242,9 @@ def test_planar_placement_plans_regions_and_refuses_what_the_kernel_does_not_tak
         dec = _decoder_without_gpu(bufs, planar_roi)
         dec.planar_regions["engines"] = engines_regions  # (True, False): engines whole, hybrid regions
         plan = Assignment(engine=np.array([0, 1, 2, 3, 6]), hybrid=np.array([4, 5]), cpu=np.zeros(0, np.int64), forced=0)
-        places, refused = dec._place_planar(bufs, win, plan)
+        places, refused, overflow = dec._place_planar(bufs, win, plan)
         assert sorted(refused) == [3, 4, 6] and plan.engine.tolist() == [0, 1, 2] and plan.hybrid.tolist() == [5]
+        assert overflow == 0 and plan.cpu.tolist() == []
         s = dec.buf.samples
         for i, (w, h, code) in {0: (333, 251, 2), 1: (64, 48, 1), 2: (17, 9, 0), 5: (40, 30, 6)}.items():
             planes, pitches, gray, roi = places[i]
@@ -269,6 +271,38 @@ def test_planar_placement_plans_regions_and_refuses_what_the_kernel_does_not_tak
             assert not planes[k, c:].any() and not pitches[k, c:].any()
         with pytest.raises(KeyError):
             places.take([3])  # refused: not placed
+
+
+def test_planar_placement_sends_the_images_past_the_room_to_the_cpu_share():
+    """With buffers sized by a warm-up (planned), _place_planar keeps the longest prefix of the
+    GPU-bound images whose planes fit the arena and whose JPEGs (the engines' only) fit the
+    staging; the rest join the CPU share (counted), placed nowhere — nothing grows."""
+    from recordtool.decode.gpu.plan import Assignment
+    from recordtool.decode.gpu.room import PlaneLayout, staging_each
+
+    bufs = [_jpeg(333, 251, "420", 1), _jpeg(64, 48, "422", 2), _jpeg(200, 150, "420", 3), _jpeg(40, 30, "gray", 4)]
+    win = np.array([[0, 0, 251, 333], [0, 0, 48, 64], [0, 0, 150, 200], [0, 0, 30, 40]], np.float64)
+    whole = PlaneLayout([[333, 251, 2, 2, 333, 251, 167, 126], [64, 48, 2, 1, 64, 48, 32, 48],
+                         [200, 150, 2, 2, 200, 150, 100, 75], [40, 30, 0, 0, 40, 30, 0, 0]]).total
+    lens = staging_each([len(b) for b in bufs])
+    for arena, staging, kept in ((whole[:2].sum(), lens.sum(), [0, 1]),        # the arena holds two
+                                 (whole.sum(), lens[:1].sum(), [0]),           # the staging holds one engine file
+                                 (whole.sum(), lens[:3].sum(), [0, 1, 2, 3])):  # room for all (3 is the hybrid's)
+        dec = _decoder_without_gpu(bufs, planar_roi=False)
+        dec.buf.planned = True
+        dec.buf.arena = type("Arena", (), {"data": type("Ptr", (), {"ptr": 1 << 20})(), "size": int(arena)})()
+        dec.buf.staging_np = np.zeros(int(staging), np.uint8)
+        plan = Assignment(engine=np.array([0, 1, 2]), hybrid=np.array([3]), cpu=np.array([7], np.int64), forced=1)
+        places, refused, overflow = dec._place_planar(bufs, win, plan)
+        over = [i for i in range(4) if i not in kept]
+        assert refused == [] and overflow == len(over)
+        assert plan.engine.tolist() == [i for i in kept if i < 3] and plan.hybrid.tolist() == [i for i in kept if i == 3]
+        assert plan.cpu.tolist() == [7] + over  # the forced one first, then those past the room
+        for i in kept:
+            places[i]
+        for i in over:
+            with pytest.raises(KeyError):
+                places[i]
 
 
 class _HostArray(np.ndarray):

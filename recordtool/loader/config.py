@@ -54,23 +54,27 @@ class GPUOptions:
             "interpolate" (libjpeg-turbo's filter in our kernel: the CPU path's pixels, so a
             model sees the same images on either device), "replicate" (nvJPEG's output as it
             is) or "nvjpeg" (nvJPEG's own interpolation); decode.gpu.plan.Chroma.
-        same_pixels: True — 4:4:4 and gray JPEGs go to the CPU share, so their images equal
-            device="cpu"'s bit for bit; False: the GPU decoders take them too.
+        same_pixels: False — True: 4:4:4 and gray JPEGs go to the CPU share, so their images
+            equal device="cpu"'s bit for bit. False: the GPU decoders take them too (≥ 51 dB
+            against the CPU path, README's fidelity bound). Not the default because on a node's
+            share of cores those images (a tenth of ImageNet) are what the few CPU threads
+            cannot keep up with: ResNet-18 trained 40 % slower on 4 cores with it (BENCHMARKS.md).
         run_ahead: 1 — training steps of GPU work the consuming thread may still have queued
             when it takes a batch: before handing out batch k the Loader sleeps (GIL released)
             until the GPU has finished what that thread queued before taking batch k - run_ahead.
             An eager loop left unbounded runs ahead until CUDA's launch queue is full and then
             blocks inside a kernel launch with the GIL held — the decoders' threads then wait
-            for the GIL and their nvJPEG submissions for the same queue (the engines measured at
-            a third of their rate beside ResNet-50, BENCHMARKS.md). 1 still keeps a whole step
-            queued ahead of the GPU; None: unbounded (the loop runs as far ahead as CUDA lets it).
+            for the GIL and their nvJPEG submissions for the same queue (beside a free-running
+            ResNet-50 loop the engines delivered 1.8k img/s, beside the same loop waiting each
+            step 4.8k: BENCHMARKS.md). 1 still keeps a whole step queued ahead of the GPU; None:
+            unbounded (the loop runs as far ahead as CUDA lets it).
     """
 
     split: Split = "auto"
     first: First = "auto"
     hybrid: bool = True
     chroma: str = DEFAULT_CHROMA
-    same_pixels: bool = True
+    same_pixels: bool = False
     run_ahead: int | None = 1
 
     def __post_init__(self):

@@ -70,8 +70,9 @@ class EpochIterator:
         if self._next >= self._count:
             self._finish()  # the epoch is out (or had nothing left to yield: resumed at its end)
             raise StopIteration
-        if ld.pace is not None:  # GPU work this thread queued steps ago first (GPUOptions.run_ahead)
-            ld.stage_seconds["run_ahead"] = ld.stage_seconds.get("run_ahead", 0.0) + ld.pace.before()
+        pace = getattr(ld.batcher, "pace", None)  # a cuda Loader's RunAhead (GPUOptions.run_ahead)
+        if pace is not None:  # the GPU work this thread queued steps ago first
+            ld.stage_seconds["run_ahead"] = ld.stage_seconds.get("run_ahead", 0.0) + pace.before()
         t = time.perf_counter()
         try:
             epoch, j, ids, made = self._stream.take()
@@ -106,8 +107,8 @@ class EpochIterator:
         if ld.as_torch:
             images, labels = self._torch(images, labels)
         images = ld.output.arrange(images)  # channels_last: the NCHW-shaped view of the NHWC batch
-        if ld.pace is not None:
-            ld.pace.handed()
+        if pace is not None:
+            pace.handed()
         return (images, labels, ids) if ld.with_ids else (images, labels)
 
     def _finish(self) -> None:

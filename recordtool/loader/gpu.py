@@ -13,6 +13,7 @@ import numpy as np
 
 from .config import GPUOptions
 from .cpu import call_user_op, image_op
+from .pace import RunAhead
 from .recipe import ProducedBatch, Recipe
 
 
@@ -76,6 +77,8 @@ class GPUBatcher:
         # one side first (by the threads: plan.demand_first), the other takes a share of the
         # batch only while the consumer waits (plan.Demand says why); shared by the producers' decoders
         self.demand = Demand(first=demand_first(options.first, threads))
+        # how far the consumer may queue GPU work ahead of the batches it takes (pace.py)
+        self.pace = None if options.run_ahead is None else RunAhead(options.run_ahead, gpu_id)
 
     def consumer_waited(self, wait: float, interval: float) -> None:
         """The consumer's wait for its last batch (EpochIterator), steering the CPU share."""

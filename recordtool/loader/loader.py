@@ -66,7 +66,7 @@ class Loader:
             (evaluation); those of the other mode set away from their defaults are a
             ConfigError (they would do nothing).
         gpu: cuda only — GPUOptions(split="auto", first="auto", hybrid=True,
-            chroma="interpolate", same_pixels=True, run_ahead=1): how images are shared between
+            chroma="interpolate", same_pixels=False, run_ahead=1): how images are shared between
             the engines, nvJPEG's hybrid decoder and the CPU, how chroma is upsampled, and how
             many steps of GPU work the training loop may keep queued (see GPUOptions). Given with device="cpu" it is a ConfigError, as are its keywords
             (split, first, hybrid, chroma, same_pixels, run_ahead) set away from their defaults.
@@ -194,7 +194,6 @@ class Loader:
         self.last_split = None  # cuda: the last yielded batch's BatchReport
         # producer-side seconds per stage, and (cuda) images per decoder, summed over yielded batches
         self.stage_seconds, self.decoded = {}, {}
-        self.pace = None  # a cuda Loader's RunAhead (GPUOptions.run_ahead)
         # GPU-bound images the decoders' buffers had no room for in their batch, decoded by the
         # CPU share instead (counted in decoded["cpu"] too; decode.gpu.buffers.batch_room)
         self.overflow = 0
@@ -215,10 +214,6 @@ class Loader:
 
             self.batcher = GPUBatcher(recipe, gpu_id=self.gpu_id, producers=self.producers, threads=self.threads,
                                       user_op=user_op, options=self.gpu, slots=slots, max_batch=max_batch)
-            if self.gpu.run_ahead is not None:  # how far the consumer may queue GPU work ahead (pace.py)
-                from .pace import RunAhead
-
-                self.pace = RunAhead(self.gpu.run_ahead, self.gpu_id)
         else:
             from .cpu import CPUBatcher
 

@@ -54,7 +54,7 @@ class RunAhead:
         """A batch was handed out: mark what the consumer's stream holds now."""
         import cupy
 
-        from ..decode.gpu.buffers import consumer_stream
+        from ..decode.gpu import consumer_stream
 
         ev = self._events[self._handed % (self.steps + 1)]
         with cupy.cuda.Device(self.device):

@@ -4,6 +4,7 @@ Modules, by concern:
 
 - `plan`: which image goes to the NVJPG engines, the hybrid decoder or the CPU (pure NumPy),
 - `buffers`: staging, arena, CPU-share buffers and the output ring, sized at warm-up,
+- `room`: how much they hold (a batch of the dataset's records, not its largest files at once),
 - `kernel`: the resize + mirror + normalize CUDA kernel and its launch,
 - `decoder`: `GPUDecoder`, which runs one batch through them,
 - `normalize`: `NormalizePass`, with a user op the second pass of the kernel (uint8 → output),
@@ -19,6 +20,7 @@ The names:
 - `kernel`, `SAMPLE_DTYPE`: the compiled resize kernel for a dtype and layout, and its sample row;
 - `NormalizePass`: a producer slot's second kernel pass with a user op;
 - `wait_ready`: the consumer's stream waits for a batch a producer queued without waiting;
+- `consumer_stream`: the stream the calling thread works on (torch's current one, else CuPy's);
 - `route`, `hardware_decodable`, `Route` (`ENGINE`, `HYBRID`, `CPU`), `Split`, `SplitPlanner`,
   `Assignment`, `Demand`: where each image is decoded and how the sides share a batch;
 - `check_split`, `check_chroma`, `check_first`, `DEFAULT_CHROMA`: the Loader's split, chroma and
@@ -27,7 +29,7 @@ The names:
 
 Importing this package imports neither CuPy nor nvJPEG: they load when a decoder is made.
 """
-from .buffers import OutputRing, device_memory_used
+from .buffers import OutputRing, consumer_stream, device_memory_used
 from .context import set_host_wait_policy
 from .decoder import BatchReport, GPUDecoder, wait_ready
 from .kernel import SAMPLE_DTYPE, kernel
@@ -35,7 +37,7 @@ from .normalize import NormalizePass
 from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, Assignment, Demand, First, Route, Split, SplitPlanner,
                    check_chroma, check_first, check_split, demand_first, ends_with_eoi, hardware_decodable, route)
 
-__all__ = ["GPUDecoder", "BatchReport", "OutputRing", "NormalizePass", "wait_ready", "device_memory_used",
+__all__ = ["GPUDecoder", "BatchReport", "OutputRing", "NormalizePass", "wait_ready", "consumer_stream", "device_memory_used",
            "kernel", "SAMPLE_DTYPE", "route", "hardware_decodable", "ends_with_eoi", "Route", "ENGINE", "HYBRID",
            "CPU", "Split", "SplitPlanner", "Assignment", "Demand", "DEFAULT_CHROMA", "set_host_wait_policy",
            "check_split", "check_chroma", "First", "check_first", "demand_first"]

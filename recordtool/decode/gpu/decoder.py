@@ -26,7 +26,8 @@ from ...checks import bounded_int
 from ...errors import ConfigError
 from ..spec import OutputSpec
 from . import kernel as K
-from .buffers import DecodeBuffers, OutputRing, PlaneLayout, batch_room, planar_need, staging_each
+from .buffers import DecodeBuffers, OutputRing
+from .room import PlaneLayout, batch_room, planar_need, staging_each
 from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, Chroma, Demand, Split, SplitPlanner, check_chroma,
                    buffer_spans, ends_with_eoi)
 from .roi import dct_reduction, plan_rois
