@@ -271,6 +271,10 @@ def test_planar_placement_plans_regions_and_refuses_what_the_kernel_does_not_tak
             assert not planes[k, c:].any() and not pitches[k, c:].any()
         with pytest.raises(KeyError):
             places.take([3])  # refused: not placed
+    # nothing for the GPU decoders in the batch (split="cpu", or the CPU first): nothing placed
+    dec = _decoder_without_gpu(bufs, True)
+    plan = Assignment(engine=np.zeros(0, np.int64), hybrid=np.zeros(0, np.int64), cpu=np.arange(7), forced=0)
+    assert dec._place_planar(bufs, win, plan) == ({}, [], 0)
 
 
 def test_planar_placement_sends_the_images_past_the_room_to_the_cpu_share():

@@ -235,3 +235,37 @@ def test_windows_and_flips_drawn_a_run_at_a_time_are_each_batchs_own(packed, tra
         st.DRAW_RUN = old
         ld.close()
     assert per_epoch == 14 and len(calls) < 3 * per_epoch / 2  # runs, not batches (a lagging producer may redraw one)
+
+
+def test_run_ahead_waits_for_the_hand_out_steps_back():
+    """RunAhead's bookkeeping (no GPU: events stood in for): before hand-out h it waits on the
+    event recorded at hand-out h - steps — what the consumer's stream held then — and on none
+    before `steps` hand-outs; an event is never waited on before it was recorded, nor recorded
+    again while still to be waited on."""
+    from recordtool.loader.pace import RunAhead
+
+    class Event:
+        def __init__(self):
+            self.recorded_at = None  # the hand-out it marks
+
+        def synchronize(self):
+            waited.append(self.recorded_at)
+
+    for steps in (1, 2, 3):
+        pace = RunAhead.__new__(RunAhead)
+        pace.steps, pace.waited, pace._handed = steps, 0.0, 0
+        pace._events = [Event() for _ in range(steps + 1)]
+        handed = [0]
+
+        def record(ev):
+            ev.recorded_at = handed[0]
+
+        pace._record = record
+        waited = []
+        for h in range(12):
+            pace.before()
+            pace.handed()
+            handed[0] += 1
+        assert waited == list(range(12 - steps)), steps  # hand-out h waited on hand-out h - steps
+    with pytest.raises(ValueError):
+        RunAhead(0, 0)

@@ -26,15 +26,16 @@ class RunAhead:
     """
 
     def __init__(self, steps: int, device: int):
-        import cupy
-
         if int(steps) < 1:
             raise ValueError(f"steps must be at least 1, not {steps}")
+        import cupy
+
         self.steps, self.device = int(steps), int(device)
         with cupy.cuda.Device(self.device):
             self._events = [cupy.cuda.Event(block=True, disable_timing=True) for _ in range(self.steps + 1)]
         self._handed = 0  # hand-outs recorded so far
         self.waited = 0.0  # seconds the consumer slept here (Loader.stage_seconds["run_ahead"])
+        self._record = self._record_on_consumer_stream
 
     def before(self) -> float:
         """Sleep until the work queued before hand-out (next - steps) is done; the seconds slept."""
@@ -52,11 +53,13 @@ class RunAhead:
 
     def handed(self) -> None:
         """A batch was handed out: mark what the consumer's stream holds now."""
+        self._record(self._events[self._handed % (self.steps + 1)])
+        self._handed += 1
+
+    def _record_on_consumer_stream(self, ev) -> None:
         import cupy
 
         from ..decode.gpu import consumer_stream
 
-        ev = self._events[self._handed % (self.steps + 1)]
         with cupy.cuda.Device(self.device):
             cupy.cuda.runtime.eventRecord(ev.ptr, consumer_stream(self.device))
-        self._handed += 1

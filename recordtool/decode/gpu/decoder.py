@@ -350,10 +350,12 @@ class GPUDecoder:
         whose layout the kernel does not take (or gray on the engines), or whose header does not
         hold the window or declares more than DEFAULT_MAX_PIXELS (a file damaged after packing:
         the planes would be sized by it) leave the plan for the CPU path, which names them.
-        Returns (places, refused indices)."""
+        Images past the arena's or the staging's room (the batch's last ones:
+        DecodeBuffers.room_for) join the CPU share.
+        Returns (places, refused indices, images moved to the CPU share for room)."""
         idx = np.concatenate([plan.engine, plan.hybrid]).astype(np.int64)
         if not len(idx):
-            return {}, []
+            return {}, [], 0
         ptrs, lengths = buffer_spans([buffers[i] for i in idx.tolist()])
         info = (self.hw or self.hybrid).image_infos(ptrs, lengths)
         status, nc, css, w0, h0, w1, h1 = info.T
