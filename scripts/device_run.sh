@@ -85,14 +85,18 @@ if [ "${TREE:-}" = old ]; then
   $PY -c "import recordtool, sys; assert recordtool.__file__.startswith('/tmp/old'), recordtool.__file__" || exit 1
   echo "library: the older tree (/tmp/old)"
 fi
-if has tests && fits tests 400; then
+if has tests && fits tests 520; then
   # the whole suite, never -x: a failure must not hide what comes after it (the GPU rule, README)
   # the GPU suite: every test file that runs the decoders, the Loader or the native part
   GPU_SUITE="tests/test_install.py tests/test_gpu.py tests/test_gpu_roi.py tests/test_gpu_scaling.py tests/test_lightning.py tests/test_epochs.py tests/test_readme.py tests/test_loader.py tests/test_loader_stream.py tests/test_loader_api.py tests/test_torch.py tests/test_distributed.py tests/test_cli_user.py tests/test_nvsubmit.py tests/test_decode_cpu.py tests/test_ops.py"
-  RECORDTOOL_REQUIRE_NATIVE=1 RECORDTOOL_TEST_INSTALLED=1 timeout ${TESTS_TIMEOUT:-480} python3 -m pytest -q -p no:cacheprovider -rs ${PYTEST_ARGS:-$GPU_SUITE} \
+  # -v: each test's name and outcome as it ends, so a run cut short by the timeout still says
+  # which failed and where it stopped; -rfEs: the failures' and skips' reasons in the summary.
+  # The whole suite takes ~500 s on the H200: the default timeout leaves it room
+  RECORDTOOL_REQUIRE_NATIVE=1 RECORDTOOL_TEST_INSTALLED=1 timeout ${TESTS_TIMEOUT:-560} python3 -m pytest -v -p no:cacheprovider -rfEs ${PYTEST_ARGS:-$GPU_SUITE} \
     > "$OUT/pytest.log" 2>&1
-  rc=$?; (( rc == 124 )) && echo "pytest: TIMED OUT after ${TESTS_TIMEOUT:-480} s (raise TESTS_TIMEOUT)" | tee -a "$OUT/pytest.log"
+  rc=$?; (( rc == 124 )) && echo "pytest: TIMED OUT after ${TESTS_TIMEOUT:-560} s (raise TESTS_TIMEOUT)" | tee -a "$OUT/pytest.log"
   echo "pytest: $(tail -1 "$OUT/pytest.log") ($SECONDS s)"
+  grep -E "^(FAILED|ERROR) " "$OUT/pytest.log" | head -40
 fi
 if [ ! -f /tmp/bench-packed/manifest.json ]; then  # a warm machine keeps the data of the last call
   rm -rf /tmp/bench /tmp/bench-packed
