@@ -269,3 +269,26 @@ def test_run_ahead_waits_for_the_hand_out_steps_back():
         assert waited == list(range(12 - steps)), steps  # hand-out h waited on hand-out h - steps
     with pytest.raises(ValueError):
         RunAhead(0, 0)
+
+
+def test_the_epoch_iterator_paces_each_hand_out(packed):
+    """A batcher with a RunAhead (a cuda Loader's; stood in for here): each hand-out first waits
+    on it, then marks it once the batch is handed over; the seconds waited add up in the
+    Loader's stage_seconds["run_ahead"]."""
+    ld = Loader(packed, batch_size=4, size=32, as_torch=False)
+    calls = []
+
+    class Pace:
+        def before(self):
+            calls.append(("before", len(calls)))
+            return 0.25
+
+        def handed(self):
+            calls.append(("handed", len(calls)))
+
+    ld.batcher.pace = Pace()
+    n = sum(1 for _ in ld)
+    assert n == len(ld) > 1
+    assert [c for c, _ in calls] == ["before", "handed"] * n
+    assert ld.stage_seconds["run_ahead"] == 0.25 * n
+    ld.close()
