@@ -579,11 +579,14 @@ def test_cuda_loader_memory_fixed_after_warmup(packed_mix):
 def test_cuda_loader_bounds_how_far_the_training_loop_runs_ahead(packed_mix):
     """run_ahead=1 (the default): when batch k is handed out, the GPU work the loop queued
     before it took batch k - 1 has finished — the Loader slept for it — while the loop still
-    had a step queued; the batches are those of an unbounded Loader."""
+    had a step queued; the batches are those of an unbounded Loader. CuPy batches (as_torch=False)
+    and the loop's work on the default stream, which torch's current stream is: no label copy to
+    torch synchronises the hand-out, so the Loader's own wait is what is measured."""
     torch = pytest.importorskip("torch")
     from recordtool.loader import Loader
 
-    kw = dict(batch_size=8, size=64, device="cuda", dtype="float16", split="gpu", seed=3)
+    torch.cuda.init()  # the consumer's stream is torch's current one (the default stream here)
+    kw = dict(batch_size=8, size=64, device="cuda", dtype="float16", split="gpu", seed=3, as_torch=False)
     assert Loader(packed_mix, **kw).run_ahead == 1
     sums = {}
     for ahead in (1, None):
@@ -593,7 +596,7 @@ def test_cuda_loader_bounds_how_far_the_training_loop_runs_ahead(packed_mix):
         for k, (x, _) in enumerate(ld):
             if ahead is not None and k >= 2:
                 assert done[k - 2].query(), (k, ld.stage_seconds)  # the step before last is finished
-            sums[ahead].append(x.float().sum())
+            sums[ahead].append(x.astype(cupy.float32).sum())
             torch.cuda._sleep(200_000_000)  # a long step queued (~0.1 s of GPU time)
             ev = torch.cuda.Event()
             ev.record()
