@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -44,19 +43,6 @@ def loader(packed, batch, threads, size, options):
 def endless(ld):
     while True:
         yield from ld
-
-
-def smi_mib():
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20).stdout
-        for line in out.splitlines():
-            pid, _, mib = line.partition(",")
-            if pid.strip() == str(os.getpid()):
-                return float(mib)
-    except (OSError, ValueError, subprocess.SubprocessError):
-        pass
-    return None
 
 
 class Side(threading.Thread):
@@ -106,7 +92,7 @@ def consume(it, stop, counter):
 def run_one(args, load):
     import torch
 
-    from recordtool.tools.train_step import make_model, train_step
+    from recordtool.tools.train_step import gpu_used_mib, make_model, train_step
 
     ld = loader(args.packed, args.batch, args.threads, args.size, json.loads(args.options))
     it = endless(ld)
@@ -155,7 +141,7 @@ def run_one(args, load):
         consumer.join(timeout=30)
     n = max(1, sum(ld.decoded.get(k, 0) - decoded0.get(k, 0) for k in ("gpu", "hybrid", "cpu")) / args.batch)
     stages = {k: round(v / n * 1e3, 2) for k, v in sorted(ld.stage_seconds.items()) if v}
-    mem = smi_mib()
+    mem = gpu_used_mib("cuda")
     ring = ld.batcher.ring
     buffers = {}
     for slot, dec in ld.batcher._decoders.items():
@@ -207,9 +193,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
     import torch
 
+    from recordtool.tools.train_step import gpu_used_mib
+
     torch.backends.cudnn.benchmark = True
     torch.cuda.init()
-    base = smi_mib()
+    base = gpu_used_mib("cuda")
     results = []
     for load in args.loads.split(","):
         r = run_one(args, load)

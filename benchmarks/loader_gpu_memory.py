@@ -16,23 +16,8 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import time
-
-
-def smi_mib():
-    """What nvidia-smi says this process holds (MiB), or None."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    for line in out.splitlines():
-        pid, _, mib = line.partition(",")
-        if pid.strip() == str(os.getpid()):
-            return float(mib)
-    return None
 
 
 def main(argv=None):
@@ -48,6 +33,7 @@ def main(argv=None):
     import torch
 
     from recordtool import Loader
+    from recordtool.tools.train_step import gpu_used_mib  # nvidia-smi's figure for this process
 
     torch.cuda.init()
     kw = dict(batch_size=a.batch, size=a.size, device="cuda", dtype="float16", as_torch=True, threads=a.threads)
@@ -62,13 +48,13 @@ def main(argv=None):
         torch.cuda.synchronize()
         rates.append(round(n / (time.perf_counter() - t)))
         if epoch == 0:
-            first = smi_mib()
+            first = gpu_used_mib("cuda")
     ring = ld.batcher.ring
     decoders = {slot: dict(arena_mib=round(d.buf.arena.nbytes / 2**20, 1),
                            staging_mib=round(d.buf.staging_np.size / 2**20, 1),
                            growths=d.allocations, prealloc_error=d.prealloc_error)
                 for slot, d in sorted(ld.batcher._decoders.items())}
-    report = dict(options=kw, img_s=rates, process_mib_after_epoch0=first, process_mib=smi_mib(),
+    report = dict(options=kw, img_s=rates, process_mib_after_epoch0=first, process_mib=gpu_used_mib("cuda"),
                   cupy_pool_mib=round(cupy.get_default_memory_pool().total_bytes() / 2**20),
                   ring_mib=round(ring.nbytes * ring.slots / 2**20), decoders=decoders, overflow=ld.overflow,
                   decoded=ld.decoded, max_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,

@@ -201,7 +201,8 @@ def test_gpu_options_on_a_cpu_loader_are_refused(packed):
     with pytest.raises(ConfigError, match="chroma"):  # checked by the part, before the dataset opens
         Loader("/nonexistent", 4, chroma="bilinear")
     # at their defaults they do nothing and say nothing wrong: code written for either device runs
-    ld = Loader(packed, 4, split="auto", hybrid=True, chroma="interpolate", same_pixels=False, run_ahead=1, as_torch=False)
+    ld = Loader(packed, 4, split="auto", hybrid=True, chroma="interpolate", same_pixels=False, run_ahead=1,
+                as_torch=False)
     assert ld.gpu is None and ld.chroma is None
     ld.close()
 

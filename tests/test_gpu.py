@@ -610,7 +610,7 @@ def test_cuda_loader_bounds_how_far_the_training_loop_runs_ahead(packed_mix):
 
 @gpu
 def test_a_batch_past_the_room_sends_its_last_images_to_the_cpu_share():
-    """A batch heavier than the room planned at warm-up (buffers.batch_room) keeps the buffers
+    """A batch heavier than the room planned at warm-up (room.batch_room) keeps the buffers
     as they are: the images past the room are decoded by the CPU share, counted in
     BatchReport.overflow, with the CPU path's pixels bit for bit; nothing is allocated."""
     from recordtool.decode.gpu import GPUDecoder

@@ -300,7 +300,8 @@ def test_planar_placement_sends_the_images_past_the_room_to_the_cpu_share():
         places, refused, overflow = dec._place_planar(bufs, win, plan)
         over = [i for i in range(4) if i not in kept]
         assert refused == [] and overflow == len(over)
-        assert plan.engine.tolist() == [i for i in kept if i < 3] and plan.hybrid.tolist() == [i for i in kept if i == 3]
+        assert plan.engine.tolist() == [i for i in kept if i < 3]
+        assert plan.hybrid.tolist() == [i for i in kept if i == 3]
         assert plan.cpu.tolist() == [7] + over  # the forced one first, then those past the room
         for i in kept:
             places[i]

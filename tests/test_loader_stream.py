@@ -253,7 +253,7 @@ def test_run_ahead_waits_for_the_hand_out_steps_back():
 
     for steps in (1, 2, 3):
         pace = RunAhead.__new__(RunAhead)
-        pace.steps, pace.waited, pace._handed = steps, 0.0, 0
+        pace.steps, pace._handed = steps, 0
         pace._events = [Event() for _ in range(steps + 1)]
         handed = [0]
 

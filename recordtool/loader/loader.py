@@ -68,8 +68,9 @@ class Loader:
         gpu: cuda only — GPUOptions(split="auto", first="auto", hybrid=True,
             chroma="interpolate", same_pixels=False, run_ahead=1): how images are shared between
             the engines, nvJPEG's hybrid decoder and the CPU, how chroma is upsampled, and how
-            many steps of GPU work the training loop may keep queued (see GPUOptions). Given with device="cpu" it is a ConfigError, as are its keywords
-            (split, first, hybrid, chroma, same_pixels, run_ahead) set away from their defaults.
+            many steps of GPU work the training loop may keep queued (see GPUOptions). Given with
+            device="cpu" it is a ConfigError, as are its keywords (split, first, hybrid, chroma,
+            same_pixels, run_ahead) set away from their defaults.
         remote: a dataset URL only — RemoteOptions(cache_dir=None, cache_limit=None,
             storage_options=None): the local shard cache and the fsspec options that reach
             the store, as `recordtool.open` takes them. Given for a local path or an open
@@ -195,7 +196,7 @@ class Loader:
         # producer-side seconds per stage, and (cuda) images per decoder, summed over yielded batches
         self.stage_seconds, self.decoded = {}, {}
         # GPU-bound images the decoders' buffers had no room for in their batch, decoded by the
-        # CPU share instead (counted in decoded["cpu"] too; decode.gpu.buffers.batch_room)
+        # CPU share instead (counted in decoded["cpu"] too; decode.gpu.room.batch_room)
         self.overflow = 0
         recipe = Recipe(self.ds, self.output, self.seed, self.augment)
         # batches alive at once: queued (producers × prefetch), being made (producers), and the

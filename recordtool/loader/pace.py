@@ -34,11 +34,11 @@ class RunAhead:
         with cupy.cuda.Device(self.device):
             self._events = [cupy.cuda.Event(block=True, disable_timing=True) for _ in range(self.steps + 1)]
         self._handed = 0  # hand-outs recorded so far
-        self.waited = 0.0  # seconds the consumer slept here (Loader.stage_seconds["run_ahead"])
         self._record = self._record_on_consumer_stream
 
     def before(self) -> float:
-        """Sleep until the work queued before hand-out (next - steps) is done; the seconds slept."""
+        """Sleep until the work queued before hand-out (next - steps) is done; the seconds slept
+        (the epoch iterator adds them to Loader.stage_seconds["run_ahead"])."""
         import time
 
         k = self._handed - self.steps
@@ -47,9 +47,7 @@ class RunAhead:
         ev = self._events[k % (self.steps + 1)]
         t = time.perf_counter()
         ev.synchronize()  # cudaEventSynchronize without the GIL; a blocking-sync event sleeps
-        dt = time.perf_counter() - t
-        self.waited += dt
-        return dt
+        return time.perf_counter() - t
 
     def handed(self) -> None:
         """A batch was handed out: mark what the consumer's stream holds now."""

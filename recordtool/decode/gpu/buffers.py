@@ -110,7 +110,8 @@ class DecodeBuffers:
         in `idx` order (the CPU share in `cpu_dev`)."""
         place_whole(self.samples, idx, size, base)
 
-    def place_planar(self, windows, idx, dims, rois=None, regions=None, red=None) -> "PlanarPlaces":
+    def place_planar(self, windows, idx, dims, rois=None, regions=None, red=None,
+                     layout: PlaneLayout | None = None) -> "PlanarPlaces":
         """Place the planes of each image of `idx` in the arena (growing it if this batch needs
         more than warm-up planned) and fill its sample row: the window in image pixels, FMT_YCC
         or FMT_GRAY with the chroma planes' geometry, and where its planes start (ox, oy).
@@ -131,12 +132,14 @@ class DecodeBuffers:
                 DCT scaling of that window (roi.dct_reduction); None: 1 (full scale). The
                 sample's size, window and tap box are the (reduced) image's, the taps clamped to
                 the window's whole-pixel region there, as the CPU path resamples it.
+            layout: PlaneLayout(dims, rois, regions) when the caller has it (it sized the room
+                with it); None: made here.
         Returns where each image's planes are, by batch position (PlanarPlaces), for the decoders."""
         s = self.samples
-        L = PlaneLayout(dims, rois, regions)
+        L = PlaneLayout(dims, rois, regions) if layout is None else layout
         w, h, gray, hs1, vs1, cw, ch = L.w, L.h, L.gray, L.hs1, L.vs1, L.cw, L.ch
         r, used, ypitch, cpitch, ysize, csize, total = L.r, L.used, L.ypitch, L.cpitch, L.ysize, L.csize, L.total
-        self.reserve(0, int(total.sum()))  # GPUDecoder fits the batch first (fit_planar): no growth there
+        self.reserve(0, int(total.sum()))  # GPUDecoder fits the batch first (room_for): no growth there
         base = self.arena.data.ptr + np.concatenate([[0], np.cumsum(total)[:-1]]).astype(np.int64)
         cb, cr = base + ysize, base + ysize + csize
         win = windows[idx]

@@ -50,7 +50,7 @@ class BatchReport:
     gpu_rate: float | None = None
     cpu_rate: float | None = None
     hybrid_rate: float | None = None
-    overflow: int = 0  # of the CPU's, GPU-bound images past the arena's or staging's room (buffers.batch_room)
+    overflow: int = 0  # of the CPU's, GPU-bound images past the arena's or staging's room (room.batch_room)
     errors: list = field(default_factory=list)  # (batch index, reason) of images nothing decoded
     seconds: float = 0.0
     stages: dict = field(default_factory=dict)  # seconds per stage of this call
@@ -187,7 +187,7 @@ class GPUDecoder:
         """Size every buffer from the index, so steady state allocates nothing.
 
         Planar (chroma="interpolate"): the arena and the staging get the room a batch of this
-        dataset's GPU-bound records needs (buffers.batch_room; a batch past it sends its last
+        dataset's GPU-bound records needs (room.batch_room; a batch past it sends its last
         images to the CPU share, counted in BatchReport.overflow). Otherwise: room for the
         `max_batch` largest at once.
 
@@ -201,10 +201,10 @@ class GPUDecoder:
         """
         widths, heights = np.asarray(widths), np.asarray(heights)
         routes = None if routes is None else np.asarray(routes)
+        engine = np.ones(len(widths), bool) if routes is None else routes == ENGINE
         if self.planar:
             lengths = np.asarray(jpeg_lengths, np.int64)
             gpu = np.ones(len(widths), bool) if routes is None else routes != CPU
-            engine = np.ones(len(widths), bool) if routes is None else routes == ENGINE
             cw = None if chroma is None else np.asarray(chroma)[gpu]
             arena = batch_room(planar_need(widths[gpu], heights[gpu], cw), self.max_batch)
             staging = batch_room(staging_each(lengths[engine]), self.max_batch)
@@ -222,7 +222,6 @@ class GPUDecoder:
             except Exception as e:
                 self.prealloc_error = f"hybrid: {e}"
         if self.hw is not None and len(widths):
-            engine = np.ones(len(widths), bool) if routes is None else routes == ENGINE
             if engine.any():
                 try:  # the largest layout the engines will see (4:4:4 > 4:2:2, 4:4:0 > 4:2:0)
                     with self.device:
@@ -334,9 +333,9 @@ class GPUDecoder:
                           "keep refusing)", RuntimeWarning, stacklevel=2)
         r = self.planner.rates
         t_end = time.perf_counter()
-        self.last = BatchReport(n=n, gpu=n_gpu, hybrid=n_hyb, cpu=len(cpu_idx), cpu_forced=plan.forced, overflow=overflow,
-                                cpu_fraction=self.planner.cpu_fraction, gpu_rate=r.gpu, cpu_rate=r.cpu,
-                                hybrid_rate=r.hybrid, errors=errors, seconds=t_end - t0,
+        self.last = BatchReport(n=n, gpu=n_gpu, hybrid=n_hyb, cpu=len(cpu_idx), cpu_forced=plan.forced,
+                                overflow=overflow, cpu_fraction=self.planner.cpu_fraction, gpu_rate=r.gpu,
+                                cpu_rate=r.cpu, hybrid_rate=r.hybrid, errors=errors, seconds=t_end - t0,
                                 stages={"plan": t_plan - t0, "engines_submit": t_submit,
                                         "engines_native": t_native or 0.0, "cpu_decode": t_cpu,
                                         "hybrid_decode": t_hyb or 0.0, "wait": t_wait - t_plan,
@@ -383,10 +382,10 @@ class GPUDecoder:
             rois = plan_rois(windows[idx], w0[keep], h0[keep], css[keep], self.size, red=red)
             regions = np.where(keep < ne, self.planar_regions["engines"], self.planar_regions["hybrid"])
         # the room: the engines' JPEGs are staged, every image's planes take arena
-        fit = self.buf.room_for(PlaneLayout(dims, rois, regions).total,
-                                np.where(keep < ne, staging_each(lengths[keep]), 0))
-        if not fit.all():
-            over = idx[~fit]
+        layout = PlaneLayout(dims, rois, regions)
+        fit = self.buf.room_for(layout.total, np.where(keep < ne, staging_each(lengths[keep]), 0))
+        over = idx[~fit]
+        if len(over):  # the batch's last images to the CPU share; the rest laid out again (rare)
             plan.engine = plan.engine[~np.isin(plan.engine, over)]
             plan.hybrid = plan.hybrid[~np.isin(plan.hybrid, over)]
             plan.cpu = np.concatenate([np.asarray(plan.cpu, np.int64), over])
@@ -395,7 +394,9 @@ class GPUDecoder:
                 rois, regions = rois[fit], regions[fit]
             if not len(idx):
                 return {}, refused, len(over)
-        return self.buf.place_planar(windows, idx, dims, rois, regions, red=red), refused, int((~fit).sum())
+            layout = PlaneLayout(dims, rois, regions)
+        places = self.buf.place_planar(windows, idx, dims, rois, regions, red=red, layout=layout)
+        return places, refused, len(over)
 
     def _decode_cpu(self, buffers, windows, idx, at: int):
         """CPU-decode `idx` into cpu_out[at:at+len(idx)]; (seconds, [(batch index, reason)])."""

@@ -156,7 +156,7 @@ class Assignment:
 
     engine: np.ndarray
     hybrid: np.ndarray
-    cpu: np.ndarray  # the `forced` ones first, then the share moved from the engines (GPUDecoder adds those past its room)
+    cpu: np.ndarray  # the `forced` ones first, then the share moved from the engines (then GPUDecoder's past its room)
     forced: int  # CPU images no GPU decoder takes here (route, missing EOI, decoder unavailable)
 
     @property

@@ -69,7 +69,7 @@ class PlaneLayout:
     (`total` per image: what it takes of the arena)."""
 
     def __init__(self, dims, rois=None, regions=None):
-        d = self.dims = np.asarray(dims, np.int64).reshape(-1, 8)
+        d = np.asarray(dims, np.int64).reshape(-1, 8)
         n = len(d)
         w, h, hs, vs = d[:, 0], d[:, 1], d[:, 2], d[:, 3]
         self.w, self.h = w, h
