@@ -91,8 +91,13 @@ if has tests && fits tests 520; then
   GPU_SUITE="tests/test_install.py tests/test_gpu.py tests/test_gpu_roi.py tests/test_gpu_scaling.py tests/test_lightning.py tests/test_epochs.py tests/test_readme.py tests/test_loader.py tests/test_loader_stream.py tests/test_loader_api.py tests/test_torch.py tests/test_distributed.py tests/test_cli_user.py tests/test_nvsubmit.py tests/test_decode_cpu.py tests/test_ops.py"
   # -v: each test's name and outcome as it ends, so a run cut short by the timeout still says
   # which failed and where it stopped; -rfEs: the failures' and skips' reasons in the summary.
-  # The whole suite takes ~500 s on the H200: the default timeout leaves it room
-  RECORDTOOL_REQUIRE_NATIVE=1 RECORDTOOL_TEST_INSTALLED=1 timeout ${TESTS_TIMEOUT:-560} python3 -m pytest -v -p no:cacheprovider -rfEs ${PYTEST_ARGS:-$GPU_SUITE} \
+  # One process takes ~500 s on the H200; with pytest-xdist carried (.whl) the tests are spread
+  # over TEST_WORKERS processes (default 4) sharing the GPU: each test still runs whole in one
+  # process, so a test that depends on another's leftovers or collides with it fails here.
+  # --durations: the slowest tests, to keep the suite inside one call
+  par=""; python3 -c "import xdist" 2>/dev/null && par="-n ${TEST_WORKERS:-4} --dist load"
+  echo "pytest workers: ${par:-one process}"
+  RECORDTOOL_REQUIRE_NATIVE=1 RECORDTOOL_TEST_INSTALLED=1 timeout ${TESTS_TIMEOUT:-560} python3 -m pytest -v -p no:cacheprovider -rfEs --durations=15 $par ${PYTEST_ARGS:-$GPU_SUITE} \
     > "$OUT/pytest.log" 2>&1
   rc=$?; (( rc == 124 )) && echo "pytest: TIMED OUT after ${TESTS_TIMEOUT:-560} s (raise TESTS_TIMEOUT)" | tee -a "$OUT/pytest.log"
   echo "pytest: $(tail -1 "$OUT/pytest.log") ($SECONDS s)"

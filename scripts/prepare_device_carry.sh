@@ -23,6 +23,8 @@ mkdir -p .whl .carry/photos
 plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" \
   -d .whl crc32c==2.9.post0 protobuf==7.36.2
+# the tests step spreads the GPU suite over a few processes (device_run.sh)
+python3 -m pip download -q --no-deps --only-binary=:all: -d .whl pytest-xdist==3.8.0 execnet==2.1.2
 [ -n "$(ls .whl/pyturbojpeg-*.whl 2>/dev/null)" ] || python3 -m pip wheel -q --no-deps -w .whl 'pyturbojpeg==1.8.3'
 rm -f .whl/recordtool-*.whl .carry/libturbojpeg.so.0  # (the wheel carries libturbojpeg now)
 tmp=$(mktemp -d)
