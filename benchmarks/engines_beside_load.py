@@ -11,6 +11,13 @@ beside loads that each share one resource with it, all in its process as a train
   gpu       bf16 matrix products on a side stream, a few long kernels with an event wait between:
             the SMs busy, the GIL and the cores almost free
   gil       a pure-Python loop on a thread: the GIL and one core, the GPU free
+  null-sleep  a one-thread spin kernel (torch.cuda._sleep) kept queued on CUDA's legacy default
+            stream — where an eager PyTorch loop queues its kernels — by a thread: the SMs and
+            cores almost idle, only that stream busy. The Loader's batches are taken on a side
+            stream here (and in side-sleep), so its own hand-out and give-back events do not
+            queue behind the spin kernels: any slowdown is a wait on the default stream itself
+  side-sleep  the same kernels on a non-blocking side stream: the control for null-sleep
+  model-side  the `model` loop queued on a non-blocking side stream instead of the default one
 
 Each run reports the Loader's img/s (batches taken by the main thread or a consumer thread) and
 its producers' mean seconds per batch in each stage (Loader.stage_seconds: `gpu.engines_native`
@@ -75,6 +82,23 @@ def gpu_load(side):
     del b
 
 
+def sleep_load(side, on_side_stream):
+    """Keep ~0.1 s of spin kernels queued on the legacy default stream (or a side stream)."""
+    import contextlib
+
+    import torch
+
+    s = torch.cuda.Stream() if on_side_stream else None
+    with torch.cuda.stream(s) if s is not None else contextlib.nullcontext():
+        while not side.stop.is_set():
+            for _ in range(4):
+                torch.cuda._sleep(50_000_000)  # one thread spinning ~25 ms
+            ev = torch.cuda.Event()
+            ev.record()
+            ev.synchronize()
+            side.count += 4
+
+
 def gil_load(side):
     while not side.stop.is_set():
         x = 0
@@ -83,10 +107,15 @@ def gil_load(side):
         side.count += 1
 
 
-def consume(it, stop, counter):
-    while not stop.is_set():
-        next(it)
-        counter[0] += 1
+def consume(it, stop, counter, stream=None):
+    import contextlib
+
+    import torch
+
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        while not stop.is_set():
+            next(it)
+            counter[0] += 1
 
 
 def run_one(args, load):
@@ -100,7 +129,7 @@ def run_one(args, load):
     for _ in range(args.warmup):
         next(it)
     model = opt = x = y = None
-    if load in ("model", "model-sync"):
+    if load in ("model", "model-sync", "model-side"):
         model, opt = make_model(args.arch, torch.device("cuda"), False)
         x = torch.randn(args.model_batch, 3, args.model_size, args.model_size, device="cuda").half()
         x = x.contiguous(memory_format=torch.channels_last)
@@ -108,7 +137,9 @@ def run_one(args, load):
         for _ in range(3):
             train_step(model, opt, x, y)
         torch.cuda.synchronize()
-    side = Side(gpu_load if load == "gpu" else gil_load) if load in ("gpu", "gil") else None
+    loads = {"gpu": gpu_load, "gil": gil_load, "null-sleep": lambda sd: sleep_load(sd, False),
+             "side-sleep": lambda sd: sleep_load(sd, True)}
+    side = Side(loads[load]) if load in loads else None
     if side is not None:
         side.start()
         time.sleep(0.5)
@@ -122,12 +153,19 @@ def run_one(args, load):
     if model is not None:  # the Loader's batches taken on a thread, the model on the main one
         consumer = threading.Thread(target=consume, args=(it, stop, taken), daemon=True)
         consumer.start()
-        while time.perf_counter() - t0 < args.seconds:
-            train_step(model, opt, x, y)
-            if load == "model-sync":
-                torch.cuda.synchronize()
-            steps += 1
+        model_stream = torch.cuda.Stream() if load == "model-side" else torch.cuda.current_stream()
+        with torch.cuda.stream(model_stream):
+            while time.perf_counter() - t0 < args.seconds:
+                train_step(model, opt, x, y)
+                if load == "model-sync":
+                    torch.cuda.synchronize()
+                steps += 1
         torch.cuda.synchronize()
+    elif load in ("null-sleep", "side-sleep"):  # batches taken on a side stream (see the module)
+        consumer = threading.Thread(target=consume, args=(it, stop, taken, torch.cuda.Stream()), daemon=True)
+        consumer.start()
+        while time.perf_counter() - t0 < args.seconds:
+            time.sleep(0.05)
     else:
         while time.perf_counter() - t0 < args.seconds:
             next(it)
