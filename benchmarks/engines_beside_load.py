@@ -25,6 +25,11 @@ is nvJPEG's batched call without the GIL, `gpu.wait` the time the producer then 
 share and the GPU), the load's own rate, and the Loader's device memory: the output ring, the
 decoders' buffers and what nvidia-smi says the process holds.
 
+--context green: the Loader's producers (their decoders, streams and nvJPEG handles) run in a
+green context made of the whole device's SMs (cuGreenCtxCreate, with its own default stream)
+instead of the primary context the loads and the consumer use: whether the engines' waits are
+on work of their own context. A probe of the mechanism, not a mode of the library.
+
 Usage (on a GPU machine, pinned to a node's share):
   taskset -c 0-3 python benchmarks/engines_beside_load.py PACKED --threads 4 --loads alone,model,gpu,gil
 """
@@ -36,6 +41,43 @@ import os
 import sys
 import threading
 import time
+
+
+def _cu_check(call, rc):
+    if rc:
+        raise RuntimeError(f"{call} failed with CUDA error {rc}")
+
+
+def green_context(device: int = 0):
+    """(libcuda, CUcontext) of a new green context over all of `device`'s SMs."""
+    import ctypes
+
+    cu = ctypes.CDLL("libcuda.so.1")
+    _cu_check("cuInit", cu.cuInit(0))
+    dev = ctypes.c_int()
+    _cu_check("cuDeviceGet", cu.cuDeviceGet(ctypes.byref(dev), device))
+    res = (ctypes.c_ubyte * 4096)()  # a CUdevResource (smaller than this)
+    _cu_check("cuDeviceGetDevResource", cu.cuDeviceGetDevResource(dev, res, 1))  # CU_DEV_RESOURCE_TYPE_SM
+    desc, green, ctx = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+    _cu_check("cuDevResourceGenerateDesc", cu.cuDevResourceGenerateDesc(ctypes.byref(desc), res, 1))
+    _cu_check("cuGreenCtxCreate", cu.cuGreenCtxCreate(ctypes.byref(green), desc, dev, 1))  # DEFAULT_STREAM
+    _cu_check("cuCtxFromGreenCtx", cu.cuCtxFromGreenCtx(ctypes.byref(ctx), green))
+    return cu, ctx
+
+
+def producers_in(cu, ctx, device: int = 0):
+    """Make every producer thread the Loader starts from now on run with `ctx` current."""
+    from recordtool.decode.gpu import nvjpeg
+    from recordtool.loader import prefetch
+
+    produce = prefetch._produce
+
+    def in_context(*args, **kw):
+        _cu_check("cuCtxSetCurrent", cu.cuCtxSetCurrent(ctx))
+        nvjpeg._thread.devices = {device}  # context_current: keep this context, not the primary one
+        return produce(*args, **kw)
+
+    prefetch._produce = in_context
 
 
 def loader(packed, batch, threads, size, options):
@@ -227,6 +269,8 @@ def main(argv=None):
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--options", default="{}", help="the Loader's keywords beside split/same_pixels, as JSON")
+    ap.add_argument("--context", choices=("primary", "green"), default="primary",
+                    help="where the producers' CUDA work runs (see the module)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     import torch
@@ -235,11 +279,14 @@ def main(argv=None):
 
     torch.backends.cudnn.benchmark = True
     torch.cuda.init()
+    torch.zeros(1, device="cuda")  # the primary context made current first (cuGreenCtxCreate asks it)
+    if args.context == "green":
+        producers_in(*green_context())
     base = gpu_used_mib("cuda")
     results = []
     for load in args.loads.split(","):
         r = run_one(args, load)
-        r["context_mib"] = base
+        r["context_mib"], r["context"] = base, args.context
         print(json.dumps(r), flush=True)
         results.append(r)
     if args.json:

@@ -4,6 +4,7 @@ The GPU tests skip cleanly without CuPy or a GPU (CI); the reference and routing
 everywhere. scripts/device_run.sh runs this file on the H200 machine.
 """
 import io
+import time
 
 import numpy as np
 import pytest
@@ -581,7 +582,11 @@ def test_cuda_loader_bounds_how_far_the_training_loop_runs_ahead(packed_mix):
     before it took batch k - 1 has finished — the Loader slept for it — while the loop still
     had a step queued; the batches are those of an unbounded Loader. CuPy batches (as_torch=False)
     and the loop's work on the default stream, which torch's current stream is: no label copy to
-    torch synchronises the hand-out, so the Loader's own wait is what is measured."""
+    torch synchronises the hand-out, so the Loader's own wait is what is measured.
+    Why one long step after a pause: the producers' nvJPEG calls themselves wait for work queued
+    on the default stream, so batches made while a step is queued are ready only after it; the
+    pause lets them make the next batches first, and batch 3's wait is then the Loader's alone —
+    step 1, about a second — whatever else shares the GPU."""
     torch = pytest.importorskip("torch")
     from recordtool.loader import Loader
 
@@ -596,14 +601,16 @@ def test_cuda_loader_bounds_how_far_the_training_loop_runs_ahead(packed_mix):
         for k, (x, _) in enumerate(ld):
             if ahead is not None and k >= 2:
                 assert done[k - 2].query(), (k, ld.stage_seconds)  # the step before last is finished
+            if k == 3 and ahead is not None:
+                assert ld.stage_seconds["run_ahead"] > 0.5, ld.stage_seconds  # it slept on step 1
             sums[ahead].append(x.astype(cupy.float32).sum())
-            torch.cuda._sleep(200_000_000)  # a long step queued (~0.1 s of GPU time)
+            if k == 1:
+                time.sleep(1.0)  # the producers make batches 2 and 3 (and more) meanwhile
+            torch.cuda._sleep(3_000_000_000 if k == 1 else 20_000_000)  # step 1: ~1.5 s of GPU time
             ev = torch.cuda.Event()
             ev.record()
             done.append(ev)
         torch.cuda.synchronize()
-        if ahead is not None:
-            assert ld.stage_seconds["run_ahead"] > 0.05, ld.stage_seconds  # it slept on the queued steps
         ld.close()
     assert [float(v) for v in sums[1]] == [float(v) for v in sums[None]], sums
 
