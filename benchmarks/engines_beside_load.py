@@ -36,6 +36,7 @@ Usage (on a GPU machine, pinned to a node's share):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -126,8 +127,6 @@ def gpu_load(side):
 
 def sleep_load(side, on_side_stream):
     """Keep ~0.1 s of spin kernels queued on the legacy default stream (or a side stream)."""
-    import contextlib
-
     import torch
 
     s = torch.cuda.Stream() if on_side_stream else None
@@ -150,8 +149,6 @@ def gil_load(side):
 
 
 def consume(it, stop, counter, stream=None):
-    import contextlib
-
     import torch
 
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
@@ -234,14 +231,14 @@ def run_one(args, load):
     pool = cupy.get_default_memory_pool()
     ix = ld.ds.index
     out = {"max_image": [int(ix.width.max()), int(ix.height.max())], "producers": ld.producers,
-           "slots": len(ring._mem), "load": load, "threads": args.threads, "img_s": round(taken[0] * args.batch / dt),
+           "slots": ring.slots, "load": load, "threads": args.threads, "img_s": round(taken[0] * args.batch / dt),
            "model_img_s": round(steps * args.model_batch / dt) if model is not None else None,
            "load_rate": load_rate and round(load_rate, 1), "stages_ms_per_batch": stages,
            "decoded": {k: ld.decoded.get(k, 0) - decoded0.get(k, 0) for k in ("gpu", "hybrid", "cpu")},
            "process_mib": mem, "cupy_pool_mib": round(pool.total_bytes() / 2**20),
            "cupy_used_mib": round(pool.used_bytes() / 2**20),
            "torch_reserved_mib": round(torch.cuda.memory_reserved() / 2**20),
-           "ring_mib": round(ring.nbytes * len(ring._mem) / 2**20),
+           "ring_mib": round(ring.nbytes * ring.slots / 2**20),
            "decoder_buffers": buffers}
     if side is not None:
         side.stop.set()

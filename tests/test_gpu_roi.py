@@ -208,6 +208,11 @@ class _Headers:
         return np.array(rows, np.int64)
 
 
+def _arena(size: int):
+    """A stand-in for the device arena: an address and a size in bytes."""
+    return type("Arena", (), {"data": type("Ptr", (), {"ptr": 1 << 20})(), "size": int(size)})()
+
+
 def _decoder_without_gpu(buffers, planar_roi):
     """A GPUDecoder's planar placement with its device parts stood in for: a host arena address,
     the sample table in host memory, the header reader above."""
@@ -218,7 +223,7 @@ def _decoder_without_gpu(buffers, planar_roi):
     buf = DecodeBuffers.__new__(DecodeBuffers)
     buf.planned = False  # no warm-up: room_for grows (the stand-in's reserve) and takes every image
     buf.samples = np.zeros(len(buffers), SAMPLE_DTYPE)
-    buf.arena = type("Arena", (), {"data": type("Ptr", (), {"ptr": 1 << 20})(), "size": 1 << 40})()
+    buf.arena = _arena(1 << 40)
     buf.reserve = lambda staging, arena: None
     dec = GPUDecoder.__new__(GPUDecoder)
     dec.buf, dec.size, dec.planar_roi, dec.hw, dec.hybrid = buf, (224, 224), planar_roi, _Headers(buffers), None
@@ -294,7 +299,7 @@ def test_planar_placement_sends_the_images_past_the_room_to_the_cpu_share():
                                  (whole.sum(), lens[:3].sum(), [0, 1, 2, 3])):  # room for all (3 is the hybrid's)
         dec = _decoder_without_gpu(bufs, planar_roi=False)
         dec.buf.planned = True
-        dec.buf.arena = type("Arena", (), {"data": type("Ptr", (), {"ptr": 1 << 20})(), "size": int(arena)})()
+        dec.buf.arena = _arena(arena)
         dec.buf.staging_np = np.zeros(int(staging), np.uint8)
         plan = Assignment(engine=np.array([0, 1, 2]), hybrid=np.array([3]), cpu=np.array([7], np.int64), forced=1)
         places, refused, overflow = dec._place_planar(bufs, win, plan)
