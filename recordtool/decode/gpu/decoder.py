@@ -27,15 +27,10 @@ from ...errors import ConfigError
 from ..spec import OutputSpec
 from . import kernel as K
 from .buffers import DecodeBuffers, OutputRing
-from .room import PlaneLayout, batch_room, planar_need, staging_each
+from .room import PlaneLayout, batch_room, planar_need, planar_subsampling, staging_each
 from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, Chroma, Demand, Split, SplitPlanner, check_chroma,
                    buffer_spans, ends_with_eoi)
 from .roi import dct_reduction, plan_rois
-
-# nvJPEG chroma code (row) → (horizontal, vertical) subsampling the kernel upsamples; (0, 0):
-# grayscale; (-1, -1): a layout the kernel does not take
-_PLANAR_LAYOUT = np.array([(1, 1), (2, 1), (2, 2), (1, 2), (-1, -1), (-1, -1), (0, 0), (-1, -1)], np.int64)
-
 
 @dataclass
 class BatchReport:
@@ -358,8 +353,7 @@ class GPUDecoder:
         ptrs, lengths = buffer_spans([buffers[i] for i in idx.tolist()])
         info = (self.hw or self.hybrid).image_infos(ptrs, lengths)
         status, nc, css, w0, h0, w1, h1 = info.T
-        known = (css >= 0) & (css < len(_PLANAR_LAYOUT))
-        hs, vs = np.where(known[:, None], _PLANAR_LAYOUT[np.clip(css, 0, len(_PLANAR_LAYOUT) - 1)], -1).T
+        hs, vs = planar_subsampling(css).T
         gray = hs == 0
         win = windows[idx]
         ok = ((status == 0) & (hs >= 0) & (nc == np.where(gray, 1, 3)) & (w0 * h0 > 0) & (w0 * h0 <= DEFAULT_MAX_PIXELS)

@@ -16,7 +16,6 @@ def region_bytes(w, h) -> np.ndarray:
     return ((np.ceil(w) + 1) * (np.ceil(h) + 1) * 3 + 2 * ALIGN).astype(np.int64)
 
 
-
 def staging_bytes(lengths) -> int:
     """Pinned bytes a batch of JPEGs of these lengths needs (64-byte aligned slots)."""
     return int(np.sum(np.asarray(lengths, np.int64))) + 64 * len(lengths)
@@ -27,27 +26,29 @@ def staging_each(lengths) -> np.ndarray:
     return (np.asarray(lengths, np.int64) + 63) // 64 * 64
 
 
-# libjpeg chroma code (format.jpeg.CHROMA_*) → (horizontal, vertical) subsampling; (0, 0) gray;
-# the codes the planar path does not take as 4:4:4 (what place_planar would allocate at most)
-_SUBSAMPLING = np.array([(1, 1), (2, 1), (2, 2), (1, 2), (1, 1), (1, 1), (0, 0), (1, 1)], np.int64)
+# chroma code (format.jpeg.CHROMA_*, nvJPEG's enum) → the planar path's (horizontal, vertical) chroma
+# subsampling; (0, 0) gray; (-1, -1) a code it does not take (4:1:1 and the like go elsewhere)
+PLANAR_LAYOUT = np.array([(1, 1), (2, 1), (2, 2), (1, 2), (-1, -1), (-1, -1), (0, 0), (-1, -1)], np.int64)
+
+
+def planar_subsampling(chroma) -> np.ndarray:
+    """(n, 2) subsampling of each chroma code by PLANAR_LAYOUT; -1 for a code outside it."""
+    c = np.asarray(chroma, np.int64).reshape(-1)
+    known = (c >= 0) & (c < len(PLANAR_LAYOUT))
+    return np.where(known[:, None], PLANAR_LAYOUT[np.clip(c, 0, len(PLANAR_LAYOUT) - 1)], -1)
 
 
 def planar_need(widths, heights, chroma=None) -> np.ndarray:
     """Arena bytes each whole image's planes take at its chroma layout (format.jpeg.CHROMA_*
-    codes; None or an unknown code: 4:4:4, the largest) — what place_planar places for it at
-    most (a region is a part of them)."""
-    w, h = np.asarray(widths, np.int64), np.asarray(heights, np.int64)
-    if chroma is None:
-        hs = vs = np.ones_like(w)
-    else:
-        c = np.asarray(chroma, np.int64)
-        hv = _SUBSAMPLING[np.where((c >= 0) & (c < len(_SUBSAMPLING)), c, 0)]
-        hs, vs = hv[:, 0], hv[:, 1]
-    gray = hs == 0
-    hs1, vs1 = np.maximum(hs, 1), np.maximum(vs, 1)
-    ysize = (w * h + ALIGN - 1) // ALIGN * ALIGN
-    csize = np.where(gray, 0, ((-(-w // hs1)) * (-(-h // vs1)) + ALIGN - 1) // ALIGN * ALIGN)
-    return ysize + 2 * csize
+    codes; None or a code the planar path does not take: 4:4:4, the largest) — what
+    place_planar places for it at most (a region is a part of them): PlaneLayout's `total`
+    for the whole image."""
+    w, h = np.asarray(widths, np.int64).reshape(-1), np.asarray(heights, np.int64).reshape(-1)
+    dims = np.zeros((len(w), 8), np.int64)
+    dims[:, 0], dims[:, 1] = w, h
+    hv = np.ones((len(w), 2), np.int64) if chroma is None else planar_subsampling(chroma)
+    dims[:, 2:4] = np.where(hv < 0, 1, hv)
+    return PlaneLayout(dims).total
 
 
 def batch_room(need, batch: int) -> int:
