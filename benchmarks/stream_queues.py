@@ -28,12 +28,15 @@ extern "C" __global__ void spin(long long ns) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
     do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while ((long long)(t - t0) < ns);
 }'''
-cp = SPIN = NOP = None  # CuPy and the two kernels, loaded by _load (--help needs neither)
+cp = SPIN = NOP = decoder_stream = Waiter = None  # loaded by _load (--help needs none of them)
 
 
 def _load() -> None:
-    global cp, SPIN, NOP
+    global cp, SPIN, NOP, decoder_stream, Waiter
     import cupy
+
+    # the decoders' own stream and wait (decode.gpu.decoder): the probe measures what they use
+    from recordtool.decode.gpu.decoder import _stream as decoder_stream, _Waiter as Waiter
 
     cp = cupy
     SPIN = cupy.RawKernel(_SPIN_SRC, "spin")
@@ -55,7 +58,7 @@ def shares_queue(c, s, ns: int = 2_000_000) -> float:
 
 
 def under_load(reps: int, batch: int) -> dict:
-    """Median ms of single operations on a fresh high-priority non-blocking stream, alone and
+    """Median ms of single operations on a fresh decoder stream (decode.gpu.decoder._stream), alone and
     while a thread keeps 4 x 25 ms of one-thread spin kernels queued on a side stream (no SM
     load): an empty kernel, a 4 MiB pinned upload, one nvJPEG hardware batch (the call's own
     time and until its stream is done)."""
@@ -86,22 +89,22 @@ def under_load(reps: int, batch: int) -> dict:
     dptrs = np.array([dst[k].data.ptr for k in range(batch)], np.int64)
     pitches = np.full(batch, 1500, np.int64)
     hw = HardwareDecoder(batch)
-    s = cp.cuda.Stream(non_blocking=True, priority=-5)
+    s = decoder_stream(cp)
     pin = cp.cuda.alloc_pinned_memory(4 << 20)
     dev = cp.empty(4 << 20, cp.uint8)
-    ev = cp.cuda.Event(block=True, disable_timing=True)
+    done = Waiter(cp)
 
     def ops():
         t = {}
-        t0 = time.perf_counter(); NOP((1,), (1,), (), stream=s); ev.record(s); ev.synchronize()
+        t0 = time.perf_counter(); NOP((1,), (1,), (), stream=s); done(s)
         t["nop"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        cp.cuda.runtime.memcpyAsync(dev.data.ptr, pin.ptr, 4 << 20, 1, s.ptr); ev.record(s); ev.synchronize()
+        cp.cuda.runtime.memcpyAsync(dev.data.ptr, pin.ptr, 4 << 20, 1, s.ptr); done(s)
         t["h2d"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         hw.decode(ptrs, lens, rois, dptrs, pitches, s.ptr)
         t["nvjpeg_call"] = time.perf_counter() - t0
-        ev.record(s); ev.synchronize()
+        done(s)
         t["nvjpeg_done"] = time.perf_counter() - t0
         return t
 
@@ -132,7 +135,7 @@ def under_load(reps: int, batch: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--high", type=int, default=10, help="high-priority non-blocking streams made first")
+    ap.add_argument("--high", type=int, default=10, help="decoder streams (highest priority, non-blocking) made first")
     ap.add_argument("--low", type=int, default=6, help="default-priority non-blocking streams made next")
     ap.add_argument("--under-load", action="store_true",
                     help="time single operations alone and beside queued spin kernels instead")
@@ -148,8 +151,7 @@ def main() -> None:
     SPIN((1,), (1,), (np.int64(1000),), stream=null)
     NOP((1,), (1,), (), stream=null)
     null.synchronize()
-    lo, hi = 0, -5  # CUDA's range on current GPUs: 0 (least) to -5 (greatest)
-    streams = [("high", cp.cuda.Stream(non_blocking=True, priority=hi)) for _ in range(args.high)]
+    streams = [("high", decoder_stream(cp)) for _ in range(args.high)]
     streams += [("low", cp.cuda.Stream(non_blocking=True)) for _ in range(args.low)]
     vs_null = [round(shares_queue(null, s), 2) for _, s in streams]
     n = len(streams)
@@ -163,7 +165,7 @@ def main() -> None:
         g = [j for j in range(n) if j == i or (matrix[i][j] is not None and matrix[i][j] > -1.0)]
         seen.update(g)
         groups.append(g)
-    print(json.dumps({"priority_range": [lo, hi], "kinds": [k for k, _ in streams],
+    print(json.dumps({"kinds": [k for k, _ in streams],
                       "vs_legacy_default_ms": vs_null, "groups": groups}, indent=1))
     for row in matrix:
         print(" ".join("  .  " if v is None else f"{v:5.1f}" for v in row))
