@@ -234,6 +234,46 @@ def test_native_submit_matches_the_ctypes_loop():
 
 
 @gpu
+def test_unpipelined_engines_decode_what_pipelined_ones_decode():
+    """The engines' batched calls run without nvJPEG's pipelining by default
+    (NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE: a pipelined call waits behind other streams' queued
+    work); batches of changing sizes, each read back once its stream is done, give the pixels
+    of the pipelined decoder bit for bit."""
+    import inspect
+
+    from recordtool.decode.gpu.nvjpeg import FLAGS_HW_DECODE_NO_PIPELINE, HardwareDecoder
+
+    assert inspect.signature(HardwareDecoder).parameters["pipeline"].default is False
+    bufs, sizes = _jpegs(40)
+    eng = [i for i, r in enumerate(_hw(bufs)) if r == ENGINE]
+    pins = [cupy.cuda.alloc_pinned_memory(len(bufs[i])) for i in eng]
+    for p, i in zip(pins, eng):
+        np.frombuffer(p, np.uint8, len(bufs[i]))[:] = np.frombuffer(bufs[i], np.uint8)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    got = {}
+    for pipeline in (False, True):
+        try:
+            d = HardwareDecoder(len(eng), pipeline=pipeline)
+        except Exception as e:
+            pytest.skip(f"no NVJPG engines: {e}")
+        assert d.pipeline == pipeline
+        outs = []
+        for lo, hi in ((0, len(eng)), (3, 9), (0, len(eng) - 2), (5, 6)):  # sizes change: re-initialised
+            w, h = sizes[eng[lo:hi]].T
+            dst = [cupy.full((int(hh), int(ww) * 3), 7, np.uint8) for ww, hh in zip(w, h)]
+            d.decode([p.ptr for p in pins[lo:hi]], [len(bufs[i]) for i in eng[lo:hi]],
+                     [(0, 0, int(ww), int(hh)) for ww, hh in zip(w, h)], [x.data.ptr for x in dst],
+                     [x.shape[1] for x in dst], stream.ptr)
+            stream.synchronize()
+            outs += [cupy.asnumpy(x) for x in dst]
+        got[pipeline] = outs
+        d.close()
+    assert all(np.array_equal(a, b) for a, b in zip(got[False], got[True]))
+    assert any((x != 7).any() for x in got[False])  # decoded, not the fill
+    assert FLAGS_HW_DECODE_NO_PIPELINE == 1  # nvjpeg.h
+
+
+@gpu
 @pytest.mark.parametrize("chroma", ["replicate", "interpolate"])
 def test_chunked_engine_calls_decode_what_one_call_decodes(monkeypatch, chroma):
     """chunk=N: the engines' images in nvJPEG calls of at most N (sizes that differ, so the state

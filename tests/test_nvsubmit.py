@@ -182,6 +182,17 @@ def _hardware_decoder(cap, planar):
     return d, log
 
 
+def test_hardware_flags():
+    """nvjpegCreateEx's flags for the engines: unpipelined unless asked, interpolation on request
+    (nvjpeg.h: NO_PIPELINE 1, UPSAMPLING_WITH_INTERPOLATION 32)."""
+    from recordtool.decode.gpu.nvjpeg import hardware_flags
+
+    assert hardware_flags(False, False) == 1
+    assert hardware_flags(True, False) == 33
+    assert hardware_flags(False, True) == 0
+    assert hardware_flags(True, True) == 32
+
+
 @pytest.mark.parametrize("planar", [False, True])
 @pytest.mark.parametrize("native", [True, False])
 def test_hardware_decoder_same_calls_either_way(native, planar):

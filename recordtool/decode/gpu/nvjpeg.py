@@ -29,7 +29,9 @@ if _nvsubmit is not None and not hasattr(_nvsubmit, "infos"):  # a build older t
 # enums (nvjpeg.h)
 BACKEND_DEFAULT, BACKEND_HYBRID, BACKEND_GPU_HYBRID, BACKEND_HARDWARE = 0, 1, 2, 3
 OUTPUT_YUV, OUTPUT_Y, OUTPUT_RGBI = 1, 2, 5
-# nvjpegCreateEx flag (nvJPEG ≥ 12.1): interpolated chroma upsampling in nvJPEG's own colour conversion
+# nvjpegCreateEx flags: the hardware backend's batched decode without its buffering of images
+# across calls; (nvJPEG ≥ 12.1) interpolated chroma upsampling in nvJPEG's own colour conversion
+FLAGS_HW_DECODE_NO_PIPELINE = 1
 FLAGS_UPSAMPLING_WITH_INTERPOLATION = 32
 CSS_GRAY = 6
 STATUS = {0: "SUCCESS", 1: "NOT_INITIALIZED", 2: "INVALID_PARAMETER", 3: "BAD_JPEG", 4: "JPEG_NOT_SUPPORTED",
@@ -225,6 +227,11 @@ class _Handle:
             pass
 
 
+def hardware_flags(interpolate: bool, pipeline: bool) -> int:
+    """nvjpegCreateEx's flags for a HardwareDecoder (see its `interpolate` and `pipeline`)."""
+    return (FLAGS_UPSAMPLING_WITH_INTERPOLATION if interpolate else 0) | (0 if pipeline else FLAGS_HW_DECODE_NO_PIPELINE)
+
+
 class HardwareDecoder(_Handle):
     """nvjpegDecodeBatchedEx on the NVJPG engines: RGBI output with one ROI per image, or
     (planar=True) planar YUV (Y, Cb, Cr at their own sizes: `decode_planes`) of whole images
@@ -238,14 +245,21 @@ class HardwareDecoder(_Handle):
         planar: YUV output (decode_planes: whole images or regions) instead of RGBI with an
             ROI (decode).
         interpolate: NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION on the handle (RGBI output).
+        pipeline: nvJPEG's own pipelining of batched calls (it buffers images across calls), its
+            default; False (here the default) sets NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE. Beside
+            other streams' queued work — a training model's — a pipelined call waits behind that
+            work: 0.9–1.0 s a call of ~245 images beside a thread keeping spin kernels queued on a
+            side stream, against 12–600 ms (median 68) unpipelined; alone both take 12–25 ms
+            (BENCHMARKS.md, "Where the engines' rate goes beside a model").
     """
 
-    def __init__(self, max_batch: int, planar: bool = False, interpolate: bool = False):
+    def __init__(self, max_batch: int, planar: bool = False, interpolate: bool = False, pipeline: bool = False):
         L = lib()
         self.L = L
         self.handle = ctypes.c_void_p()
         self.fmt = OUTPUT_YUV if planar else OUTPUT_RGBI
-        flags = FLAGS_UPSAMPLING_WITH_INTERPOLATION if interpolate else 0
+        self.pipeline = bool(pipeline)
+        flags = hardware_flags(interpolate, self.pipeline)
         check("nvjpegCreateEx(HARDWARE)", L.nvjpegCreateEx(BACKEND_HARDWARE, None, None, flags,
                                                            ctypes.byref(self.handle)))
         e, c = ctypes.c_uint(), ctypes.c_uint()
