@@ -30,6 +30,10 @@ green context made of the whole device's SMs (cuGreenCtxCreate, with its own def
 instead of the primary context the loads and the consumer use: whether the engines' waits are
 on work of their own context. A probe of the mechanism, not a mode of the library.
 
+--pipeline: the Loader's hardware decoders made with nvJPEG's pipelining of batched calls
+(HardwareDecoder(pipeline=True)), which the library turns off: what the engines waited for
+beside other streams' work before. A probe, not a mode of the library.
+
 Usage (on a GPU machine, pinned to a node's share):
   taskset -c 0-3 python benchmarks/engines_beside_load.py PACKED --threads 4 --loads alone,model,gpu,gil
 """
@@ -79,6 +83,19 @@ def producers_in(cu, ctx, device: int = 0):
         return produce(*args, **kw)
 
     prefetch._produce = in_context
+
+
+def engines_pipelined():
+    """Make every HardwareDecoder made from now on pipeline its batched calls (nvJPEG's default)."""
+    from recordtool.decode.gpu import nvjpeg
+
+    init = nvjpeg.HardwareDecoder.__init__
+
+    def pipelined(self, *args, **kw):
+        kw["pipeline"] = True
+        init(self, *args, **kw)
+
+    nvjpeg.HardwareDecoder.__init__ = pipelined
 
 
 def loader(packed, batch, threads, size, options):
@@ -268,6 +285,8 @@ def main(argv=None):
     ap.add_argument("--options", default="{}", help="the Loader's keywords beside split/same_pixels, as JSON")
     ap.add_argument("--context", choices=("primary", "green"), default="primary",
                     help="where the producers' CUDA work runs (see the module)")
+    ap.add_argument("--pipeline", action="store_true",
+                    help="the engines' batched calls with nvJPEG's pipelining (see the module)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     import torch
@@ -279,11 +298,13 @@ def main(argv=None):
     torch.zeros(1, device="cuda")  # the primary context made current first (cuGreenCtxCreate asks it)
     if args.context == "green":
         producers_in(*green_context())
+    if args.pipeline:
+        engines_pipelined()
     base = gpu_used_mib("cuda")
     results = []
     for load in args.loads.split(","):
         r = run_one(args, load)
-        r["context_mib"], r["context"] = base, args.context
+        r["context_mib"], r["context"], r["pipeline"] = base, args.context, args.pipeline
         print(json.dumps(r), flush=True)
         results.append(r)
     if args.json:
