@@ -229,7 +229,8 @@ class _Handle:
 
 def hardware_flags(interpolate: bool, pipeline: bool) -> int:
     """nvjpegCreateEx's flags for a HardwareDecoder (see its `interpolate` and `pipeline`)."""
-    return (FLAGS_UPSAMPLING_WITH_INTERPOLATION if interpolate else 0) | (0 if pipeline else FLAGS_HW_DECODE_NO_PIPELINE)
+    interp = FLAGS_UPSAMPLING_WITH_INTERPOLATION if interpolate else 0
+    return interp | (0 if pipeline else FLAGS_HW_DECODE_NO_PIPELINE)
 
 
 class HardwareDecoder(_Handle):
@@ -248,8 +249,8 @@ class HardwareDecoder(_Handle):
         pipeline: nvJPEG's own pipelining of batched calls (it buffers images across calls), its
             default; False (here the default) sets NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE. Beside
             other streams' queued work — a training model's — a pipelined call waits behind that
-            work: 0.9–1.0 s a call of ~245 images beside a thread keeping spin kernels queued on a
-            side stream, against 12–600 ms (median 68) unpipelined; alone both take 12–25 ms
+            work: 0.6–1.1 s a call of ~245 images beside a thread keeping spin kernels queued on a
+            side stream, against a median of 68 ms unpipelined; alone both take 9–31 ms
             (BENCHMARKS.md, "Where the engines' rate goes beside a model").
     """
 
