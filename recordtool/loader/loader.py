@@ -388,7 +388,8 @@ class Loader:
             stream = self._stream = BatchStream(  # kept before its producers start: one may run our __del__
                 self.batcher, self._order, self.batch_size, self.drop_last, len(self), *start, launch=False,
                 producers=self.producers, depth=self.prefetch, continuous=self.continuous,
-                draws=self.batcher.recipe.draws, ahead=getattr(self.batcher, "ahead", None))
+                draws=self.batcher.recipe.draws,
+                ahead=self.batcher.ahead if getattr(self.batcher, "look_ahead", False) else None)
             stream.launch()
         it = EpochIterator(self, stream, *start)
         self._iterator = weakref.ref(it)
