@@ -46,8 +46,7 @@ class GPUBatcher:
 
     def __init__(self, recipe: Recipe, *, gpu_id: int, producers: int, threads: int, user_op, options: GPUOptions,
                  slots: int, max_batch: int, look_ahead: bool = True):
-        from ..decode.gpu import Demand, OutputRing, demand_first, kernel, route
-        from ..decode.gpu.plan import CPU as route_cpu
+        from ..decode.gpu import CPU, Demand, OutputRing, demand_first, kernel, route
 
         self.recipe, self.gpu_id, self.producers = recipe, gpu_id, producers
         self.spec = spec = recipe.output
@@ -72,8 +71,10 @@ class GPUBatcher:
         h, w = spec.size
         self._decoders: dict = {}
         self.look_ahead = look_ahead
+        # what BatchStream calls with each producer's next batch (None: nothing to announce)
+        self.announce = self.ahead if look_ahead else None
         self._lanes: dict = {}  # producer slot → its AheadLane (made on first use, kept across epochs)
-        self._cpu_routed = self.routes == route_cpu
+        self._cpu_routed = self.routes == CPU
         self._pixels = ix.width.astype(np.int64) * ix.height
         self._lock = threading.Lock()
         self.ring = OutputRing(spec.buffer_shape(max_batch), spec.storage_dtype, slots, gpu_id)

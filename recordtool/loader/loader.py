@@ -195,12 +195,8 @@ class Loader:
         self.last_split = None  # cuda: the last yielded batch's BatchReport
         # producer-side seconds per stage, and (cuda) images per decoder, summed over yielded batches
         self.stage_seconds, self.decoded = {}, {}
-        # GPU-bound images the decoders' buffers had no room for in their batch, decoded by the
-        # CPU share instead (counted in decoded["cpu"] too; decode.gpu.room.batch_room)
-        self.overflow = 0
-        # cuda: CPU-routed images the producers' look-ahead lanes decoded before their batch was
-        # made (counted in decoded["cpu"] too; loader.ahead)
-        self.ahead = 0
+        # of decoded["cpu"]: GPU-bound images past the buffers' room (room.batch_room), and decoded ahead (loader.ahead)
+        self.overflow = self.ahead = 0
         recipe = Recipe(self.ds, self.output, self.seed, self.augment)
         # batches alive at once: queued (producers × prefetch), being made (producers), and the
         # consumer's current and previous one; each as large as the largest batch this rank makes
@@ -216,8 +212,6 @@ class Loader:
         if dev.cuda:
             from .gpu import GPUBatcher
 
-            # a remote dataset's shard cache counts a record served once its view is taken and
-            # fetches along the epoch's plan: no second reader ahead of the batches
             self.batcher = GPUBatcher(recipe, gpu_id=self.gpu_id, producers=self.producers, threads=self.threads,
                                       user_op=user_op, options=self.gpu, slots=slots, max_batch=max_batch,
                                       look_ahead=getattr(self._order, "on_plan", None) is None)
@@ -388,8 +382,7 @@ class Loader:
             stream = self._stream = BatchStream(  # kept before its producers start: one may run our __del__
                 self.batcher, self._order, self.batch_size, self.drop_last, len(self), *start, launch=False,
                 producers=self.producers, depth=self.prefetch, continuous=self.continuous,
-                draws=self.batcher.recipe.draws,
-                ahead=self.batcher.ahead if getattr(self.batcher, "look_ahead", False) else None)
+                draws=self.batcher.recipe.draws, ahead=getattr(self.batcher, "announce", None))
             stream.launch()
         it = EpochIterator(self, stream, *start)
         self._iterator = weakref.ref(it)
