@@ -46,7 +46,6 @@ class BatchReport:
     cpu_rate: float | None = None
     hybrid_rate: float | None = None
     overflow: int = 0  # of the CPU's, GPU-bound images past the arena's or staging's room (room.batch_room)
-    ahead: int = 0  # of the CPU's, images decoded before the call (the caller's `decoded`: loader.ahead)
     errors: list = field(default_factory=list)  # (batch index, reason) of images nothing decoded
     seconds: float = 0.0
     stages: dict = field(default_factory=dict)  # seconds per stage of this call
@@ -246,7 +245,7 @@ class GPUDecoder:
         del view
 
     # ------------------------------------------------------------------ one batch
-    def __call__(self, buffers, windows, flips, routes, ids=None, decoded=None):
+    def __call__(self, buffers, windows, flips, routes, ids=None):
         """Decode one batch. Returns a CuPy array of spec.buffer_shape(N) and storage_dtype
         (spec.arrange gives the handed-out view), complete when the call returns (from the ring
         when there is one).
@@ -258,9 +257,6 @@ class GPUDecoder:
             routes: route codes (N,) from the index (plan.route), or bool (N,) = engine-decodable.
             ids: the records' ids: a hybrid-bound record whose bytes passed the refusal rule is
                 not parsed again in later batches (refuse_hybrid); None: every batch parses.
-            decoded: {batch index: uint8 (h, w, 3)} images of the CPU share already decoded by
-                the CPU path with these windows (a producer's look-ahead lane, loader.ahead):
-                copied in, not decoded again. Only images the plan gives the CPU are taken.
         """
         t0 = time.perf_counter()
         n = len(buffers)
@@ -280,14 +276,8 @@ class GPUDecoder:
             places, pre_failed, overflow = self._place_planar(buffers, windows, plan)
         else:
             places = self.buf.place(windows, np.concatenate([plan.engine, plan.hybrid]).astype(np.int64))
-        ahead = 0
-        if decoded:  # the CPU share's images decoded ahead go last: the rest are decoded first
-            share = np.asarray(plan.cpu, np.int64)
-            have = np.fromiter((int(i) in decoded for i in share), bool, len(share))
-            ahead = int(have.sum())
-            plan.cpu = np.concatenate([share[~have], share[have]])
         t_plan = time.perf_counter()
-        cpu_job = self._workers.submit(self._decode_cpu, buffers, windows, plan.cpu, 0, decoded, ahead)
+        cpu_job = self._workers.submit(self._decode_cpu, buffers, windows, plan.cpu, 0)
         hyb_job = self._workers.submit(self._decode_hybrid, buffers, plan.hybrid, places) if len(plan.hybrid) else None
         hw_failed, hyb_failed, t_hyb = [], [], None
         with self.device, self.stream:
@@ -330,7 +320,7 @@ class GPUDecoder:
                 t_gpu = max(t_submit, self.cupy.cuda.get_elapsed_time(ev_start, ev_decoded) / 1e3)
         n_gpu = len(plan.engine) - len(hw_failed)
         n_hyb = len(plan.hybrid) - len(hyb_failed)
-        if self.planner.observe(n, n_gpu, t_gpu, len(plan.cpu) - ahead, t_cpu, n_hyb, t_hyb if not hyb_failed else None,
+        if self.planner.observe(n, n_gpu, t_gpu, len(plan.cpu), t_cpu, n_hyb, t_hyb if not hyb_failed else None,
                                 engines_failed=bool(hw_failed)):
             warnings.warn(f"nvJPEG's hardware decoder refused {self.planner.ENGINES_OFF_AFTER} batches in a row "
                           f"({self.last_gpu_error}); this decoder sends their images to the CPU for the next "
@@ -339,7 +329,7 @@ class GPUDecoder:
         r = self.planner.rates
         t_end = time.perf_counter()
         self.last = BatchReport(n=n, gpu=n_gpu, hybrid=n_hyb, cpu=len(cpu_idx), cpu_forced=plan.forced,
-                                overflow=overflow, ahead=ahead, cpu_fraction=self.planner.cpu_fraction, gpu_rate=r.gpu,
+                                overflow=overflow, cpu_fraction=self.planner.cpu_fraction, gpu_rate=r.gpu,
                                 cpu_rate=r.cpu, hybrid_rate=r.hybrid, errors=errors, seconds=t_end - t0,
                                 stages={"plan": t_plan - t0, "engines_submit": t_submit,
                                         "engines_native": t_native or 0.0, "cpu_decode": t_cpu,
@@ -402,19 +392,15 @@ class GPUDecoder:
         places = self.buf.place_planar(windows, idx, dims, rois, regions, red=red, layout=layout)
         return places, refused, len(over)
 
-    def _decode_cpu(self, buffers, windows, idx, at: int, decoded=None, ahead: int = 0):
-        """CPU-decode `idx` into cpu_out[at:at+len(idx)]: its last `ahead` images are copied
-        from `decoded` (decoded ahead), the others decoded; (seconds, [(batch index, reason)])."""
+    def _decode_cpu(self, buffers, windows, idx, at: int):
+        """CPU-decode `idx` into cpu_out[at:at+len(idx)]; (seconds, [(batch index, reason)])."""
         t = time.perf_counter()
         errors = []
-        m = len(idx) - ahead
-        if m:
+        if len(idx):
             h, w = self.size
-            cpu.decode_crop_resize([buffers[i] for i in idx[:m]], windows[idx[:m]], size=(h, w),
-                                   threads=self.cpu_threads, out=self.buf.cpu_out[at:at + m], on_error="skip",
-                                   fallback=True, errors=errors, pool=self.pool)
-        for k in range(m, len(idx)):
-            self.buf.cpu_out[at + k] = decoded[int(idx[k])]
+            cpu.decode_crop_resize([buffers[i] for i in idx], windows[idx], size=(h, w), threads=self.cpu_threads,
+                                   out=self.buf.cpu_out[at:at + len(idx)], on_error="skip", fallback=True,
+                                   errors=errors, pool=self.pool)
         return time.perf_counter() - t, [(int(idx[i]), r) for i, r in errors]
 
     def _decode_engines(self, buffers, idx, places):
