@@ -558,6 +558,50 @@ def test_cuda_loader_gives_4_4_4_and_gray_bit_for_bit(packed_layouts, dtype, spl
 
 
 @gpu
+def test_images_decoded_ahead_are_the_batchs_own(packed_layouts):
+    """A producer's look-ahead lane (loader.ahead): the CPU-routed images of its next batch,
+    decoded before the batch is made, are taken by it (BatchReport.ahead counts them) and the
+    batch is, bit for bit, the one its decoder makes without them — and the CPU Loader's pixels
+    for those images (same_pixels routes 4:4:4 and gray to the CPU)."""
+    import recordtool
+    from recordtool.loader import Loader
+    from recordtool.loader.ahead import AheadLane
+
+    ds = recordtool.open(packed_layouts)
+    kw = dict(batch_size=7, size=64, seed=3, drop_last=False, as_torch=False, dtype="float32", with_ids=True)
+    cpu = {i: x for xs, _, ids in Loader(ds, device="cpu", **kw) for i, x in zip(np.asarray(ids).tolist(), xs)}
+    ld = Loader(ds, device="cuda", split="gpu", same_pixels=True, **kw)
+    b, taken = ld.batcher, 0
+    for start in range(0, len(ds), 7):
+        ids = np.arange(start, min(start + 7, len(ds)))
+        drawn = b.recipe.draws(ids, 2)
+        b.ahead(ids, 2, 0, drawn)  # slot 0's next batch announced
+        for _, jobs in b._lanes[0]._pending:  # let its lane finish (a batch cancels what it has not started)
+            for f in jobs.values():
+                f.exception(timeout=60)
+        with_lane = b(ids, 2, 0, drawn)
+        got = cupy.asnumpy(with_lane.images[: len(ids)])
+        assert with_lane.report.ahead == b._cpu_routed[ids].sum() == with_lane.report.cpu, with_lane.report
+        taken += with_lane.report.ahead
+        alone = b(ids, 2, 1, drawn)  # slot 1 has no lane: nothing announced for it
+        assert alone.report.ahead == 0 and 1 not in b._lanes
+        assert np.array_equal(got, cupy.asnumpy(alone.images[: len(ids)]))
+    assert taken == 16 and isinstance(b._lanes[0], AheadLane)
+    ld.close()
+    # the Loader itself takes its lanes' images in its epochs: the CPU path's pixels
+    from recordtool.decode.gpu.plan import SAME_PIXELS_CHROMA
+
+    ld = Loader(ds, device="cuda", split="gpu", same_pixels=True, **kw)
+    same = np.isin(ds.index.chroma, SAME_PIXELS_CHROMA)
+    for xs, _, ids in ld:
+        for i, x in zip(np.asarray(ids).tolist(), cupy.asnumpy(xs)):
+            if same[i]:
+                assert np.array_equal(x, cpu[i]), i
+    assert ld.decoded["cpu"] == same.sum() and 0 <= ld.ahead <= same.sum()
+    ld.close()
+
+
+@gpu
 @pytest.mark.parametrize("train,crop,user_op", [
     (True, dict(size=(48, 80), scale=(0.2, 0.7), ratio=(0.5, 1.5), hflip=0.3), False),
     (False, dict(size=(80, 48), crop_pct=0.95), False),

@@ -92,6 +92,7 @@ class EpochIterator:
             ld.last_split = r = made.report
             ld.decoded = {side: ld.decoded.get(side, 0) + getattr(r, side) for side in ("gpu", "hybrid", "cpu")}
             ld.overflow += r.overflow
+            ld.ahead += r.ahead
         for k, v in made.stages.items():
             ld.stage_seconds[k] = ld.stage_seconds.get(k, 0.0) + v
         if made.errors:

@@ -1,6 +1,8 @@
-"""The GPU batcher: one GPUDecoder per producer slot (nvJPEG states are per thread), one output
-ring shared by all slots, routes from the index, the Loader's CUDA device, and — with a user
-op — a uint8 ring plus a second pass of the same kernel that normalises into the output ring.
+"""The GPU batcher: one GPUDecoder per producer slot (nvJPEG states are per thread) and, for a
+local dataset, one look-ahead lane (loader.ahead: the next batch's CPU-routed images decoded
+while this one is made); one output ring shared by all slots, routes from the index, the
+Loader's CUDA device, and — with a user op — a uint8 ring plus a second pass of the same kernel
+that normalises into the output ring.
 A compiled per-image op (recordtool.ops.ImageOp) runs there as its CUDA kernel, one launch per
 batch, on the unmirrored images (the mirror is done by the normalising pass, as on the CPU)."""
 from __future__ import annotations
@@ -33,6 +35,9 @@ class GPUBatcher:
             per-image op (recordtool.ops.ImageOp: its CUDA kernel).
         options: split, hybrid, chroma (see GPUDecoder) and same_pixels (4:4:4 and gray files
             to the CPU share: decode.gpu.plan.route), checked (loader.config.GPUOptions).
+        look_ahead: each producer slot decodes its next batch's CPU-routed images ahead
+            (`ahead`, loader.ahead). False for a dataset URL: its shard cache counts a record
+            served once its view is taken, and fetches along the epoch's plan.
         slots: output batches alive at once.
         max_batch: images per batch at most.
     """
@@ -40,8 +45,8 @@ class GPUBatcher:
     native_queue = True
 
     def __init__(self, recipe: Recipe, *, gpu_id: int, producers: int, threads: int, user_op, options: GPUOptions,
-                 slots: int, max_batch: int):
-        from ..decode.gpu import Demand, OutputRing, demand_first, kernel, route
+                 slots: int, max_batch: int, look_ahead: bool = True):
+        from ..decode.gpu import CPU, Demand, OutputRing, demand_first, kernel, route
 
         self.recipe, self.gpu_id, self.producers = recipe, gpu_id, producers
         self.spec = spec = recipe.output
@@ -65,6 +70,12 @@ class GPUBatcher:
                             pixels=ix.width.astype(np.int64) * ix.height)
         h, w = spec.size
         self._decoders: dict = {}
+        self.look_ahead = look_ahead
+        # what BatchStream calls with each producer's next batch (None: nothing to announce)
+        self.announce = self.ahead if look_ahead else None
+        self._lanes: dict = {}  # producer slot → its AheadLane (made on first use, kept across epochs)
+        self._cpu_routed = self.routes == CPU
+        self._pixels = ix.width.astype(np.int64) * ix.height
         self._lock = threading.Lock()
         self.ring = OutputRing(spec.buffer_shape(max_batch), spec.storage_dtype, slots, gpu_id)
         # with a user op the decoders write uint8 NHWC here; the op runs on it; the kernel then
@@ -102,19 +113,43 @@ class GPUBatcher:
                 self._decoders[slot] = dec
         return dec
 
+    def ahead(self, ids, epoch: int, slot: int, drawn: tuple | None = None) -> None:
+        """Producer `slot`'s next batch (these ids in this epoch; drawn: its windows and flips):
+        its lane starts decoding the batch's CPU-routed images (BatchStream calls this before
+        making the slot's current batch)."""
+        if not self.look_ahead:
+            return
+        ids = np.asarray(ids)
+        sel = self._cpu_routed[ids].nonzero()[0]
+        lane = self._lanes.get(slot)
+        if lane is None:
+            from .ahead import AheadLane
+
+            with self._lock:
+                lane = self._lanes[slot] = AheadLane(self.spec.size)
+        if not len(sel):
+            lane.ahead(epoch, ids[:0], [], np.zeros((0, 4)), ids[:0])
+            return
+        windows = (self.recipe.draws(ids, epoch) if drawn is None else drawn)[0]
+        lane.ahead(epoch, ids[sel], self.recipe.ds.jpeg_views(ids[sel]), np.asarray(windows)[sel],
+                   self._pixels[ids[sel]])
+
     def __call__(self, ids, epoch: int, slot: int, drawn: tuple | None = None):
         """The batch of these ids in this epoch, made by producer `slot` on its decoder; drawn:
-        its (windows, flips) when the stream drew them (Recipe.draws)."""
+        its (windows, flips) when the stream drew them (Recipe.draws). The images its lane
+        decoded ahead (`ahead`) are taken, not decoded again."""
         import cupy
 
         t0 = time.perf_counter()
         b = self.recipe.inputs(ids, epoch, drawn)
+        lane = self._lanes.get(slot)
+        decoded = lane.take(epoch, ids) if lane is not None else None
         t1 = time.perf_counter()
         dec = self.decoder(slot)
         op = self.image_op
         # a compiled op sees the image before the mirror (as on the CPU): the normalising pass mirrors
         images = dec(b.buffers, b.windows, np.zeros(len(ids), bool) if op is not None else b.flips,
-                     self.routes[ids], ids=ids)
+                     self.routes[ids], ids=ids, decoded=decoded)
         t2 = t3 = time.perf_counter()
         ready = None
         if op is not None:
@@ -154,4 +189,7 @@ class GPUBatcher:
         for dec in self._decoders.values():
             dec.close()
         self._decoders.clear()
+        for lane in self._lanes.values():
+            lane.close()
+        self._lanes.clear()
 

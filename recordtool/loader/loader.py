@@ -195,9 +195,8 @@ class Loader:
         self.last_split = None  # cuda: the last yielded batch's BatchReport
         # producer-side seconds per stage, and (cuda) images per decoder, summed over yielded batches
         self.stage_seconds, self.decoded = {}, {}
-        # GPU-bound images the decoders' buffers had no room for in their batch, decoded by the
-        # CPU share instead (counted in decoded["cpu"] too; decode.gpu.room.batch_room)
-        self.overflow = 0
+        # of decoded["cpu"]: GPU-bound images past the buffers' room (room.batch_room), and decoded ahead (loader.ahead)
+        self.overflow = self.ahead = 0
         recipe = Recipe(self.ds, self.output, self.seed, self.augment)
         # batches alive at once: queued (producers × prefetch), being made (producers), and the
         # consumer's current and previous one; each as large as the largest batch this rank makes
@@ -214,7 +213,8 @@ class Loader:
             from .gpu import GPUBatcher
 
             self.batcher = GPUBatcher(recipe, gpu_id=self.gpu_id, producers=self.producers, threads=self.threads,
-                                      user_op=user_op, options=self.gpu, slots=slots, max_batch=max_batch)
+                                      user_op=user_op, options=self.gpu, slots=slots, max_batch=max_batch,
+                                      look_ahead=getattr(self._order, "on_plan", None) is None)
         else:
             from .cpu import CPUBatcher
 
@@ -382,7 +382,7 @@ class Loader:
             stream = self._stream = BatchStream(  # kept before its producers start: one may run our __del__
                 self.batcher, self._order, self.batch_size, self.drop_last, len(self), *start, launch=False,
                 producers=self.producers, depth=self.prefetch, continuous=self.continuous,
-                draws=self.batcher.recipe.draws)
+                draws=self.batcher.recipe.draws, ahead=getattr(self.batcher, "announce", None))
             stream.launch()
         it = EpochIterator(self, stream, *start)
         self._iterator = weakref.ref(it)

@@ -14,6 +14,9 @@ Invariants:
 - a batch's windows and flips are drawn DRAW_RUN batches at a time (`draws`: one call for the
   run's ids, then split) — the same values as one batch's call, computed once by whichever
   producer needs the run first.
+- with `ahead`, the producer making task t first announces its next task, t + producers (the
+  same (epoch, batch) → ids → draws), so the batcher can start on that batch's slowest images
+  (loader.ahead); nothing is announced past the end of a stream that is not continuous.
 """
 from __future__ import annotations
 
@@ -47,10 +50,12 @@ class BatchStream:
         producers, depth: the Prefetcher's threads and their queue depth.
         continuous: run on into the following epochs.
         launch: start the producers now; False: at `launch()`.
+        ahead: ahead(ids, epoch, slot, drawn) — producer `slot`'s next batch, announced before
+            it makes its current one (GPUBatcher.ahead); None: nothing announced.
     """
 
     def __init__(self, batcher, sampler, batch_size: int, drop_last: bool, per_epoch: int, epoch: int, start: int,
-                 producers: int, depth: int, continuous: bool, draws=None, launch: bool = True):
+                 producers: int, depth: int, continuous: bool, draws=None, launch: bool = True, ahead=None):
         self.per_epoch, self.epoch0, self.start = per_epoch, epoch, start
         first = per_epoch - start
         self.continuous = continuous and per_epoch > 0
@@ -88,6 +93,11 @@ class BatchStream:
             return run[j % DRAW_RUN]
 
         def make(t: int, slot: int):
+            nxt = t + producers  # this producer's next task (Prefetcher: t, t + producers, ...)
+            if ahead is not None and (self.continuous or nxt < first):
+                e, j = where(nxt)
+                order = batches(e)
+                ahead(order[j], e, slot, None if draws is None else drawn(e, j, order))
             e, j = where(t)
             order = batches(e)
             ids = order[j]

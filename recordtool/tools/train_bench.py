@@ -255,6 +255,7 @@ def _runs(res, packed, files, arch, size, batch, steps, warmup, repeats, pipelin
                                                           for k, v in ld.stage_seconds.items()}
                     if ld.decoded:  # where the images were decoded (the split the Loader chose)
                         cores["decoded"] = dict(ld.decoded)
+                        cores["ahead"] = ld.ahead  # of the CPU share, images decoded ahead (loader.ahead)
                         cores["split"] = split_state(ld)
                 if beside is not None:
                     b, beside = beside, None

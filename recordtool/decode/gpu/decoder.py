@@ -46,6 +46,7 @@ class BatchReport:
     cpu_rate: float | None = None
     hybrid_rate: float | None = None
     overflow: int = 0  # of the CPU's, GPU-bound images past the arena's or staging's room (room.batch_room)
+    ahead: int = 0  # of the CPU's, images decoded before the call (the caller's `decoded`: loader.ahead)
     errors: list = field(default_factory=list)  # (batch index, reason) of images nothing decoded
     seconds: float = 0.0
     stages: dict = field(default_factory=dict)  # seconds per stage of this call
@@ -245,7 +246,7 @@ class GPUDecoder:
         del view
 
     # ------------------------------------------------------------------ one batch
-    def __call__(self, buffers, windows, flips, routes, ids=None):
+    def __call__(self, buffers, windows, flips, routes, ids=None, decoded=None):
         """Decode one batch. Returns a CuPy array of spec.buffer_shape(N) and storage_dtype
         (spec.arrange gives the handed-out view), complete when the call returns (from the ring
         when there is one).
@@ -257,6 +258,11 @@ class GPUDecoder:
             routes: route codes (N,) from the index (plan.route), or bool (N,) = engine-decodable.
             ids: the records' ids: a hybrid-bound record whose bytes passed the refusal rule is
                 not parsed again in later batches (refuse_hybrid); None: every batch parses.
+            decoded: {batch index: uint8 (h, w, 3), or a callable giving it or None} images of
+                the CPU share decoded by the CPU path with these windows elsewhere (a producer's
+                look-ahead lane, loader.ahead): copied in by the CPU share (calling a callable
+                there, beside the engines' work), decoded here only where it gives None. Only
+                images the plan gives the CPU are taken.
         """
         t0 = time.perf_counter()
         n = len(buffers)
@@ -276,8 +282,14 @@ class GPUDecoder:
             places, pre_failed, overflow = self._place_planar(buffers, windows, plan)
         else:
             places = self.buf.place(windows, np.concatenate([plan.engine, plan.hybrid]).astype(np.int64))
+        ahead = 0
+        if decoded:  # the CPU share's images decoded ahead go last: the rest are decoded first
+            share = np.asarray(plan.cpu, np.int64)
+            have = np.fromiter((int(i) in decoded for i in share), bool, len(share))
+            ahead = int(have.sum())
+            plan.cpu = np.concatenate([share[~have], share[have]])
         t_plan = time.perf_counter()
-        cpu_job = self._workers.submit(self._decode_cpu, buffers, windows, plan.cpu, 0)
+        cpu_job = self._workers.submit(self._decode_cpu, buffers, windows, plan.cpu, 0, decoded, ahead)
         hyb_job = self._workers.submit(self._decode_hybrid, buffers, plan.hybrid, places) if len(plan.hybrid) else None
         hw_failed, hyb_failed, t_hyb = [], [], None
         with self.device, self.stream:
@@ -320,7 +332,7 @@ class GPUDecoder:
                 t_gpu = max(t_submit, self.cupy.cuda.get_elapsed_time(ev_start, ev_decoded) / 1e3)
         n_gpu = len(plan.engine) - len(hw_failed)
         n_hyb = len(plan.hybrid) - len(hyb_failed)
-        if self.planner.observe(n, n_gpu, t_gpu, len(plan.cpu), t_cpu, n_hyb, t_hyb if not hyb_failed else None,
+        if self.planner.observe(n, n_gpu, t_gpu, len(plan.cpu) - ahead, t_cpu, n_hyb, t_hyb if not hyb_failed else None,
                                 engines_failed=bool(hw_failed)):
             warnings.warn(f"nvJPEG's hardware decoder refused {self.planner.ENGINES_OFF_AFTER} batches in a row "
                           f"({self.last_gpu_error}); this decoder sends their images to the CPU for the next "
@@ -329,7 +341,7 @@ class GPUDecoder:
         r = self.planner.rates
         t_end = time.perf_counter()
         self.last = BatchReport(n=n, gpu=n_gpu, hybrid=n_hyb, cpu=len(cpu_idx), cpu_forced=plan.forced,
-                                overflow=overflow, cpu_fraction=self.planner.cpu_fraction, gpu_rate=r.gpu,
+                                overflow=overflow, ahead=ahead, cpu_fraction=self.planner.cpu_fraction, gpu_rate=r.gpu,
                                 cpu_rate=r.cpu, hybrid_rate=r.hybrid, errors=errors, seconds=t_end - t0,
                                 stages={"plan": t_plan - t0, "engines_submit": t_submit,
                                         "engines_native": t_native or 0.0, "cpu_decode": t_cpu,
@@ -392,16 +404,32 @@ class GPUDecoder:
         places = self.buf.place_planar(windows, idx, dims, rois, regions, red=red, layout=layout)
         return places, refused, len(over)
 
-    def _decode_cpu(self, buffers, windows, idx, at: int):
-        """CPU-decode `idx` into cpu_out[at:at+len(idx)]; (seconds, [(batch index, reason)])."""
+    def _decode_cpu(self, buffers, windows, idx, at: int, decoded=None, ahead: int = 0):
+        """CPU-decode `idx` into cpu_out[at:at+len(idx)]: its last `ahead` images come from
+        `decoded` (decoded ahead; one that gives None is decoded here), the others are decoded;
+        (seconds, [(batch index, reason)])."""
         t = time.perf_counter()
-        errors = []
-        if len(idx):
-            h, w = self.size
-            cpu.decode_crop_resize([buffers[i] for i in idx], windows[idx], size=(h, w), threads=self.cpu_threads,
-                                   out=self.buf.cpu_out[at:at + len(idx)], on_error="skip", fallback=True,
-                                   errors=errors, pool=self.pool)
-        return time.perf_counter() - t, [(int(idx[i]), r) for i, r in errors]
+        h, w = self.size
+        out, errors = self.buf.cpu_out, []
+
+        def decode(k0, k1):  # CPU-decode idx[k0:k1] into their rows
+            errs: list = []
+            cpu.decode_crop_resize([buffers[i] for i in idx[k0:k1]], windows[idx[k0:k1]], size=(h, w),
+                                   threads=self.cpu_threads, out=out[at + k0:at + k1], on_error="skip",
+                                   fallback=True, errors=errs, pool=self.pool)
+            errors.extend((int(idx[k0 + i]), r) for i, r in errs)
+
+        m = len(idx) - ahead
+        if m:
+            decode(0, m)
+        for k in range(m, len(idx)):
+            img = decoded[int(idx[k])]
+            img = img() if callable(img) else img
+            if img is None:  # the lane could not: decoded here, which names the error
+                decode(k, k + 1)
+            else:
+                out[at + k] = img
+        return time.perf_counter() - t, errors
 
     def _decode_engines(self, buffers, idx, places):
         """Stage JPEG bytes in pinned memory, decode each window as an ROI into the arena: in one
