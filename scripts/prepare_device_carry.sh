@@ -17,8 +17,10 @@
 # ".numba" (~45 MB) fits beside ".whl" and ".carry", not beside ".rayc" or a DALI part).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-grep -qx '/.whl/' .git/info/exclude || echo '/.whl/' >> .git/info/exclude
-grep -qx '/.carry/' .git/info/exclude || echo '/.carry/' >> .git/info/exclude
+exclude=$(git rev-parse --git-path info/exclude)  # (a worktree's .git is a file: its exclude is the main one's)
+mkdir -p "$(dirname "$exclude")"
+grep -qx '/.whl/' "$exclude" || echo '/.whl/' >> "$exclude"
+grep -qx '/.carry/' "$exclude" || echo '/.carry/' >> "$exclude"
 mkdir -p .whl .carry/photos
 plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" \
@@ -33,7 +35,7 @@ mv "$tmp"/recordtool-*-cp312-cp312-*.whl .whl/ && rm -rf "$tmp"
 if [ -d ../shared/photos ]; then cp ../shared/photos/*.jpg .carry/photos/; fi
 git rev-parse --short HEAD > .carry/commit
 if [ "${RAY:-0}" = 1 ]; then
-  grep -qx '/.rayc/' .git/info/exclude || echo '/.rayc/' >> .git/info/exclude
+  grep -qx '/.rayc/' "$exclude" || echo '/.rayc/' >> "$exclude"
   mkdir -p .rayc
   if [ ! -f .rayc/ray-cp312.tar.xz ]; then
     tmp=$(mktemp -d)
