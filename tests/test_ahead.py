@@ -1,6 +1,7 @@
 """The producers' look-ahead lanes (loader.ahead) and the stream's announcements of each
 producer's next batch: the CPU path's pixels bit for bit, bounded, never waited on for work
 not started, and the batch announced is the batch the same producer makes next."""
+import os
 import threading
 
 import numpy as np
@@ -103,6 +104,16 @@ def test_take_does_not_wait_for_images_the_lane_has_not_started():
     assert lane.take(0, np.array([1, 2, 3])) == {}  # all cancelled: the batch decodes them
     release.set()
     assert blocker.result(timeout=30) is True
+    lane.close()
+
+
+def test_the_lane_decodes_at_the_cpu_shares_low_priority():
+    """Work done ahead yields the cores to the training loop as the CPU share's pools do."""
+    lane = AheadLane(SIZE)
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    worker = lane._pool.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())).result(30)
+    assert worker == min(19, base + cpu.BACKGROUND_NICE) and cpu.BACKGROUND_NICE > 0
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # the caller's own is kept
     lane.close()
 
 

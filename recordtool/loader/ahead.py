@@ -13,7 +13,10 @@ windows are a pure function of seed, epoch and id: Recipe.draws).
 
 Invariants:
 - one lane per producer slot, called only from that producer's thread; its one worker thread
-  runs the native decode on itself (pool=-1: no native pool shared with the batch's CPU share).
+  runs the native decode on itself (pool=-1: no native pool shared with the batch's CPU share)
+  at the CPU share's low priority (decode.cpu.BACKGROUND_NICE): work done ahead must give the
+  cores up to the training loop and the engines' submitting thread when they want them, as the
+  CPU share's pool threads do.
 - at most KEEP batches' images are held: the batch being made and the next one. A lane whose
   producer's stream was discarded (set_epoch, load_state_dict) drops the stale batches' work at
   its next `ahead` (not-started images are cancelled).
@@ -27,6 +30,8 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
+import threading
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 
 import numpy as np
@@ -47,6 +52,15 @@ def decode_one(buffer, window, size):
     return None if errors else out[0]
 
 
+def _background() -> None:
+    """The lane's worker: raise its own thread's nice as the CPU share's pools do (Linux: a
+    thread's id names it alone; raising nice needs no privilege)."""
+    from ..decode import cpu
+
+    me = threading.get_native_id()
+    os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + cpu.BACKGROUND_NICE))
+
+
 def _result(f):
     """A lane's image, or None where its decode failed (the batch decodes it again and names the error)."""
     try:
@@ -64,7 +78,7 @@ class AheadLane:
 
     def __init__(self, size: tuple):
         self.size = tuple(size)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="recordtool-ahead")
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="recordtool-ahead", initializer=_background)
         self._pending: collections.deque = collections.deque()  # (epoch, {id: Future}), oldest first
         self.taken = 0  # images a batch took from the lane (decoded ahead)
 
