@@ -20,6 +20,10 @@
 #          (RAY=1 scripts/prepare_device_carry.sh), e.g. carry [".whl", ".carry", ".rayc"]
 #   TREE=old: the steps run the library of a carried .old folder (an older commit's recordtool/,
 #          `git archive COMMIT recordtool | tar -x -C .old`), kept in /tmp/old while warm: an A/B
+#          (carry [".whl", ".carry", ".old"]; alternate the two in one command, each run named by
+#          TRAIN_TAG, e.g. `for r in 1 2; do STEPS=trainbench TRAIN_TAG=_new$r bash scripts/device_run.sh;
+#          TREE=old STEPS=trainbench TRAIN_TAG=_old$r bash scripts/device_run.sh; done`; each
+#          invocation archives $OUT as all.tgz, all.1.tgz, …)
 #   a step is skipped when fewer than its estimated seconds are left of DEADLINE (default 570 s)
 #   GPUS: for "dist" — ranks of the several-GPU run (default: all GPUs; one rank per GPU, pinned
 #   to its share of the cores), after the one-GPU reference (one rank pinned to CORES_PER_GPU cores)
