@@ -3,13 +3,14 @@ the CPU while it makes this one.
 
 Why: the images no GPU decoder takes — above GPU_MAX_PIXELS, CMYK, layouts nvJPEG refuses; the
 index says which (decode.gpu.plan.route) — are decoded by the CPU share inside their batch, and
-one 12-megapixel file takes ~100 ms of one core: longer than the engines take for the rest of
-the batch. At a node's share of the cores each producer's CPU share has one or two threads, so
-the whole batch waited for that one file. A producer makes batches t, t + P, t + 2P, …
-(prefetch.Prefetcher, P producers); while it makes batch t its lane decodes batch t + P's
-CPU-routed images, largest first, with the CPU path, the same windows and the same arguments as
-the batch's own CPU share (GPUDecoder._decode_cpu): the same pixels, bit for bit (a batch's
-windows are a pure function of seed, epoch and id: Recipe.draws).
+a 10-megapixel file takes 20–40 ms of an idle core for one random crop, more beside a training
+loop. At a node's share of the cores each producer's CPU share has one or two threads for all
+its images, so the batch, whose engines' part takes ~55 ms, waited for the share's last file.
+A producer makes batches t, t + P, t + 2P, … (prefetch.Prefetcher, P producers); while it
+makes batch t its lane decodes batch t + P's CPU-routed images, largest first, with the CPU
+path, the same windows and the same arguments as the batch's own CPU share
+(GPUDecoder._decode_cpu): the same pixels, bit for bit (a batch's windows are a pure function
+of seed, epoch and id: Recipe.draws).
 
 Invariants:
 - one lane per producer slot, called only from that producer's thread; its one worker thread
