@@ -66,8 +66,9 @@ class GPUBatcher:
         # cores) ran 15-25 % slower than this, 8 per pool ~13 % slower.
         self.cpu_threads = max(1, (threads - producers) // producers)
         ix = recipe.ds.index
+        self._pixels = ix.width.astype(np.int64) * ix.height  # each record's (the lanes decode largest first)
         self.routes = route(ix.chroma, ix.progressive, ix.colorspace, same_pixels=options.same_pixels,
-                            pixels=ix.width.astype(np.int64) * ix.height)
+                            pixels=self._pixels)
         h, w = spec.size
         self._decoders: dict = {}
         self.look_ahead = look_ahead
@@ -75,7 +76,6 @@ class GPUBatcher:
         self.announce = self.ahead if look_ahead else None
         self._lanes: dict = {}  # producer slot → its AheadLane (made on first use, kept across epochs)
         self._cpu_routed = self.routes == CPU
-        self._pixels = ix.width.astype(np.int64) * ix.height
         self._lock = threading.Lock()
         self.ring = OutputRing(spec.buffer_shape(max_batch), spec.storage_dtype, slots, gpu_id)
         # with a user op the decoders write uint8 NHWC here; the op runs on it; the kernel then
