@@ -41,15 +41,14 @@ KEEP = 2  # batches whose images a lane holds: the one being made and the next
 
 
 def decode_one(buffer, window, size):
-    """One image as the batch's CPU share decodes it (GPUDecoder._decode_cpu: CPU path, Pillow
-    retry, no op), on the calling thread: uint8 (h, w, 3), or None when it failed."""
-    from ..decode import cpu
+    """One image as the batch's CPU share decodes it (decode.gpu.cpu_share_decode), on the
+    calling thread: uint8 (h, w, 3), or None when it failed."""
+    from ..decode.gpu import cpu_share_decode
 
     h, w = size
     out = np.empty((1, h, w, 3), np.uint8)
     errors: list = []
-    cpu.decode_crop_resize([buffer], np.asarray(window, np.float64).reshape(1, 4), size=(h, w), out=out,
-                           on_error="skip", fallback=True, errors=errors, pool=-1)
+    cpu_share_decode([buffer], np.asarray(window, np.float64).reshape(1, 4), (h, w), out, errors)
     return None if errors else out[0]
 
 

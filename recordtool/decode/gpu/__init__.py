@@ -31,13 +31,13 @@ Importing this package imports neither CuPy nor nvJPEG: they load when a decoder
 """
 from .buffers import OutputRing, consumer_stream, device_memory_used
 from .context import set_host_wait_policy
-from .decoder import BatchReport, GPUDecoder, wait_ready
+from .decoder import BatchReport, GPUDecoder, cpu_share_decode, wait_ready
 from .kernel import SAMPLE_DTYPE, kernel
 from .normalize import NormalizePass
 from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, Assignment, Demand, First, Route, Split, SplitPlanner,
                    check_chroma, check_first, check_split, demand_first, ends_with_eoi, hardware_decodable, route)
 
-__all__ = ["GPUDecoder", "BatchReport", "OutputRing", "NormalizePass", "wait_ready", "consumer_stream",
+__all__ = ["GPUDecoder", "BatchReport", "cpu_share_decode", "OutputRing", "NormalizePass", "wait_ready", "consumer_stream",
            "device_memory_used", "kernel", "SAMPLE_DTYPE", "route", "hardware_decodable", "ends_with_eoi",
            "Route", "ENGINE", "HYBRID", "CPU", "Split", "SplitPlanner", "Assignment", "Demand", "DEFAULT_CHROMA",
            "set_host_wait_policy", "check_split", "check_chroma", "First", "check_first", "demand_first"]

@@ -55,6 +55,16 @@ class BatchReport:
         return {k: v for k, v in self.__dict__.items() if k != "errors"}
 
 
+
+def cpu_share_decode(buffers, windows, size, out, errors: list, *, threads: int = 1, pool: int = -1) -> None:
+    """The CPU share's decode of these images into `out` (the CPU path, Pillow's retry of a file
+    libjpeg refuses, no op; a failed one's slot left zero and (index, reason) appended to
+    `errors`): what a batch's CPU share gives a CPU-routed image and what a producer's
+    look-ahead lane (loader.ahead) gives it ahead — one call, so both give the same pixels.
+    pool=-1: on the calling thread (threads unused)."""
+    cpu.decode_crop_resize(buffers, windows, size=size, threads=threads, out=out, on_error="skip", fallback=True,
+                           errors=errors, pool=pool)
+
 class GPUDecoder:
     """Decode → crop → resize → mirror → normalize a batch onto the GPU.
 
@@ -414,9 +424,8 @@ class GPUDecoder:
 
         def decode(k0, k1):  # CPU-decode idx[k0:k1] into their rows
             errs: list = []
-            cpu.decode_crop_resize([buffers[i] for i in idx[k0:k1]], windows[idx[k0:k1]], size=(h, w),
-                                   threads=self.cpu_threads, out=out[at + k0:at + k1], on_error="skip",
-                                   fallback=True, errors=errs, pool=self.pool)
+            cpu_share_decode([buffers[i] for i in idx[k0:k1]], windows[idx[k0:k1]], (h, w), out[at + k0:at + k1],
+                             errs, threads=self.cpu_threads, pool=self.pool)
             errors.extend((int(idx[k0 + i]), r) for i, r in errs)
 
         m = len(idx) - ahead
