@@ -842,6 +842,43 @@ def test_demand_engines_first_keeps_the_cpu_share_to_what_the_consumer_waits_for
     assert len(fixed.plan(routes, eoi).cpu) == 25
 
 
+def test_engines_first_moves_engine_images_to_the_cpu_only_where_it_pays():
+    """Engines first, a consumer that always waits: the balanced share goes to the CPU only
+    where it shortens the predicted batch by MIN_GAIN — not a CPU at ~2 % of the engines' rate
+    (a node's share of cores), but one at ~15 %; the CPU first is not filtered; unmeasured
+    rates keep the share (paying_share is its own reference: the predicted times by hand)."""
+    from recordtool.decode.gpu import Demand, SplitPlanner
+    from recordtool.decode.gpu.plan import MIN_GAIN, Rates, paying_share
+
+    routes = np.array([ENGINE] * 500 + [CPU] * 2, np.int8)
+    eoi = np.ones(502, bool)
+
+    def planner(first, rg, rc):
+        demand = Demand(first=first)
+        for _ in range(20):
+            demand.observe(wait=0.02, interval=0.05)
+        p = SplitPlanner("auto", demand=demand)
+        p.observe(502, 500, 500 / rg, 10, 10 / rc)
+        assert p.rates.gpu == pytest.approx(rg) and p.cpu_fraction == pytest.approx(rc / (rc + rg))
+        return p
+
+    slow = planner("engines", 7000, 150)  # balanced: 11 images, 73 ms on the CPU against 71 ms
+    plan = slow.plan(routes, eoi)
+    assert len(plan.cpu) == plan.forced == 2 and len(plan.engine) == 500
+    fast = planner("engines", 6500, 1000)  # balanced: 67 images, 77 → 67 ms
+    plan = fast.plan(routes, eoi)
+    assert len(plan.cpu) == 67 and plan.forced == 2 and len(plan.engine) == 435
+    cpu_first = planner("cpu", 7000, 150)  # the CPU first: its share is the balanced one at least
+    assert len(cpu_first.plan(routes, eoi).cpu) >= 11
+    r = Rates(gpu=6500.0, cpu=1000.0)
+    before, after = 500 / 6500, max(435 / 6500, 67 / 1000)
+    assert (before - after >= MIN_GAIN * before) and paying_share(500, 2, 65, r) == 65
+    before, after = 500 / 7000, max(491 / 7000, 11 / 150)
+    assert after > before and paying_share(500, 2, 9, Rates(gpu=7000.0, cpu=150.0)) == 0
+    assert paying_share(500, 2, 9, Rates(gpu=7000.0)) == 9  # the CPU not measured yet
+    assert paying_share(500, 2, 0, Rates(gpu=7000.0, cpu=150.0)) == 0
+
+
 def test_demand_cpu_first_gives_the_engines_only_what_the_consumer_waits_for():
     """The CPU first (the Loader's default): with a consumer that never waits the engines take
     nothing whatever the rates say (hybrid images but the two that keep its rate measured go to

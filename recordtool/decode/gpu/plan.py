@@ -199,6 +199,29 @@ def check_first(first) -> First:
     return first
 
 
+# Engines first (a node's share of the cores): engine-bound images moved to the CPU share must
+# shorten the batch's predicted decode time (the slower side's, from the measured rates) by at
+# least this fraction. The balanced share assumes the CPU threads are free; at a node's share
+# they are also the training loop's and the engines' submitting thread's, and the rates are
+# estimates: a share that saves a few milliseconds costs more than it gives. ResNet-18 on 4
+# cores: ~150 img/s on a producer's CPU threads against the engines' ~7,000, so the balanced
+# share (~11 of 512 images) saves ~2 ms of a ~73 ms batch, while in one measured call the CPU
+# share then ran 84-95 ms a batch, longer than the engines (BENCHMARKS.md).
+MIN_GAIN = 0.05
+
+
+def paying_share(engine: int, forced: int, extra: int, rates: Rates) -> int:
+    """`extra` of a batch's `engine` engine-bound images for the CPU share beside its `forced`
+    ones, or 0 where that shortens the predicted decode time by less than MIN_GAIN of it;
+    `extra` while a rate is unmeasured (the CPU's is measured on its forced images first)."""
+    rg, rc = rates.gpu, rates.cpu
+    if not (extra and rg and rc):
+        return extra
+    before = max(engine / rg, forced / rc)
+    after = max((engine - extra) / rg, (forced + extra) / rc)
+    return extra if before - after >= MIN_GAIN * before else 0
+
+
 def demand_first(first: First, threads: int) -> DemandFirst:
     """The side that decodes first under split="auto" for a Loader of `threads` CPU threads:
     `first` itself, or for "auto" the engines below ENGINES_FIRST_BELOW threads, else the CPU."""
@@ -220,7 +243,8 @@ class Demand:
     plenty: the engines' images cost the model GPU time the CPU share's one copy and one kernel
     do not (BENCHMARKS.md), and the decode threads run at low priority and yield the cores.
     first="engines": the engines first, the CPU for what they cannot give — on a node's share
-    of the cores, which the CPU share would take from the training loop (demand_first).
+    of the cores, which the CPU share would take from the training loop (demand_first); and of
+    the engines' images only a share that shortens the batch by MIN_GAIN (paying_share).
 
     One per Loader, shared by its producers' planners; written only by the consumer's thread
     (`observe`), read by the producers (a float: atomic under the GIL).
@@ -324,6 +348,8 @@ class SplitPlanner:
         on_gpu[hyb] = True
         forced = np.nonzero(~on_gpu)[0]
         extra = max(0, min(len(eligible), int(round(share * n)) - len(forced)))
+        if self.split == "auto" and self.demand is not None and self.demand.first == "engines":
+            extra = paying_share(len(eligible), len(forced), extra, self.rates)  # only a share that pays
         moved, kept = eligible[len(eligible) - extra:], eligible[: len(eligible) - extra]
         return Assignment(engine=kept, hybrid=hyb, cpu=np.concatenate([forced, moved]).astype(np.int64),
                     forced=len(forced))
