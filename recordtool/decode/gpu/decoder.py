@@ -55,7 +55,6 @@ class BatchReport:
         return {k: v for k, v in self.__dict__.items() if k != "errors"}
 
 
-
 def cpu_share_decode(buffers, windows, size, out, errors: list, *, threads: int = 1, pool: int = -1) -> None:
     """The CPU share's decode of these images into `out` (the CPU path, Pillow's retry of a file
     libjpeg refuses, no op; a failed one's slot left zero and (index, reason) appended to
@@ -64,6 +63,7 @@ def cpu_share_decode(buffers, windows, size, out, errors: list, *, threads: int 
     pool=-1: on the calling thread (threads unused)."""
     cpu.decode_crop_resize(buffers, windows, size=size, threads=threads, out=out, on_error="skip", fallback=True,
                            errors=errors, pool=pool)
+
 
 class GPUDecoder:
     """Decode → crop → resize → mirror → normalize a batch onto the GPU.
