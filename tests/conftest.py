@@ -64,6 +64,17 @@ def write(path, data: bytes):
         f.write(data)
 
 
+def packed_folder(root, n: int, classes: int = 3, w: int = 40, h: int = 36, seed: int = 0) -> str:
+    """A small dataset packed under `root` (2 shards): n JPEGs in `classes` class folders, of
+    w, w + 4 or w + 8 by h pixels, each drawn from seed + its index; returns the packed path."""
+    from recordtool.pack import pack
+
+    for i in range(n):
+        write(str(root / "src" / f"c{i % classes}" / f"{i}.jpg"), jpeg_bytes(w + 4 * (i % 3), h, seed=seed + i))
+    pack(str(root / "src"), str(root / "out"), shards=2, progress=False)
+    return str(root / "out")
+
+
 @pytest.fixture
 def folder(tmp_path):
     """A clean ImageFolder: 3 classes × 7 JPEGs of mixed sizes and subsamplings."""

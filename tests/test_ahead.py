@@ -7,12 +7,11 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import jpeg_bytes, write
+from conftest import jpeg_bytes, packed_folder
 from recordtool.decode import cpu
 from recordtool.loader.ahead import KEEP, AheadLane
 from recordtool.loader import stream as st
 from recordtool.loader import Loader
-from recordtool.pack import pack
 
 SIZE = (24, 32)
 
@@ -141,10 +140,7 @@ def test_an_image_the_lane_is_decoding_is_handed_over_without_waiting():
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
     root = tmp_path_factory.mktemp("ahead")
-    for i in range(30):
-        write(str(root / "src" / f"c{i % 3}" / f"{i}.jpg"), jpeg_bytes(40 + 4 * (i % 3), 36, seed=i))
-    pack(str(root / "src"), str(root / "out"), shards=2, progress=False)
-    return str(root / "out")
+    return packed_folder(root, 30)
 
 
 @pytest.mark.parametrize("continuous", [True, False])

@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 
 import recordtool
-from conftest import jpeg_bytes, write
+from conftest import packed_folder
 from recordtool.errors import BadState, ConfigError
 from recordtool.loader import Loader
-from recordtool.pack import pack
 
 N = 30
 
@@ -17,20 +16,14 @@ N = 30
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
     root = tmp_path_factory.mktemp("epochs")
-    for i in range(N):
-        write(str(root / "src" / f"c{i % 3}" / f"{i}.jpg"), jpeg_bytes(40 + 4 * (i % 3), 36, seed=i))
-    pack(str(root / "src"), str(root / "out"), shards=2, progress=False)
-    return str(root / "out")
+    return packed_folder(root, N)
 
 
 @pytest.fixture(scope="module")
 def other(tmp_path_factory):
     """Another dataset of the same size and classes (other pixels)."""
     root = tmp_path_factory.mktemp("epochs_other")
-    for i in range(N):
-        write(str(root / "src" / f"c{i % 3}" / f"{i}.jpg"), jpeg_bytes(40 + 4 * (i % 3), 36, seed=1000 + i))
-    pack(str(root / "src"), str(root / "out"), shards=2, progress=False)
-    return str(root / "out")
+    return packed_folder(root, N, seed=1000)
 
 
 def loader(path, **kw):

@@ -5,9 +5,8 @@ import numpy as np
 import pytest
 
 import recordtool
-from conftest import jpeg_bytes, write
+from conftest import packed_folder
 from recordtool.loader import Loader
-from recordtool.pack import pack
 
 torch = pytest.importorskip("torch")
 L = pytest.importorskip("lightning")
@@ -29,10 +28,7 @@ def _devices():
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
     root = tmp_path_factory.mktemp("lightning")
-    for i in range(N):
-        write(str(root / "src" / f"c{i % 4}" / f"{i}.jpg"), jpeg_bytes(44 + 4 * (i % 3), 40, seed=i))
-    pack(str(root / "src"), str(root / "out"), shards=2, progress=False)
-    return str(root / "out")
+    return packed_folder(root, N, classes=4, w=44, h=40)
 
 
 class Tiny(L.LightningModule):

@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 
 import recordtool
-from conftest import jpeg_bytes, write
+from conftest import packed_folder
 from recordtool.loader import Loader
-from recordtool.pack import pack
 
 torch = pytest.importorskip("torch")
 
@@ -22,10 +21,7 @@ torch = pytest.importorskip("torch")
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
     root = tmp_path_factory.mktemp("torch")
-    for i in range(32):
-        write(str(root / "src" / f"c{i % 4}" / f"{i}.jpg"), jpeg_bytes(48 + 4 * (i % 3), 40, seed=i))
-    pack(str(root / "src"), str(root / "out"), shards=2, progress=False)
-    return str(root / "out")
+    return packed_folder(root, 32, classes=4, w=48, h=40)
 
 
 def test_as_torch_and_dlpack_share_the_batch_memory(packed):
