@@ -167,7 +167,10 @@ class Loader:
         self._order = self.ds.sampler(seed=self.seed, rank=self.rank, world_size=self.world_size,
                                       drop_last=self.drop_last, shuffle=self.shuffle, block_shards=block_shards)
         self.sampler = LoaderSampler(self, self._order)
-        if getattr(self._order, "on_plan", None) is not None:  # a remote dataset's cache plans one epoch
+        # a remote dataset's shard cache plans one epoch at a time and counts a record served once
+        # its view is taken: no continuous epochs, no look-ahead lanes (GPUBatcher)
+        planned = getattr(self._order, "on_plan", None) is not None
+        if planned:
             self.continuous = False
         share = len(self._order)
         if self.drop_last and share < self.batch_size:
@@ -214,7 +217,7 @@ class Loader:
 
             self.batcher = GPUBatcher(recipe, gpu_id=self.gpu_id, producers=self.producers, threads=self.threads,
                                       user_op=user_op, options=self.gpu, slots=slots, max_batch=max_batch,
-                                      look_ahead=getattr(self._order, "on_plan", None) is None)
+                                      look_ahead=not planned)
         else:
             from .cpu import CPUBatcher
 
