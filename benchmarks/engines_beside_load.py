@@ -241,8 +241,7 @@ def run_one(args, load):
     for slot, dec in ld.batcher._decoders.items():
         b = dec.buf
         buffers[slot] = {"arena_mib": round((b.arena.nbytes if b.arena is not None else 0) / 2**20, 1),
-                         "staging_mib": round((b.staging_np.size if b.staging_np is not None else 0) / 2**20, 1),
-                         "cpu_dev_mib": round(b.cpu_dev.nbytes / 2**20, 1)}
+                         "staging_mib": round((b.staging_np.size if b.staging_np is not None else 0) / 2**20, 1)}
     import cupy
 
     pool = cupy.get_default_memory_pool()

@@ -405,6 +405,35 @@ def test_auto_split_adapts_and_memory_is_steady():
 
 
 @gpu
+def test_the_kernel_reads_the_cpu_share_in_pinned_memory():
+    """The CPU share's pixels reach the kernel where the CPU wrote them (pinned memory mapped
+    into the device's address space): no device buffer of a batch's pixels, and the output is
+    the CPU path's, bit for bit, batch after batch in the same buffer."""
+    from recordtool.decode.gpu import GPUDecoder
+    from recordtool.decode.gpu.buffers import DecodeBuffers
+
+    pool = cupy.get_default_memory_pool()
+    before = pool.total_bytes()
+    buf = DecodeBuffers(cupy, 64, (224, 224))
+    assert pool.total_bytes() - before < 64 * 224 * 224 * 3 // 8  # the sample table's bytes only
+    buf.cpu_out[...] = np.random.default_rng(0).integers(0, 256, buf.cpu_out.shape, np.uint8)
+    mapped = cupy.ndarray(buf.cpu_out.shape, np.uint8, cupy.cuda.MemoryPointer(
+        cupy.cuda.UnownedMemory(buf.cpu_src, buf.cpu_out.nbytes, buf), 0))
+    assert int(mapped.astype(cupy.int64).sum()) == int(buf.cpu_out.astype(np.int64).sum())  # a kernel's reads
+
+    bufs, sizes = _jpegs(8)
+    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=8, split="cpu")
+    for seed in range(3):
+        ids = np.arange(8)
+        win, flips = random_windows(sizes[:, 0], sizes[:, 1], ids, seed, 0), random_flips(ids, seed, 0)
+        got = cupy.asnumpy(dec(bufs, win, flips, _hw(bufs)))
+        assert dec.last.cpu == 8
+        want = decode_crop_resize(bufs, win)
+        want[flips] = want[flips][:, :, ::-1]
+        np.testing.assert_array_equal(got, want)
+
+
+@gpu
 def test_bad_jpeg_in_batch_is_reported():
     from recordtool.decode.gpu import GPUDecoder
 

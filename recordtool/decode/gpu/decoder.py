@@ -327,9 +327,8 @@ class GPUDecoder:
                 _, errs = self._decode_cpu(buffers, windows, refused, len(cpu_idx))
                 errors += errs
                 cpu_idx = np.concatenate([cpu_idx, refused])
-            if len(cpu_idx):
-                self.buf.cpu_dev[: len(cpu_idx)].set(self.buf.cpu_out[: len(cpu_idx)], stream=self.stream)
-                self.buf.place_whole(cpu_idx, self.size, self.buf.cpu_dev.data.ptr)
+            if len(cpu_idx):  # the kernel reads them in the pinned buffer (DecodeBuffers.cpu_src)
+                self.buf.place_whole(cpu_idx, self.size, self.buf.cpu_src)
             samples = self.buf.samples[:n]
             samples["mirror"] = flips
             self.buf.samples_dev[: samples.nbytes].set(samples.view(np.uint8), stream=self.stream)
