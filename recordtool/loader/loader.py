@@ -167,10 +167,8 @@ class Loader:
         self._order = self.ds.sampler(seed=self.seed, rank=self.rank, world_size=self.world_size,
                                       drop_last=self.drop_last, shuffle=self.shuffle, block_shards=block_shards)
         self.sampler = LoaderSampler(self, self._order)
-        # a remote dataset's shard cache plans one epoch at a time and counts a record served once
-        # its view is taken: no continuous epochs, no look-ahead lanes (GPUBatcher)
-        planned = getattr(self._order, "on_plan", None) is not None
-        if planned:
+        planned = getattr(self._order, "on_plan", None) is not None  # a remote dataset's cache plans each epoch
+        if planned:  # and counts a record served once its view is taken: no continuous epochs, no lanes (GPUBatcher)
             self.continuous = False
         share = len(self._order)
         if self.drop_last and share < self.batch_size:
@@ -196,8 +194,7 @@ class Loader:
         self._stream = None  # the BatchStream the next iteration may take up
         self.bad_records: dict = {}  # record id → reason (on_error "warn" / "skip")
         self.last_split = None  # cuda: the last yielded batch's BatchReport
-        # producer-side seconds per stage, and (cuda) images per decoder, summed over yielded batches
-        self.stage_seconds, self.decoded = {}, {}
+        self.stage_seconds, self.decoded = {}, {}  # producer-side s per stage, (cuda) images per decoder, summed
         # of decoded["cpu"]: GPU-bound images past the buffers' room (room.batch_room), and decoded ahead (loader.ahead)
         self.overflow = self.ahead = 0
         recipe = Recipe(self.ds, self.output, self.seed, self.augment)
