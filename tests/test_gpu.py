@@ -43,19 +43,22 @@ def test_same_pixels_routes_4_4_4_and_gray_to_the_cpu():
     assert route(chroma, prog, cs, same_pixels=True).tolist() == [CPU, CPU, CPU, CPU, ENGINE, ENGINE, HYBRID, CPU]
 
 
-def test_images_past_the_gpu_size_go_to_the_cpu_and_the_engines_buffers_take_the_largest_layout():
-    """route(pixels=): an image above GPU_MAX_PIXELS goes to the CPU path whatever its layout
-    (the engines' and hybrid decoder's buffers are sized by the largest image they see);
+def test_images_past_the_gpu_size_go_to_their_own_engines_decoder_and_the_buffers_take_the_largest_layout():
+    """route(pixels=): above GPU_MAX_PIXELS an engines' image is LARGE (the engines, on a decoder
+    of their own) and a hybrid one goes to the CPU path (the batch's decoders' buffers are sized
+    by the largest image they see; 4:1:1 stays on the CPU, with same_pixels 4:4:4 too);
     largest_layout: the engines' buffers are pre-allocated for the widest layout they will see."""
     from recordtool.decode.gpu.decoder import largest_layout
-    from recordtool.decode.gpu.plan import GPU_MAX_PIXELS
-    from recordtool.format.jpeg import CHROMA_440, CHROMA_444
+    from recordtool.decode.gpu.plan import GPU_MAX_PIXELS, LARGE
+    from recordtool.format.jpeg import CHROMA_411, CHROMA_440, CHROMA_444
 
-    chroma = np.array([CHROMA_420, CHROMA_420, CHROMA_422, CHROMA_422])
-    prog, cs = np.array([0, 0, 1, 1]), np.array([CS_YCBCR] * 4)
-    pixels = np.array([GPU_MAX_PIXELS, GPU_MAX_PIXELS + 1, GPU_MAX_PIXELS, 5000 * 4000])
-    assert route(chroma, prog, cs, pixels=pixels).tolist() == [ENGINE, CPU, HYBRID, CPU]
-    assert route(chroma, prog, cs).tolist() == [ENGINE, ENGINE, HYBRID, HYBRID]
+    chroma = np.array([CHROMA_420, CHROMA_420, CHROMA_422, CHROMA_422, CHROMA_411, CHROMA_444])
+    prog, cs = np.array([0, 0, 1, 1, 0, 0]), np.array([CS_YCBCR] * 6)
+    big = 5000 * 4000
+    pixels = np.array([GPU_MAX_PIXELS, GPU_MAX_PIXELS + 1, GPU_MAX_PIXELS, big, big, big])
+    assert route(chroma, prog, cs, pixels=pixels).tolist() == [ENGINE, LARGE, HYBRID, CPU, CPU, LARGE]
+    assert route(chroma, prog, cs, pixels=pixels, same_pixels=True).tolist() == [ENGINE, LARGE, HYBRID, CPU, CPU, CPU]
+    assert route(chroma, prog, cs).tolist() == [ENGINE, ENGINE, HYBRID, HYBRID, CPU, ENGINE]
     assert largest_layout([CHROMA_420, CHROMA_420]) == CHROMA_420
     assert largest_layout([CHROMA_420, CHROMA_440]) == CHROMA_440
     assert largest_layout([CHROMA_420, CHROMA_422, CHROMA_444]) == CHROMA_444
@@ -318,6 +321,67 @@ def test_chunked_engine_calls_decode_what_one_call_decodes(monkeypatch, chroma):
     for bad in (-1, 2.5, True, "4"):
         with pytest.raises(ConfigError, match="chunk"):
             GPUDecoder(OutputSpec(224), max_batch=8, split="gpu", chunk=bad)
+
+
+@gpu
+@pytest.mark.parametrize("chroma", ["replicate", "interpolate"])
+def test_large_images_go_to_the_engines_on_a_decoder_of_their_own(monkeypatch, chroma):
+    """Route.LARGE images (baseline, above GPU_MAX_PIXELS) are decoded by the engines on a
+    decoder of their own (made and sized at warm-up for them alone), in calls of at most
+    LARGE_BATCH after the batch's engines call: none reaches the CPU share, and they are the
+    pixels the batch's engines give the same images routed to them, bit for bit, within 40 dB
+    of the CPU path."""
+    from recordtool.decode.gpu import GPUDecoder
+    from recordtool.decode.gpu.plan import GPU_MAX_PIXELS, LARGE
+    from recordtool.format.jpeg import probe
+
+    small, small_sizes = _jpegs(12)
+    big = []
+    for k, (w, h, sub) in enumerate([(2400, 1800, 2), (1800, 2400, 1), (2560, 1600, 0)]):
+        b = io.BytesIO()
+        photo_like(w, h, seed=50 + k).save(b, "JPEG", quality=90, subsampling=sub)
+        big.append(b.getvalue())
+    bufs = big[:2] + small + big[2:]
+    sizes = np.concatenate([[[2400, 1800], [1800, 2400]], small_sizes, [[2560, 1600]]])
+    infos = [probe(b) for b in bufs]
+    cols = ([i.chroma for i in infos], [i.progressive for i in infos], [i.colorspace for i in infos])
+    pixels = sizes[:, 0] * sizes[:, 1]
+    routes = route(*cols, pixels=pixels)
+    large = [0, 1, len(bufs) - 1]
+    assert pixels[large].min() > GPU_MAX_PIXELS and np.nonzero(routes == LARGE)[0].tolist() == large
+    n_engine = int((routes == ENGINE).sum())
+    ids = np.arange(len(bufs))
+    lengths = np.array([len(b) for b in bufs])
+    outs = []
+    for rts in (routes, route(*cols)):  # LARGE, then the same images as the batch's engines' own
+        dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=32, split="gpu", chroma=chroma)
+        if dec.hw is None:
+            pytest.skip(f"no NVJPG engines: {dec.hw_error}")
+        dec.warmup(lengths, sizes[:, 0], sizes[:, 1], routes=rts, chroma=cols[0])
+        assert dec.prealloc_error is None
+        calls = []
+        if (rts == LARGE).any():
+            assert dec.hw_large is not None and dec.hw_large.max_batch == dec.LARGE_BATCH == 2
+            name = "decode_planes" if dec.planar else "decode"
+            real = getattr(dec.hw_large, name)
+            monkeypatch.setattr(dec.hw_large, name, lambda ptrs, *a, **k: (calls.append(len(ptrs)), real(ptrs, *a, **k))[1])
+        else:
+            assert dec.hw_large is None  # made only for a dataset that has such images
+        got = []
+        for epoch in range(2):
+            win = random_windows(sizes[:, 0], sizes[:, 1], ids, 7, epoch)
+            flips = random_flips(ids, 7, epoch)
+            got.append(cupy.asnumpy(dec(bufs, win, flips, rts)).copy())
+            assert dec.last.gpu == n_engine + 3 and dec.last.cpu == 0 and dec.last.overflow == 0, dec.last
+            ref = decode_crop_resize(bufs, win)
+            ref[flips] = ref[flips, :, ::-1]
+            for k in large:
+                assert psnr(got[-1][k], ref[k]) >= 40, (k, epoch, chroma)
+        assert calls == ([2, 1] * 2 if (rts == LARGE).any() else [])
+        outs.append(got)
+        dec.close()
+    for a, b in zip(*outs):
+        assert np.array_equal(a, b)
 
 
 @gpu
@@ -968,6 +1032,32 @@ def test_demand_cpu_first_measures_the_engines_on_small_batches():
     for bad in (dict(first="gpu"), dict(up=1.5), dict(ceiling=-0.1), dict(threshold="x"), dict(down=True)):
         with pytest.raises(ConfigError):
             Demand(**bad)
+
+
+def test_planner_gives_large_images_to_the_engines_first_and_never_to_the_cpu_share():
+    """Route.LARGE images go to the engines whatever the split asks of the engines' images
+    (on the CPU one costs 20-40 ms of a core), first in the engines' list (the batch's room is
+    given in order); to the CPU only where the engines are not used (split="cpu", no engines,
+    paused) or the file has no EOI."""
+    from recordtool.decode.gpu import SplitPlanner, ends_with_eoi
+    from recordtool.decode.gpu.plan import LARGE
+
+    routes = np.array([ENGINE] * 6 + [LARGE, HYBRID, CPU, LARGE], np.int8)
+    eoi = np.ones(10, bool)
+    for split in ("gpu", "auto", 0.5, 1.0):
+        p = SplitPlanner(split).plan(routes, eoi)
+        assert p.engine[:2].tolist() == [6, 9] and not {6, 9} & set(p.cpu.tolist()), split
+        assert p.n == 10 and p.forced == 1
+    assert len(SplitPlanner(1.0).plan(routes, eoi).engine) == 2  # a CPU share of everything it may take
+    for p in (SplitPlanner("cpu"), SplitPlanner("auto", engines=False)):
+        assert {6, 9} <= set(p.plan(routes, eoi).cpu.tolist())
+    paused = SplitPlanner("auto")
+    paused.paused = 3
+    assert {6, 9} <= set(paused.plan(routes, eoi).cpu.tolist())
+    bufs = [b"\xff\xd8..\xff\xd9"] * 10
+    bufs[9] = b"\xff\xd8..truncated"
+    p = SplitPlanner("gpu").plan(routes, ends_with_eoi(bufs))
+    assert p.engine[:1].tolist() == [6] and 9 in p.cpu.tolist()
 
 
 @pytest.mark.parametrize("split", ["auto", "gpu"])

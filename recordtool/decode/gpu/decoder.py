@@ -28,7 +28,7 @@ from ..spec import OutputSpec
 from . import kernel as K
 from .buffers import DecodeBuffers, OutputRing
 from .room import PlaneLayout, batch_room, planar_need, planar_subsampling, staging_each
-from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, Chroma, Demand, Split, SplitPlanner, check_chroma,
+from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, LARGE, Chroma, Demand, Split, SplitPlanner, check_chroma,
                    buffer_spans, ends_with_eoi)
 from .roi import dct_reduction, plan_rois
 
@@ -94,6 +94,15 @@ class GPUDecoder:
             call (recordtool._nvsubmit); False: the ctypes loops (their reference, for the tests).
     """
 
+    # Route.LARGE images (above plan.GPU_MAX_PIXELS): the engines, on a decoder of their own in
+    # calls of at most LARGE_BATCH images, whose nvJPEG buffers are sized for that many at the
+    # largest such size (~40 MiB an image at 13 MP 4:2:0, H200) — the batch's decoder stays sized
+    # for the rest; the arena and staging keep room for LARGE_ROOM whole ones beyond a batch's
+    # (a region, what is decoded, is a part of one: more fit nearly always; past the room the
+    # batch's last images join its CPU share, counted in BatchReport.overflow)
+    LARGE_BATCH = 2
+    LARGE_ROOM = 2
+
     def __init__(self, spec: OutputSpec = OutputSpec(), max_batch: int = 256, cpu_threads: int | None = None,
                  split: Split = "auto", gpu_id: int = 0, pool: int | None = None, hybrid: bool = True,
                  ring: OutputRing | None = None, demand: Demand | None = None, chroma: Chroma = DEFAULT_CHROMA,
@@ -128,7 +137,8 @@ class GPUDecoder:
         self.planner = SplitPlanner(split, demand=demand)
         self.last = BatchReport()
         self.ring = ring
-        self.hw = self.hybrid = None
+        self.hw = self.hybrid = self.hw_large = None
+        self._interpolate = nvjpeg_interp
         self.hw_error = self.hybrid_error = self.prealloc_error = self.last_gpu_error = None
         # the CPU part and the hybrid decoder run beside the engines' submission, on threads kept
         # for the decoder's life (a thread per batch would churn stacks and malloc arenas)
@@ -208,12 +218,17 @@ class GPUDecoder:
         widths, heights = np.asarray(widths), np.asarray(heights)
         routes = None if routes is None else np.asarray(routes)
         engine = np.ones(len(widths), bool) if routes is None else routes == ENGINE
+        large = np.zeros(len(widths), bool) if routes is None else routes == LARGE
         if self.planar:
             lengths = np.asarray(jpeg_lengths, np.int64)
-            gpu = np.ones(len(widths), bool) if routes is None else routes != CPU
+            gpu = np.ones(len(widths), bool) if routes is None else (routes != CPU) & ~large
             cw = None if chroma is None else np.asarray(chroma)[gpu]
             arena = batch_room(planar_need(widths[gpu], heights[gpu], cw), self.max_batch)
             staging = batch_room(staging_each(lengths[engine]), self.max_batch)
+            if large.any():  # room for LARGE_ROOM of the largest beyond a batch of the others
+                cl = None if chroma is None else np.asarray(chroma)[large]
+                arena += self.LARGE_ROOM * int(planar_need(widths[large], heights[large], cl).max())
+                staging += self.LARGE_ROOM * int(staging_each(lengths[large]).max())
         else:
             staging, arena = self.buf.plan_for(jpeg_lengths, widths, heights)
         self.buf.reserve(max(staging, 64), max(arena, 256))
@@ -236,6 +251,23 @@ class GPUDecoder:
                                             largest_layout(None if chroma is None else np.asarray(chroma)[engine]))
                 except Exception as e:  # a sizing hint only: decoding works without it
                     self.prealloc_error = str(e)
+            if large.any():
+                try:
+                    with self.device:
+                        self._large_decoder().preallocate(
+                            self.LARGE_BATCH, int(widths[large].max()), int(heights[large].max()),
+                            largest_layout(None if chroma is None else np.asarray(chroma)[large]))
+                except Exception as e:
+                    self.prealloc_error = f"large: {e}"
+
+    def _large_decoder(self):
+        """The engines' decoder for Route.LARGE images (made on first use: most datasets have none)."""
+        if self.hw_large is None:
+            from .nvjpeg import HardwareDecoder
+
+            self.hw_large = HardwareDecoder(self.LARGE_BATCH, planar=self.planar, interpolate=self._interpolate)
+            self.hw_large.set_padding(16 << 20)
+        return self.hw_large
 
     def _prime_hybrid(self, width: int, height: int) -> None:
         """Decode one progressive 4:4:4 image of the largest hybrid-bound size, so the hybrid
@@ -309,7 +341,7 @@ class GPUDecoder:
             t_native = None
             if len(plan.engine):
                 try:
-                    t_native = self._decode_engines(buffers, plan.engine, places)
+                    t_native = self._decode_engines(buffers, plan.engine, places, routes[plan.engine] == LARGE)
                 except Exception as e:  # the engines refused the batch: the CPU takes it
                     hw_failed = plan.engine.tolist()
                     self.last_gpu_error = str(e)
@@ -439,11 +471,13 @@ class GPUDecoder:
                 out[at + k] = img
         return time.perf_counter() - t, errors
 
-    def _decode_engines(self, buffers, idx, places):
+    def _decode_engines(self, buffers, idx, places, large=None):
         """Stage JPEG bytes in pinned memory, decode each window as an ROI into the arena: in one
         nvJPEG call, or (self.chunk) in calls of at most that many images, each after the
-        previous one's work is done (the state is re-initialised for a new call size). Returns
-        the seconds the native submissions spent without the GIL (None: the ctypes loop)."""
+        previous one's work is done (the state is re-initialised for a new call size); the
+        `large` ones (bool per idx: Route.LARGE) after them on their own decoder, in calls of
+        at most LARGE_BATCH. Returns the seconds the native submissions spent without the GIL
+        (None: the ctypes loop)."""
         bufs = [buffers[i] for i in idx]
         stage = self.buf.staging_np
         base = stage.ctypes.data
@@ -455,20 +489,27 @@ class GPUDecoder:
                 stage[o:o + len(b)] = np.frombuffer(b, np.uint8)
         ptrs = base + np.asarray(offs, np.int64)
         lengths = buffer_spans(bufs)[1]
-        n = len(idx)
-        parts = np.array_split(np.arange(n), -(-n // self.chunk)) if self.chunk and n > self.chunk else [slice(None)]
+        large = np.zeros(len(idx), bool) if large is None else np.asarray(large, bool)
+        small, big = np.nonzero(~large)[0], np.nonzero(large)[0]
+        n = len(small)
+        calls = [(self.hw, p) for p in (np.array_split(small, -(-n // self.chunk)) if self.chunk and n > self.chunk
+                                        else [small] if n else [])]
+        if len(big):
+            calls += [(self._large_decoder(), p) for p in np.array_split(big, -(-len(big) // self.LARGE_BATCH))]
         native = None  # stays None where the native submission is not built (the ctypes loop)
-        for k, part in enumerate(parts):
-            if k:  # the state is re-initialised for this call's size: the last call's work first
+        last = None
+        for dec, part in calls:
+            if dec is last:  # the state is re-initialised for this call's size: the last call's work first
                 self._done(self.stream)
+            last = dec
             if self.planar:
                 planes, pitches, _, rois = places.take(idx[part])
-                self.hw.decode_planes(ptrs[part], lengths[part], planes, pitches, self.stream.ptr, rois,
-                                      native=self.native_submit)
+                dec.decode_planes(ptrs[part], lengths[part], planes, pitches, self.stream.ptr, rois,
+                                  native=self.native_submit)
             else:
                 rois, dst, pitch = places.take(idx[part])
-                self.hw.decode(ptrs[part], lengths[part], rois, dst, pitch, self.stream.ptr, native=self.native_submit)
-            t = self.hw.last_native_seconds
+                dec.decode(ptrs[part], lengths[part], rois, dst, pitch, self.stream.ptr, native=self.native_submit)
+            t = dec.last_native_seconds
             native = None if t is None else (native or 0.0) + t
         return native if self.native_submit else None
 
@@ -500,7 +541,7 @@ class GPUDecoder:
         if self._own_pool:
             cpu.release_pool_id(self.pool)
             self._own_pool = False
-        for name in ("hw", "hybrid"):
+        for name in ("hw", "hw_large", "hybrid"):
             d = getattr(self, name, None)
             if d is not None:
                 d.close()

@@ -21,9 +21,10 @@ class Route(IntEnum):
     ENGINE = 0  # NVJPG hardware engines (baseline YCbCr 4:4:4 / 4:2:2 / 4:2:0 / 4:4:0)
     HYBRID = 1  # nvJPEG hybrid decoder: CPU Huffman, GPU IDCT (progressive, gray)
     CPU = 2  # the native CPU path (CMYK, RGB-coded, 4:1:1, unknown, damaged files)
+    LARGE = 3  # the engines' layouts above GPU_MAX_PIXELS: the engines, on a decoder of their own
 
 
-ENGINE, HYBRID, CPU = Route.ENGINE, Route.HYBRID, Route.CPU
+ENGINE, HYBRID, CPU, LARGE = Route.ENGINE, Route.HYBRID, Route.CPU, Route.LARGE
 
 # Grayscale does not go to the engines: their RGBI output for 1-component JPEGs with an ROI did
 # not match the image on the H200 (13.8 dB against libjpeg-turbo, tests/test_gpu.py).
@@ -49,7 +50,10 @@ def route(chroma, progressive, colorspace, same_pixels: bool = False, pixels=Non
     same_pixels: 4:4:4 and grayscale files go to the CPU too. Nothing is upsampled in them, so
     the GPU could only differ from the CPU path by its IDCT and resampling; decoded by the CPU
     path itself, they are the CPU path's pixels bit for bit (SAME_PIXELS_CHROMA).
-    pixels: width × height per image (the index's); images above GPU_MAX_PIXELS go to the CPU."""
+    pixels: width × height per image (the index's); above GPU_MAX_PIXELS an ENGINE image is
+    LARGE (the engines, on a decoder sized for a few such images: GPUDecoder) and a HYBRID one
+    goes to the CPU (the hybrid decoder's Huffman pass is a CPU thread's too, and its buffers
+    would grow to the largest image)."""
     chroma, progressive, colorspace = np.asarray(chroma), np.asarray(progressive), np.asarray(colorspace)
     hw = hardware_decodable(chroma, progressive, colorspace)
     hybrid = ((np.isin(chroma, HW_CHROMA) & (colorspace == CS_YCBCR))
@@ -58,16 +62,20 @@ def route(chroma, progressive, colorspace, same_pixels: bool = False, pixels=Non
     if same_pixels:
         codes[np.isin(chroma, SAME_PIXELS_CHROMA)] = CPU
     if pixels is not None:
-        codes[np.asarray(pixels, np.int64) > GPU_MAX_PIXELS] = CPU
+        big = np.asarray(pixels, np.int64) > GPU_MAX_PIXELS
+        codes[big & (codes == ENGINE)] = LARGE
+        codes[big & (codes == HYBRID)] = CPU
     return codes
 
 
 GPU_MAX_PIXELS = 4_000_000
-"""The largest image (width × height) the GPU decoders take; larger ones go to the CPU path. nvJPEG's
-engine buffers are sized at warm-up for the largest image they will see: measured on the H200,
-689 MiB per decoder for a 3574×3366 image (4:4:4) against about 150 MiB for 1200×1200, and ImageNet's
-few images above 4 MP (its 0.3 % tail) would set that size for all. The CPU path decodes their
-large windows DCT-scaled (1/2, 1/4), so they cost it little."""
+"""The largest image (width × height) the batch's GPU decoders take. nvJPEG's engine buffers are
+sized at warm-up for the largest image they will see: measured on the H200, 689 MiB per decoder
+for a 3574×3366 image (4:4:4) against about 150 MiB for 1200×1200, and ImageNet's few images above
+4 MP (its 0.3 % tail) would set that size for all. Larger baseline images (Route.LARGE) go to the
+engines on a second decoder of a few images' size (GPUDecoder.LARGE_BATCH): on the CPU each costs
+20-40 ms of a core for one crop (its whole entropy-coded data is Huffman-decoded whatever the
+window), on the engines about 1 ms of the submitting thread (H200)."""
 
 
 # the layouts `route(same_pixels=True)` sends to the CPU: with no chroma to upsample, the GPU's
@@ -154,7 +162,7 @@ def check_split(split) -> Split:
 class Assignment:
     """One batch's assignment: batch positions per decoder."""
 
-    engine: np.ndarray
+    engine: np.ndarray  # the LARGE-routed ones first (GPUDecoder decodes them on a decoder of their own)
     hybrid: np.ndarray
     cpu: np.ndarray  # the `forced` ones first, then the share moved from the engines (then GPUDecoder's past its room)
     forced: int  # CPU images no GPU decoder takes here (route, missing EOI, decoder unavailable)
@@ -329,7 +337,9 @@ class SplitPlanner:
         routes = np.asarray(routes)
         n = len(routes)
         routes = np.where(np.asarray(eoi, bool), routes, CPU)
-        eligible = np.nonzero(routes == ENGINE)[0] if self.engines and not self.paused else np.zeros(0, np.int64)
+        engines = self.engines and not self.paused
+        eligible = np.nonzero(routes == ENGINE)[0] if engines else np.zeros(0, np.int64)
+        large = np.nonzero(routes == LARGE)[0] if engines else np.zeros(0, np.int64)  # never the CPU share's
         hyb = np.nonzero(routes == HYBRID)[0] if self.hybrid else np.zeros(0, np.int64)
         share = self.cpu_fraction
         if self.split == "auto" and self.demand is not None:
@@ -345,14 +355,16 @@ class SplitPlanner:
             hyb = hyb[: max(2, int(rh * t_engines))]
         on_gpu = np.zeros(n, bool)
         on_gpu[eligible] = True
+        on_gpu[large] = True
         on_gpu[hyb] = True
         forced = np.nonzero(~on_gpu)[0]
         extra = max(0, min(len(eligible), int(round(share * n)) - len(forced)))
         if self.split == "auto" and self.demand is not None and self.demand.first == "engines":
             extra = paying_share(len(eligible), len(forced), extra, self.rates)  # only a share that pays
         moved, kept = eligible[len(eligible) - extra:], eligible[: len(eligible) - extra]
-        return Assignment(engine=kept, hybrid=hyb, cpu=np.concatenate([forced, moved]).astype(np.int64),
-                    forced=len(forced))
+        # the large ones first: the batch's room (GPUDecoder._place_planar) is given in order
+        return Assignment(engine=np.concatenate([large, kept]).astype(np.int64), hybrid=hyb,
+                          cpu=np.concatenate([forced, moved]).astype(np.int64), forced=len(forced))
 
     def observe(self, n: int, n_gpu: int, t_gpu, n_cpu: int, t_cpu, n_hyb: int = 0, t_hyb=None,
                 engines_failed: bool = False) -> bool:
