@@ -283,9 +283,10 @@ def test_planar_placement_plans_regions_and_refuses_what_the_kernel_does_not_tak
 
 
 def test_planar_placement_sends_the_images_past_the_room_to_the_cpu_share():
-    """With buffers sized by a warm-up (planned), _place_planar keeps the longest prefix of the
-    GPU-bound images whose planes fit the arena and whose JPEGs (the engines' only) fit the
-    staging; the rest join the CPU share (counted), placed nowhere — nothing grows."""
+    """With buffers sized by a warm-up (planned), _place_planar keeps, in order, each GPU-bound
+    image whose planes fit the arena and whose JPEG (the engines' only) fits the staging beside
+    those of the images kept before it; the rest join the CPU share (counted), placed nowhere —
+    nothing grows."""
     from recordtool.decode.gpu.plan import Assignment
     from recordtool.decode.gpu.room import PlaneLayout, staging_each
 
@@ -295,7 +296,7 @@ def test_planar_placement_sends_the_images_past_the_room_to_the_cpu_share():
                          [200, 150, 2, 2, 200, 150, 100, 75], [40, 30, 0, 0, 40, 30, 0, 0]]).total
     lens = staging_each([len(b) for b in bufs])
     for arena, staging, kept in ((whole[:2].sum(), lens.sum(), [0, 1]),        # the arena holds two
-                                 (whole.sum(), lens[:1].sum(), [0]),           # the staging holds one engine file
+                                 (whole.sum(), lens[:1].sum(), [0, 3]),        # the staging holds one engine file
                                  (whole.sum(), lens[:3].sum(), [0, 1, 2, 3])):  # room for all (3 is the hybrid's)
         dec = _decoder_without_gpu(bufs, planar_roi=False)
         dec.buf.planned = True
@@ -373,3 +374,36 @@ def test_region_check_trusts_only_a_decoder_that_writes_regions_right(how):
 
     layouts = ("420", "422", "444", "gray", "prog420")
     assert roi_check.regions_decode_right(_stand_in(how), layouts, _HostCupy) == (how == "right")
+
+
+def test_room_goes_to_each_image_that_fits_beside_those_before_it():
+    """DecodeBuffers.room_for (no GPU needed): in the batch's order, each image whose planes and
+    JPEG slot fit beside those of the earlier images that fit takes room — a large image past
+    the room leaves it to the later, smaller ones (GPUDecoder puts the batch's Route.LARGE
+    images first); a batch that fits is every image; before a warm-up the buffers grow to take
+    all. Checked against a plain loop on random batches."""
+    from recordtool.decode.gpu.buffers import DecodeBuffers
+
+    def reference(a, s, room_a, room_s):
+        out, ua, us = [], 0, 0
+        for x, y in zip(a, s):
+            ok = ua + x <= room_a and us + y <= room_s
+            out.append(ok)
+            ua, us = (ua + x, us + y) if ok else (ua, us)
+        return out
+
+    buf = DecodeBuffers.__new__(DecodeBuffers)
+    buf.planned, buf.arena, buf.staging_np = True, _arena(100), np.zeros(50, np.uint8)
+    assert buf.room_for([60, 30, 20, 10], [0, 0, 0, 0]).tolist() == [True, True, False, True]
+    assert buf.room_for([120, 30, 20, 10], [1, 1, 1, 1]).tolist() == [False, True, True, True]
+    assert buf.room_for([10, 10], [40, 20]).tolist() == [True, False]  # the staging's room too
+    assert buf.room_for([50, 50], [25, 25]).tolist() == [True, True]
+    assert buf.room_for([], []).tolist() == []
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(1, 40))
+        a, s = rng.integers(0, 30, n), rng.integers(0, 12, n)
+        assert buf.room_for(a, s).tolist() == reference(a.tolist(), s.tolist(), 100, 50)
+    grown = []
+    buf.planned, buf.reserve = False, lambda staging, arena: grown.append((staging, arena))
+    assert buf.room_for([120, 30], [60, 1]).tolist() == [True, True] and grown == [(61, 150)]

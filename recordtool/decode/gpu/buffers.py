@@ -83,17 +83,29 @@ class DecodeBuffers:
         return staging_bytes(lens), int(regions.sum())
 
     def room_for(self, arena_need, staging_need) -> np.ndarray:
-        """Which of these images (in order) fit the arena and the staging as they are: the
-        longest prefix whose planes (arena_need) and JPEG slots (staging_need) both fit. Before
-        a warm-up planned them, the buffers grow to take all (counted in .allocations)."""
-        arena_need = np.cumsum(np.asarray(arena_need, np.int64))
-        staging_need = np.cumsum(np.asarray(staging_need, np.int64))
-        if not len(arena_need):
+        """Which of these images fit the arena and the staging as they are, taken in order: each
+        whose planes (arena_need) and JPEG slot (staging_need) fit beside those of the images
+        before it that fit — an image past the room leaves the room to the later, smaller ones
+        (a batch's large image first must not send all the rest to the CPU share). Before a
+        warm-up planned them, the buffers grow to take all (counted in .allocations)."""
+        a, s = np.asarray(arena_need, np.int64), np.asarray(staging_need, np.int64)
+        if not len(a):
             return np.zeros(0, bool)
+        ca, cs = np.cumsum(a), np.cumsum(s)
         if not self.planned:
-            self.reserve(int(staging_need[-1]), int(arena_need[-1]))
-            return np.ones(len(arena_need), bool)
-        return (arena_need <= self.arena.size) & (staging_need <= self.staging_np.size)
+            self.reserve(int(cs[-1]), int(ca[-1]))
+            return np.ones(len(a), bool)
+        room_a, room_s = self.arena.size, self.staging_np.size
+        fit = (ca <= room_a) & (cs <= room_s)
+        if fit.all():
+            return fit
+        k = int(np.argmin(fit))  # the first image past the room: from there, one by one
+        used_a, used_s = int(ca[k] - a[k]), int(cs[k] - s[k])
+        for j in range(k, len(a)):
+            fit[j] = used_a + a[j] <= room_a and used_s + s[j] <= room_s
+            if fit[j]:
+                used_a, used_s = used_a + int(a[j]), used_s + int(s[j])
+        return fit
 
     def ensure(self, buffers, windows) -> None:
         """Grow if this batch needs more than warm-up planned (counted in .allocations)."""

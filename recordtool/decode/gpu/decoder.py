@@ -397,8 +397,8 @@ class GPUDecoder:
         whose layout the kernel does not take (or gray on the engines), or whose header does not
         hold the window or declares more than DEFAULT_MAX_PIXELS (a file damaged after packing:
         the planes would be sized by it) leave the plan for the CPU path, which names them.
-        Images past the arena's or the staging's room (the batch's last ones:
-        DecodeBuffers.room_for) join the CPU share.
+        Images past the arena's or the staging's room (DecodeBuffers.room_for: in the batch's
+        order, each that fits beside the ones before it) join the CPU share.
         Returns (places, refused indices, images moved to the CPU share for room)."""
         idx = np.concatenate([plan.engine, plan.hybrid]).astype(np.int64)
         if not len(idx):
@@ -432,7 +432,7 @@ class GPUDecoder:
         layout = PlaneLayout(dims, rois, regions)
         fit = self.buf.room_for(layout.total, np.where(keep < ne, staging_each(lengths[keep]), 0))
         over = idx[~fit]
-        if len(over):  # the batch's last images to the CPU share; the rest laid out again (rare)
+        if len(over):  # the images past the room to the CPU share; the rest laid out again (rare)
             plan.engine = plan.engine[~np.isin(plan.engine, over)]
             plan.hybrid = plan.hybrid[~np.isin(plan.hybrid, over)]
             plan.cpu = np.concatenate([np.asarray(plan.cpu, np.int64), over])
