@@ -95,11 +95,11 @@ class GPUDecoder:
     """
 
     # Route.LARGE images (above plan.GPU_MAX_PIXELS): the engines, on a decoder of their own in
-    # calls of at most LARGE_BATCH images, whose nvJPEG buffers are sized for that many at the
-    # largest such size (~40 MiB an image at 13 MP 4:2:0, H200) — the batch's decoder stays sized
+    # calls of at most LARGE_BATCH images, whose nvJPEG buffers grow at warm-up to what a call of
+    # that many at the largest such size takes (_prime_large) — the batch's decoder stays sized
     # for the rest; the arena and staging keep room for LARGE_ROOM whole ones beyond a batch's
     # (a region, what is decoded, is a part of one: more fit nearly always; past the room the
-    # batch's last images join its CPU share, counted in BatchReport.overflow)
+    # image joins the batch's CPU share, counted in BatchReport.overflow)
     LARGE_BATCH = 2
     LARGE_ROOM = 2
 
@@ -210,8 +210,9 @@ class GPUDecoder:
         Args:
             jpeg_lengths, widths, heights: the index columns of every record this decoder may see.
             outputs: output batches alive at once (the ring's slots), unless a ring was given.
-            routes: route codes per record; primes the hybrid decoder and pre-allocates nvJPEG's
-                engine buffers for the largest image each will see; None: all to the engines.
+            routes: route codes per record; primes the hybrid decoder and the large images'
+                decoder and pre-allocates nvJPEG's engine buffers for the largest image the
+                batch's engines will see; None: all to the engines.
             chroma: the index's chroma codes (format.jpeg.CHROMA_*): each image's planes at its
                 own layout; None: 4:4:4 (the largest).
         """
@@ -252,12 +253,11 @@ class GPUDecoder:
                 except Exception as e:  # a sizing hint only: decoding works without it
                     self.prealloc_error = str(e)
             if large.any():
+                cl = None if chroma is None else np.asarray(chroma)[large]
+                k = int(np.argmax(planar_need(widths[large], heights[large], cl)))
                 try:
-                    with self.device:
-                        self._large_decoder().preallocate(
-                            self.LARGE_BATCH, int(widths[large].max()), int(heights[large].max()),
-                            largest_layout(None if chroma is None else np.asarray(chroma)[large]))
-                except Exception as e:
+                    self._prime_large(int(widths[large][k]), int(heights[large][k]), largest_layout(cl))
+                except Exception as e:  # a sizing step only: decoding works without it
                     self.prealloc_error = f"large: {e}"
 
     def _large_decoder(self):
@@ -268,6 +268,45 @@ class GPUDecoder:
             self.hw_large = HardwareDecoder(self.LARGE_BATCH, planar=self.planar, interpolate=self._interpolate)
             self.hw_large.set_padding(16 << 20)
         return self.hw_large
+
+    def _prime_large(self, width: int, height: int, layout: int) -> None:
+        """Decode LARGE_BATCH baseline images of the largest Route.LARGE size, at the widest
+        layout those have, on their decoder, so that nvJPEG's buffers grow to what such a call
+        takes now, not mid-epoch. Not nvJPEG's pre-allocation: sized for every engine at once,
+        it took 238 MiB for two 3600×2700 4:2:0 images, where decoding them grew a decoder by
+        42-74 MiB (H200). Planar (chroma="interpolate") only: the arena has room for
+        LARGE_ROOM whole such images beside a batch (warmup); on the RGBI path
+        (chroma="replicate") the decoder grows at its first such images. A failure raises
+        (warmup records it in prealloc_error)."""
+        import io
+
+        from PIL import Image
+
+        if not self.planar:
+            return
+        out = io.BytesIO()  # 4:4:0, which Pillow does not write, is primed as 4:4:4 (larger)
+        Image.new("RGB", (width, height), (120, 130, 140)).save(
+            out, "JPEG", quality=90, subsampling={CHROMA_420: 2, CHROMA_422: 1}.get(layout, 0))
+        data = np.frombuffer(out.getbuffer(), np.uint8)
+        n = min(self.LARGE_BATCH, self.LARGE_ROOM)
+        stage = self.buf.staging_np
+        if len(data) > stage.size:
+            raise ValueError(f"no staging room to prime: {len(data)} > {stage.size} bytes")
+        stage[: len(data)] = data
+        dec = self._large_decoder()
+        _, _, ws, hs = dec.image_info(stage.ctypes.data, len(data))
+        sizes = [ws[c] * hs[c] for c in range(3)]
+        each = sum(sizes)
+        if n * each > self.buf.arena.size:
+            raise ValueError(f"no arena room to prime: {n} × {each} > {self.buf.arena.size} bytes")
+        base = self.buf.arena.data.ptr
+        planes = [[base + k * each, base + k * each + sizes[0], base + k * each + sizes[0] + sizes[1]]
+                  for k in range(n)]
+        with self.device:
+            dec.decode_planes([stage.ctypes.data] * n, [len(data)] * n, planes, [list(ws)] * n, self.stream.ptr,
+                              native=self.native_submit)
+            self._done(self.stream)
+        del data
 
     def _prime_hybrid(self, width: int, height: int) -> None:
         """Decode one progressive 4:4:4 image of the largest hybrid-bound size, so the hybrid
