@@ -407,3 +407,43 @@ def test_room_goes_to_each_image_that_fits_beside_those_before_it():
     grown = []
     buf.planned, buf.reserve = False, lambda staging, arena: grown.append((staging, arena))
     assert buf.room_for([120, 30], [60, 1]).tolist() == [True, True] and grown == [(61, 150)]
+
+
+def test_a_large_images_decoder_failure_sends_only_those_images_to_the_cpu():
+    """GPUDecoder._decode_engines (device parts stood in for): the batch's engines get their
+    images in one call, the Route.LARGE ones go to their own decoder in calls of LARGE_BATCH;
+    when that decoder fails, only its images are handed back for the CPU path and the batch's
+    engines' work stands — a failure of the batch's own call still fails the batch."""
+    from recordtool.decode.gpu.decoder import GPUDecoder
+
+    class Engines:
+        def __init__(self, fail=False):
+            self.calls, self.fail, self.last_native_seconds = [], fail, None
+
+        def decode(self, ptrs, lengths, rois, dst, pitch, stream, native=True):
+            if self.fail:
+                raise RuntimeError("refused")
+            self.calls.append(list(dst))
+
+    class Places:
+        def take(self, idx):
+            return np.zeros((len(idx), 4), np.int64), np.asarray(idx), np.ones(len(idx), np.int64)
+
+    def decoder(hw, large):
+        dec = GPUDecoder.__new__(GPUDecoder)
+        dec.buf = type("Buf", (), {"staging_np": np.zeros(1 << 16, np.uint8)})()
+        dec.chunk, dec.planar, dec.native_submit, dec.large_error = 0, False, False, None
+        dec.hw, dec.hw_large, dec.stream, dec._done = hw, large, type("S", (), {"ptr": 0})(), lambda stream: None
+        return dec
+
+    bufs = [bytes([255, 216]) + bytes(100 + k) + bytes([255, 217]) for k in range(6)]
+    idx, large = np.array([0, 2, 3, 4, 5]), np.array([False, True, False, True, True])
+    hw, big = Engines(), Engines()
+    assert decoder(hw, big)._decode_engines(bufs, idx, Places(), large) == (None, [])
+    assert hw.calls == [[0, 3]] and big.calls == [[2, 4], [5]]
+    hw, dec = Engines(), decoder(Engines(), Engines(fail=True))
+    dec.hw = hw
+    assert dec._decode_engines(bufs, idx, Places(), large) == (None, [2, 4, 5])
+    assert hw.calls == [[0, 3]] and "large" in dec.last_gpu_error
+    with pytest.raises(RuntimeError, match="refused"):
+        decoder(Engines(fail=True), Engines())._decode_engines(bufs, idx, Places(), large)

@@ -27,7 +27,7 @@ from ...errors import ConfigError
 from ..spec import OutputSpec
 from . import kernel as K
 from .buffers import DecodeBuffers, OutputRing
-from .room import PlaneLayout, batch_room, planar_need, planar_subsampling, staging_each
+from .room import ALIGN, PlaneLayout, batch_room, planar_need, planar_subsampling, staging_each
 from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, LARGE, Chroma, Demand, Split, SplitPlanner, check_chroma,
                    buffer_spans, ends_with_eoi)
 from .roi import dct_reduction, plan_rois
@@ -137,7 +137,7 @@ class GPUDecoder:
         self.planner = SplitPlanner(split, demand=demand)
         self.last = BatchReport()
         self.ring = ring
-        self.hw = self.hybrid = self.hw_large = None
+        self.hw = self.hybrid = self.hw_large = self.large_error = None
         self._interpolate = nvjpeg_interp
         self.hw_error = self.hybrid_error = self.prealloc_error = self.last_gpu_error = None
         # the CPU part and the hybrid decoder run beside the engines' submission, on threads kept
@@ -256,23 +256,34 @@ class GPUDecoder:
                 cl = None if chroma is None else np.asarray(chroma)[large]
                 k = int(np.argmax(planar_need(widths[large], heights[large], cl)))
                 try:
-                    self._prime_large(int(widths[large][k]), int(heights[large][k]), largest_layout(cl))
+                    with self.device:  # the decoder is made on this decoder's device, then primed
+                        self._large_decoder()
+                        self._prime_large(int(widths[large][k]), int(heights[large][k]),
+                                          CHROMA_444 if cl is None else int(cl[k]))
                 except Exception as e:  # a sizing step only: decoding works without it
                     self.prealloc_error = f"large: {e}"
 
     def _large_decoder(self):
-        """The engines' decoder for Route.LARGE images (made on first use: most datasets have none)."""
+        """The engines' decoder for Route.LARGE images (made by a warm-up that saw such images, or
+        on first use: most datasets have none); called with this decoder's device current."""
+        if self.large_error is not None:  # it could not be made: its images go to the CPU path
+            raise RuntimeError(self.large_error)
         if self.hw_large is None:
             from .nvjpeg import HardwareDecoder
 
-            self.hw_large = HardwareDecoder(self.LARGE_BATCH, planar=self.planar, interpolate=self._interpolate)
+            try:
+                self.hw_large = HardwareDecoder(self.LARGE_BATCH, planar=self.planar, interpolate=self._interpolate)
+            except Exception as e:
+                self.large_error = f"the large images' decoder: {e}"
+                raise
             self.hw_large.set_padding(16 << 20)
         return self.hw_large
 
     def _prime_large(self, width: int, height: int, layout: int) -> None:
-        """Decode LARGE_BATCH baseline images of the largest Route.LARGE size, at the widest
-        layout those have, on their decoder, so that nvJPEG's buffers grow to what such a call
-        takes now, not mid-epoch. Not nvJPEG's pre-allocation: sized for every engine at once,
+        """Decode LARGE_BATCH baseline images of the Route.LARGE image whose planes are largest
+        (its size and layout; 4:4:0, which Pillow does not write, as 4:2:2: the same bytes) on
+        their decoder, so that nvJPEG's buffers grow to what such a call takes now, not
+        mid-epoch. Not nvJPEG's pre-allocation: sized for every engine at once,
         it took 238 MiB for two 3600×2700 4:2:0 images, where decoding them grew a decoder by
         42-74 MiB (H200). Planar (chroma="interpolate") only: the arena has room for
         LARGE_ROOM whole such images beside a batch (warmup); on the RGBI path
@@ -284,9 +295,9 @@ class GPUDecoder:
 
         if not self.planar:
             return
-        out = io.BytesIO()  # 4:4:0, which Pillow does not write, is primed as 4:4:4 (larger)
+        out = io.BytesIO()
         Image.new("RGB", (width, height), (120, 130, 140)).save(
-            out, "JPEG", quality=90, subsampling={CHROMA_420: 2, CHROMA_422: 1}.get(layout, 0))
+            out, "JPEG", quality=90, subsampling={CHROMA_420: 2, CHROMA_422: 1, CHROMA_440: 1}.get(layout, 0))
         data = np.frombuffer(out.getbuffer(), np.uint8)
         n = min(self.LARGE_BATCH, self.LARGE_ROOM)
         stage = self.buf.staging_np
@@ -295,7 +306,7 @@ class GPUDecoder:
         stage[: len(data)] = data
         dec = self._large_decoder()
         _, _, ws, hs = dec.image_info(stage.ctypes.data, len(data))
-        sizes = [ws[c] * hs[c] for c in range(3)]
+        sizes = [(ws[c] * hs[c] + ALIGN - 1) // ALIGN * ALIGN for c in range(3)]  # aligned as PlaneLayout's
         each = sum(sizes)
         if n * each > self.buf.arena.size:
             raise ValueError(f"no arena room to prime: {n} × {each} > {self.buf.arena.size} bytes")
@@ -377,10 +388,11 @@ class GPUDecoder:
             ev_start, ev_decoded = self._ev_start, self._ev_decoded
             ev_start.record(self.stream)
             tg = time.perf_counter()
-            t_native = None
+            t_native, large_failed = None, []
             if len(plan.engine):
                 try:
-                    t_native = self._decode_engines(buffers, plan.engine, places, routes[plan.engine] == LARGE)
+                    t_native, large_failed = self._decode_engines(buffers, plan.engine, places,
+                                                                  routes[plan.engine] == LARGE)
                 except Exception as e:  # the engines refused the batch: the CPU takes it
                     hw_failed = plan.engine.tolist()
                     self.last_gpu_error = str(e)
@@ -393,7 +405,7 @@ class GPUDecoder:
                 self.stream.wait_event(self._ev_hybrid)
             t_wait = time.perf_counter()
             cpu_idx = plan.cpu
-            refused = np.asarray(hw_failed + hyb_failed + pre_failed, np.int64)
+            refused = np.asarray(hw_failed + large_failed + hyb_failed + pre_failed, np.int64)
             if len(refused):  # what a GPU decoder refused: the CPU path decodes it (or names the error)
                 _, errs = self._decode_cpu(buffers, windows, refused, len(cpu_idx))
                 errors += errs
@@ -410,7 +422,7 @@ class GPUDecoder:
             t_gpu = None
             if len(plan.engine) and not hw_failed:  # engine time: host submission or device work, the longer
                 t_gpu = max(t_submit, self.cupy.cuda.get_elapsed_time(ev_start, ev_decoded) / 1e3)
-        n_gpu = len(plan.engine) - len(hw_failed)
+        n_gpu = len(plan.engine) - len(hw_failed) - len(large_failed)
         n_hyb = len(plan.hybrid) - len(hyb_failed)
         if self.planner.observe(n, n_gpu, t_gpu, len(plan.cpu) - ahead, t_cpu, n_hyb, t_hyb if not hyb_failed else None,
                                 engines_failed=bool(hw_failed)):
@@ -515,8 +527,9 @@ class GPUDecoder:
         nvJPEG call, or (self.chunk) in calls of at most that many images, each after the
         previous one's work is done (the state is re-initialised for a new call size); the
         `large` ones (bool per idx: Route.LARGE) after them on their own decoder, in calls of
-        at most LARGE_BATCH. Returns the seconds the native submissions spent without the GIL
-        (None: the ctypes loop)."""
+        at most LARGE_BATCH. Returns (the seconds the native submissions spent without the GIL
+        (None: the ctypes loop), the large ones their decoder refused: for the CPU path, while
+        the batch's engines' images stand)."""
         bufs = [buffers[i] for i in idx]
         stage = self.buf.staging_np
         base = stage.ctypes.data
@@ -533,24 +546,36 @@ class GPUDecoder:
         n = len(small)
         calls = [(self.hw, p) for p in (np.array_split(small, -(-n // self.chunk)) if self.chunk and n > self.chunk
                                         else [small] if n else [])]
+        large_failed: list = []
         if len(big):
-            calls += [(self._large_decoder(), p) for p in np.array_split(big, -(-len(big) // self.LARGE_BATCH))]
+            try:
+                calls += [(self._large_decoder(), p) for p in np.array_split(big, -(-len(big) // self.LARGE_BATCH))]
+            except Exception as e:
+                large_failed, self.last_gpu_error = idx[big].tolist(), str(e)
         native = None  # stays None where the native submission is not built (the ctypes loop)
         last = None
         for dec, part in calls:
             if dec is last:  # the state is re-initialised for this call's size: the last call's work first
                 self._done(self.stream)
             last = dec
-            if self.planar:
-                planes, pitches, _, rois = places.take(idx[part])
-                dec.decode_planes(ptrs[part], lengths[part], planes, pitches, self.stream.ptr, rois,
-                                  native=self.native_submit)
-            else:
-                rois, dst, pitch = places.take(idx[part])
-                dec.decode(ptrs[part], lengths[part], rois, dst, pitch, self.stream.ptr, native=self.native_submit)
+            try:
+                if self.planar:
+                    planes, pitches, _, rois = places.take(idx[part])
+                    dec.decode_planes(ptrs[part], lengths[part], planes, pitches, self.stream.ptr, rois,
+                                      native=self.native_submit)
+                else:
+                    rois, dst, pitch = places.take(idx[part])
+                    dec.decode(ptrs[part], lengths[part], rois, dst, pitch, self.stream.ptr,
+                               native=self.native_submit)
+            except Exception as e:
+                if dec is self.hw:  # the batch's engines refused it: the caller gives the CPU all of them
+                    raise
+                large_failed += idx[part].tolist()  # these few to the CPU path; the engines go on
+                self.last_gpu_error = f"large: {e}"
+                continue
             t = dec.last_native_seconds
             native = None if t is None else (native or 0.0) + t
-        return native if self.native_submit else None
+        return (native if self.native_submit else None), large_failed
 
     def _decode_hybrid(self, buffers, idx, places):
         """Hybrid-decode each window (Huffman on this thread, the rest on the hybrid stream);
