@@ -189,7 +189,7 @@ class GPUDecoder:
         return self.spec.buffer_shape(self.max_batch if n is None else n)
 
     # ------------------------------------------------------------------ warm-up
-    REGION_ROOM_MIN = 4
+    REGION_ROOM_MIN = 8
     """Batches' worth of GPU-bound records a dataset needs for the arena to be sized by the
     regions sample windows decode (warmup's `windows`): below it, by whole images."""
 
