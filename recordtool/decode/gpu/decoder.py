@@ -211,7 +211,7 @@ class GPUDecoder:
                 own layout; None: 4:4:4 (the largest).
             windows: (ids, windows (m, 4)): sample crop windows of records (ids index the
                 columns; a record may come more than once, e.g. two epochs' draws). With
-                chroma, planar_roi and at least REGION_ROOM_MIN batches of GPU-bound records,
+                chroma, routes, planar_roi and at least REGION_ROOM_MIN batches of GPU-bound records,
                 the arena holds a batch of the regions such windows decode, plus the largest
                 whole image (not a batch of whole images: a random crop's region is about half
                 its image); a batch past it sends its last images to the CPU share, counted.
@@ -225,7 +225,7 @@ class GPUDecoder:
             cw = None if chroma is None else np.asarray(chroma)[gpu]
             whole = planar_need(widths[gpu], heights[gpu], cw)
             arena = batch_room(whole, self.max_batch)
-            if (windows is not None and chroma is not None and self.planar_roi
+            if (windows is not None and chroma is not None and routes is not None and self.planar_roi
                     and len(whole) >= self.REGION_ROOM_MIN * self.max_batch):
                 arena = min(arena, self._region_room(windows, widths, heights, np.asarray(chroma), routes, gpu,
                                                      int(whole.max())))
