@@ -737,6 +737,32 @@ def test_cuda_loader_sizes_and_crops_match_the_cpu_loader(packed_layouts, train,
 
 
 @gpu
+def test_the_arena_holds_a_batch_of_crops_regions(packed_mix):
+    """With REGION_ROOM_MIN batches of GPU-bound records or more, the arena is sized by the
+    regions random crops decode (two epochs' windows), not by whole images: smaller where the
+    engines decode regions, and later epochs' batches fit it (the rare one past it sends its
+    last images to the CPU share, counted in Loader.overflow)."""
+    from recordtool.decode.gpu.plan import CPU
+    from recordtool.decode.gpu.room import batch_room, planar_need
+    from recordtool.loader import Loader
+
+    ld = Loader(packed_mix, batch_size=4, size=64, device="cuda", dtype="float16", as_torch=False)
+    n = 0
+    for epoch in range(4):
+        ld.set_epoch(epoch)
+        for x, y in ld:
+            n += len(y)
+    dec = next(iter(ld.batcher._decoders.values()))
+    ix, gpu = ld.ds.index, ld.batcher.routes != CPU
+    assert gpu.sum() >= dec.REGION_ROOM_MIN * 4
+    whole = batch_room(planar_need(ix.width[gpu], ix.height[gpu], ix.chroma[gpu]), 4)
+    if dec.planar and dec.planar_regions["engines"] and dec.planar_regions["hybrid"]:
+        assert dec.buf.arena.size < whole, (dec.buf.arena.size, whole)  # (engines alone: about the same here)
+    assert ld.overflow <= 0.05 * n, (ld.overflow, n)
+    ld.close()
+
+
+@gpu
 def test_cuda_loader_memory_fixed_after_warmup(packed_mix):
     torch = pytest.importorskip("torch")
     from recordtool.loader import Loader

@@ -447,3 +447,58 @@ def test_a_large_images_decoder_failure_sends_only_those_images_to_the_cpu():
     assert hw.calls == [[0, 3]] and "large" in dec.last_gpu_error
     with pytest.raises(RuntimeError, match="refused"):
         decoder(Engines(fail=True), Engines())._decode_engines(bufs, idx, Places(), large)
+
+
+def test_a_windows_arena_need_is_its_placed_regions_planes():
+    """roi.window_need is what _place_planar lays out for a window: PlaneLayout of plan_rois'
+    region at the CPU path's DCT reduction where the decoder decodes regions, else the whole
+    image (room.planar_need); a whole-image window's region is the whole image."""
+    from recordtool.decode.gpu.roi import dct_reduction
+    from recordtool.decode.gpu.roi import window_need
+    from recordtool.decode.gpu.room import PlaneLayout, planar_need, planar_subsampling
+
+    for w, h, code, win in _cases():
+        n = len(win)
+        ws, hs_, css = np.full(n, w), np.full(n, h), np.full(n, code)
+        sub = planar_subsampling(css)
+        dims = np.stack([ws, hs_, sub[:, 0], sub[:, 1], ws, hs_, 0 * ws, 0 * ws], 1)
+        red = dct_reduction(win, css, (224, 224))
+        want = PlaneLayout(dims, plan_rois(win, ws, hs_, css, (224, 224), red=red), np.ones(n, bool)).total
+        np.testing.assert_array_equal(window_need(win, ws, hs_, css, (224, 224), True), want)
+        whole = planar_need(ws, hs_, css)
+        np.testing.assert_array_equal(window_need(win, ws, hs_, css, (224, 224), False), whole)
+        assert (want <= whole).all()
+        full = (win[:, 0] == 0) & (win[:, 1] == 0) & (win[:, 2] == h) & (win[:, 3] == w)
+        np.testing.assert_array_equal(want[full], whole[full])
+
+
+def test_the_arena_holds_a_batch_of_crops_regions_and_the_largest_whole_image():
+    """Sized by sample windows (GPUDecoder._region_room, room.crop_room): batch × the regions'
+    mean + 4 σ √batch + the largest whole image — less than a batch of whole images when the
+    decoders decode regions, and that batch of whole images when they do not."""
+    from recordtool.decode.gpu.decoder import GPUDecoder
+    from recordtool.decode.gpu.plan import ENGINE, HYBRID
+    from recordtool.decode.gpu.roi import window_need
+    from recordtool.decode.gpu.room import batch_room, planar_need
+
+    rng = np.random.default_rng(3)
+    n = 400
+    w, h = rng.integers(100, 900, n), rng.integers(100, 900, n)
+    chroma = rng.choice([0, 1, 2, 6], n)
+    routes = np.where(chroma == 6, HYBRID, ENGINE)
+    ids = np.concatenate([np.arange(n), np.arange(n)])
+    win = np.concatenate([random_windows(w, h, np.arange(n), 5, e) for e in (0, 1)]).astype(np.float64)
+    whole = planar_need(w, h, chroma)
+    dec = GPUDecoder.__new__(GPUDecoder)
+    dec.size, dec.max_batch = (224, 224), 32
+    for engines, hybrid in ((True, True), (True, False), (False, False)):
+        dec.planar_regions = {"engines": engines, "hybrid": hybrid}
+        room = dec._region_room((ids, win), w, h, chroma, routes, np.ones(n, bool), int(whole.max()))
+        need = window_need(win, w[ids], h[ids], chroma[ids], (224, 224),
+                           np.where(routes[ids] == HYBRID, hybrid, engines))
+        want = int(np.ceil(32 * need.mean() + 4 * need.std() * np.sqrt(32))) + int(whole.max())
+        assert room == want
+        if engines:
+            assert room < 0.75 * batch_room(whole, 32), (room, batch_room(whole, 32))
+        else:  # no regions: a batch of whole images (the sample's), as batch_room's formula gives it
+            assert abs(room - batch_room(np.concatenate([whole, whole]), 32)) <= 1

@@ -77,6 +77,7 @@ class GPUBatcher:
         self._lanes: dict = {}  # producer slot → its AheadLane (made on first use, kept across epochs)
         self._cpu_routed = self.routes == CPU
         self._lock = threading.Lock()
+        self._room = None  # _room_sample's windows, made once
         self.ring = OutputRing(spec.buffer_shape(max_batch), spec.storage_dtype, slots, gpu_id)
         # with a user op the decoders write uint8 NHWC here; the op runs on it; the kernel then
         # normalises it into `ring` (a 1:1 resample is an exact copy)
@@ -95,6 +96,21 @@ class GPUBatcher:
         """The consumer's wait for its last batch (EpochIterator), steering the CPU share."""
         self.demand.observe(wait, interval)
 
+    ROOM_SAMPLE = 65_536
+    """Records whose windows of two epochs size the decoders' arena (GPUDecoder.warmup's
+    `windows`): the mean and spread of a crop's region, not every record's."""
+
+    def _room_sample(self):
+        """(ids, windows): the crop windows of epochs 0 and 1 of up to ROOM_SAMPLE records (a
+        fixed choice; the first decoder's call computes them, under the lock)."""
+        if self._room is None:
+            n = len(self.recipe.ds.index.width)
+            ids = np.arange(n) if n <= self.ROOM_SAMPLE else \
+                np.sort(np.random.default_rng(0).choice(n, self.ROOM_SAMPLE, replace=False))
+            self._room = (np.concatenate([ids, ids]),
+                          np.concatenate([self.recipe.draws(ids, epoch)[0] for epoch in (0, 1)]))
+        return self._room
+
     def decoder(self, slot: int):
         """The GPUDecoder of a producer slot, made and warmed up on first use, kept across epochs."""
         dec = self._decoders.get(slot)
@@ -109,7 +125,8 @@ class GPUBatcher:
                                  chroma=self.options.chroma,
                                  cpu_threads=self.cpu_threads, ring=self.raw_ring if raw else self.ring,
                                  demand=self.demand)
-                dec.warmup(ix.jpeg_length, ix.width, ix.height, routes=self.routes, chroma=ix.chroma)
+                dec.warmup(ix.jpeg_length, ix.width, ix.height, routes=self.routes, chroma=ix.chroma,
+                           windows=self._room_sample())
                 self._decoders[slot] = dec
         return dec
 

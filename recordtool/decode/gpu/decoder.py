@@ -27,10 +27,10 @@ from ...errors import ConfigError
 from ..spec import OutputSpec
 from . import kernel as K
 from .buffers import DecodeBuffers, OutputRing
-from .room import ALIGN, PlaneLayout, batch_room, planar_need, planar_subsampling, staging_each
+from .room import ALIGN, PlaneLayout, batch_room, crop_room, planar_need, planar_subsampling, staging_each
 from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, LARGE, Chroma, Demand, Split, SplitPlanner, check_chroma,
                    buffer_spans, ends_with_eoi)
-from .roi import dct_reduction, plan_rois
+from .roi import dct_reduction, plan_rois, window_need
 
 @dataclass
 class BatchReport:
@@ -199,7 +199,12 @@ class GPUDecoder:
         return self.spec.buffer_shape(self.max_batch if n is None else n)
 
     # ------------------------------------------------------------------ warm-up
-    def warmup(self, jpeg_lengths, widths, heights, outputs: int = 3, routes=None, chroma=None) -> None:
+    REGION_ROOM_MIN = 8
+    """Batches' worth of GPU-bound records a dataset needs for the arena to be sized by the
+    regions sample windows decode (warmup's `windows`): below it, by whole images."""
+
+    def warmup(self, jpeg_lengths, widths, heights, outputs: int = 3, routes=None, chroma=None,
+               windows=None) -> None:
         """Size every buffer from the index, so steady state allocates nothing.
 
         Planar (chroma="interpolate"): the arena and the staging get the room a batch of this
@@ -215,6 +220,12 @@ class GPUDecoder:
                 batch's engines will see; None: all to the engines.
             chroma: the index's chroma codes (format.jpeg.CHROMA_*): each image's planes at its
                 own layout; None: 4:4:4 (the largest).
+            windows: (ids, windows (m, 4)): sample crop windows of records (ids index the
+                columns; a record may come more than once, e.g. two epochs' draws). With
+                chroma, routes, planar_roi and at least REGION_ROOM_MIN batches of GPU-bound records,
+                the arena holds a batch of the regions such windows decode, plus the largest
+                whole image (not a batch of whole images: a random crop's region is about half
+                its image); a batch past it sends its last images to the CPU share, counted.
         """
         widths, heights = np.asarray(widths), np.asarray(heights)
         routes = None if routes is None else np.asarray(routes)
@@ -224,7 +235,12 @@ class GPUDecoder:
             lengths = np.asarray(jpeg_lengths, np.int64)
             gpu = np.ones(len(widths), bool) if routes is None else (routes != CPU) & ~large
             cw = None if chroma is None else np.asarray(chroma)[gpu]
-            arena = batch_room(planar_need(widths[gpu], heights[gpu], cw), self.max_batch)
+            whole = planar_need(widths[gpu], heights[gpu], cw)
+            arena = batch_room(whole, self.max_batch)
+            if (windows is not None and chroma is not None and routes is not None and self.planar_roi
+                    and len(whole) >= self.REGION_ROOM_MIN * self.max_batch):
+                arena = min(arena, self._region_room(windows, widths, heights, np.asarray(chroma), routes, gpu,
+                                                     int(whole.max())))
             staging = batch_room(staging_each(lengths[engine]), self.max_batch)
             if large.any():  # room for LARGE_ROOM of the largest beyond a batch of the others
                 cl = None if chroma is None else np.asarray(chroma)[large]
@@ -318,6 +334,20 @@ class GPUDecoder:
                               native=self.native_submit)
             self._done(self.stream)
         del data
+
+    def _region_room(self, windows, widths, heights, chroma, routes, gpu, largest: int) -> int:
+        """The arena for a batch of the regions these sample windows decode (roi.window_need,
+        each image's decoder's regions as planar_regions says; room.crop_room) plus the largest
+        whole image's planes: room for a heavy batch of crops with the rarest image whole on top."""
+        ids, win = windows
+        ids = np.asarray(ids, np.int64)
+        win = np.asarray(win, np.float64).reshape(len(ids), 4)
+        keep = gpu[ids]
+        ids, win = ids[keep], win[keep]
+        hybrid = np.zeros(len(ids), bool) if routes is None else routes[ids] == HYBRID
+        regions = np.where(hybrid, self.planar_regions["hybrid"], self.planar_regions["engines"])
+        return crop_room(window_need(win, widths[ids], heights[ids], chroma[ids], self.size, regions),
+                         self.max_batch, largest)
 
     def _prime_hybrid(self, width: int, height: int) -> None:
         """Decode one progressive 4:4:4 image of the largest hybrid-bound size, so the hybrid

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..spec import SCALE_MARGIN
+from .room import PlaneLayout, planar_subsampling
 
 ONE_WAY = (1, 3)
 """nvJPEG chroma codes of chroma subsampled in one direction only (4:2:2, 4:4:0): the CPU path
@@ -137,3 +138,20 @@ def chroma_dims(rois, hs, vs) -> tuple:
     covers one pixel, as libjpeg's downsampled_width / height)."""
     rois = np.asarray(rois, np.int64).reshape(-1, 4)
     return -(-rois[:, 2] // np.asarray(hs)), -(-rois[:, 3] // np.asarray(vs))
+
+
+def window_need(windows, widths, heights, chroma, size, regions) -> np.ndarray:
+    """Arena bytes each window's planes take (PlaneLayout's `total`): the region plan_rois
+    gives it at the CPU path's DCT reduction where `regions` (bool per window: its decoder
+    decodes regions, GPUDecoder.planar_regions; one bool for all) says so, else its image's
+    whole planes.
+    windows: (n, 4) (y, x, h, w); widths, heights, chroma: its image's (format.jpeg.CHROMA_*;
+    the planar layouts only); size: the output (h, w)."""
+    w, h = np.asarray(widths, np.int64).reshape(-1), np.asarray(heights, np.int64).reshape(-1)
+    css = np.asarray(chroma, np.int64).reshape(-1)
+    dims = np.zeros((len(w), 8), np.int64)
+    dims[:, 0], dims[:, 1] = w, h
+    dims[:, 2:4] = planar_subsampling(css)
+    red = dct_reduction(windows, css, size)
+    regions = np.broadcast_to(np.asarray(regions, bool), (len(w),))
+    return PlaneLayout(dims, plan_rois(windows, w, h, css, size, red=red), regions).total

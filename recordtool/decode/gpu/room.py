@@ -64,6 +64,18 @@ def batch_room(need, batch: int) -> int:
     return int(min(top, np.ceil(room)))
 
 
+def crop_room(need, batch: int, largest: int) -> int:
+    """Bytes that hold a batch of `batch` random crops' regions nearly always, where `need` are
+    samples of a region's bytes (sample windows' roi.window_need): batch × the mean plus four
+    standard deviations of a batch's sum, plus `largest` (the largest whole image's planes) on
+    top. Not batch_room's sum of the largest samples: other windows of those images may need
+    more."""
+    need = np.asarray(need, np.float64)
+    if not len(need):
+        return int(largest)
+    return int(np.ceil(batch * need.mean() + 4.0 * need.std() * np.sqrt(batch))) + int(largest)
+
+
 class PlaneLayout:
     """The planes place_planar gives each image (see there for dims, rois, regions): the
     region decoded (r: x, y, w, h), the Y and chroma pitches and rows, and the aligned bytes
