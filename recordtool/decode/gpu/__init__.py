@@ -37,7 +37,7 @@ from .normalize import NormalizePass
 from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, Assignment, Demand, First, Route, Split, SplitPlanner,
                    check_chroma, check_first, check_split, demand_first, ends_with_eoi, hardware_decodable, route)
 
-__all__ = ["GPUDecoder", "BatchReport", "cpu_share_decode", "OutputRing", "NormalizePass", "wait_ready", "consumer_stream",
-           "device_memory_used", "kernel", "SAMPLE_DTYPE", "route", "hardware_decodable", "ends_with_eoi",
+__all__ = ["GPUDecoder", "BatchReport", "cpu_share_decode", "OutputRing", "NormalizePass", "wait_ready",
+           "consumer_stream", "device_memory_used", "kernel", "SAMPLE_DTYPE", "route", "hardware_decodable", "ends_with_eoi",
            "Route", "ENGINE", "HYBRID", "CPU", "Split", "SplitPlanner", "Assignment", "Demand", "DEFAULT_CHROMA",
            "set_host_wait_policy", "check_split", "check_chroma", "First", "check_first", "demand_first"]

@@ -248,8 +248,9 @@ class Demand:
     uses, not balance two sides for a speed nobody consumes.
 
     first="cpu": the CPU first, the engines for what it cannot give — where the cores are
-    plenty: the engines' images cost the model GPU time the CPU share's one copy and one kernel
-    do not (BENCHMARKS.md), and the decode threads run at low priority and yield the cores.
+    plenty: the engines' images cost the model GPU time the CPU share's pixels, read by the
+    batch's one kernel in pinned memory, do not (BENCHMARKS.md), and the decode threads run at
+    low priority and yield the cores.
     first="engines": the engines first, the CPU for what they cannot give — on a node's share
     of the cores, which the CPU share would take from the training loop (demand_first); and of
     the engines' images only a share that shortens the batch by MIN_GAIN (paying_share).
