@@ -39,7 +39,7 @@ def test_train_bench_cli_cpu_form(data, tmp_path):
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     assert "training throughput" in p.stdout and "recordtool:producers=1" in p.stdout
-    for column in ("cores", "GPU MiB", "RSS MiB", "1 core(s)"):
+    for column in ("cores", "GPU MiB", "RSS MiB", "anon MiB", "1 core(s)"):
         assert column in p.stdout
     r = json.loads((tmp_path / "t.json").read_text())
     first = min(os.sched_getaffinity(0))
@@ -53,9 +53,11 @@ def test_train_bench_cli_cpu_form(data, tmp_path):
         assert run["img_s"] > 0 and run["steps"] == 3 and run["cores"]["total"] >= 0
         assert run["affinity"] == [first], run  # pinned, the pipeline's own threads included
         assert run["cores_busy"] > 0 and run["rss_mib"] > 0 and run["gpu_mib"] is None, run
+        assert 0 < run["anon_mib"] <= run["rss_mib"], run
     s = r["summary"]
     for row in s.values():
         assert row["cores_busy"] > 0 and row["rss_mib"] > 0 and row["gpu_mib"] is None, row
+        assert 0 < row["anon_mib"] <= row["rss_mib"], row
     if dali:  # the ratio is against the faster plain DALI row, never the op's
         best = max(("dali:load=0.65", "dali:load=0.99"), key=lambda k: s[k]["median"])
         assert r["best_dali"] == best and s[best]["vs_dali"] == pytest.approx(1.0)
@@ -208,19 +210,20 @@ def test_summary_against_the_best_dali_and_the_pipelines_gpu_memory_beside_the_m
         res.runs.append(Run("synthetic", rate, 0.0, 3, cores_busy=1.0, gpu_mib=gpu, rss_mib=900))
     for name, rate in (("dali:load=0.65", 100), ("dali:load=0.99", 150), ("dali:op=jitter,load=0.9", 300)):
         res.runs.append(Run(name, rate, 1.0, 3, cores_busy=2.0, gpu_mib=2500, rss_mib=1500))
-    for gpu, rss in ((3200, 2600), (3000, 2000)):
-        res.runs.append(Run("recordtool", 180, 1.0, 3, cores_busy=3.5, gpu_mib=gpu, rss_mib=rss))
+    for gpu, rss, anon in ((3200, 2600, 1200), (3000, 2000, 1300)):
+        res.runs.append(Run("recordtool", 180, 1.0, 3, cores_busy=3.5, gpu_mib=gpu, rss_mib=rss, anon_mib=anon))
     res.runs.append(Run("recordtool", float("nan"), float("nan"), 0, "RuntimeError: a failed run counts for nothing"))
     s = res.summary()
     assert train_bench.best_dali(s) == "dali:load=0.99"
     assert s["recordtool"]["vs_dali"] == pytest.approx(1.2) and s["dali:op=jitter,load=0.9"]["vs_dali"] == 2.0
     assert s["recordtool"]["gpu_mib"] == 2000 and s["synthetic"]["gpu_mib"] == 0 and s["dali:load=0.65"]["gpu_mib"] == 1500
     assert s["recordtool"]["cores_busy"] == 3.5 and s["recordtool"]["rss_mib"] == 2000
+    assert s["recordtool"]["anon_mib"] == 1200 and s["synthetic"]["anon_mib"] is None  # not measured: None
     text = train_bench.table(res)
     assert "against dali:load=0.99" in text and "4 core(s) (CPUs 0-3)" in text
     line = next(x for x in text.splitlines() if x.startswith("recordtool"))
-    assert line.split()[-3:] == ["3.5", "2,000", "2,000"]
-    assert "GPU MiB" in text and "RSS MiB" in text
+    assert line.split()[-4:] == ["3.5", "2,000", "2,000", "1,200"]
+    assert "GPU MiB" in text and "RSS MiB" in text and "anon MiB" in text
     res.runs = [r for r in res.runs if r.pipeline != "synthetic"]  # no model-alone reading: not measured
     assert res.summary()["recordtool"]["gpu_mib"] is None and "–" in train_bench.table(res)
     assert train_bench.best_dali({"recordtool": {"median": 1.0}}) is None
@@ -234,7 +237,26 @@ def test_probe_reports_cores_busy_rss_and_affinity_and_no_gpu_in_the_cpu_form():
         pass
     rep = probe.stop()
     assert 0 < rep["cores_busy"] and rep["rss_mib"] > 10 and rep["gpu_mib"] is None
+    assert 0 < rep["anon_mib"] <= rep["rss_mib"]
     assert rep["affinity"] == sorted(os.sched_getaffinity(0))
+
+
+def test_probes_anonymous_rss_leaves_out_a_mapped_files_pages(tmp_path):
+    """A file read through mmap (as the Loader reads its shards) counts in the probe's RSS while
+    mapped, not in its anonymous RSS: the figure compared between pipelines."""
+    import mmap
+
+    path = tmp_path / "shard"
+    path.write_bytes(os.urandom(1 << 20) * 64)  # 64 MiB, in the page cache once written
+    probe = train_step.Probe("cpu", every=0.01)
+    probe.start()
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        touched = sum(mm[i] for i in range(0, len(mm), mmap.PAGESIZE))  # every page resident in this process
+        rep = probe.stop()
+    assert touched > 0  # (random bytes)
+    before = train_step.memory_mib()
+    assert rep["rss_mib"] - rep["anon_mib"] >= 60, rep  # the file's 64 MiB counted in RSS only
+    assert rep["anon_mib"] < before["anon"] + 32, (rep, before)  # and not in the anonymous part
 
 
 def test_gpu_memory_from_nvidia_smi_for_this_pid_else_none(tmp_path, monkeypatch):

@@ -32,7 +32,8 @@ sweep 0.65/0.75/0.9/0.99, as a user would tune it), each its own pipeline `dali:
 ratio to DALI is against the best of them. Beside img/s each run reports the cores busy (the
 process's and its children's CPU seconds / wall of the timed steps), the device memory the process
 holds (the pipeline's share: minus what the synthetic pipeline's model and optimiser hold) and
-the host's peak RSS, both during the timed steps (train_step.Probe).
+the host's peak RSS and its anonymous part (without mapped files' pages: the Loader's mmapped
+shards count in RSS, a peer's read() files do not), all during the timed steps (train_step.Probe).
 
 The CPU form (`device="cpu"`) replaces the model by a consumer that spends `consumer_ms` of CPU
 per batch in Python (holding the GIL, as an eager training step's dispatch does), for machines
@@ -280,7 +281,7 @@ def _runs(res, packed, files, arch, size, batch, steps, warmup, repeats, pipelin
             res.runs.append(r)
             log(f"  run {rep + 1}/{repeats} {name:<28} " + (f"{r.img_s:9,.0f} img/s  wait {r.wait_ms:6.1f} ms/step"
                                                            f"  cores busy {r.cores_busy}  GPU {r.gpu_mib} MiB"
-                                                           f"  RSS {r.rss_mib} MiB  cores {r.cores}"
+                                                           f"  RSS {r.rss_mib} MiB (anon {r.anon_mib})  cores {r.cores}"
                                                            if r.error is None else f"failed: {r.error}"))
 
 

@@ -23,6 +23,7 @@ class Run:
     cores_busy: float | None = None  # the process's (and its children's) CPU seconds / wall
     gpu_mib: float | None = None  # device memory the process held (None in the CPU form)
     rss_mib: float | None = None  # the host's peak resident set
+    anon_mib: float | None = None  # its peak anonymous part: mapped files' pages left out (train_step.memory_mib)
     affinity: list | None = None  # the CPUs the process's threads were allowed, at the end
 
 
@@ -52,7 +53,7 @@ class Result:
 
     def summary(self) -> dict:
         """pipeline → {median, min, max, spread (max/min), wait_ms, vs_synthetic, vs_dali, cores_busy,
-        gpu_mib, gpu_process_mib, rss_mib}: medians over the runs, but the memories the least of
+        gpu_mib, gpu_process_mib, rss_mib, anon_mib}: medians over the runs, but the memories the least of
         them (the pipelines share one process, and what an earlier one leaves behind — DALI's
         pools, freed Python arenas — adds to later readings); vs_dali against the best plain DALI
         row (best_dali); gpu_mib the process's device memory minus the synthetic pipeline's (its
@@ -69,7 +70,8 @@ class Result:
                           "wait_ms": statistics.median(r.wait_ms for r in ok),
                           "cores_busy": _median([r.cores_busy for r in ok]),
                           "gpu_process_mib": _least([r.gpu_mib for r in ok]),
-                          "rss_mib": _least([r.rss_mib for r in ok])}
+                          "rss_mib": _least([r.rss_mib for r in ok]),
+                          "anon_mib": _least([r.anon_mib for r in ok])}
         synth = rows.get("synthetic", {}).get("gpu_process_mib")
         for row in rows.values():
             if "median" in row:
@@ -114,7 +116,7 @@ def table(res: Result) -> str:
              f"{res.threads} threads; img/s median of {len(res.by_pipeline().get('synthetic', res.runs[:1]))} "
              f"run(s) (min–max)" + (f"; × DALI against {best}, the best DALI" if best else ""),
              f"{'pipeline':<30}{'img/s':>9}{'min–max':>19}{'max/min':>9}{'× synth':>9}{'× DALI':>8}{'wait ms':>9}"
-             f"{'cores':>7}{'GPU MiB':>9}{'RSS MiB':>9}"]
+             f"{'cores':>7}{'GPU MiB':>9}{'RSS MiB':>9}{'anon MiB':>10}"]
 
     def num(v, width: int, fmt: str) -> str:  # "–" where not measured (the CPU form's GPU memory)
         return f"{v:{width}{fmt}}" if v is not None else f"{'–':>{width}}"
@@ -126,7 +128,7 @@ def table(res: Result) -> str:
         lines.append(f"{name:<30}{row['median']:9,.0f}{row['min']:10,.0f}–{row['max']:<8,.0f}{row['spread']:9.2f}"
                      f"{row.get('vs_synthetic', float('nan')):9.2f}{row.get('vs_dali', float('nan')):8.2f}"
                      f"{row['wait_ms']:9.1f}{num(row['cores_busy'], 7, '.1f')}{num(row['gpu_mib'], 9, ',.0f')}"
-                     f"{num(row['rss_mib'], 9, ',.0f')}")
+                     f"{num(row['rss_mib'], 9, ',.0f')}{num(row.get('anon_mib'), 10, ',.0f')}")
     return "\n".join(lines)
 
 

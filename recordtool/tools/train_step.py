@@ -104,17 +104,30 @@ def process_affinity(foreign=frozenset()) -> list | None:
     return sorted(cpus)
 
 
-def rss_mib() -> float | None:
-    """This process's resident set now (VmRSS, MiB; None off Linux). Sampled during the timed
-    steps: getrusage's maxrss is the peak of the whole process life, every earlier pipeline's."""
+def memory_mib() -> dict:
+    """This process's resident set now, MiB: {"rss": VmRSS, "anon": RssAnon + RssShmem} ({} off
+    Linux). Sampled during the timed steps: getrusage's maxrss is the peak of the whole process
+    life, every earlier pipeline's. "anon" leaves out pages of mapped files: a Loader reads its
+    shards through mmap, so every shard page it has touched counts in VmRSS while it stays
+    mapped, though the page cache holds those pages anyway and the kernel takes them back under
+    pressure; a pipeline that read()s its files holds the same pages in the page cache outside
+    its RSS. "anon" is the host memory the pipeline itself allocated, the figure to compare
+    between pipelines."""
+    got = {}
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
+                key = line.partition(":")[0]
+                if key in ("VmRSS", "RssAnon", "RssShmem"):
+                    got[key] = int(line.split()[1]) / 1024
     except (OSError, ValueError, IndexError):
-        pass
-    return None
+        return {}
+    out = {}
+    if "VmRSS" in got:
+        out["rss"] = got["VmRSS"]
+    if "RssAnon" in got:
+        out["anon"] = got["RssAnon"] + got.get("RssShmem", 0.0)
+    return out
 
 
 def gpu_used_mib(device: str) -> float | None:
@@ -151,36 +164,40 @@ class Probe:
     """What a pipeline costs beside its img/s, over the timed steps: cores busy (the process's and
     its children's CPU seconds / wall), the device memory the process holds (read once the clock
     has stopped, the pipeline still running: nvidia-smi takes a while, and a pipeline that kept
-    filling its queue meanwhile would start the timed steps ahead), the host's peak RSS (sampled
-    on a thread every `every` s) and the CPUs the process's threads were allowed (process_affinity,
-    at the end)."""
+    filling its queue meanwhile would start the timed steps ahead), the host's peak RSS and peak
+    anonymous RSS (memory_mib, sampled on a thread every `every` s) and the CPUs the process's
+    threads were allowed (process_affinity, at the end)."""
 
     def __init__(self, device: str, every: float = 0.05, foreign=frozenset()):
         self.device, self.every, self.foreign = device, every, foreign
         self.report: dict = {}
 
     def start(self) -> None:
-        self.peak, self.stop_ev = rss_mib(), threading.Event()
+        self.peak, self.stop_ev = memory_mib(), threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True, name="bench-probe")
         self.cpu0, self.t0 = process_cpu(self.foreign), time.perf_counter()
         self.thread.start()
 
     def _sample(self) -> None:
         while not self.stop_ev.wait(self.every):
-            r = rss_mib()
-            if r is not None and (self.peak is None or r > self.peak):
-                self.peak = r
+            self._keep_peak()
+
+    def _keep_peak(self) -> None:
+        for key, v in memory_mib().items():
+            self.peak[key] = max(v, self.peak.get(key, v))
 
     def stop(self) -> dict:
         wall, cpu = time.perf_counter() - self.t0, process_cpu(self.foreign) - self.cpu0
         self.stop_ev.set()
         self.thread.join()
-        r = rss_mib()
-        peak = max((v for v in (self.peak, r) if v is not None), default=None)
+        self._keep_peak()
+        rss, anon = self.peak.get("rss"), self.peak.get("anon")
         gpu = gpu_used_mib(self.device)
         self.report = {"cores_busy": round(cpu / wall, 2) if wall > 0 else None,
                        "gpu_mib": round(gpu) if gpu is not None else None,
-                       "rss_mib": round(peak) if peak is not None else None, "affinity": process_affinity(self.foreign)}
+                       "rss_mib": round(rss) if rss is not None else None,
+                       "anon_mib": round(anon) if anon is not None else None,
+                       "affinity": process_affinity(self.foreign)}
         return self.report
 
 
