@@ -18,6 +18,7 @@ import numpy as np
 # leave the forked child the import lock, and the child's first numpy.random never returns
 import numpy.random  # noqa: F401
 
+from .checks import MAX_SIDE
 from .errors import FormatError
 from .format import index as ix
 from .format import manifest as mf
@@ -269,7 +270,8 @@ def check_index_file(buffer, info: dict, where: str) -> None:
 
 def check_rows(index, shards: list, where: str, classes: int | None = None) -> None:
     """Vectorised bounds check of every index row against the manifest's shards: shard number
-    in range, record and image bytes inside the shard file, image inside its record, label
+    in range, record and image bytes inside the shard file, image inside its record, sides a
+    JPEG can have (the decoders size buffers from them before any header is read), label
     inside the class list. FormatError names the first bad row."""
     c = index.columns
     n = len(index)
@@ -288,7 +290,8 @@ def check_rows(index, shards: list, where: str, classes: int | None = None) -> N
                                                        f"the shard's {int(size[r])} bytes"),
         ((joff < off + np.uint64(8)) | (joff > rec_end) | (jlen > rec_end - np.minimum(joff, rec_end)),
          lambda r: f"image bytes {int(joff[r])}+{int(jlen[r])} outside its record {int(off[r])}+{int(length[r])}"),
-        ((c["width"] <= 0) | (c["height"] <= 0), lambda r: f"size {int(c['width'][r])}x{int(c['height'][r])}"),
+        ((c["width"] <= 0) | (c["height"] <= 0) | (c["width"] > MAX_SIDE) | (c["height"] > MAX_SIDE),
+         lambda r: f"size {int(c['width'][r])}x{int(c['height'][r])} (a JPEG's sides are 1..{MAX_SIDE})"),
         (c["label"] < 0, lambda r: f"negative label {int(c['label'][r])}"),
         # codes the decoders route by (FORMAT.md): anything else is not ours to interpret
         ((c["chroma"] < -1) | (c["chroma"] > 7), lambda r: f"unknown chroma code {int(c['chroma'][r])}"),

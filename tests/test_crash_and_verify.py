@@ -305,6 +305,24 @@ def test_index_rows_wrapping_past_2_64_are_caught(packed):
         check_rows(ix.Index(cols), ds.shards, "index.rtx", len(ds.classes))
 
 
+@pytest.mark.parametrize("side", [0, 65_501, 60_000_000, 2**31 - 1])
+def test_index_rows_claiming_sides_no_jpeg_has_are_caught(packed, side):
+    """The GPU decoders size their buffers from the index's sizes at warm-up, before a header is
+    read: a row claiming a side past JPEG's (libjpeg-turbo's 65,500) is refused at open."""
+    import numpy as np
+
+    from recordtool.format import index as ix
+    from recordtool.reader import check_rows
+
+    ds = recordtool.open(str(packed))
+    cols = {k: np.array(v) for k, v in ds.index.columns.items()}
+    cols["height"][1] = side
+    with pytest.raises(FormatError, match="row 1: size"):
+        check_rows(ix.Index(cols), ds.shards, "index.rtx", len(ds.classes))
+    cols["height"][1] = 65_500
+    check_rows(ix.Index(cols), ds.shards, "index.rtx", len(ds.classes))
+
+
 def test_index_header_length_is_bounded(packed):
     """A sparse index declaring a 400 MiB header is refused before anything is copied."""
     from recordtool.format import index as ix

@@ -105,20 +105,21 @@ def process_affinity(foreign=frozenset()) -> list | None:
 
 
 def memory_mib() -> dict:
-    """This process's resident set now, MiB: {"rss": VmRSS, "anon": RssAnon + RssShmem} ({} off
+    """This process's resident set now, MiB: {"rss": VmRSS, "anon": RssAnon} ({} off
     Linux). Sampled during the timed steps: getrusage's maxrss is the peak of the whole process
     life, every earlier pipeline's. "anon" leaves out pages of mapped files: a Loader reads its
     shards through mmap, so every shard page it has touched counts in VmRSS while it stays
     mapped, though the page cache holds those pages anyway and the kernel takes them back under
     pressure; a pipeline that read()s its files holds the same pages in the page cache outside
-    its RSS. "anon" is the host memory the pipeline itself allocated, the figure to compare
-    between pipelines."""
+    its RSS. RssShmem is left out too: it counts files on tmpfs (shards staged in /dev/shm) as
+    well as shared memory. "anon" is the private memory the pipelines allocated, the figure to
+    compare between them."""
     got = {}
     try:
         with open("/proc/self/status") as f:
             for line in f:
                 key = line.partition(":")[0]
-                if key in ("VmRSS", "RssAnon", "RssShmem"):
+                if key in ("VmRSS", "RssAnon"):
                     got[key] = int(line.split()[1]) / 1024
     except (OSError, ValueError, IndexError):
         return {}
@@ -126,7 +127,7 @@ def memory_mib() -> dict:
     if "VmRSS" in got:
         out["rss"] = got["VmRSS"]
     if "RssAnon" in got:
-        out["anon"] = got["RssAnon"] + got.get("RssShmem", 0.0)
+        out["anon"] = got["RssAnon"]
     return out
 
 
