@@ -46,19 +46,24 @@ def test_same_pixels_routes_4_4_4_and_gray_to_the_cpu():
 def test_images_past_the_gpu_size_go_to_their_own_engines_decoder_and_the_buffers_take_the_largest_layout():
     """route(pixels=): above GPU_MAX_PIXELS an engines' image is LARGE (the engines, on a decoder
     of their own) and a hybrid one goes to the CPU path (the batch's decoders' buffers are sized
-    by the largest image they see; 4:1:1 stays on the CPU, with same_pixels 4:4:4 too);
+    by the largest image they see; 4:1:1 stays on the CPU, with same_pixels 4:4:4 too); above
+    LARGE_MAX_PIXELS every image goes to the CPU path;
     largest_layout: the engines' buffers are pre-allocated for the widest layout they will see."""
     from recordtool.decode.gpu.decoder import largest_layout
-    from recordtool.decode.gpu.plan import GPU_MAX_PIXELS, LARGE
+    from recordtool.decode.gpu.plan import GPU_MAX_PIXELS, LARGE, LARGE_MAX_PIXELS
     from recordtool.format.jpeg import CHROMA_411, CHROMA_440, CHROMA_444
 
     chroma = np.array([CHROMA_420, CHROMA_420, CHROMA_422, CHROMA_422, CHROMA_411, CHROMA_444])
     prog, cs = np.array([0, 0, 1, 1, 0, 0]), np.array([CS_YCBCR] * 6)
-    big = 5000 * 4000
+    big = 4500 * 3000
     pixels = np.array([GPU_MAX_PIXELS, GPU_MAX_PIXELS + 1, GPU_MAX_PIXELS, big, big, big])
     assert route(chroma, prog, cs, pixels=pixels).tolist() == [ENGINE, LARGE, HYBRID, CPU, CPU, LARGE]
     assert route(chroma, prog, cs, pixels=pixels, same_pixels=True).tolist() == [ENGINE, LARGE, HYBRID, CPU, CPU, CPU]
     assert route(chroma, prog, cs).tolist() == [ENGINE, ENGINE, HYBRID, HYBRID, CPU, ENGINE]
+    # past LARGE_MAX_PIXELS nothing goes to a GPU decoder (an index row claiming a huge image
+    # would size every producer's large-images decoder, arena and staging at warm-up)
+    huge = np.array([LARGE_MAX_PIXELS, LARGE_MAX_PIXELS + 1, 65_500 * 65_500, LARGE_MAX_PIXELS + 1, 10**12, 10**12])
+    assert route(chroma, prog, cs, pixels=huge).tolist() == [LARGE, CPU, CPU, CPU, CPU, CPU]
     assert largest_layout([CHROMA_420, CHROMA_420]) == CHROMA_420
     assert largest_layout([CHROMA_420, CHROMA_440]) == CHROMA_440
     assert largest_layout([CHROMA_420, CHROMA_422, CHROMA_444]) == CHROMA_444

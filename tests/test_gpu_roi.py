@@ -5,6 +5,8 @@ and every chroma sample libjpeg's fancy upsampling takes beside them; from a reg
 kernel's own source, built for the host, give the whole-image pixels bit for bit."""
 import ctypes
 
+import warnings
+
 import numpy as np
 import pytest
 from conftest import cut_to_region
@@ -447,6 +449,14 @@ def test_a_large_images_decoder_failure_sends_only_those_images_to_the_cpu():
     assert hw.calls == [[0, 3]] and "large" in dec.last_gpu_error
     with pytest.raises(RuntimeError, match="refused"):
         decoder(Engines(fail=True), Engines())._decode_engines(bufs, idx, Places(), large)
+    # a batch whose large images the CPU path decoded instead: warned once per decoder, not per batch
+    dec._large_warned = False
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            dec._note_large_failed(3)
+    assert len(seen) == 1 and issubclass(seen[0].category, RuntimeWarning)
+    assert "refused 3" in str(seen[0].message) and "refused" in dec.last_gpu_error
 
 
 def test_a_windows_arena_need_is_its_placed_regions_planes():

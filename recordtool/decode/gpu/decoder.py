@@ -28,8 +28,8 @@ from ..spec import OutputSpec
 from . import kernel as K
 from .buffers import DecodeBuffers, OutputRing
 from .room import ALIGN, PlaneLayout, batch_room, crop_room, planar_need, planar_subsampling, staging_each
-from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, LARGE, Chroma, Demand, Split, SplitPlanner, check_chroma,
-                   buffer_spans, ends_with_eoi)
+from .plan import (CPU, DEFAULT_CHROMA, ENGINE, GPU_MAX_PIXELS, HYBRID, LARGE, Chroma, Demand, Split, SplitPlanner,
+                   buffer_spans, check_chroma, ends_with_eoi)
 from .roi import dct_reduction, plan_rois, window_need
 
 @dataclass
@@ -46,6 +46,7 @@ class BatchReport:
     cpu_rate: float | None = None
     hybrid_rate: float | None = None
     overflow: int = 0  # of the CPU's, GPU-bound images past the arena's or staging's room (room.batch_room)
+    large_failed: int = 0  # of the CPU's, Route.LARGE images their decoder refused (warned once per decoder)
     ahead: int = 0  # of the CPU's, images decoded before the call (the caller's `decoded`: loader.ahead)
     errors: list = field(default_factory=list)  # (batch index, reason) of images nothing decoded
     seconds: float = 0.0
@@ -140,6 +141,7 @@ class GPUDecoder:
         self.hw = self.hybrid = self.hw_large = self.large_error = None
         self._interpolate = nvjpeg_interp
         self.hw_error = self.hybrid_error = self.prealloc_error = self.last_gpu_error = None
+        self._large_warned = False  # _note_large_failed: once per decoder
         # the CPU part and the hybrid decoder run beside the engines' submission, on threads kept
         # for the decoder's life (a thread per batch would churn stacks and malloc arenas)
         self._workers = ThreadPoolExecutor(2, thread_name_prefix="recordtool-gpu")
@@ -452,6 +454,8 @@ class GPUDecoder:
             t_gpu = None
             if len(plan.engine) and not hw_failed:  # engine time: host submission or device work, the longer
                 t_gpu = max(t_submit, self.cupy.cuda.get_elapsed_time(ev_start, ev_decoded) / 1e3)
+        if large_failed:
+            self._note_large_failed(len(large_failed))
         n_gpu = len(plan.engine) - len(hw_failed) - len(large_failed)
         n_hyb = len(plan.hybrid) - len(hyb_failed)
         if self.planner.observe(n, n_gpu, t_gpu, len(plan.cpu) - ahead, t_cpu, n_hyb, t_hyb if not hyb_failed else None,
@@ -463,8 +467,9 @@ class GPUDecoder:
         r = self.planner.rates
         t_end = time.perf_counter()
         self.last = BatchReport(n=n, gpu=n_gpu, hybrid=n_hyb, cpu=len(cpu_idx), cpu_forced=plan.forced,
-                                overflow=overflow, ahead=ahead, cpu_fraction=self.planner.cpu_fraction, gpu_rate=r.gpu,
-                                cpu_rate=r.cpu, hybrid_rate=r.hybrid, errors=errors, seconds=t_end - t0,
+                                overflow=overflow, large_failed=len(large_failed), ahead=ahead,
+                                cpu_fraction=self.planner.cpu_fraction, gpu_rate=r.gpu, cpu_rate=r.cpu,
+                                hybrid_rate=r.hybrid, errors=errors, seconds=t_end - t0,
                                 stages={"plan": t_plan - t0, "engines_submit": t_submit,
                                         "engines_native": t_native or 0.0, "cpu_decode": t_cpu,
                                         "hybrid_decode": t_hyb or 0.0, "wait": t_wait - t_plan,
@@ -606,6 +611,18 @@ class GPUDecoder:
             t = dec.last_native_seconds
             native = None if t is None else (native or 0.0) + t
         return (native if self.native_submit else None), large_failed
+
+    def _note_large_failed(self, n: int) -> None:
+        """The large images' decoder refused `n` images of this batch: the CPU path decodes them
+        (BatchReport.large_failed counts them). Warned once per decoder, not per batch: the
+        batch is right, but each such image now costs a core 20-40 ms, which a user should know
+        of rather than find as a slower epoch."""
+        if not self._large_warned:
+            self._large_warned = True
+            warnings.warn(f"nvJPEG's decoder of large images (above {GPU_MAX_PIXELS:,} pixels) refused {n} of them "
+                          f"({self.last_gpu_error}); the CPU path decodes them, and such images in later batches "
+                          "(BatchReport.large_failed counts them; this warning is not repeated)",
+                          RuntimeWarning, stacklevel=3)
 
     def _decode_hybrid(self, buffers, idx, places):
         """Hybrid-decode each window (Huffman on this thread, the rest on the hybrid stream);

@@ -21,7 +21,7 @@ class Route(IntEnum):
     ENGINE = 0  # NVJPG hardware engines (baseline YCbCr 4:4:4 / 4:2:2 / 4:2:0 / 4:4:0)
     HYBRID = 1  # nvJPEG hybrid decoder: CPU Huffman, GPU IDCT (progressive, gray)
     CPU = 2  # the native CPU path (CMYK, RGB-coded, 4:1:1, unknown, damaged files)
-    LARGE = 3  # the engines' layouts above GPU_MAX_PIXELS: the engines, on a decoder of their own
+    LARGE = 3  # the engines' layouts in (GPU_MAX_PIXELS, LARGE_MAX_PIXELS]: the engines, on a decoder of their own
 
 
 ENGINE, HYBRID, CPU, LARGE = Route.ENGINE, Route.HYBRID, Route.CPU, Route.LARGE
@@ -53,7 +53,7 @@ def route(chroma, progressive, colorspace, same_pixels: bool = False, pixels=Non
     pixels: width × height per image (the index's); above GPU_MAX_PIXELS an ENGINE image is
     LARGE (the engines, on a decoder sized for a few such images: GPUDecoder) and a HYBRID one
     goes to the CPU (the hybrid decoder's Huffman pass is a CPU thread's too, and its buffers
-    would grow to the largest image)."""
+    would grow to the largest image); above LARGE_MAX_PIXELS every image goes to the CPU."""
     chroma, progressive, colorspace = np.asarray(chroma), np.asarray(progressive), np.asarray(colorspace)
     hw = hardware_decodable(chroma, progressive, colorspace)
     hybrid = ((np.isin(chroma, HW_CHROMA) & (colorspace == CS_YCBCR))
@@ -65,6 +65,7 @@ def route(chroma, progressive, colorspace, same_pixels: bool = False, pixels=Non
         big = np.asarray(pixels, np.int64) > GPU_MAX_PIXELS
         codes[big & (codes == ENGINE)] = LARGE
         codes[big & (codes == HYBRID)] = CPU
+        codes[np.asarray(pixels, np.int64) > LARGE_MAX_PIXELS] = CPU
     return codes
 
 
@@ -76,6 +77,15 @@ for a 3574×3366 image (4:4:4) against about 150 MiB for 1200×1200, and ImageNe
 engines on a second decoder of a few images' size (GPUDecoder.LARGE_BATCH): on the CPU each costs
 20-40 ms of a core for one crop (its whole entropy-coded data is Huffman-decoded whatever the
 window), on the engines about 1 ms of the submitting thread (H200)."""
+
+LARGE_MAX_PIXELS = 16_000_000
+"""The largest image the engines take at all (Route.LARGE's bound); larger ones go to the CPU
+path. The large images' decoder, its arena and its staging are sized at warm-up for the largest
+Route.LARGE image (LARGE_ROOM of them whole, GPUDecoder): one index row claiming a 65,500-pixel
+square would make every producer hold gigabytes of GPU memory for it and decode such an image
+to prime the decoder. At 16 MP (four times GPU_MAX_PIXELS) the bound stays past all but full
+camera frames, rare in training sets; the CPU path decodes larger ones from their crop windows
+and, in a Loader, ahead of their batch (its look-ahead lanes take the CPU-routed images)."""
 
 
 # the layouts `route(same_pixels=True)` sends to the CPU: with no chroma to upsample, the GPU's
