@@ -956,15 +956,15 @@ def test_demand_engines_first_keeps_the_cpu_share_to_what_the_consumer_waits_for
     assert demand.allowed == 0.0
     plan = p.plan(routes, eoi)
     assert len(plan.cpu) == plan.forced == 10 and len(plan.engine) == 90  # only what no GPU decoder takes
-    for k in range(3):  # a consumer waiting 20 ms of each 50 ms step
-        demand.observe(wait=0.02, interval=0.05)
+    for k in range(3):  # a consumer waiting 6 ms of each 50 ms step: 12 %, 10 points past the threshold
+        demand.observe(wait=0.006, interval=0.05)
     assert demand.allowed == pytest.approx(0.3)
     assert len(p.plan(routes, eoi).cpu) == 30
     for _ in range(20):
         demand.observe(wait=0.02, interval=0.05)
     assert demand.allowed == demand.ceiling and len(p.plan(routes, eoi).cpu) == 50  # the balanced share caps it
-    demand.observe(wait=0.0005, interval=0.05)  # under the threshold: not waiting
-    assert demand.allowed == pytest.approx(demand.ceiling - demand.down)
+    demand.observe(wait=0.0005, interval=0.05)  # 1 %, under the threshold: the share shrinks by the difference
+    assert demand.allowed == pytest.approx(demand.ceiling - demand.gain * (demand.threshold - 0.01))
     fixed = SplitPlanner(0.25, demand=Demand(first="engines"))  # a fixed split is what the user asked for
     assert len(fixed.plan(routes, eoi).cpu) == 25
 
@@ -1028,8 +1028,8 @@ def test_demand_cpu_first_gives_the_engines_only_what_the_consumer_waits_for():
         demand.observe(wait=0.0, interval=0.05)
     plan = p.plan(routes, eoi)
     assert len(plan.engine) == 0 and len(plan.hybrid) == 2 and len(plan.cpu) == 98
-    for _ in range(2):  # a consumer waiting 20 ms of each 50 ms step
-        demand.observe(wait=0.02, interval=0.05)
+    for _ in range(2):  # a consumer waiting 6 ms of each 50 ms step
+        demand.observe(wait=0.006, interval=0.05)
     assert demand.allowed == pytest.approx(0.2)
     plan = p.plan(routes, eoi)
     assert len(plan.cpu) == 80 and len(plan.engine) == 20 - len(plan.hybrid)
@@ -1038,10 +1038,45 @@ def test_demand_cpu_first_gives_the_engines_only_what_the_consumer_waits_for():
     assert demand.allowed == demand.ceiling
     plan = p.plan(routes, eoi)  # the balanced share caps the engines' share
     assert len(plan.cpu) == 50 and len(plan.engine) == 40
-    for _ in range(30):
-        demand.observe(wait=0.0005, interval=0.05)  # under the threshold: not waiting
-    assert demand.allowed == pytest.approx(demand.ceiling - 30 * demand.down)
+    for _ in range(60):
+        demand.observe(wait=0.0005, interval=0.05)  # 1 % of the time, under the threshold
+    assert demand.allowed == pytest.approx(demand.ceiling - 60 * demand.gain * (demand.threshold - 0.01))
     assert len(p.plan(routes, eoi).cpu) == 60  # the engines' share shrinks below the balanced one
+
+
+def test_demand_follows_the_time_the_consumer_waits_not_the_batches_it_waited_for():
+    """Demand settles where the consumer waits `threshold` of its time: bursty waits (30 ms once
+    in six 58 ms steps, ~9 % of the time) grow the other side's share though five batches in
+    six are ready — a count of batches waited for would give none —, steady short waits under
+    the threshold give it back, and a wait past the interval counts as the whole interval.
+    A consumer whose waits shrink as the share grows (a model of the loop) ends near the
+    threshold, neither at 0 nor at the ceiling."""
+    from recordtool.decode.gpu import Demand
+
+    demand = Demand(first="engines")
+    for _ in range(10):  # ten bursts of six steps
+        demand.observe(wait=0.030, interval=0.058)
+        for _ in range(5):
+            demand.observe(wait=0.0, interval=0.058)
+    # per burst +(30/58 - 0.02), then 5 × -0.02: up to the ceiling, less the last five ready batches
+    assert demand.allowed == pytest.approx(demand.ceiling - 5 * demand.threshold)
+    first = Demand(first="engines")
+    first.observe(wait=0.030, interval=0.058)
+    assert first.allowed == pytest.approx(0.030 / 0.058 - first.threshold)
+    for _ in range(400):  # 1 ms of 58 (1.7 %): ready enough, the share shrinks by 0.3 points a batch
+        demand.observe(wait=0.001, interval=0.058)
+    assert demand.allowed == 0.0
+    demand.observe(wait=5.0, interval=0.058)  # the first batch after a pause: at most the interval
+    assert demand.allowed == pytest.approx(1.0 - demand.threshold)
+    demand.observe(wait=0.01, interval=0.0)  # no interval measured yet: not a wait
+    assert demand.allowed == pytest.approx(1.0 - 2 * demand.threshold)
+    loop = Demand(first="engines")
+    waits = []
+    for _ in range(400):  # the loop waits 10 % of 50 ms with no share, nothing with half of the batch
+        w = max(0.0, 0.005 * (1 - 2 * loop.allowed))
+        waits.append(w / 0.05)
+        loop.observe(wait=w, interval=0.05)
+    assert 0.3 < loop.allowed < 0.5 and np.mean(waits[-100:]) == pytest.approx(loop.threshold, abs=0.005)
 
 
 def test_demand_cpu_first_measures_the_engines_on_small_batches():
@@ -1063,7 +1098,7 @@ def test_demand_cpu_first_measures_the_engines_on_small_batches():
         demand.observe(wait=0.02, interval=0.05)
     assert p.rates.gpu == pytest.approx(3000) and p.cpu_fraction == pytest.approx(0.25)
     assert len(p.plan(routes, eoi).cpu) == 3  # the balanced share, now that both rates are known
-    for bad in (dict(first="gpu"), dict(up=1.5), dict(ceiling=-0.1), dict(threshold="x"), dict(down=True)):
+    for bad in (dict(first="gpu"), dict(gain=1.5), dict(ceiling=-0.1), dict(threshold="x"), dict(gain=True)):
         with pytest.raises(ConfigError):
             Demand(**bad)
 
