@@ -273,7 +273,7 @@ class Demand:
     settles where the consumer waits `threshold` of its time. Waits come in bursts — a training
     loop on a node's share of the cores waited 4-6 ms a step of ~58 ms on average, all of it in
     fewer than one batch in six — and a rule that counts batches (up a step for each batch
-    waited for, down a smaller one for each not) gave nothing back to such a loop.
+    waited for, down a smaller one for each not) would give such a loop nothing.
 
     Args:
         first: the side that decodes first ("cpu" or "engines").
