@@ -77,17 +77,14 @@ def test_the_parts_normalise_what_they_take():
     assert RemoteOptions(storage_options={}) == RemoteOptions()  # empty options: none
 
 
-def test_first_auto_gives_the_engines_the_lead_on_a_node_share_of_cores():
-    """split="auto" with first="auto": the engines first below ENGINES_FIRST_BELOW threads (a
-    node's share, where CPU decode takes the training loop's cores), the CPU first above; a
-    side named is kept whatever the threads."""
-    from recordtool.decode.gpu import demand_first
-    from recordtool.decode.gpu.plan import ENGINES_FIRST_BELOW
-
-    assert GPUOptions().first == "auto"
-    assert [demand_first("auto", t) for t in (1, 4, 8, ENGINES_FIRST_BELOW - 1)] == ["engines"] * 4
-    assert [demand_first("auto", t) for t in (ENGINES_FIRST_BELOW, 16, 64)] == ["cpu"] * 3
-    assert demand_first("cpu", 4) == "cpu" and demand_first("engines", 64) == "engines"
+def test_first_defaults_to_the_engines_and_names_one_side():
+    """split="auto" decodes on the engines first unless first="cpu" is asked for; any other
+    value (the former "auto" among them) is a ConfigError naming the option."""
+    assert GPUOptions().first == "engines"
+    assert GPUOptions(first="cpu").first == "cpu"
+    for bad in ("auto", "gpu", "", None, 1):
+        with pytest.raises(ConfigError, match="first must be one of engines, cpu"):
+            GPUOptions(first=bad)
 
 
 @pytest.mark.parametrize("part", [Output(16, dtype="bfloat16"), TrainCrop(hflip=0.0), EvalCrop(0.9),

@@ -876,22 +876,21 @@ def test_a_batch_past_the_room_sends_its_last_images_to_the_cpu_share():
 
 
 @gpu
-def test_cuda_loader_leads_with_the_engines_on_few_threads(packed_mix):
-    """The Loader's split="auto" gives the engines the lead below ENGINES_FIRST_BELOW CPU
-    threads and the CPU above (plan.demand_first); first= names a side whatever the threads.
-    Before the consumer has waited, the lead side decodes every image it can take."""
-    from recordtool.decode.gpu.plan import ENGINES_FIRST_BELOW
+def test_cuda_loader_leads_with_the_engines_whatever_the_threads(packed_mix):
+    """The Loader's split="auto" gives the engines the lead at any number of CPU threads;
+    first="cpu" gives it to the CPU. Before the consumer has waited, the lead side decodes every
+    image it can take."""
     from recordtool.loader import Loader
 
     kw = dict(batch_size=8, size=64, device="cuda", as_torch=False, same_pixels=False, with_ids=True)
     few = Loader(packed_mix, threads=4, **kw)
-    many = Loader(packed_mix, threads=ENGINES_FIRST_BELOW, **kw)
-    named = Loader(packed_mix, threads=4, first="cpu", **kw)
+    many = Loader(packed_mix, threads=16, **kw)
+    named = Loader(packed_mix, threads=16, first="cpu", **kw)
     assert (few.batcher.demand.first, many.batcher.demand.first, named.batcher.demand.first) == \
-        ("engines", "cpu", "cpu")
+        ("engines", "engines", "cpu")
     ix = __import__("recordtool").open(packed_mix).index
     routes = route(ix.chroma, ix.progressive, ix.colorspace)
-    for ld, lead in ((few, "gpu"), (named, "cpu")):
+    for ld, lead in ((few, "gpu"), (many, "gpu"), (named, "cpu")):
         _, _, ids = next(iter(ld))  # nobody has waited yet: the lead side takes what it can
         engines = int((routes[np.asarray(ids)] == ENGINE).sum())
         if ld.batcher.decoder(0).hw is not None and engines:

@@ -44,10 +44,12 @@ class GPUOptions:
             where both would finish together (an image may be decoded by either: README's
             fidelity bound); "gpu": every image the engines can take goes to them
             (bit-identical runs); "cpu": everything on the CPU; or a fixed CPU share in [0, 1].
-        first: "auto" — with split="auto", the side that decodes first: "engines", "cpu", or
-            "auto": the engines when the Loader has fewer than 12 CPU threads (a node's share
-            of cores, where CPU decode takes the cores the training loop runs on), else the CPU
-            (it keeps up alone there and leaves the GPU's SMs to the model); plan.demand_first.
+        first: "engines" — with split="auto", the side that decodes first: "engines" or "cpu".
+            The engines first at any number of cores: CPU decode first takes the cores the
+            training loop runs on, and on 16 cores, where it keeps up alone, it kept 10-12 of
+            them busy for the rate the engines give with 2-3 (ResNet-50; BENCHMARKS.md). "cpu":
+            for a host whose spare cores cost nothing (the CPU share's pixels take the model no
+            GPU time); plan.First.
         hybrid: True — progressive files (and, without same_pixels, gray ones) go to nvJPEG's
             hybrid decoder, which the engines cannot take; False: to the CPU.
         chroma: "interpolate" — how GPU-decoded 4:2:0 / 4:2:2 chroma is upsampled:
@@ -71,7 +73,7 @@ class GPUOptions:
     """
 
     split: Split = "auto"
-    first: First = "auto"
+    first: First = "engines"
     hybrid: bool = True
     chroma: str = DEFAULT_CHROMA
     same_pixels: bool = False

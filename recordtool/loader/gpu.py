@@ -46,7 +46,7 @@ class GPUBatcher:
 
     def __init__(self, recipe: Recipe, *, gpu_id: int, producers: int, threads: int, user_op, options: GPUOptions,
                  slots: int, max_batch: int, look_ahead: bool = True):
-        from ..decode.gpu import CPU, Demand, OutputRing, demand_first, kernel, route
+        from ..decode.gpu import CPU, Demand, OutputRing, kernel, route
 
         self.recipe, self.gpu_id, self.producers = recipe, gpu_id, producers
         self.spec = spec = recipe.output
@@ -86,9 +86,9 @@ class GPUBatcher:
         self._passes: dict = {}  # producer slot → its normalising pass (NormalizePass), with a user op
         self._raw_spec = dataclasses.replace(spec, dtype="uint8", layout="NHWC", memory_format="contiguous")
         self._normalize = kernel(spec.dtype, spec.buffer_layout) if user_op is not None else None
-        # one side first (by the threads: plan.demand_first), the other takes a share of the
-        # batch only while the consumer waits (plan.Demand says why); shared by the producers' decoders
-        self.demand = Demand(first=demand_first(options.first, threads))
+        # one side first (GPUOptions.first), the other takes a share of the batch only while the
+        # consumer waits (plan.Demand says why); shared by the producers' decoders
+        self.demand = Demand(first=options.first)
         # how far the consumer may queue GPU work ahead of the batches it takes (pace.py)
         self.pace = None if options.run_ahead is None else RunAhead(options.run_ahead, gpu_id)
 

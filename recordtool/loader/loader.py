@@ -65,7 +65,7 @@ class Loader:
             says, at its defaults. Keywords: scale, ratio, hflip (train), crop_pct
             (evaluation); those of the other mode set away from their defaults are a
             ConfigError (they would do nothing).
-        gpu: cuda only — GPUOptions(split="auto", first="auto", hybrid=True,
+        gpu: cuda only — GPUOptions(split="auto", first="engines", hybrid=True,
             chroma="interpolate", same_pixels=False, run_ahead=1): how images are shared between
             the engines, nvJPEG's hybrid decoder and the CPU, how chroma is upsampled, and how
             many steps of GPU work the training loop may keep queued (see GPUOptions). Given with

@@ -198,20 +198,19 @@ class Rates:
             setattr(self, side, r if old is None else (1 - self.alpha) * old + self.alpha * r)
 
 
-DemandFirst = Literal["cpu", "engines"]
-First = Literal["auto", "cpu", "engines"]
-FIRSTS = ("auto", "cpu", "engines")
+First = Literal["engines", "cpu"]
+FIRSTS = ("engines", "cpu")
 
-# first="auto": below this many CPU threads the engines decode first. On a node's share of the
-# host (4-8 cores for a GPU) the CPU share, decoding first, took the cores the training loop
-# dispatches from: ResNet-18 at 4 cores ran at 4.6k img/s (3.4-5.8k) CPU-first, 7.7k
-# (7.3-8.0k) with every image on the engines (BENCHMARKS.md). With more cores the CPU keeps up
-# by itself and leaves the SMs to the model (ResNet-50 at 16 cores: 0.99x synthetic).
-ENGINES_FIRST_BELOW = 12
+# The engines decode first by default, at every share of the host's cores. CPU first, the
+# CPU share took the cores a node's share gives the training loop (ResNet-18 at 4 cores: 4.6k
+# img/s CPU-first, 7.7k with every image on the engines), and on a whole 16-core host it kept
+# 10-12 cores busy for a rate within 1.5 % of engines-first's in 2-3 cores (ResNet-50; BENCHMARKS.md).
+# first="cpu" is for a host whose spare cores cost nothing: the CPU share's pixels take the
+# model no GPU time.
 
 
 def check_first(first) -> First:
-    """A First ("auto", "cpu", "engines"), or ConfigError naming the option."""
+    """A First ("engines", "cpu"), or ConfigError naming the option."""
     if not isinstance(first, str) or first not in FIRSTS:
         raise ConfigError(f"first must be one of {', '.join(FIRSTS)}, not {first!r}")
     return first
@@ -240,14 +239,6 @@ def paying_share(engine: int, forced: int, extra: int, rates: Rates) -> int:
     return extra if before - after >= MIN_GAIN * before else 0
 
 
-def demand_first(first: First, threads: int) -> DemandFirst:
-    """The side that decodes first under split="auto" for a Loader of `threads` CPU threads:
-    `first` itself, or for "auto" the engines below ENGINES_FIRST_BELOW threads, else the CPU."""
-    if first != "auto":
-        return first
-    return "engines" if threads < ENGINES_FIRST_BELOW else "cpu"
-
-
 @dataclass
 class Demand:
     """How split="auto" shares the engines' images with the CPU, steered by the consumer: one
@@ -262,7 +253,7 @@ class Demand:
     batch's one kernel in pinned memory, do not (BENCHMARKS.md), and the decode threads run at
     low priority and yield the cores.
     first="engines": the engines first, the CPU for what they cannot give — on a node's share
-    of the cores, which the CPU share would take from the training loop (demand_first); and of
+    of the cores, which the CPU share would take from the training loop (the default); and of
     the engines' images only a share that shortens the batch by MIN_GAIN (paying_share).
 
     One per Loader, shared by its producers' planners; written only by the consumer's thread
@@ -284,7 +275,7 @@ class Demand:
             it the other side's share grows, below it the share shrinks.
     """
 
-    first: DemandFirst = "cpu"
+    first: First = "cpu"
     allowed: float = 0.0
     gain: float = 1.0
     ceiling: float = 1.0
