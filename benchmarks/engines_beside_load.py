@@ -34,6 +34,16 @@ on work of their own context. A probe of the mechanism, not a mode of the librar
 (HardwareDecoder(pipeline=True)), which the library turns off: what the engines waited for
 beside other streams' work before. A probe, not a mode of the library.
 
+--whole: the Loader's decoders decode whole images instead of each crop window's region of the
+planes (GPUDecoder(planar_roi=False)): whether nvJPEG's per-plane copies of a region out of the
+engines' output are what its call spends beside a model. A probe, not a mode of the library.
+
+--trace DIR: the timed part of each load recorded by torch's profiler (CUPTI: the CUDA runtime and
+driver calls of every thread, nvJPEG's among them, and every stream's kernels and copies), saved as
+DIR/LOAD.json.gz, and summed up: the calls the threads other than the model's spent most time in,
+and per stream its kernels' and copies' time and how long they waited between launch and start.
+A probe of where nvJPEG's call waits; the profiler slows the run, so its rates are not the table's.
+
 Usage (on a GPU machine, pinned to a node's share):
   taskset -c 0-3 python benchmarks/engines_beside_load.py PACKED --threads 4 --loads alone,model,gpu,gil
 """
@@ -96,6 +106,19 @@ def engines_pipelined():
         init(self, *args, **kw)
 
     nvjpeg.HardwareDecoder.__init__ = pipelined
+
+
+def whole_images():
+    """Make every GPUDecoder made from now on decode whole images (planar_roi=False)."""
+    from recordtool.decode.gpu import decoder
+
+    init = decoder.GPUDecoder.__init__
+
+    def whole(self, *args, **kw):
+        kw["planar_roi"] = False
+        init(self, *args, **kw)
+
+    decoder.GPUDecoder.__init__ = whole
 
 
 def loader(packed, batch, threads, size, options):
@@ -174,6 +197,49 @@ def consume(it, stop, counter, stream=None):
             counter[0] += 1
 
 
+def trace_summary(path, main_tid, top=25):
+    """What a Chrome trace of torch's profiler says about the waits: {calls, streams}."""
+    import collections
+    import gzip
+
+    with gzip.open(path, "rt") as f:
+        events = [e for e in json.load(f).get("traceEvents", []) if e.get("ph") == "X"]
+    launches = {}  # correlation id -> end of the host call that launched it (us)
+    calls = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for e in events:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver"):
+            corr = e.get("args", {}).get("correlation")
+            if corr is not None:
+                launches[corr] = e["ts"] + e.get("dur", 0)
+            c = calls[("main" if e.get("tid") == main_tid else e.get("tid"), e.get("cat"), e["name"])]
+            c[0] += 1
+            c[1] += e.get("dur", 0) / 1e3
+            c[2] = max(c[2], e.get("dur", 0) / 1e3)
+    streams = collections.defaultdict(lambda: collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0]))
+    for e in events:
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            a = e.get("args", {})
+            k = streams[a.get("stream", -1)][e["name"][:60]]
+            k[0] += 1
+            k[1] += e.get("dur", 0) / 1e3
+            corr = a.get("correlation")
+            if corr in launches:
+                lag = max(0.0, (e["ts"] - launches[corr]) / 1e3)
+                k[2] += lag
+                k[3] = max(k[3], lag)
+    out_calls = [{"tid": t, "api": n, "cat": c, "count": v[0], "total_ms": round(v[1], 1), "max_ms": round(v[2], 2)}
+                 for (t, c, n), v in sorted(calls.items(), key=lambda kv: -kv[1][1])[:top]]
+    out_streams = {}
+    for sid, ks in streams.items():
+        n = sum(v[0] for v in ks.values())
+        out_streams[str(sid)] = {
+            "ops": n, "busy_ms": round(sum(v[1] for v in ks.values()), 1),
+            "lag_ms_mean": round(sum(v[2] for v in ks.values()) / max(1, n), 3),
+            "top": [{"name": name, "count": v[0], "ms": round(v[1], 1), "lag_mean_ms": round(v[2] / max(1, v[0]), 3),
+                     "lag_max_ms": round(v[3], 2)} for name, v in sorted(ks.items(), key=lambda kv: -kv[1][1])[:6]]}
+    return {"calls": out_calls, "streams": out_streams}
+
+
 def run_one(args, load):
     import torch
 
@@ -199,6 +265,12 @@ def run_one(args, load):
     if side is not None:
         side.start()
         time.sleep(0.5)
+    prof = None
+    if args.trace:
+        from torch.profiler import ProfilerActivity, profile
+
+        prof = profile(activities=[ProfilerActivity.CUDA])
+        prof.__enter__()
     ld.stage_seconds.clear()
     decoded0 = dict(ld.decoded)
     stop, taken = threading.Event(), [0]
@@ -228,6 +300,8 @@ def run_one(args, load):
             taken[0] += 1
     dt = time.perf_counter() - t0
     stop.set()
+    if prof is not None:
+        prof.__exit__(None, None, None)
     load_rate = None
     if side is not None:
         load_rate = (side.count - c0) / dt
@@ -256,6 +330,11 @@ def run_one(args, load):
            "torch_reserved_mib": round(torch.cuda.memory_reserved() / 2**20),
            "ring_mib": round(ring.nbytes * ring.slots / 2**20),
            "decoder_buffers": buffers}
+    if prof is not None:
+        os.makedirs(args.trace, exist_ok=True)
+        path = os.path.join(args.trace, f"{load}.json.gz")
+        prof.export_chrome_trace(path)
+        out["trace"] = trace_summary(path, threading.main_thread().native_id)
     if side is not None:
         side.stop.set()
         side.join(timeout=30)
@@ -286,6 +365,8 @@ def main(argv=None):
                     help="where the producers' CUDA work runs (see the module)")
     ap.add_argument("--pipeline", action="store_true",
                     help="the engines' batched calls with nvJPEG's pipelining (see the module)")
+    ap.add_argument("--whole", action="store_true", help="decode whole images, not regions (see the module)")
+    ap.add_argument("--trace", metavar="DIR", help="record each load's timed part with torch's profiler (see the module)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     import torch
@@ -299,6 +380,8 @@ def main(argv=None):
         producers_in(*green_context())
     if args.pipeline:
         engines_pipelined()
+    if args.whole:
+        whole_images()
     base = gpu_used_mib("cuda")
     results = []
     for load in args.loads.split(","):

@@ -202,3 +202,37 @@ def test_benchmarks_and_examples_start():
     for path in paths:
         p = subprocess.run([sys.executable, path, "--help"], capture_output=True, text=True, timeout=120)
         assert p.returncode == 0 and "usage" in p.stdout, (path, p.stderr[-2000:])
+
+
+def test_engines_trace_summary_sums_calls_per_thread_and_lags_per_stream(tmp_path):
+    """engines_beside_load.py --trace: a profiler trace summed up — each thread's CUDA calls
+    (the model's own thread named "main"), and per stream its GPU work and how long each piece
+    waited between the end of the host call that queued it and its start."""
+    import gzip
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("engines_beside_load", os.path.join(root, "benchmarks", "engines_beside_load.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    ev = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpy2DAsync", "ts": 100, "dur": 10, "tid": 5, "args": {"correlation": 1}},
+          {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpy2DAsync", "ts": 200, "dur": 30, "tid": 5, "args": {"correlation": 2}},
+          {"ph": "X", "cat": "cuda_runtime", "name": "cudaEventSynchronize", "ts": 300, "dur": 4000, "tid": 5, "args": {}},
+          {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 50, "dur": 5, "tid": 9, "args": {"correlation": 3}},
+          {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD (Device -> Device)", "ts": 1110, "dur": 2, "args": {"correlation": 1, "stream": 21}},
+          {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD (Device -> Device)", "ts": 230, "dur": 2, "args": {"correlation": 2, "stream": 21}},
+          {"ph": "X", "cat": "kernel", "name": "conv", "ts": 2055, "dur": 500, "args": {"correlation": 3, "stream": 7}},
+          {"ph": "i", "cat": "cuda_runtime", "name": "marker", "ts": 0, "tid": 5}]
+    path = tmp_path / "t.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": ev}, f)
+    out = mod.trace_summary(str(path), main_tid=9)
+    calls = {(c["tid"], c["api"]): c for c in out["calls"]}
+    assert [c["api"] for c in out["calls"]][0] == "cudaEventSynchronize"  # the longest first
+    assert calls[(5, "cudaMemcpy2DAsync")]["count"] == 2 and calls[(5, "cudaMemcpy2DAsync")]["total_ms"] == 0.0
+    assert calls[(5, "cudaMemcpy2DAsync")]["max_ms"] == 0.03 and calls[(5, "cudaEventSynchronize")]["total_ms"] == 4.0
+    assert calls[("main", "cudaLaunchKernel")]["count"] == 1
+    copies = out["streams"]["21"]
+    assert copies["ops"] == 2 and copies["lag_ms_mean"] == 0.5  # 1.0 ms and 0 ms after their calls ended
+    assert copies["top"][0]["lag_max_ms"] == 1.0
+    assert out["streams"]["7"]["top"][0] == {"name": "conv", "count": 1, "ms": 0.5, "lag_mean_ms": 2.0, "lag_max_ms": 2.0}
