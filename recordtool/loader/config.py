@@ -46,7 +46,7 @@ class GPUOptions:
             (bit-identical runs); "cpu": everything on the CPU; or a fixed CPU share in [0, 1].
         first: "engines" — with split="auto", the side that decodes first: "engines" or "cpu".
             The engines first at any number of cores: CPU decode first takes the cores the
-            training loop runs on, and on 16 cores, where it keeps up alone, it kept 10-12 of
+            training loop runs on, and on 16 cores, where it keeps up alone, it kept 9-12 of
             them busy for the rate the engines give with 2-3 (ResNet-50; BENCHMARKS.md). "cpu":
             for a host whose spare cores cost nothing (the CPU share's pixels take the model no
             GPU time); plan.First.

@@ -82,8 +82,9 @@ class GPUDecoder:
         hybrid: send progressive and gray files to nvJPEG's hybrid decoder (else to the CPU).
         ring: the output ring to take batches from (shared by the producers of a Loader);
             None: warmup() makes one.
-        demand: the Loader's consumer-steered order of the two sides (plan.Demand: by default
-            the CPU first, the engines' share only while the consumer waits), shared by its
+        demand: the Loader's consumer-steered order of the two sides (plan.Demand: one side
+            first, the engines in a Loader by default, the other's share only while the
+            consumer waits), shared by its
             producers' decoders; None: the auto split follows measured rates alone.
         chroma: how GPU-decoded 4:2:x chroma is upsampled (plan.Chroma): "interpolate" gives
             the CPU path's (libjpeg-turbo's) pixels; "replicate" nvJPEG's RGBI as it is.

@@ -32,8 +32,8 @@ HW_CHROMA = (CHROMA_444, CHROMA_422, CHROMA_420, CHROMA_440)
 
 Split = Union[Literal["auto", "gpu", "cpu"], float]
 """How images the engines could take are shared with the CPU: "auto" follows measured rates so
-both sides finish together, or in a Loader the consumer's need (`Demand`: the CPU first, the
-engines while the training loop waits); "gpu" sends them all to the engines (bit-identical runs); "cpu"
+both sides finish together, or in a Loader the consumer's need (`Demand`: one side first, the
+other while the training loop waits); "gpu" sends them all to the engines (bit-identical runs); "cpu"
 decodes everything on the CPU; a float in [0, 1] fixes the CPU's share."""
 
 
@@ -204,7 +204,7 @@ FIRSTS = ("engines", "cpu")
 # The engines decode first by default, at every share of the host's cores. CPU first, the
 # CPU share took the cores a node's share gives the training loop (ResNet-18 at 4 cores: 4.6k
 # img/s CPU-first, 7.7k with every image on the engines), and on a whole 16-core host it kept
-# 10-12 cores busy for a rate within 1.5 % of engines-first's in 2-3 cores (ResNet-50; BENCHMARKS.md).
+# 9-12 cores busy for a rate within 1.5 % of engines-first's in 2-3 cores (ResNet-50; BENCHMARKS.md).
 # first="cpu" is for a host whose spare cores cost nothing: the CPU share's pixels take the
 # model no GPU time.
 
@@ -253,7 +253,8 @@ class Demand:
     batch's one kernel in pinned memory, do not (BENCHMARKS.md), and the decode threads run at
     low priority and yield the cores.
     first="engines": the engines first, the CPU for what they cannot give — on a node's share
-    of the cores, which the CPU share would take from the training loop (the default); and of
+    of the cores, which the CPU share would take from the training loop (the Loader's default,
+    GPUOptions.first); and of
     the engines' images only a share that shortens the batch by MIN_GAIN (paying_share).
 
     One per Loader, shared by its producers' planners; written only by the consumer's thread
