@@ -40,8 +40,10 @@ engines' output are what its call spends beside a model. A probe, not a mode of 
 
 --trace DIR: the timed part of each load recorded by torch's profiler (CUPTI: the CUDA runtime and
 driver calls of every thread, nvJPEG's among them, and every stream's kernels and copies), saved as
-DIR/LOAD.json.gz, and summed up: the calls the threads other than the model's spent most time in,
-and per stream its kernels' and copies' time and how long they waited between launch and start.
+DIR/LOAD.json.gz, and summed up: the CUDA calls each thread (by the profiler's thread id) spent
+most time in, the producers', the consumer's and the model's alike, and per stream its kernels',
+copies' and memsets' time and how long they waited between the end of the call that queued them
+and their start.
 A probe of where nvJPEG's call waits; the profiler slows the run, so its rates are not the table's.
 
 Usage (on a GPU machine, pinned to a node's share):
@@ -197,8 +199,11 @@ def consume(it, stop, counter, stream=None):
             counter[0] += 1
 
 
-def trace_summary(path, main_tid, top=25):
-    """What a Chrome trace of torch's profiler says about the waits: {calls, streams}."""
+def trace_summary(path, top=25):
+    """What a Chrome trace of torch's profiler says about the waits: {calls, streams}. calls: the
+    `top` (thread id, call) pairs by time spent, runtime and driver calls alike; streams: per
+    stream id its GPU work, each piece's wait from the end of the host call that queued it (the
+    same correlation id) to its start, 0 where it started before that call returned."""
     import collections
     import gzip
 
@@ -211,7 +216,7 @@ def trace_summary(path, main_tid, top=25):
             corr = e.get("args", {}).get("correlation")
             if corr is not None:
                 launches[corr] = e["ts"] + e.get("dur", 0)
-            c = calls[("main" if e.get("tid") == main_tid else e.get("tid"), e.get("cat"), e["name"])]
+            c = calls[(e.get("tid"), e.get("cat"), e["name"])]
             c[0] += 1
             c[1] += e.get("dur", 0) / 1e3
             c[2] = max(c[2], e.get("dur", 0) / 1e3)
@@ -334,7 +339,7 @@ def run_one(args, load):
         os.makedirs(args.trace, exist_ok=True)
         path = os.path.join(args.trace, f"{load}.json.gz")
         prof.export_chrome_trace(path)
-        out["trace"] = trace_summary(path, threading.main_thread().native_id)
+        out["trace"] = trace_summary(path)
     if side is not None:
         side.stop.set()
         side.join(timeout=30)

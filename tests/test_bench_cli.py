@@ -206,8 +206,9 @@ def test_benchmarks_and_examples_start():
 
 def test_engines_trace_summary_sums_calls_per_thread_and_lags_per_stream(tmp_path):
     """engines_beside_load.py --trace: a profiler trace summed up — each thread's CUDA calls
-    (the model's own thread named "main"), and per stream its GPU work and how long each piece
-    waited between the end of the host call that queued it and its start."""
+    (runtime and driver), longest first, and per stream its GPU work (kernels, copies, memsets)
+    and how long each piece waited between the end of the host call that queued it and its start
+    (0 where it started before that call returned); events of other kinds are left out."""
     import gzip
     import importlib.util
 
@@ -215,24 +216,35 @@ def test_engines_trace_summary_sums_calls_per_thread_and_lags_per_stream(tmp_pat
     spec = importlib.util.spec_from_file_location("engines_beside_load", os.path.join(root, "benchmarks", "engines_beside_load.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    ev = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpy2DAsync", "ts": 100, "dur": 10, "tid": 5, "args": {"correlation": 1}},
-          {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpy2DAsync", "ts": 200, "dur": 30, "tid": 5, "args": {"correlation": 2}},
-          {"ph": "X", "cat": "cuda_runtime", "name": "cudaEventSynchronize", "ts": 300, "dur": 4000, "tid": 5, "args": {}},
-          {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 50, "dur": 5, "tid": 9, "args": {"correlation": 3}},
-          {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD (Device -> Device)", "ts": 1110, "dur": 2, "args": {"correlation": 1, "stream": 21}},
-          {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD (Device -> Device)", "ts": 230, "dur": 2, "args": {"correlation": 2, "stream": 21}},
-          {"ph": "X", "cat": "kernel", "name": "conv", "ts": 2055, "dur": 500, "args": {"correlation": 3, "stream": 7}},
-          {"ph": "i", "cat": "cuda_runtime", "name": "marker", "ts": 0, "tid": 5}]
+
+    def call(name, ts, dur, tid, corr=None, cat="cuda_runtime"):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid,
+                "args": {} if corr is None else {"correlation": corr}}
+
+    def work(cat, name, ts, dur, corr, stream):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": {"correlation": corr, "stream": stream}}
+
+    ev = [call("cudaMemcpy2DAsync", 100, 400, 5, 1), call("cudaMemcpy2DAsync", 1000, 600, 5, 2),
+          call("cudaEventSynchronize", 2000, 4000, 5), call("cuLaunchKernel", 50, 300, 9, 3, cat="cuda_driver"),
+          call("cudaMemsetAsync", 60, 100, 9, 4),
+          work("gpu_memcpy", "Memcpy DtoD (Device -> Device)", 1500, 200, 1, 21),   # 1.0 ms after its call
+          work("gpu_memcpy", "Memcpy DtoD (Device -> Device)", 1400, 200, 2, 21),   # before its call returned
+          work("kernel", "conv", 2350, 500, 3, 7), work("gpu_memset", "Memset (Device)", 200, 100, 4, 7),
+          {"ph": "i", "cat": "cuda_runtime", "name": "marker", "ts": 0, "tid": 5, "dur": 9000},
+          {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 9000, "tid": 5}]
     path = tmp_path / "t.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": ev}, f)
-    out = mod.trace_summary(str(path), main_tid=9)
-    calls = {(c["tid"], c["api"]): c for c in out["calls"]}
-    assert [c["api"] for c in out["calls"]][0] == "cudaEventSynchronize"  # the longest first
-    assert calls[(5, "cudaMemcpy2DAsync")]["count"] == 2 and calls[(5, "cudaMemcpy2DAsync")]["total_ms"] == 0.0
-    assert calls[(5, "cudaMemcpy2DAsync")]["max_ms"] == 0.03 and calls[(5, "cudaEventSynchronize")]["total_ms"] == 4.0
-    assert calls[("main", "cudaLaunchKernel")]["count"] == 1
+    out = mod.trace_summary(str(path))
+    assert [(c["tid"], c["api"], c["count"], c["total_ms"], c["max_ms"]) for c in out["calls"]] == [
+        (5, "cudaEventSynchronize", 1, 4.0, 4.0), (5, "cudaMemcpy2DAsync", 2, 1.0, 0.6),
+        (9, "cuLaunchKernel", 1, 0.3, 0.3), (9, "cudaMemsetAsync", 1, 0.1, 0.1)]
+    assert out["calls"][2]["cat"] == "cuda_driver"
     copies = out["streams"]["21"]
-    assert copies["ops"] == 2 and copies["lag_ms_mean"] == 0.5  # 1.0 ms and 0 ms after their calls ended
-    assert copies["top"][0]["lag_max_ms"] == 1.0
-    assert out["streams"]["7"]["top"][0] == {"name": "conv", "count": 1, "ms": 0.5, "lag_mean_ms": 2.0, "lag_max_ms": 2.0}
+    assert (copies["ops"], copies["busy_ms"], copies["lag_ms_mean"]) == (2, 0.4, 0.5)
+    assert copies["top"] == [{"name": "Memcpy DtoD (Device -> Device)", "count": 2, "ms": 0.4,
+                              "lag_mean_ms": 0.5, "lag_max_ms": 1.0}]
+    model = out["streams"]["7"]
+    assert (model["ops"], model["busy_ms"]) == (2, 0.6)
+    assert {k["name"]: k["lag_mean_ms"] for k in model["top"]} == {"conv": 2.0, "Memset (Device)": 0.04}
+    assert mod.trace_summary(str(path), top=1)["calls"] == out["calls"][:1]

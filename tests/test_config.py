@@ -79,7 +79,7 @@ def test_the_parts_normalise_what_they_take():
 
 def test_first_defaults_to_the_engines_and_names_one_side():
     """split="auto" decodes on the engines first unless first="cpu" is asked for; any other
-    value (the former "auto" among them) is a ConfigError naming the option."""
+    value is a ConfigError naming the option."""
     assert GPUOptions().first == "engines"
     assert GPUOptions(first="cpu").first == "cpu"
     for bad in ("auto", "gpu", "", None, 1):

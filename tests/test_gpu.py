@@ -1006,7 +1006,7 @@ def test_engines_first_moves_engine_images_to_the_cpu_only_where_it_pays():
 
 
 def test_demand_cpu_first_gives_the_engines_only_what_the_consumer_waits_for():
-    """The CPU first (the Loader's default): with a consumer that never waits the engines take
+    """The CPU first (GPUOptions(first="cpu")): with a consumer that never waits the engines take
     nothing whatever the rates say (hybrid images but the two that keep its rate measured go to
     the CPU too); while it waits, the engines' share grows up to the balanced split; when the
     waiting stops it shrinks back."""

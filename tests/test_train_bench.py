@@ -220,12 +220,13 @@ def test_summary_against_the_best_dali_and_the_pipelines_gpu_memory_beside_the_m
     assert s["recordtool"]["cores_busy"] == 3.5 and s["recordtool"]["rss_mib"] == 2000
     assert s["recordtool"]["anon_mib"] == 1200 and s["synthetic"]["anon_mib"] is None  # not measured: None
     text = train_bench.table(res)
-    assert "against dali:load=0.99" in text and "4 core(s) (CPUs 0-3)" in text
+    assert "against dali:load=0.99" in text and "4 core(s) (CPUs 0-3)" in text and "median of 3 run(s)" in text
     line = next(x for x in text.splitlines() if x.startswith("recordtool"))
     assert line.split()[-4:] == ["3.5", "2,000", "2,000", "1,200"]
     assert "GPU MiB" in text and "RSS MiB" in text and "anon MiB" in text
     res.runs = [r for r in res.runs if r.pipeline != "synthetic"]  # no model-alone reading: not measured
     assert res.summary()["recordtool"]["gpu_mib"] is None and "–" in train_bench.table(res)
+    assert "median of 3 run(s)" in train_bench.table(res)  # the repeats, with no synthetic pipeline too
     assert train_bench.best_dali({"recordtool": {"median": 1.0}}) is None
 
 

@@ -47,7 +47,8 @@ class GPUOptions:
         first: "engines" — with split="auto", the side that decodes first: "engines" or "cpu".
             The engines first at any number of cores: CPU decode first takes the cores the
             training loop runs on, and on 16 cores, where it keeps up alone, it kept 9-12 of
-            them busy for the rate the engines give with 2-3 (ResNet-50; BENCHMARKS.md). "cpu":
+            them busy where the engines first kept 2-3, for a ResNet-50 rate 1-4 % higher
+            (BENCHMARKS.md). "cpu":
             for a host whose spare cores cost nothing (the CPU share's pixels take the model no
             GPU time); plan.First.
         hybrid: True — progressive files (and, without same_pixels, gray ones) go to nvJPEG's

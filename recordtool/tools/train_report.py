@@ -112,9 +112,9 @@ def table(res: Result) -> str:
     rows = res.summary()
     best = best_dali(rows)
     share = f"{res.cores} core(s) (CPUs {_cpus_text(res.cpus)})" if res.cpus else "cores unknown"
+    repeats = max((len(v) for v in res.by_pipeline().values()), default=0)  # whichever pipelines ran
     lines = [f"training throughput: {res.arch} @{res.size}, batch {res.batch}, {res.device}, {share}, "
-             f"{res.threads} threads; img/s median of {len(res.by_pipeline().get('synthetic', res.runs[:1]))} "
-             f"run(s) (min–max)" + (f"; × DALI against {best}, the best DALI" if best else ""),
+             f"{res.threads} threads; img/s median of {repeats} run(s) (min–max)" + (f"; × DALI against {best}, the best DALI" if best else ""),
              f"{'pipeline':<30}{'img/s':>9}{'min–max':>19}{'max/min':>9}{'× synth':>9}{'× DALI':>8}{'wait ms':>9}"
              f"{'cores':>7}{'GPU MiB':>9}{'RSS MiB':>9}{'anon MiB':>10}"]
 

@@ -204,7 +204,8 @@ FIRSTS = ("engines", "cpu")
 # The engines decode first by default, at every share of the host's cores. CPU first, the
 # CPU share took the cores a node's share gives the training loop (ResNet-18 at 4 cores: 4.6k
 # img/s CPU-first, 7.7k with every image on the engines), and on a whole 16-core host it kept
-# 9-12 cores busy for a rate within 1.5 % of engines-first's in 2-3 cores (ResNet-50; BENCHMARKS.md).
+# 9-12 cores busy where engines-first kept 2-3, for a ResNet-50 rate 1-4 % higher (BENCHMARKS.md):
+# a training process on a node's share needs those cores for its evaluation, logging, augmentation.
 # first="cpu" is for a host whose spare cores cost nothing: the CPU share's pixels take the
 # model no GPU time.
 
@@ -216,7 +217,7 @@ def check_first(first) -> First:
     return first
 
 
-# Engines first (a node's share of the cores): engine-bound images moved to the CPU share must
+# Engines first: engine-bound images moved to the CPU share must
 # shorten the batch's predicted decode time (the slower side's, from the measured rates) by at
 # least this fraction. The balanced share assumes the CPU threads are free; at a node's share
 # they are also the training loop's and the engines' submitting thread's, and the rates are
@@ -248,14 +249,13 @@ class Demand:
     second side is needed: a loader that keeps ahead of the model should leave the model what it
     uses, not balance two sides for a speed nobody consumes.
 
-    first="cpu": the CPU first, the engines for what it cannot give — where the cores are
-    plenty: the engines' images cost the model GPU time the CPU share's pixels, read by the
+    first="engines" (the Loader's default, GPUOptions.first): the engines first, the CPU for
+    what they cannot give — the cores the CPU share would take are the training loop's; and of
+    the engines' images only a share that shortens the batch by MIN_GAIN (paying_share).
+    first="cpu": the CPU first, the engines for what it cannot give — where spare cores cost
+    nothing: the engines' images cost the model GPU time the CPU share's pixels, read by the
     batch's one kernel in pinned memory, do not (BENCHMARKS.md), and the decode threads run at
     low priority and yield the cores.
-    first="engines": the engines first, the CPU for what they cannot give — on a node's share
-    of the cores, which the CPU share would take from the training loop (the Loader's default,
-    GPUOptions.first); and of
-    the engines' images only a share that shortens the batch by MIN_GAIN (paying_share).
 
     One per Loader, shared by its producers' planners; written only by the consumer's thread
     (`observe`), read by the producers (a float: atomic under the GIL).
@@ -268,7 +268,8 @@ class Demand:
     waited for, down a smaller one for each not) would give such a loop nothing.
 
     Args:
-        first: the side that decodes first ("cpu" or "engines").
+        first: the side that decodes first ("cpu" or "engines"). "cpu" when made alone (a
+            GPUDecoder's own planner, the tests); a Loader passes GPUOptions.first.
         allowed: the other side's largest share now (0..ceiling).
         gain: the share one batch's wait moves, per unit of the interval waited beyond threshold.
         ceiling: the share it never passes.
