@@ -97,30 +97,28 @@ def producers_in(cu, ctx, device: int = 0):
     prefetch._produce = in_context
 
 
+def made_with(cls, **forced):
+    """Make every `cls` made from now on get these keywords (a probe's one change to the library)."""
+    init = cls.__init__
+
+    def forcing(self, *args, **kw):
+        init(self, *args, **{**kw, **forced})
+
+    cls.__init__ = forcing
+
+
 def engines_pipelined():
     """Make every HardwareDecoder made from now on pipeline its batched calls (nvJPEG's default)."""
     from recordtool.decode.gpu import nvjpeg
 
-    init = nvjpeg.HardwareDecoder.__init__
-
-    def pipelined(self, *args, **kw):
-        kw["pipeline"] = True
-        init(self, *args, **kw)
-
-    nvjpeg.HardwareDecoder.__init__ = pipelined
+    made_with(nvjpeg.HardwareDecoder, pipeline=True)
 
 
 def whole_images():
     """Make every GPUDecoder made from now on decode whole images (planar_roi=False)."""
     from recordtool.decode.gpu import decoder
 
-    init = decoder.GPUDecoder.__init__
-
-    def whole(self, *args, **kw):
-        kw["planar_roi"] = False
-        init(self, *args, **kw)
-
-    decoder.GPUDecoder.__init__ = whole
+    made_with(decoder.GPUDecoder, planar_roi=False)
 
 
 def loader(packed, batch, threads, size, options):

@@ -4,7 +4,6 @@ and every chroma sample libjpeg's fancy upsampling takes beside them; from a reg
 (libjpeg's whole planes cut to it, what a region decode gives) the kernel's reference and the
 kernel's own source, built for the host, give the whole-image pixels bit for bit."""
 import ctypes
-
 import warnings
 
 import numpy as np
