@@ -1011,13 +1011,14 @@ def test_demand_cpu_first_gives_the_engines_only_what_the_consumer_waits_for():
     the CPU too); while it waits, the engines' share grows up to the balanced split; when the
     waiting stops it shrinks back."""
     from recordtool.decode.gpu import Demand, SplitPlanner
+    from recordtool.loader.config import GPUOptions
 
-    assert Demand().first == "cpu"
+    assert Demand().first == GPUOptions().first == "engines"  # a planner alone shares as the Loader does
     with pytest.raises(ValueError):
         Demand(first="gpu")
     routes = np.array([ENGINE] * 80 + [HYBRID] * 10 + [CPU] * 10, np.int8)
     eoi = np.ones(100, bool)
-    demand = Demand()
+    demand = Demand(first="cpu")
     p = SplitPlanner("auto", demand=demand)
     plan = p.plan(routes, eoi)  # nothing measured, nobody waited: the CPU takes the engines' images
     assert len(plan.engine) == 0 and len(plan.cpu) == 90 and len(plan.hybrid) == 10
@@ -1078,6 +1079,19 @@ def test_demand_follows_the_time_the_consumer_waits_not_the_batches_it_waited_fo
     assert 0.3 < loop.allowed < 0.5 and np.mean(waits[-100:]) == pytest.approx(loop.threshold, abs=0.005)
 
 
+def test_warmup_keeps_every_failed_sizing_step():
+    """A warm-up whose sizing steps fail one after another (hybrid, engines, large images)
+    reports them all in prealloc_error, in order: a later failure does not hide an earlier one."""
+    from types import SimpleNamespace
+
+    from recordtool.decode.gpu.decoder import GPUDecoder
+
+    dec = SimpleNamespace(prealloc_error=None)
+    for what in ("hybrid: out of memory", "engines: status 5", "large: no arena room"):
+        GPUDecoder._prealloc_failed(dec, what)
+    assert dec.prealloc_error == "hybrid: out of memory; engines: status 5; large: no arena room"
+
+
 def test_demand_cpu_first_measures_the_engines_on_small_batches():
     """The CPU first with the CPU's rate known and the engines' not: the engines' share follows
     the demand alone (not the half-and-half placeholder balance), so a consumer that waits gets
@@ -1088,7 +1102,7 @@ def test_demand_cpu_first_measures_the_engines_on_small_batches():
 
     routes = np.array([ENGINE] * 12, np.int8)
     eoi = np.ones(12, bool)
-    demand = Demand()
+    demand = Demand(first="cpu")
     p = SplitPlanner("auto", demand=demand)
     for _ in range(12):  # a consumer that always waits; the engines 3× the CPU's rate
         plan = p.plan(routes, eoi)
@@ -1139,7 +1153,7 @@ def test_planner_pauses_engines_that_refuse_every_batch_and_retries_them(split):
 
     routes = np.array([ENGINE] * 16, np.int8)
     eoi = np.ones(16, bool)
-    demand = Demand()
+    demand = Demand(first="cpu")
     p = SplitPlanner(split, demand=demand)
     p.ENGINES_RETRY_AFTER = 5
 

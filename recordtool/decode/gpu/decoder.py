@@ -261,7 +261,7 @@ class GPUDecoder:
             try:
                 self._prime_hybrid(int(widths[sel].max()), int(heights[sel].max()))
             except Exception as e:
-                self.prealloc_error = f"hybrid: {e}"
+                self._prealloc_failed(f"hybrid: {e}")
         if self.hw is not None and len(widths):
             if engine.any():
                 try:  # the largest layout the engines will see (4:4:4 > 4:2:2, 4:4:0 > 4:2:0)
@@ -270,7 +270,7 @@ class GPUDecoder:
                         self.hw.preallocate(self.max_batch, int(widths[engine].max()), int(heights[engine].max()),
                                             largest_layout(None if chroma is None else np.asarray(chroma)[engine]))
                 except Exception as e:  # a sizing hint only: decoding works without it
-                    self.prealloc_error = str(e)
+                    self._prealloc_failed(f"engines: {e}")
             if large.any():
                 cl = None if chroma is None else np.asarray(chroma)[large]
                 k = int(np.argmax(planar_need(widths[large], heights[large], cl)))
@@ -280,7 +280,12 @@ class GPUDecoder:
                         self._prime_large(int(widths[large][k]), int(heights[large][k]),
                                           CHROMA_444 if cl is None else int(cl[k]))
                 except Exception as e:  # a sizing step only: decoding works without it
-                    self.prealloc_error = f"large: {e}"
+                    self._prealloc_failed(f"large: {e}")
+
+    def _prealloc_failed(self, what: str) -> None:
+        """A warm-up sizing step that failed (decoding works without it): kept in
+        prealloc_error beside the earlier ones of this warm-up, not in place of them."""
+        self.prealloc_error = what if self.prealloc_error is None else f"{self.prealloc_error}; {what}"
 
     def _large_decoder(self):
         """The engines' decoder for Route.LARGE images (made by a warm-up that saw such images, or
@@ -307,7 +312,7 @@ class GPUDecoder:
         42-74 MiB (H200). Planar (chroma="interpolate") only: the arena has room for
         LARGE_ROOM whole such images beside a batch (warmup); on the RGBI path
         (chroma="replicate") the decoder grows at its first such images. A failure raises
-        (warmup records it in prealloc_error)."""
+        (warmup adds it to prealloc_error)."""
         import io
 
         from PIL import Image

@@ -62,10 +62,11 @@ def route(chroma, progressive, colorspace, same_pixels: bool = False, pixels=Non
     if same_pixels:
         codes[np.isin(chroma, SAME_PIXELS_CHROMA)] = CPU
     if pixels is not None:
-        big = np.asarray(pixels, np.int64) > GPU_MAX_PIXELS
+        pixels = np.asarray(pixels, np.int64)
+        big = pixels > GPU_MAX_PIXELS
         codes[big & (codes == ENGINE)] = LARGE
         codes[big & (codes == HYBRID)] = CPU
-        codes[np.asarray(pixels, np.int64) > LARGE_MAX_PIXELS] = CPU
+        codes[pixels > LARGE_MAX_PIXELS] = CPU
     return codes
 
 
@@ -268,8 +269,8 @@ class Demand:
     waited for, down a smaller one for each not) would give such a loop nothing.
 
     Args:
-        first: the side that decodes first ("cpu" or "engines"). "cpu" when made alone (a
-            GPUDecoder's own planner, the tests); a Loader passes GPUOptions.first.
+        first: the side that decodes first ("engines" or "cpu"); GPUOptions.first's default
+            here too, so a planner made without a Loader shares a batch as the Loader does.
         allowed: the other side's largest share now (0..ceiling).
         gain: the share one batch's wait moves, per unit of the interval waited beyond threshold.
         ceiling: the share it never passes.
@@ -277,17 +278,14 @@ class Demand:
             it the other side's share grows, below it the share shrinks.
     """
 
-    first: First = "cpu"
+    first: First = "engines"
     allowed: float = 0.0
     gain: float = 1.0
     ceiling: float = 1.0
     threshold: float = 0.02
 
     def __post_init__(self):
-        from ...errors import ConfigError
-
-        if self.first not in ("cpu", "engines"):
-            raise ConfigError(f"Demand.first must be 'cpu' or 'engines', not {self.first!r}")
+        check_first(self.first)
         for name in ("allowed", "gain", "ceiling", "threshold"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
