@@ -1013,7 +1013,7 @@ def test_demand_cpu_first_gives_the_engines_only_what_the_consumer_waits_for():
     from recordtool.decode.gpu import Demand, SplitPlanner
     from recordtool.loader.config import GPUOptions
 
-    assert Demand().first == GPUOptions().first == "engines"  # a planner alone shares as the Loader does
+    assert Demand().first == GPUOptions().first == "engines"  # a Demand made outside a Loader: the same order
     with pytest.raises(ValueError):
         Demand(first="gpu")
     routes = np.array([ENGINE] * 80 + [HYBRID] * 10 + [CPU] * 10, np.int8)
@@ -1079,17 +1079,36 @@ def test_demand_follows_the_time_the_consumer_waits_not_the_batches_it_waited_fo
     assert 0.3 < loop.allowed < 0.5 and np.mean(waits[-100:]) == pytest.approx(loop.threshold, abs=0.005)
 
 
-def test_warmup_keeps_every_failed_sizing_step():
-    """A warm-up whose sizing steps fail one after another (hybrid, engines, large images)
-    reports them all in prealloc_error, in order: a later failure does not hide an earlier one."""
-    from types import SimpleNamespace
+@gpu
+def test_warmup_keeps_every_failed_sizing_step(monkeypatch):
+    """A warm-up whose sizing steps fail one after another (the hybrid decoder's priming, the
+    engines' pre-allocation, the large images' priming) reports them all in prealloc_error, in
+    that order: a later failure does not hide an earlier one. The next warm-up starts afresh:
+    one that succeeds leaves prealloc_error None."""
+    from recordtool.decode.gpu import GPUDecoder
+    from recordtool.decode.gpu.plan import LARGE
 
-    from recordtool.decode.gpu.decoder import GPUDecoder
+    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=8, split="gpu")
+    if dec.hw is None or dec.hybrid is None:
+        pytest.skip(f"no NVJPG engines or hybrid decoder: {dec.hw_error or dec.hybrid_error}")
+    routes = np.array([ENGINE] * 4 + [HYBRID, LARGE], np.int8)
+    widths, heights = np.array([640] * 5 + [2400]), np.array([480] * 5 + [1800])
+    lengths, chroma = np.array([60_000] * 5 + [900_000]), np.full(6, CHROMA_420)
 
-    dec = SimpleNamespace(prealloc_error=None)
-    for what in ("hybrid: out of memory", "engines: status 5", "large: no arena room"):
-        GPUDecoder._prealloc_failed(dec, what)
-    assert dec.prealloc_error == "hybrid: out of memory; engines: status 5; large: no arena room"
+    def fails(what):
+        def raise_(*a, **k):
+            raise RuntimeError(what)
+        return raise_
+
+    monkeypatch.setattr(dec, "_prime_hybrid", fails("hybrid primed"))
+    monkeypatch.setattr(dec.hw, "preallocate", fails("engines sized"))
+    monkeypatch.setattr(dec, "_prime_large", fails("large primed"))
+    dec.warmup(lengths, widths, heights, routes=routes, chroma=chroma)
+    assert dec.prealloc_error == "hybrid: hybrid primed; engines: engines sized; large: large primed"
+    monkeypatch.undo()
+    dec.warmup(lengths, widths, heights, routes=routes, chroma=chroma)
+    assert dec.prealloc_error is None
+    dec.close()
 
 
 def test_demand_cpu_first_measures_the_engines_on_small_batches():

@@ -232,6 +232,7 @@ class GPUDecoder:
         """
         widths, heights = np.asarray(widths), np.asarray(heights)
         routes = None if routes is None else np.asarray(routes)
+        self.prealloc_error = None  # this warm-up's failed sizing steps (_prealloc_failed), not an earlier one's
         engine = np.ones(len(widths), bool) if routes is None else routes == ENGINE
         large = np.zeros(len(widths), bool) if routes is None else routes == LARGE
         if self.planar:

@@ -270,7 +270,8 @@ class Demand:
 
     Args:
         first: the side that decodes first ("engines" or "cpu"); GPUOptions.first's default
-            here too, so a planner made without a Loader shares a batch as the Loader does.
+            here too, so a Demand made outside a Loader orders the two sides as a Loader's does
+            (a SplitPlanner given no Demand follows the measured rates alone).
         allowed: the other side's largest share now (0..ceiling).
         gain: the share one batch's wait moves, per unit of the interval waited beyond threshold.
         ceiling: the share it never passes.
