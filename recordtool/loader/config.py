@@ -46,11 +46,11 @@ class GPUOptions:
             (bit-identical runs); "cpu": everything on the CPU; or a fixed CPU share in [0, 1].
         first: "engines" — with split="auto", the side that decodes first: "engines" or "cpu".
             The engines first at any number of cores: CPU decode first takes the cores the
-            training loop runs on, and on 16 cores, where it keeps up alone, it kept 9-12 of
+            training loop runs on (ResNet-18 at 4 cores: 4.6k img/s CPU-first, 7.7k with every
+            image on the engines), and on 16 cores, where it keeps up alone, it kept 9-12 of
             them busy where the engines first kept 2-3, for a ResNet-50 rate 1-4 % higher
-            (BENCHMARKS.md). "cpu":
-            for a host whose spare cores cost nothing (the CPU share's pixels take the model no
-            GPU time); plan.First.
+            (BENCHMARKS.md). "cpu": for a host whose spare cores cost nothing (the CPU share's
+            pixels take the model no GPU time); plan.First.
         hybrid: True — progressive files (and, without same_pixels, gray ones) go to nvJPEG's
             hybrid decoder, which the engines cannot take; False: to the CPU.
         chroma: "interpolate" — how GPU-decoded 4:2:0 / 4:2:2 chroma is upsampled:

@@ -202,13 +202,8 @@ class Rates:
 First = Literal["engines", "cpu"]
 FIRSTS = ("engines", "cpu")
 
-# The engines decode first by default, at every share of the host's cores. CPU first, the
-# CPU share took the cores a node's share gives the training loop (ResNet-18 at 4 cores: 4.6k
-# img/s CPU-first, 7.7k with every image on the engines), and on a whole 16-core host it kept
-# 9-12 cores busy where engines-first kept 2-3, for a ResNet-50 rate 1-4 % higher (BENCHMARKS.md):
-# a training process on a node's share needs those cores for its evaluation, logging, augmentation.
-# first="cpu" is for a host whose spare cores cost nothing: the CPU share's pixels take the
-# model no GPU time.
+# The side that decodes first under split="auto"; the engines by default (GPUOptions.first says
+# why, with the measurements).
 
 
 def check_first(first) -> First:
