@@ -10,6 +10,7 @@ import pytest
 import recordtool
 from conftest import jpeg_bytes, write
 from recordtool import EvalCrop, GPUOptions, Loader, Output, RemoteOptions, TrainCrop
+from recordtool.decode.spec import IMAGENET_MEAN, IMAGENET_STD
 from recordtool.errors import ConfigError
 from recordtool.pack import pack
 
@@ -87,6 +88,75 @@ def test_first_defaults_to_the_engines_and_names_one_side():
             GPUOptions(first=bad)
 
 
+DALI_MEAN, DALI_STD = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)  # ImageNet's in 0-255 units
+
+REFUSED_NORMALISATIONS = [
+    # 0-255 units: near-constant batches; the message names the values divided by 255
+    ({"mean": DALI_MEAN, "std": DALI_STD},
+     r"mean=\(123.675, 116.28, 103.53\) is outside 0..1: .*divide them by 255, mean=\(0.485, 0.456, 0.406\), "
+     r"std=\(0.229, 0.224, 0.225\)"),
+    ({"mean": DALI_MEAN}, r"outside 0..1: .*divide them by 255, mean=\(0.485, 0.456, 0.406\)$"),
+    ({"std": DALI_STD}, r"std=\(58.395, 57.12, 57.375\) is above 1: .*nearly constant.*divide them by 255, "
+                        r"std=\(0.229, 0.224, 0.225\)$"),
+    ({"mean": (0, 0, 0), "std": (255, 255, 255)}, r"above 1: .*divide them by 255, std=\(1, 1, 1\)$"),
+    ({"std": (2, 1, 1)}, r"std=\(2.0, 1.0, 1.0\) is above 1"),
+    # out of any range: no 0-255 advice
+    ({"mean": (1e300,) * 3}, r"outside 0..1: mean and std are in 0-1 units[^;]*$"),
+    ({"mean": (-0.1, 0.5, 0.5)}, r"outside 0..1[^;]*$"),
+    ({"mean": (0.5, 0.5, 1.01)}, r"outside 0..1[^;]*$"),  # one value past 1: not 0-255 units
+    ({"mean": (100, 100, 300)}, r"outside 0..1[^;]*$"),
+    ({"mean": DALI_MEAN, "std": (0.5, 0.5, 2)}, r"outside 0..1[^;]*$"),  # the std past 1 is not 0-255 units
+    # so small a std that the values pass ±1000, or the dtype's largest finite value (inf in the batch)
+    ({"std": (1e-50,) * 3}, r"too small: .* would reach 5.94e\+49, beyond float32's largest finite value"),
+    ({"std": (5e-324,) * 3}, r"would reach inf, beyond float32's"),
+    ({"std": (1e-6,) * 3, "dtype": "float16"}, r"would reach 5.94e\+05, beyond float16's largest finite value 65504"),
+    ({"std": (1e-6,) * 3, "dtype": "bfloat16"}, r"would reach 5.94e\+05; the values may reach ±1000 at most"),
+    ({"mean": (0, 0, 0), "std": (1 / 255, 1 / 255, 0.0009)}, r"would reach 1.11e\+03;"),
+    # not finite, not positive (as before)
+    ({"std": (0.2, 0.2, float("inf"))}, "std needs 3 finite numbers > 0"),
+    ({"std": (0.2, 0.2, -0.2)}, "std needs 3 finite numbers > 0"),
+    ({"mean": (0.5, float("-inf"), 0.5)}, "mean needs 3 finite numbers"),
+]
+
+
+@pytest.mark.parametrize("kw,match", REFUSED_NORMALISATIONS, ids=range(len(REFUSED_NORMALISATIONS)))
+def test_a_normalisation_that_is_no_normalisation_is_refused_saying_why(kw, match):
+    """mean / std in 0-255 units (DALI's) would give near-constant batches, a tiny std inf or
+    huge values: each a ConfigError saying why — and, for 0-255 units, the values to pass."""
+    with pytest.raises(ConfigError, match=match):
+        Output(**kw)
+
+
+ACCEPTED_NORMALISATIONS = [
+    (IMAGENET_MEAN, IMAGENET_STD, -2.12, 2.64),
+    ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711), -1.80, 2.15),  # CLIP's
+    ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), -1.0, 1.0),
+    ((0, 0, 0), (1, 1, 1), 0.0, 1.0),  # pixels in 0..1
+    ((0, 0, 0), (1 / 255,) * 3, 0.0, 255.0),  # the pixels as they are
+    ((1, 1, 1), (1 / 255,) * 3, -255.0, 0.0),
+    ((0, 0, 0), (0.001,) * 3, 0.0, 1000.0),  # the largest reach taken
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("mean,std,lo,hi", ACCEPTED_NORMALISATIONS, ids=range(len(ACCEPTED_NORMALISATIONS)))
+def test_every_normalisation_in_use_is_taken_and_gives_finite_batches(mean, std, lo, hi, dtype):
+    """The normalisations in use are taken in every dtype, and the values the pipeline computes
+    from them ((x / 255 - mean) / std, x in 0..255: the decode stage's scale and bias) stay finite
+    and within ±MAX_NORMALISED."""
+    from recordtool.decode.cpu import normalize
+    from recordtool.decode.spec import MAX_NORMALISED, bfloat16_values
+
+    out = Output(16, mean=mean, std=std, dtype=dtype)
+    assert out.mean == tuple(map(float, mean)) and out.std == tuple(map(float, std))
+    pixels = np.broadcast_to(np.array([0, 255], np.uint8)[:, None, None, None], (2, 1, 1, 3))
+    x = normalize(np.ascontiguousarray(pixels), out.mean, out.std, "NHWC", dtype)
+    v = bfloat16_values(x) if dtype == "bfloat16" else x.astype(np.float64)
+    assert np.isfinite(v).all() and np.abs(v).max() <= MAX_NORMALISED * 1.01
+    assert v.min() == pytest.approx(lo, abs=0.01 + abs(lo) * 0.01) and v.max() == pytest.approx(hi, abs=0.01 + hi * 0.01)
+    Output(16, mean=mean, std=std, dtype="uint8")  # checked alike where unused
+
+
 @pytest.mark.parametrize("part", [Output(16, dtype="bfloat16"), TrainCrop(hflip=0.0), EvalCrop(0.9),
                                   GPUOptions(split="gpu"), RemoteOptions(cache_dir="/c", cache_limit=5,
                                                                          storage_options={"anon": True})])
@@ -119,6 +189,13 @@ def test_the_parts_are_exported_lazily():
 
 
 # ---------------------------------------------------------------- the Loader with parts or keywords
+
+def test_the_loaders_normalisation_keywords_are_checked_by_output(packed):
+    with pytest.raises(ConfigError, match=r"divide them by 255, mean=\(0.485, 0.456, 0.406\), std=\(0.229"):
+        Loader(packed, 4, mean=DALI_MEAN, std=DALI_STD, as_torch=False)
+    with pytest.raises(ConfigError, match="beyond float16's largest finite value 65504"):
+        Loader(packed, 4, std=(1e-6,) * 3, dtype="float16", as_torch=False)
+
 
 def test_a_part_and_its_keywords_make_the_same_batches(packed):
     base = dict(batch_size=5, seed=3, as_torch=False, drop_last=False)

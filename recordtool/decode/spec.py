@@ -53,6 +53,15 @@ def _side(v, what: str) -> int:
     return bounded_int(what, v, 1, MAX_OUTPUT_SIDE, floats=False)
 
 
+MAX_NORMALISED = 1000.0
+"""The largest magnitude (x / 255 - mean) / std may reach, x a 0..255 pixel: four times the raw
+pixel scale (mean 0, std 1/255: the pixel values themselves as floats), far beyond the unit scale
+models take. Every output dtype holds it (float16's largest finite value is 65504), so a checked
+Output never writes inf or NaN."""
+_FINITE_MAX = {"float32": float(np.finfo(np.float32).max), "float16": float(np.finfo(np.float16).max),
+               "bfloat16": 3.3895313892515355e38}
+
+
 def _triple(v, what: str, positive: bool) -> tuple:
     try:
         t = tuple(float(x) for x in v)
@@ -62,6 +71,37 @@ def _triple(v, what: str, positive: bool) -> tuple:
         raise ConfigError(f"{what} needs 3 finite numbers{' > 0' if positive else ''} (one per RGB channel), "
                           f"not {v!r}")
     return t
+
+
+def _units(mean: tuple, std: tuple) -> str:
+    """The fix for mean / std given in 0-255 units (DALI's, OpenCV's): the values divided by
+    255 — of each of the two that is past 1 with all three values in 1..255; "" when either
+    past 1 is not such (so no advice that would make a wrong value another wrong one)."""
+    past = [(what, t) for what, t in (("mean", mean), ("std", std)) if max(t) > 1]
+    if min(mean) < 0 or not all(1 < x <= 255 for _, t in past for x in t):
+        return ""
+    scaled = [f"{what}=({', '.join(f'{x / 255:.6g}' for x in t)})" for what, t in past]
+    return f"; values in 0-255 units (DALI's, OpenCV's): divide them by 255, {', '.join(scaled)}"
+
+
+def check_normalisation(mean: tuple, std: tuple, dtype: str) -> None:
+    """ConfigError unless (x / 255 - mean) / std, x a 0..255 pixel, is a normalisation: mean in
+    0..1 and std ≤ 1 (0-1 units, torchvision's Normalize; 0-255 units are refused with the values
+    to pass instead), and the values within ±MAX_NORMALISED — so finite in every dtype."""
+    units = "mean and std are in 0-1 units, as torchvision's Normalize takes them: (x / 255 - mean) / std"
+    if not all(0.0 <= m <= 1.0 for m in mean):
+        raise ConfigError(f"mean={mean} is outside 0..1: {units}{_units(mean, std)}")
+    if max(std) > 1.0:
+        raise ConfigError(f"std={std} is above 1: a channel's values would span only {1 / max(std):.3g}, nearly "
+                          f"constant batches (the std of pixels in 0-1 units is at most 0.5; 1 leaves them unscaled): "
+                          f"{units}{_units(mean, std)}")
+    reach = max(max(m, 1.0 - m) / s for m, s in zip(mean, std))
+    if reach > MAX_NORMALISED:
+        limit = _FINITE_MAX.get(dtype, math.inf)
+        beyond = f", beyond {dtype}'s largest finite value {limit:g} (inf or NaN in the batch)" if reach > limit else ""
+        raise ConfigError(f"std={std} is too small: (x / 255 - mean) / std would reach {reach:.3g}{beyond}; the "
+                          f"values may reach ±{MAX_NORMALISED:g} at most (std 1/255 with mean 0 gives the pixels "
+                          f"as they are, 0..255)")
 
 
 @dataclass(frozen=True)
@@ -75,9 +115,15 @@ class Output:
         size: 224 — the output side, an int (square, size × size) or (h, w), each 1..MAX_OUTPUT_SIDE:
             what torchvision's RandomResizedCrop(size) / CenterCrop(size) take; 224 is the
             ImageNet models' input. Stored as (h, w).
-        mean: IMAGENET_MEAN — per channel (R, G, B), 0..1 units (torchvision's Normalize):
-            ImageNet's, what pretrained models expect. Unused for uint8.
-        std: IMAGENET_STD — per channel, 0..1 units, each > 0; ImageNet's. Unused for uint8.
+        mean: IMAGENET_MEAN — per channel (R, G, B), 0-1 units (torchvision's Normalize), each
+            in 0..1: ImageNet's, what pretrained models expect. Unused for uint8, checked still.
+        std: IMAGENET_STD — per channel, 0-1 units, each in 0..1 (the std of 0..1 pixels is at
+            most 0.5; 1 leaves them unscaled) and not so small that a value passes
+            ±MAX_NORMALISED (1000): ImageNet's. So every normalisation in use is taken —
+            ImageNet's, CLIP's, (0.5, 0.5, 0.5), mean 0 with std 1 (pixels in 0..1) or 1/255 (the
+            pixels as they are) — and every value is finite in every dtype (float16's largest is
+            65504). DALI's and OpenCV's 0-255 units (mean=(123.675, 116.28, 103.53)) are refused,
+            naming the values divided by 255; unchecked they would give near-constant batches.
         dtype: "float32" — "float32", "float16", "bfloat16" (normalised), or "uint8" (pixels,
             for a GPUDecoder; the Loader normalises); numpy and torch dtypes are taken too.
             float32 is what a model takes without autocast; bfloat16 and float16 halve the
@@ -118,6 +164,7 @@ class Output:
         set_(self, "size", size)
         set_(self, "mean", _triple(self.mean, "mean", positive=False))
         set_(self, "std", _triple(self.std, "std", positive=True))
+        check_normalisation(self.mean, self.std, dtype)
         set_(self, "dtype", dtype)
         set_(self, "memory_format", memory_format)
 
