@@ -18,8 +18,8 @@ import numpy as np
 # leave the forked child the import lock, and the child's first numpy.random never returns
 import numpy.random  # noqa: F401
 
-from .checks import MAX_SIDE
-from .errors import FormatError
+from .checks import MAX_SEED, MAX_SIDE, bounded_int
+from .errors import ConfigError, FormatError
 from .format import index as ix
 from .format import manifest as mf
 from .io import files
@@ -194,8 +194,12 @@ class Dataset:
             shuffle: False keeps record order.
             block_shards: None (default) — a global permutation for local datasets, a block
                 shuffle of DEFAULT_BLOCK_SHARDS shards for remote ones; 0 — a global permutation;
-                k ≥ 1 — `BlockSampler` with k shards per block.
+                k ≥ 1 — `BlockSampler` with k shards per block. An integer (ConfigError for a
+                bool, a float, a string).
+        ConfigError for a bad argument, and for more ranks than records with drop_last (Sampler).
         """
+        if block_shards is not None:
+            block_shards = check_block_shards(block_shards, 0)
         if block_shards:
             return BlockSampler(self.index.shard, len(self.shards), block_shards, seed=seed, rank=rank,
                                 world_size=world_size, drop_last=drop_last, shuffle=shuffle)
@@ -309,20 +313,46 @@ def check_rows(index, shards: list, where: str, classes: int | None = None) -> N
             raise FormatError(f"{where}: row {r}: {what(r)} ({int(bad.sum())} bad rows)")
 
 
+def check_block_shards(value, lo: int) -> int:
+    """block_shards, shards per block: an integer ≥ lo (0 at `Dataset.sampler`: a global
+    permutation; 1 at `BlockSampler`), or ConfigError naming it — a bool, a float, a string or
+    NaN is no shard count."""
+    return bounded_int("block_shards", value, lo, floats=False)
+
+
+def check_ranks(n: int, rank, world_size, drop_last: bool) -> tuple:
+    """(rank, world_size) of a split of n samples, or ConfigError naming the argument. More
+    ranks than samples is taken as torch's DistributedSampler takes it: without drop_last the
+    shares are padded by repeating samples, so each rank still gets one; with drop_last each
+    share would be empty — refused, naming both numbers."""
+    world_size = bounded_int("world_size", world_size, 1, floats=False)
+    rank = bounded_int("rank", rank, 0, floats=False)
+    if rank >= world_size:
+        raise ConfigError(f"rank {rank} not in [0, world_size={world_size})")
+    if n == 0:
+        raise ConfigError(f"no samples to split over world_size={world_size} ranks")
+    if n < world_size and drop_last:
+        raise ConfigError(f"{n} samples cannot be split over world_size={world_size} ranks with drop_last: each "
+                          f"rank's share would be empty; use at most {n} ranks, or pass drop_last=False (the "
+                          "shares are then padded by repeating samples, as torch's DistributedSampler pads them)")
+    return rank, world_size
+
+
 class Sampler:
     """Per-epoch permutation from (seed, epoch), split across ranks in equal parts.
 
     Like torch's DistributedSampler: the global order is shuffled once per epoch, padded by
     wrapping around (or cut with drop_last) to a multiple of world_size, and rank r takes
     positions r, r + world_size, … — so every sample is seen once per epoch across ranks.
+    With more ranks than samples each rank gets one, repeats included (drop_last: refused,
+    `check_ranks`). ConfigError for a bad argument.
     """
 
     def __init__(self, n: int, seed: int = 0, rank: int = 0, world_size: int = 1,
                  drop_last: bool = False, shuffle: bool = True):
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} not in [0, world_size={world_size})")
-        if n < world_size and (drop_last or n == 0):
-            raise ValueError(f"{n} samples cannot be split over {world_size} ranks")
+        n = bounded_int("n (samples)", n, 0, floats=False)
+        rank, world_size = check_ranks(n, rank, world_size, drop_last)
+        seed = bounded_int("seed", seed, 0, MAX_SEED, floats=False)
         self.n, self.seed, self.rank, self.world_size = n, seed, rank, world_size
         self.drop_last, self.shuffle = drop_last, shuffle
         self.per_rank = n // world_size if drop_last else -(-n // world_size)
@@ -372,7 +402,7 @@ class BlockSampler(Sampler):
     Args:
         shard_of: the shard number of every record (the index's `shard` column).
         shards: number of shards in the dataset.
-        block_shards: shards per block (≥ 1).
+        block_shards: shards per block, an integer ≥ 1.
         seed, rank, world_size, drop_last, shuffle: as for `Sampler`.
     """
 
@@ -380,9 +410,7 @@ class BlockSampler(Sampler):
                  seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool = False, shuffle: bool = True):
         super().__init__(len(shard_of), seed=seed, rank=rank, world_size=world_size, drop_last=drop_last,
                          shuffle=shuffle)
-        if block_shards < 1:
-            raise ValueError(f"block_shards must be ≥ 1, not {block_shards}")
-        self.shards, self.block_shards = int(shards), int(block_shards)
+        self.shards, self.block_shards = int(shards), check_block_shards(block_shards, 1)
         shard_of = np.asarray(shard_of, np.int64)
         self._by_shard = np.argsort(shard_of, kind="stable")  # record ids grouped by shard, in order
         self._starts = np.concatenate([[0], np.cumsum(np.bincount(shard_of, minlength=self.shards))])

@@ -42,6 +42,8 @@ BAD = [
     (Output, {"memory_format": "channels_last", "layout": "NHWC"}, "memory_format"),
     (TrainCrop, {"scale": (0.0, 1.0)}, "scale"), (TrainCrop, {"scale": (0.5, 0.2)}, "scale"),
     (TrainCrop, {"scale": 0.5}, "scale"), (TrainCrop, {"ratio": (2, 1)}, "ratio"),
+    (TrainCrop, {"scale": {0.08, 1.0}}, r"scale must be a pair \(lo, hi\), a tuple or list, not \{"),  # no order
+    (TrainCrop, {"ratio": {0.75, 1.33}}, "ratio must be a pair"), (TrainCrop, {"scale": {0.08: 1.0}}, "scale"),
     (TrainCrop, {"ratio": (1, math.inf)}, "ratio"), (TrainCrop, {"hflip": 1.5}, "hflip"),
     (TrainCrop, {"hflip": True}, "hflip"), (TrainCrop, {"hflip": "0.5"}, "hflip"),
     (EvalCrop, {"crop_pct": 0}, "crop_pct"), (EvalCrop, {"crop_pct": 1.2}, "crop_pct"),
@@ -189,6 +191,11 @@ def test_the_parts_are_exported_lazily():
 
 
 # ---------------------------------------------------------------- the Loader with parts or keywords
+
+def test_a_set_for_a_crop_range_is_a_config_error_at_the_loader(packed):
+    with pytest.raises(ConfigError, match="scale must be a pair"):
+        Loader(packed, 4, scale={0.08, 1.0}, as_torch=False)
+
 
 def test_the_loaders_normalisation_keywords_are_checked_by_output(packed):
     with pytest.raises(ConfigError, match=r"divide them by 255, mean=\(0.485, 0.456, 0.406\), std=\(0.229"):

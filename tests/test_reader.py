@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from recordtool import BlockSampler, Sampler
+from recordtool.errors import ConfigError
 from recordtool.format import index as ix
 from recordtool.format.ofrecord import FormatError
 
@@ -30,11 +31,41 @@ def test_epochs_and_seeds_shuffle_deterministically():
     assert np.array_equal(Sampler(5, shuffle=False).indices(9), np.arange(5))
 
 
-def test_sampler_rejects_bad_rank():
-    with pytest.raises(ValueError):
-        Sampler(10, rank=3, world_size=3)
-    with pytest.raises(ValueError):
-        Sampler(2, world_size=3, drop_last=True)
+@pytest.mark.parametrize("kw,match", [
+    ({"rank": 3, "world_size": 3}, r"rank 3 not in \[0, world_size=3\)"), ({"rank": -1}, "rank must be at least 0"),
+    ({"world_size": 0}, "world_size must be at least 1"), ({"world_size": True}, "world_size must be an integer"),
+    ({"world_size": 2.0}, "world_size must be an integer"), ({"world_size": "2"}, "world_size must be an integer"),
+    ({"rank": True, "world_size": 2}, "rank must be an integer"), ({"seed": -1}, "seed must be in"),
+    ({"seed": 1.5}, "seed must be an integer"), ({"n": -1}, "n .samples. must be at least 0"),
+    ({"n": 0}, "no samples to split over world_size=1"),
+    ({"n": 2, "world_size": 3, "drop_last": True},
+     "2 samples cannot be split over world_size=3 ranks with drop_last: .*at most 2 ranks.*drop_last=False"),
+])
+def test_sampler_rejects_bad_arguments_naming_them(kw, match):
+    kw = dict({"n": 10}, **kw)
+    with pytest.raises(ConfigError, match=match):
+        Sampler(kw.pop("n"), **kw)
+
+
+@pytest.mark.parametrize("n,ws", [(1, 4), (5, 8), (3, 3)])
+def test_more_ranks_than_samples_pads_as_distributed_sampler(n, ws):
+    """Without drop_last each of ws > n ranks gets one sample (torch's DistributedSampler pads
+    the same way): every sample seen, the rest repeats; BlockSampler alike."""
+    for make in (lambda r: Sampler(n, seed=2, rank=r, world_size=ws),
+                 lambda r: BlockSampler(np.arange(n) % 2, 2, 1, seed=2, rank=r, world_size=ws)):
+        parts = [make(r).indices(0) for r in range(ws)]
+        assert all(len(p) == 1 for p in parts)
+        assert set(np.concatenate(parts).tolist()) == set(range(n))
+
+
+@pytest.mark.parametrize("bad", [-1, 0.5, 1.5, 2.0, "4", float("nan"), True, False, None])
+def test_block_samplers_block_shards_is_an_integer_of_at_least_one(bad):
+    match = "block_shards must be (an integer|at least 1)"
+    with pytest.raises(ConfigError, match=match):
+        BlockSampler(np.zeros(10, np.int64), 1, bad)
+    with pytest.raises(ConfigError, match=match):
+        BlockSampler(np.zeros(10, np.int64), 1, 0)
+    assert BlockSampler(np.zeros(10, np.int64), 1, np.int64(3)).block_shards == 3
 
 
 def test_index_round_trip_and_damage(tmp_path):
@@ -99,7 +130,7 @@ def test_block_sampler_shuffles_by_seed_and_epoch():
     # within a block the two shards' samples are mixed, not read shard after shard
     first = shard_of[e0[:100]]
     assert len(set(first.tolist())) == 2 and (np.diff(first) != 0).sum() > 10
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError, match="block_shards must be at least 1, not 0"):
         BlockSampler(shard_of, 10, 0)
 
 
@@ -124,3 +155,45 @@ def test_jpeg_views_are_the_records_bytes(tmp_path):
         ds.jpeg_views(np.array([2**63 + 1], np.uint64))  # not wrapped to a negative id
     with pytest.raises(IndexError, match="integers"):
         ds.jpeg_views(np.array([1.5]))
+
+
+@pytest.fixture(scope="module")
+def six(tmp_path_factory):
+    """A dataset of 6 records in 2 shards."""
+    from conftest import packed_folder
+
+    return packed_folder(tmp_path_factory.mktemp("six"), 6)
+
+
+@pytest.mark.parametrize("bad,match", [(-1, "at least 0, not -1"), (0.5, "an integer, not 0.5"),
+                                       (1.5, "an integer, not 1.5"), ("4", "an integer, not '4'"),
+                                       (float("nan"), "an integer, not nan"), (True, "an integer, not True"),
+                                       (0.0, "an integer, not 0.0")])
+def test_block_shards_is_checked_where_it_is_given(six, bad, match):
+    """`Dataset.sampler(block_shards=)` and the Loader's: a ConfigError naming it for anything
+    but None or an integer ≥ 0 — bools and floats included, which were taken as shard counts."""
+    import recordtool
+
+    with pytest.raises(ConfigError, match="block_shards must be " + match):
+        recordtool.open(six).sampler(block_shards=bad)
+    with pytest.raises(ConfigError, match="block_shards must be " + match):
+        recordtool.Loader(six, 2, block_shards=bad, as_torch=False)
+    ds = recordtool.open(six)
+    assert type(ds.sampler(block_shards=0)) is Sampler and ds.sampler(block_shards=np.int64(2)).block_shards == 2
+
+
+def test_a_loader_over_more_ranks_than_records(six):
+    """world_size > records: evaluation (no drop_last) pads each rank to one record, as torch's
+    DistributedSampler does, and README's recipe (drop `padding`) counts each record once;
+    training (drop_last) would leave every share empty: a ConfigError naming both numbers."""
+    import recordtool
+
+    seen = []
+    for rank in range(10):
+        ld = recordtool.Loader(six, 2, train=False, rank=rank, world_size=10, size=16, as_torch=False, with_ids=True)
+        (batch,) = list(ld)
+        assert len(batch[2]) == 1 and ld.padding == (1 if rank >= 6 else 0)
+        seen += list(batch[2])[:1 - ld.padding]
+    assert sorted(seen) == list(range(6))
+    with pytest.raises(ConfigError, match="6 samples cannot be split over world_size=10 ranks with drop_last"):
+        recordtool.Loader(six, 1, train=True, rank=0, world_size=10, as_torch=False)

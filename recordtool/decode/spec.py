@@ -221,9 +221,10 @@ def _number(v, what: str) -> float:
 
 
 def _pair(v, what: str, low: float, high: float) -> tuple:
-    """(lo, hi) with low < lo ≤ hi ≤ high, or ConfigError naming the option."""
-    if isinstance(v, (str, bytes)) or not hasattr(v, "__len__") or len(v) != 2:
-        raise ConfigError(f"{what} must be a pair (lo, hi), not {v!r}")
+    """(lo, hi) with low < lo ≤ hi ≤ high, or ConfigError naming the option. An ordered pair: a
+    tuple, list or array — a set or a dict has no order to say which is lo."""
+    if not isinstance(v, (tuple, list, np.ndarray)) or len(v) != 2:
+        raise ConfigError(f"{what} must be a pair (lo, hi), a tuple or list, not {v!r}")
     lo, hi = _number(v[0], what), _number(v[1], what)
     if not low < lo <= hi <= high:
         raise ConfigError(f"{what} must satisfy {low:g} < lo ≤ hi ≤ {high:g}, not {v!r}")
