@@ -38,12 +38,37 @@ def test_recommendation_takes_the_spread_into_account():
             _row("192px q75", 192, 75, 31.0, [1500, 1510, 1490])]  # fastest of all but under min_psnr
     assert _result(rows)["recommended"] == "256px q95"
     # measurements that hold still: the fastest alone is within its own spread
-    still = [dict(c, cpu=dict(c["cpu"], img_per_cpu_s_spread=0.0)) for c in rows]
+    still = [dict(c, cpu=dict(c["cpu"], img_per_cpu_s_spread=0.0, epochs_img_per_cpu_s=[c["cpu"]["img_per_cpu_s"]] * 3))
+             for c in rows]
     assert _result(still)["recommended"] == "256px q85"
     assert _result(rows, min_psnr=50)["recommended"] == "as-is" and _result(rows, min_psnr=101)["recommended"] is None
     text = table(_result(rows))
     assert "1,020 ±  2%" in text and "256px q95" in text and "<- recommended" in text
     assert "median of 3 epochs" in text
+
+
+def test_a_candidate_slower_than_every_epoch_of_the_fastest_is_not_within_its_spread():
+    """Within the fastest's spread means the epochs overlap: a candidate's fastest epoch at
+    least the fastest's slowest. The fastest's median less its whole range lies below all its
+    epochs, and a more faithful candidate slower than each of them is slower, not "as fast"."""
+    fastest = _row("256px q85", 256, 85, 36.0, [900, 1000, 1100])  # median 1000 ± 10 %
+    slower = _row("320px q95", 320, 95, 41.0, [850, 860, 870])  # above 1000 - 200, below 900
+    assert _result([fastest, slower])["recommended"] == "256px q85"
+    touching = _row("288px q90", 288, 90, 39.0, [880, 900, 890])  # its best epoch = the fastest's slowest
+    assert _result([fastest, slower, touching])["recommended"] == "288px q90"
+    # the ranges overlap, though the candidate's median is below the fastest's slowest epoch
+    overlapping = _row("320px q90", 320, 90, 40.0, [860, 870, 950])
+    assert _result([fastest, slower, overlapping])["recommended"] == "320px q90"
+    # on the GPU the measure is the GPU Loader's wall-clock rate, its epochs alike (here the CPU's
+    # epochs of the touching candidate are far below: ranked by them it would not be within)
+    gpu = [dict(c, cuda=dict(img_s=c["cpu"]["img_per_cpu_s"], epochs_img_s=c["cpu"]["epochs_img_per_cpu_s"]))
+           for c in (fastest, slower, touching)]
+    gpu[2]["cpu"] = dict(gpu[2]["cpu"], epochs_img_per_cpu_s=[100.0] * 3, img_per_cpu_s=100.0)
+    assert recommend(dict(_result(gpu), devices=["cpu", "cuda"])) == "288px q90"
+    assert recommend(dict(_result(gpu), devices=["cpu"])) == "256px q85"
+    # a row without its epochs (its median alone) is within only where it reaches the slowest epoch
+    bare = [dict(c, cpu={k: v for k, v in c["cpu"].items() if not k.startswith("epochs_")}) for c in (fastest, slower)]
+    assert _result(bare)["recommended"] == "256px q85"
 
 
 def test_tune_plot_renders(tmp_path):

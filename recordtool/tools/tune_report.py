@@ -36,18 +36,25 @@ def spread(row: dict, devices) -> float:
     return row.get(dev, {}).get(key + "_spread", float("nan"))
 
 
+def _epochs(row: dict, devices) -> list:
+    """The candidate's timed epochs of the measure; its median alone where they were not kept."""
+    v = [float(x) for x in values(row, devices)]
+    return v or [speed(row, devices)]
+
+
 def recommend(r: dict) -> str | None:
     """Of the candidates with median PSNR ≥ r["min_psnr"], those as fast as the fastest within
-    its spread over the epochs (measurements that close do not tell the candidates apart), and
-    of those the most faithful (highest median PSNR). None when no candidate reaches min_psnr."""
+    its spread over the epochs — whose fastest epoch is at least the fastest candidate's slowest
+    one, so that the two ranges of epochs overlap (measurements that close do not tell the
+    candidates apart; one slower than every epoch of the fastest is slower) — and of those the
+    most faithful (highest median PSNR). None when no candidate reaches min_psnr."""
     devs = r["devices"]
     ok = [c for c in r["candidates"] if c["psnr_median"] >= r["min_psnr"] and speed(c, devs) > 0]
     if not ok:
         return None
     best = max(ok, key=lambda c: speed(c, devs))
-    noise = spread(best, devs)
-    floor = speed(best, devs) * (1 - (noise if np.isfinite(noise) else 0.0))
-    near = [c for c in ok if speed(c, devs) >= floor]
+    floor = min(_epochs(best, devs))
+    near = [c for c in ok if max(_epochs(c, devs)) >= floor]
     return max(near, key=lambda c: (c["psnr_median"], speed(c, devs)))["name"]
 
 
@@ -88,8 +95,8 @@ def table(r: dict) -> str:
         lines.append(f"peer {name} (on the original files): {v:,.0f} img/s; against it: {ratios}")
     if r["recommended"]:
         lines.append(f"recommended: {r['recommended']} — median PSNR ≥ {r['min_psnr']:g} dB, as fast as the "
-                     f"fastest within its spread, then the most faithful (ranked by {measure_name(devs)}; "
-                     "'vs as-is' too)")
+                     f"fastest within its spread (a timed epoch at least as fast as its slowest), then the most "
+                     f"faithful (ranked by {measure_name(devs)}; 'vs as-is' too)")
     else:
         lines.append(f"no candidate reaches median PSNR {r['min_psnr']:g} dB")
     return "\n".join(lines)
