@@ -7,9 +7,11 @@ and the AWS variables).
 Three things of the README are replaced in the code before it runs, because they name places
 of the reader's machine: the server's address (README: http://127.0.0.1:5555; here the port
 the test server got) and the cache folders /tmp/rt-cache and /nvme/cache (here folders of the
-test's own). A block whose first lines hold `# needs: cuda` (a CUDA device and CuPy) or
-`# needs: torchvision` is skipped only where that is absent; a block that names an `s3://` URL
-needs the S3 server's packages (moto, s3fs: the test extra, which CI installs).
+test's own). A block whose first lines hold `# needs: cuda` (a CUDA device and CuPy),
+`# needs: torchvision` or `# needs: numba` is skipped only where that is absent; a block that
+names an `s3://` URL needs the S3 server's packages (moto, s3fs: the test extra, which CI
+installs). Numba is an optional extra the test environment has: a block that does not declare
+it runs where it cannot be imported, as on an install without `recordtool[numba]`.
 """
 from __future__ import annotations
 
@@ -70,7 +72,11 @@ AVAILABLE = {
     "cuda": _have_cuda,
     "torchvision": lambda: importlib.util.find_spec("torchvision") is not None,
     "s3": lambda: all(importlib.util.find_spec(m) is not None for m in ("s3fs", "moto")),
+    "numba": lambda: importlib.util.find_spec("numba") is not None,
 }
+
+# first on the path of a block that does not declare `# needs: numba`: Numba as not installed
+NO_NUMBA = "raise ImportError(\"numba: not installed for a README block without '# needs: numba'\")\n"
 
 
 def test_the_readme_has_runnable_examples():
@@ -129,5 +135,8 @@ def test_readme_example_runs(request, line, code):
     if server is not None:
         code = code.replace(README_ENDPOINT, server.options["endpoint_url"])
     code = (code.replace("/tmp/rt-cache", str(root / "rt-cache")).replace("/nvme/cache", str(root / "nvme-cache")))
+    if "numba" not in needs(code):
+        write(str(root / "no-numba" / "numba.py"), NO_NUMBA.encode())
+        env = dict(env, PYTHONPATH=os.pathsep.join([str(root / "no-numba"), env["PYTHONPATH"]]))
     p = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, f"README.md line {line}:\n{p.stderr[-4000:]}"
