@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 # imported now, not where first used: NumPy loads numpy.random on first access, and that first
@@ -140,9 +140,11 @@ class Dataset:
         return self._slice(int(c["shard"][i]), int(c["offset"][i]) + 8, int(c["length"][i]))
 
     def info(self, i: int) -> "RecordInfo":
-        """What record i holds besides its pixels: label, class name, file name, size, shard, and
-        every feature of its OFRecord (FORMAT.md) — parsed from the record's bytes on each call
-        (random access for inspection and evaluation reports, not for the training loop)."""
+        """What record i holds besides its pixels: label, class name, file name, size, shard and
+        offset, the image's length in bytes, and every feature of its OFRecord (FORMAT.md) —
+        parsed from the record's bytes on each call (random access for inspection and evaluation
+        reports, not for the training loop). Printed, it shows long bytes (the image) as their
+        length."""
         from .format.ofrecord import BYTES_LIST, decode_ofrecord
 
         n = len(self.index)
@@ -165,7 +167,8 @@ class Dataset:
         label = int(c["label"][i])
         return RecordInfo(id=i, label=label, class_name=self.classes[label],
                           filename=(name[0] if name else b"").decode("utf-8", "surrogateescape"),
-                          width=int(c["width"][i]), height=int(c["height"][i]), shard=shard, features=features)
+                          width=int(c["width"][i]), height=int(c["height"][i]), shard=shard,
+                          offset=int(c["offset"][i]), jpeg_length=int(c["jpeg_length"][i]), features=features)
 
     def prefetch(self, indices) -> None:
         """Ask the kernel to read these records' bytes ahead (madvise WILLNEED)."""
@@ -240,9 +243,23 @@ def _reopen(cls, root: str, options: dict):
     return cls(root, **options)
 
 
-@dataclass(frozen=True)
+class _Length:
+    """A bytes value as RecordInfo prints it: its length."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __repr__(self):
+        return f"<{self.n} bytes>"
+
+
+@dataclass(frozen=True, repr=False)
 class RecordInfo:
-    """One record's metadata (`Dataset.info(i)`)."""
+    """One record's metadata (`Dataset.info(i)`). Its repr (what print shows) is the fields,
+    with each bytes value of `features` longer than SHOWN_BYTES as its length (`<48213 bytes>`):
+    the image is a feature, and its bytes are no metadata to read."""
+
+    SHOWN_BYTES = 64
 
     id: int
     label: int
@@ -251,7 +268,15 @@ class RecordInfo:
     width: int
     height: int
     shard: str  # the part file holding it
+    offset: int  # the record's byte offset in that file
+    jpeg_length: int  # the image's bytes
     features: dict  # every OFRecord feature: key → list of bytes / ints / floats (the image included)
+
+    def __repr__(self):
+        short = {k: [_Length(len(v)) if isinstance(v, bytes) and len(v) > self.SHOWN_BYTES else v for v in vals]
+                 for k, vals in self.features.items()}
+        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.name != "features"]
+        return f"RecordInfo({', '.join(shown)}, features={short!r})"
 
 
 

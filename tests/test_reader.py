@@ -197,3 +197,26 @@ def test_a_loader_over_more_ranks_than_records(six):
     assert sorted(seen) == list(range(6))
     with pytest.raises(ConfigError, match="6 samples cannot be split over world_size=10 ranks with drop_last"):
         recordtool.Loader(six, 1, train=True, rank=0, world_size=10, as_torch=False)
+
+
+def test_record_info_prints_metadata_and_the_image_as_its_length(six, capsys):
+    """`print(ds.info(i))` shows the record's metadata — label, file, size, shard and offset,
+    the image's length — with the image's bytes as `<N bytes>`, not dumped; the features still
+    hold the bytes themselves."""
+    import recordtool
+
+    ds = recordtool.open(six)
+    for i in range(len(ds)):
+        info = ds.info(i)
+        jpeg = bytes(ds[i][0])
+        assert info.jpeg_length == len(jpeg) and info.features["encoded"] == [jpeg]
+        assert info.offset == int(ds.index.offset[i]) and info.shard == ds.shards[int(ds.index.shard[i])]["name"]
+        print(info)
+        shown = capsys.readouterr().out
+        assert "\\xff\\xd8" not in shown  # the JPEG's start, as bytes print
+        assert f"'encoded': [<{len(jpeg)} bytes>]" in shown and len(shown) < 400
+        for part in (f"id={i},", f"label={info.label},", f"filename={info.filename!r}", f"width={info.width},",
+                     f"offset={info.offset},", f"jpeg_length={len(jpeg)},", f"shard={info.shard!r}",
+                     f"'filename': [{info.filename.encode()!r}]"):  # short bytes as they are
+            assert part in shown, (part, shown)
+        assert repr(info) == shown.strip()
