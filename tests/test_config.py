@@ -155,7 +155,7 @@ def test_every_normalisation_in_use_is_taken_and_gives_finite_batches(mean, std,
     x = normalize(np.ascontiguousarray(pixels), out.mean, out.std, "NHWC", dtype)
     v = bfloat16_values(x) if dtype == "bfloat16" else x.astype(np.float64)
     assert np.isfinite(v).all() and np.abs(v).max() <= MAX_NORMALISED * 1.01
-    assert v.min() == pytest.approx(lo, abs=0.01 + abs(lo) * 0.01) and v.max() == pytest.approx(hi, abs=0.01 + hi * 0.01)
+    assert v.min() == pytest.approx(lo, rel=0.01, abs=0.01) and v.max() == pytest.approx(hi, rel=0.01, abs=0.01)
     Output(16, mean=mean, std=std, dtype="uint8")  # checked alike where unused
 
 

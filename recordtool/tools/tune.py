@@ -13,8 +13,8 @@ the CPU decoder the Loader runs (`decode_crop_resize`), the references from
 the timed epochs, with their spread: images per CPU-second for the CPU Loader (stable when
 other work shares the cores), images per second for the GPU Loader. The recommendation: among
 candidates with median PSNR ≥ `min_psnr`, those within the fastest one's spread (their fastest
-epoch at least its slowest), then the most faithful of them — so runs that measure the same costs recommend the same candidate
-(tune_report.py: the ranking and the table).
+epoch at least its slowest), then the most faithful of them — so runs that measure the same
+costs recommend the same candidate (tune_report.py: the ranking and the table).
 """
 from __future__ import annotations
 
