@@ -31,6 +31,7 @@ from ..errors import OnError, PackError, Rejected, Signalled, on_error as _on_er
 from ..format import index as ix
 from ..format.jpeg import DEFAULT_MAX_PIXELS
 from ..format.schema import PARTIAL_DIR
+from ..format.upload import sweep_stages
 from ..format.writer import DatasetWriter, FinishedShard
 from ..io.fs import get_fs, is_url
 from ..sources.base import Source, source_paths
@@ -159,13 +160,15 @@ def pack(src: str | os.PathLike | Source, out: str | os.PathLike, *, shards: int
     SIGTERM and SIGHUP (when they have their default action) stop the workers as Ctrl-C does,
     then end the process by the same signal. Worker processes ignore Ctrl-C: the caller's
     KeyboardInterrupt stops them. The semaphores of a process-engine pack killed with its
-    resource tracker (SIGKILL to its process group) are removed by the next pack (Linux).
+    resource tracker (SIGKILL to its process group) are removed by the next pack (Linux), as
+    are the staging folders of packs to a URL killed before their cleanup.
     """
     config = configure(shards=shards, shard_size=shard_size, workers=workers, seed=seed, on_error=on_error,
                        overwrite=overwrite, max_pixels=max_pixels, transcode=transcode, progress=progress,
                        engine=engine, ray_address=ray_address, resume=resume)
     out = os.fspath(out)
     sweep_semaphores()  # what an earlier process-engine pack killed with its tracker left in /dev/shm
+    sweep_stages()  # the staging folders of earlier packs to a URL killed before their cleanup
     with stop_on_signals():
         if not is_url(out):
             return _pack_into(src, get_fs(out)[1], config)  # a local path (file:// URLs too)
