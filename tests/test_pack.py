@@ -313,3 +313,49 @@ def test_dataset_writer_publishes_on_a_clean_exit_and_drops_on_an_error(tmp_path
         w.finish(fields)
     assert w.manifest["records"] == 1 and verify(str(tmp_path / "good")).ok
     assert not (tmp_path / "good" / ".partial").exists()
+
+
+def test_arithmetic_jpegs_are_converted_and_bad_dac_segments_skipped(tmp_path):
+    """nvJPEG decodes Huffman-coded JPEGs only, and the index cannot route an arithmetic-coded
+    one away from it: pack converts such a file to a baseline Huffman-coded JPEG (listed as
+    converted, pixels kept); a file whose DAC segment libjpeg-turbo refuses is skipped, its
+    offset named; `recordtool index` leaves an arithmetic-coded record out."""
+    from hostile_data import segments
+    from recordtool.format import ofrecord_pb2
+    from recordtool.format.scan import index_parts
+
+    fixtures = os.path.join(os.path.dirname(__file__), "fixtures", "jpeg")
+    arith = {f"a/{n}": open(os.path.join(fixtures, n), "rb").read()
+             for n in ("arith-420.jpg", "arith-progressive.jpg", "arith-gray.jpg")}
+    src = tmp_path / "src"
+    for rel, data in arith.items():
+        write(str(src / rel), data)
+    good = jpeg_bytes(50, 40, seed=1)
+    write(str(src / "a" / "good.jpg"), good)
+    sos = segments(good)[-1][1]
+    write(str(src / "a" / "bad-dac.jpg"), good[:sos] + b"\xff\xcc\x00\x04\x00\x05" + good[sos:])  # DC L=5 > U=0
+    s = pack(str(src), str(tmp_path / "out"), progress=False)
+    assert dict(s.skipped).keys() == {"a/bad-dac.jpg"}
+    assert f"(DAC) at offset {sos}" in dict(s.skipped)["a/bad-dac.jpg"]
+    assert dict(s.converted).keys() == set(arith)
+    assert all("arithmetic-coded JPEG" in why for why in dict(s.converted).values())
+    got = _by_filename(recordtool.open(tmp_path / "out"))
+    assert got["a/good.jpg"][0] == good
+    for rel, data in arith.items():
+        info = probe(got[rel][0])
+        assert not info.arithmetic and not info.progressive and info.decodable_as_is
+        ref = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=float)
+        mse = ((np.asarray(Image.open(io.BytesIO(got[rel][0])), dtype=float) - ref) ** 2).mean()
+        assert 10 * np.log10(255**2 / mse) > 28, rel  # q95, 4:2:0 chroma
+    assert verify(str(tmp_path / "out"), decode=True).ok
+    parts = tmp_path / "parts"
+    os.makedirs(parts)
+    with open(parts / "part-00000", "wb") as f:
+        for payload in (good, arith["a/arith-420.jpg"]):
+            m = ofrecord_pb2.OFRecord()
+            m.feature["encoded"].bytes_list.value.append(payload)
+            m.feature["class/label"].int32_list.value.append(0)
+            blob = m.SerializeToString()
+            f.write(len(blob).to_bytes(8, "little") + blob)
+    m = index_parts(str(parts), progress=False)
+    assert m["records"] == 1 and "arithmetic-coded JPEG" in m["skipped"][0]["reason"]
