@@ -359,3 +359,69 @@ def test_arithmetic_jpegs_are_converted_and_bad_dac_segments_skipped(tmp_path):
             f.write(len(blob).to_bytes(8, "little") + blob)
     m = index_parts(str(parts), progress=False)
     assert m["records"] == 1 and "arithmetic-coded JPEG" in m["skipped"][0]["reason"]
+
+
+def _labels(out) -> dict:
+    """filename → (label, class name) of a packed dataset."""
+    ds = recordtool.open(out)
+    return {fn: (label, ds.classes[label]) for fn, (_, label) in _by_filename(ds).items()}
+
+
+def test_hidden_entries_are_no_class_and_are_reported(folder, tmp_path):
+    """A hidden folder (`.ipynb_checkpoints`: first in sorted order) is not class 0, and hidden
+    files and folders inside classes are not packed: the labels are those of the same folder
+    without them; each hidden entry is listed among the skipped, a folder once."""
+    clean = pack(str(folder), str(tmp_path / "clean"), progress=False)
+    write(str(folder / ".ipynb_checkpoints" / "cat_0-checkpoint.JPEG"), jpeg_bytes(seed=50))
+    write(str(folder / "cat" / ".cache" / "deep" / "thumb.JPEG"), jpeg_bytes(seed=51))
+    write(str(folder / "dog" / "._dog_0.JPEG"), jpeg_bytes(seed=52))  # macOS AppleDouble beside its file
+    write(str(folder / ".DS_Store"), b"\0\0\0\1Bud1")
+    s = pack(str(folder), str(tmp_path / "out"), progress=False)
+    assert recordtool.open(tmp_path / "out").classes == ["cat", "dog", "eel"]
+    assert _labels(tmp_path / "out") == _labels(tmp_path / "clean") and s.records == clean.records == 21
+    skipped = dict(s.skipped)
+    assert skipped.keys() == {".ipynb_checkpoints", "cat/.cache", "dog/._dog_0.JPEG", ".DS_Store"}
+    assert skipped[".ipynb_checkpoints"] == "hidden folder (name starts with '.'): not a class, not packed"
+    assert skipped["cat/.cache"].startswith("hidden folder") and skipped["dog/._dog_0.JPEG"].startswith("hidden file")
+    report = json.load(open(tmp_path / "out" / "pack_report.json"))
+    assert {x["file"] for x in report["skipped"]} == skipped.keys()
+
+
+def test_classes_from_gives_the_training_labels(folder, tmp_path):
+    """A validation folder missing a class ("cat", label 0) takes the training set's labels
+    with classes_from (its directory, manifest.json or a Summary's out), not 0..K-2; the missing
+    class keeps its label and is reported; a folder the list lacks is refused, named."""
+    import shutil
+
+    from recordtool.errors import ConfigError, FormatError
+    from recordtool.format.manifest import classes_of
+
+    pack(str(folder), str(tmp_path / "train"), progress=False)
+    val = tmp_path / "val"
+    shutil.copytree(folder / "dog", val / "dog")
+    shutil.copytree(folder / "eel", val / "eel")
+    shifted = pack(str(val), str(tmp_path / "shifted"), progress=False)  # without: dog 0, eel 1
+    assert set(_labels(tmp_path / "shifted").values()) == {(0, "dog"), (1, "eel")} and not shifted.missing_classes
+    for k, ref in enumerate([tmp_path / "train", str(tmp_path / "train" / "manifest.json"),
+                             classes_of(str(tmp_path / "train"))]):
+        out = tmp_path / f"val{k}"
+        s = pack(str(val), str(out), classes_from=ref, progress=False)
+        ds = recordtool.open(out)
+        assert ds.classes == ["cat", "dog", "eel"]
+        train = _labels(tmp_path / "train")
+        assert _labels(out) == {fn: train[fn] for fn in train if not fn.startswith("cat/")}
+        assert s.missing_classes == [(0, "cat")] and "1 listed class has no folder" in s.line()
+        assert json.load(open(out / "pack_report.json"))["missing_classes"] == [{"label": 0, "class": "cat"}]
+        assert ds.manifest["source"]["classes_from"] == (ref.origin if k == 2 else str(ref))
+    write(str(val / "fox" / "f.JPEG"), jpeg_bytes(seed=60))
+    with pytest.raises(PackError, match=r"val/fox: class folder 'fox' is not in the class list of .*train"):
+        pack(str(val), str(tmp_path / "refused"), classes_from=str(tmp_path / "train"), progress=False)
+    assert not (tmp_path / "refused" / "manifest.json").exists()
+    with pytest.raises(FormatError, match="src/manifest.json: no manifest"):
+        pack(str(val), str(tmp_path / "x"), classes_from=str(folder), progress=False)
+    with pytest.raises(ConfigError, match="not a packed dataset directory"):
+        pack(str(val), str(tmp_path / "x"), classes_from=str(folder / "cat" / "cat_0.JPEG"), progress=False)
+    from recordtool.sources.imagefolder import ImageFolderSource
+
+    with pytest.raises(ConfigError, match="classes_from applies to a folder SRC"):
+        pack(ImageFolderSource(str(folder)), str(tmp_path / "y"), classes_from=str(tmp_path / "train"), progress=False)

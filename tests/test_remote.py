@@ -644,3 +644,26 @@ def test_a_killed_pack_to_a_url_leaves_its_stage_to_the_next_pack(s3, remote, tm
         import shutil
 
         shutil.rmtree(live)
+
+
+def test_classes_from_and_inspect_classes_of_a_dataset_url(s3, s3_config, remote, tmp_path):
+    """The class list of a dataset on the object store (its URL, or its manifest.json's): only
+    its manifest is read; a folder packed with it gets its labels."""
+    from recordtool.format.manifest import classes_of
+    from recordtool.inspect import summarize
+    from recordtool.pack import pack
+
+    url, _ = remote
+    ref = classes_of(url, storage_options=s3.options)
+    assert ref.names == ("c0", "c1", "c2") and ref.origin == url
+    assert classes_of(url + "/manifest.json").names == ref.names  # fsspec's configuration (s3_config)
+    assert s3.proxy.count("GET", "/index.rtx") == 0 and s3.proxy.count("GET", "/part-") == 0
+    val = tmp_path / "val"
+    for i in range(3):
+        write(str(val / "c2" / f"{i}.jpg"), jpeg_bytes(40, 32, seed=i))
+    s = pack(str(val), str(tmp_path / "out"), classes_from=url, progress=False)
+    ds = recordtool.open(str(tmp_path / "out"))
+    assert ds.classes == ["c0", "c1", "c2"] and {ds[i][1] for i in range(len(ds))} == {2}
+    assert s.missing_classes == [(0, "c0"), (1, "c1")]
+    c = summarize(str(tmp_path / "out"), classes_of=url)["classes_of"]
+    assert c["same"] and c["reference"] == url
