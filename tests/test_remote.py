@@ -579,7 +579,8 @@ def test_pack_to_a_missing_bucket_fails_first_naming_it(s3, s3_config, tmp_path,
     assert "packed" not in r.output and not [m for m, _ in s3.proxy.requests if m in ("PUT", "POST")]
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="staging folders are named after their owner where /proc tells")
+@pytest.mark.skipif(not os.path.isdir("/proc/self"),
+                    reason="staging folders are named after their owner where /proc tells")
 def test_a_killed_pack_to_a_url_leaves_its_stage_to_the_next_pack(s3, remote, tmp_path):
     """A pack to a URL SIGKILLed while it uploads leaves its staging folder in $TMPDIR; the next
     pack removes it — and nothing else: not a folder of the same name pattern without the
@@ -630,7 +631,8 @@ def test_a_killed_pack_to_a_url_leaves_its_stage_to_the_next_pack(s3, remote, tm
     os.symlink(target, tmp / f"{gone_owner}-link")
     (tmp / "notes").mkdir()
     (tmp / f"{gone_owner}-othermark").mkdir()
-    (tmp / f"{gone_owner}-othermark" / upload.STAGE_MARKER).write_text('{"tool": "recordtool", "owner": ["1", "2", "3"]}')
+    (tmp / f"{gone_owner}-othermark" / upload.STAGE_MARKER).write_text(
+        '{"tool": "recordtool", "owner": ["1", "2", "3"]}')  # another owner's marker
     with pytest.MonkeyPatch.context() as m:
         m.setattr("tempfile.tempdir", str(tmp))
         live = upload.new_stage()  # this process's: alive

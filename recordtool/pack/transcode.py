@@ -3,9 +3,10 @@ takes, touching as few as possible.
 
 JPEGs that every decoder of ours takes are kept byte for byte. CMYK/YCCK JPEGs, arithmetic-coded
 JPEGs (nvJPEG cannot decode them), PNGs (also PNGs named .JPEG) and other formats Pillow opens
-are converted to baseline RGB JPEG, as tf-slim's ImageNet converter does. Anything else is refused with a reason. Optional transcoding
-(`Transcode`): shrink images over a maximum side (FFCV's max_resolution), and re-encode what
-NVIDIA's hardware decoder cannot take as baseline 4:2:0.
+are converted to baseline RGB JPEG, as tf-slim's ImageNet converter does. Anything else is
+refused with a reason. Optional transcoding (`Transcode`): shrink images over a maximum side
+(FFCV's max_resolution), and re-encode what NVIDIA's hardware decoder cannot take as baseline
+4:2:0.
 """
 from __future__ import annotations
 
