@@ -5,6 +5,7 @@ import numpy as np
 
 from .format.jpeg import CHROMA_NAMES, CS_NAMES
 from .datasets import open_dataset
+from .io.fs import is_url
 from .reader import Dataset
 
 _SIDE_BUCKETS = [(0, 256), (256, 512), (512, 1024), (1024, 2048), (2048, 1 << 31)]
@@ -18,19 +19,62 @@ def _pct(a: np.ndarray) -> dict:
             "p99": int(q[3]), "max": int(q[4])}
 
 
-def summarize(root: str, **remote) -> dict:
+def summarize(root: str, classes_of=None, **remote) -> dict:
     """What the dataset at `root` (a directory or an object-store URL) holds, as a dict.
 
     Args:
         root: the dataset directory or URL.
+        classes_of: another dataset (its directory, manifest.json or URL; e.g. the training set
+            of this validation set): the summary's "classes_of" compares the class lists
+            (`compare_classes`).
         remote: cache_dir, cache_limit, storage_options, retry for a URL (only the manifest and
             the index are fetched).
     """
+    reference = None
+    if classes_of is not None:
+        from .format.manifest import classes_of as read_classes
+
+        reference = read_classes(classes_of, remote.get("storage_options") if is_url(classes_of) else None)
     ds = open_dataset(root, **remote)
     try:
-        return _summary(ds)
+        s = _summary(ds)
     finally:
         ds.close()
+    if reference is not None:
+        s["classes_of"] = compare_classes(s["class_names"], reference.names, reference.origin)
+    return s
+
+
+def compare_classes(names, reference, origin: str = "the reference") -> dict:
+    """How a dataset's class list (`names`, position = label) differs from `reference`'s — what
+    makes a model trained on one misread the other's labels: "missing" (in the reference, not
+    here), "extra" (here, not in the reference), "renumbered" ({class, label, reference_label}
+    of names in both at other labels); "same" when the lists are equal."""
+    names, reference = list(names), list(reference)
+    here = {n: k for k, n in enumerate(names)}
+    there = {n: k for k, n in enumerate(reference)}
+    return {"reference": origin, "same": names == reference,
+            "missing": [n for n in reference if n not in here],
+            "extra": [n for n in names if n not in there],
+            "renumbered": [{"class": n, "label": k, "reference_label": there[n]} for n, k in here.items()
+                           if n in there and there[n] != k]}
+
+
+def _differences(c: dict, most: int = 10) -> str:
+    """The one line `render` prints for a `compare_classes` result."""
+    if c["same"]:
+        return f"  classes: the same as {c['reference']} (names and labels)"
+
+    def names(xs):
+        return repr(xs[:most])[:-1] + (f", … {len(xs) - most} more]" if len(xs) > most else "]")
+
+    parts = [f"missing {names(c['missing'])}"] if c["missing"] else []
+    parts += [f"extra {names(c['extra'])}"] if c["extra"] else []
+    r = c["renumbered"]
+    if r:
+        shown = ", ".join(f"{x['class']!r} {x['reference_label']} → {x['label']}" for x in r[:3])
+        parts.append(f"renumbered {len(r)} ({shown}{', …' if len(r) > 3 else ''})")
+    return f"  warning: classes differ from {c['reference']}: " + ", ".join(parts or ["same names, other order"])
 
 
 def _summary(ds: Dataset) -> dict:
@@ -77,6 +121,8 @@ def render(s: dict, max_shards: int = 20, max_classes: int = 12) -> str:
     w(f"  classes: {shown}{more}")
     pc = s["per_class"]
     w(f"  per class: min {pc['min']}, max {pc['max']}" + (f", empty: {pc['empty']}" if pc["empty"] else ""))
+    if "classes_of" in s:
+        w(_differences(s["classes_of"]))
     for key, unit in (("jpeg_bytes", "B"), ("width", "px"), ("height", "px")):
         d = s[key]
         if d:

@@ -3,6 +3,7 @@ does not import the decoder)."""
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import weakref
 
@@ -58,3 +59,45 @@ def _renew_fork_locks() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_renew_fork_locks)
+
+
+def process_start(pid) -> str | None:
+    """The start time of process `pid` (clock ticks after boot, from /proc: with the pid, it
+    names one process), or None when there is none, it is a zombie (gone in all but name), or
+    /proc does not say (not Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if len(fields) < 20 or fields[0] in (b"Z", b"X"):
+        return None
+    return fields[19].decode()
+
+
+def pid_namespace() -> str | None:
+    """This process's pid namespace: a pid means something only within it (a /dev/shm or a
+    $TMPDIR shared across containers holds the names of processes this one cannot see)."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return None
+
+
+def process_identity() -> tuple | None:
+    """(pid namespace, pid, start time) of this process, as strings: what names it among every
+    process this machine ran since boot — so a later process can tell whether the owner of
+    something it left (a semaphore, a staging folder) still lives. None where /proc does not
+    tell (not Linux): there, nothing is named after its owner and nothing is swept."""
+    if not sys.platform.startswith("linux"):
+        return None
+    ns, start = pid_namespace(), process_start("self")
+    return None if ns is None or start is None else (ns, str(os.getpid()), start)
+
+
+def owner_gone(ns: str, pid: str, start: str) -> bool:
+    """True when the process `process_identity` gave as (ns, pid, start) has ended: it lived in
+    this pid namespace and its pid is now free or another process's. A name of another
+    namespace is never called gone (its pids cannot be looked up here)."""
+    me = process_identity()
+    return me is not None and ns == me[0] and process_start(pid) != start

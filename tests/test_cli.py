@@ -57,3 +57,34 @@ def test_every_command_has_the_same_error_policy(tmp_path, folder):
     assert run("pack", folder, tmp_path / "ds", "-q").returncode == 0
     p = run("verify", tmp_path / "ds", "--cache-limit", "lots")
     assert p.returncode == 2 and "Error:" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_classes_from_and_inspect_classes_of(folder, tmp_path):
+    """`pack --classes-from TRAIN` numbers a validation folder missing a class as TRAIN does;
+    `inspect --classes-of TRAIN` says when the lists differ (missing, extra, renumbered)."""
+    import shutil
+
+    assert run("pack", folder, tmp_path / "train", "-q").returncode == 0
+    val = tmp_path / "val"
+    for cls in ("dog", "eel"):
+        shutil.copytree(folder / cls, val / cls)
+    write(str(val / ".ipynb_checkpoints" / "x.JPEG"), (folder / "dog" / "dog_0.JPEG").read_bytes())
+    p = run("pack", val, tmp_path / "plain", "-q")
+    assert p.returncode == 0 and "skipped .ipynb_checkpoints: hidden folder" in p.stderr
+    p = run("inspect", tmp_path / "plain", "--classes-of", tmp_path / "train")
+    assert p.returncode == 0, p.stderr
+    assert (f"warning: classes differ from {tmp_path / 'train'}: missing ['cat'], renumbered 2 ('dog' 1 → 0, "
+            "'eel' 2 → 1)") in p.stdout
+    s = json.loads(run("inspect", tmp_path / "plain", "--json", "--classes-of", tmp_path / "train").stdout)
+    assert s["classes_of"]["missing"] == ["cat"] and not s["classes_of"]["same"]
+    p = run("pack", val, tmp_path / "val-out", "-q", "--classes-from", tmp_path / "train")
+    assert p.returncode == 0, p.stderr
+    assert "no folder in SRC (labels kept): 'cat' (0)" in p.stderr
+    p = run("inspect", tmp_path / "val-out", "--classes-of", tmp_path / "train" / "manifest.json")
+    assert "classes: the same as" in p.stdout and "warning" not in p.stdout
+    write(str(val / "fox" / "f.JPEG"), (folder / "dog" / "dog_0.JPEG").read_bytes())
+    p = run("pack", val, tmp_path / "refused", "-q", "--classes-from", tmp_path / "train")
+    assert p.returncode == 1 and "class folder 'fox' is not in the class list" in p.stderr
+    assert "Traceback" not in p.stderr
+    p = run("pack", "--from", "ofrecord", tmp_path / "train", tmp_path / "re", "--classes-from", tmp_path / "train")
+    assert p.returncode == 2 and "applies to --from folder" in p.stderr

@@ -313,3 +313,115 @@ def test_dataset_writer_publishes_on_a_clean_exit_and_drops_on_an_error(tmp_path
         w.finish(fields)
     assert w.manifest["records"] == 1 and verify(str(tmp_path / "good")).ok
     assert not (tmp_path / "good" / ".partial").exists()
+
+
+def test_arithmetic_jpegs_are_converted_and_bad_dac_segments_skipped(tmp_path):
+    """nvJPEG decodes Huffman-coded JPEGs only, and the index cannot route an arithmetic-coded
+    one away from it: pack converts such a file to a baseline Huffman-coded JPEG (listed as
+    converted, pixels kept); a file whose DAC segment libjpeg-turbo refuses is skipped, its
+    offset named; `recordtool index` leaves an arithmetic-coded record out."""
+    from hostile_data import segments
+    from recordtool.format import ofrecord_pb2
+    from recordtool.format.scan import index_parts
+
+    fixtures = os.path.join(os.path.dirname(__file__), "fixtures", "jpeg")
+    arith = {f"a/{n}": open(os.path.join(fixtures, n), "rb").read()
+             for n in ("arith-420.jpg", "arith-progressive.jpg", "arith-gray.jpg")}
+    src = tmp_path / "src"
+    for rel, data in arith.items():
+        write(str(src / rel), data)
+    good = jpeg_bytes(50, 40, seed=1)
+    write(str(src / "a" / "good.jpg"), good)
+    sos = segments(good)[-1][1]
+    write(str(src / "a" / "bad-dac.jpg"), good[:sos] + b"\xff\xcc\x00\x04\x00\x05" + good[sos:])  # DC L=5 > U=0
+    s = pack(str(src), str(tmp_path / "out"), progress=False)
+    assert dict(s.skipped).keys() == {"a/bad-dac.jpg"}
+    assert f"(DAC) at offset {sos}" in dict(s.skipped)["a/bad-dac.jpg"]
+    assert dict(s.converted).keys() == set(arith)
+    assert all("arithmetic-coded JPEG" in why for why in dict(s.converted).values())
+    got = _by_filename(recordtool.open(tmp_path / "out"))
+    assert got["a/good.jpg"][0] == good
+    for rel, data in arith.items():
+        info = probe(got[rel][0])
+        assert not info.arithmetic and not info.progressive and info.decodable_as_is
+        ref = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=float)
+        mse = ((np.asarray(Image.open(io.BytesIO(got[rel][0])), dtype=float) - ref) ** 2).mean()
+        assert 10 * np.log10(255**2 / mse) > 28, rel  # q95, 4:2:0 chroma
+    assert verify(str(tmp_path / "out"), decode=True).ok
+    parts = tmp_path / "parts"
+    os.makedirs(parts)
+    with open(parts / "part-00000", "wb") as f:
+        for payload in (good, arith["a/arith-420.jpg"]):
+            m = ofrecord_pb2.OFRecord()
+            m.feature["encoded"].bytes_list.value.append(payload)
+            m.feature["class/label"].int32_list.value.append(0)
+            blob = m.SerializeToString()
+            f.write(len(blob).to_bytes(8, "little") + blob)
+    m = index_parts(str(parts), progress=False)
+    assert m["records"] == 1 and "arithmetic-coded JPEG" in m["skipped"][0]["reason"]
+
+
+def _labels(out) -> dict:
+    """filename → (label, class name) of a packed dataset."""
+    ds = recordtool.open(out)
+    return {fn: (label, ds.classes[label]) for fn, (_, label) in _by_filename(ds).items()}
+
+
+def test_hidden_entries_are_no_class_and_are_reported(folder, tmp_path):
+    """A hidden folder (`.ipynb_checkpoints`: first in sorted order) is not class 0, and hidden
+    files and folders inside classes are not packed: the labels are those of the same folder
+    without them; each hidden entry is listed among the skipped, a folder once."""
+    clean = pack(str(folder), str(tmp_path / "clean"), progress=False)
+    write(str(folder / ".ipynb_checkpoints" / "cat_0-checkpoint.JPEG"), jpeg_bytes(seed=50))
+    write(str(folder / "cat" / ".cache" / "deep" / "thumb.JPEG"), jpeg_bytes(seed=51))
+    write(str(folder / "dog" / "._dog_0.JPEG"), jpeg_bytes(seed=52))  # macOS AppleDouble beside its file
+    write(str(folder / ".DS_Store"), b"\0\0\0\1Bud1")
+    s = pack(str(folder), str(tmp_path / "out"), progress=False)
+    assert recordtool.open(tmp_path / "out").classes == ["cat", "dog", "eel"]
+    assert _labels(tmp_path / "out") == _labels(tmp_path / "clean") and s.records == clean.records == 21
+    skipped = dict(s.skipped)
+    assert skipped.keys() == {".ipynb_checkpoints", "cat/.cache", "dog/._dog_0.JPEG", ".DS_Store"}
+    assert skipped[".ipynb_checkpoints"] == "hidden folder (name starts with '.'): not a class, not packed"
+    assert skipped["cat/.cache"].startswith("hidden folder") and skipped["dog/._dog_0.JPEG"].startswith("hidden file")
+    report = json.load(open(tmp_path / "out" / "pack_report.json"))
+    assert {x["file"] for x in report["skipped"]} == skipped.keys()
+
+
+def test_classes_from_gives_the_training_labels(folder, tmp_path):
+    """A validation folder missing a class ("cat", label 0) takes the training set's labels
+    with classes_from (its directory, manifest.json or a Summary's out), not 0..K-2; the missing
+    class keeps its label and is reported; a folder the list lacks is refused, named."""
+    import shutil
+
+    from recordtool.errors import ConfigError, FormatError
+    from recordtool.format.manifest import classes_of
+
+    pack(str(folder), str(tmp_path / "train"), progress=False)
+    val = tmp_path / "val"
+    shutil.copytree(folder / "dog", val / "dog")
+    shutil.copytree(folder / "eel", val / "eel")
+    shifted = pack(str(val), str(tmp_path / "shifted"), progress=False)  # without: dog 0, eel 1
+    assert set(_labels(tmp_path / "shifted").values()) == {(0, "dog"), (1, "eel")} and not shifted.missing_classes
+    for k, ref in enumerate([tmp_path / "train", str(tmp_path / "train" / "manifest.json"),
+                             classes_of(str(tmp_path / "train"))]):
+        out = tmp_path / f"val{k}"
+        s = pack(str(val), str(out), classes_from=ref, progress=False)
+        ds = recordtool.open(out)
+        assert ds.classes == ["cat", "dog", "eel"]
+        train = _labels(tmp_path / "train")
+        assert _labels(out) == {fn: train[fn] for fn in train if not fn.startswith("cat/")}
+        assert s.missing_classes == [(0, "cat")] and "1 listed class has no folder" in s.line()
+        assert json.load(open(out / "pack_report.json"))["missing_classes"] == [{"label": 0, "class": "cat"}]
+        assert ds.manifest["source"]["classes_from"] == (ref.origin if k == 2 else str(ref))
+    write(str(val / "fox" / "f.JPEG"), jpeg_bytes(seed=60))
+    with pytest.raises(PackError, match=r"val/fox: class folder 'fox' is not in the class list of .*train"):
+        pack(str(val), str(tmp_path / "refused"), classes_from=str(tmp_path / "train"), progress=False)
+    assert not (tmp_path / "refused" / "manifest.json").exists()
+    with pytest.raises(FormatError, match="src/manifest.json: no manifest"):
+        pack(str(val), str(tmp_path / "x"), classes_from=str(folder), progress=False)
+    with pytest.raises(ConfigError, match="not a packed dataset directory"):
+        pack(str(val), str(tmp_path / "x"), classes_from=str(folder / "cat" / "cat_0.JPEG"), progress=False)
+    from recordtool.sources.imagefolder import ImageFolderSource
+
+    with pytest.raises(ConfigError, match="classes_from applies to a folder SRC"):
+        pack(ImageFolderSource(str(folder)), str(tmp_path / "y"), classes_from=str(tmp_path / "train"), progress=False)

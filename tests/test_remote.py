@@ -577,3 +577,95 @@ def test_pack_to_a_missing_bucket_fails_first_naming_it(s3, s3_config, tmp_path,
     r = CliRunner().invoke(main, ["pack", str(src), "s3://no-such-bucket/sets/a", "-q"])
     assert r.exit_code != 0 and "s3://no-such-bucket: no such bucket" in r.output and "create it first" in r.output, r.output
     assert "packed" not in r.output and not [m for m, _ in s3.proxy.requests if m in ("PUT", "POST")]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"),
+                    reason="staging folders are named after their owner where /proc tells")
+def test_a_killed_pack_to_a_url_leaves_its_stage_to_the_next_pack(s3, remote, tmp_path):
+    """A pack to a URL SIGKILLed while it uploads leaves its staging folder in $TMPDIR; the next
+    pack removes it — and nothing else: not a folder of the same name pattern without the
+    marker, not a link named like a stage, not a stage whose owner lives, not other files."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from recordtool.format import upload
+
+    _, fs = remote
+    src = tmp_path / "src"
+    for c in range(2):
+        for i in range(6):
+            write(str(src / f"k{c}" / f"{i}.jpg"), jpeg_bytes(40, 32, seed=10 * c + i))
+    bucket = f"stage-{next(_buckets)}"
+    fs.mkdir(bucket)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp), FSSPEC_S3_ENDPOINT_URL=s3.proxy.url, FSSPEC_S3_KEY="testing",
+               FSSPEC_S3_SECRET="testing")
+    cli = [sys.executable, "-m", "recordtool.cli", "pack", "-q", "--shards", "2", str(src)]
+    s3.proxy.add(Fault(f"/{bucket}/killed/part-", "stall", method="PUT", seconds=10))  # holds the upload
+    p = subprocess.Popen(cli + [f"s3://{bucket}/killed"], env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not s3.proxy.count("PUT", f"/{bucket}/killed/part-"):
+            assert p.poll() is None, p.stderr.read().decode()
+            assert time.monotonic() < deadline, "the pack never started its upload"
+            time.sleep(0.02)
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=60)
+        p.stderr.close()
+    left = os.listdir(tmp)
+    assert len(left) == 1 and left[0].startswith(upload.STAGE_PREFIX), left
+    stage = tmp / left[0]
+    assert (stage / "dataset").is_dir()  # the packed dataset it was uploading
+    gone_owner = left[0][:left[0].rindex("-")]  # recordtool-stage-<ns>.<pid>.<start>: a process now gone
+    foreign = {f"{gone_owner}-nomarker": "dir", f"{gone_owner}-link": "link", "notes": "dir",
+               f"{gone_owner}-othermark": "marked"}
+    (tmp / f"{gone_owner}-nomarker" / "keep").mkdir(parents=True)
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / upload.STAGE_MARKER).write_bytes((stage / upload.STAGE_MARKER).read_bytes())
+    os.symlink(target, tmp / f"{gone_owner}-link")
+    (tmp / "notes").mkdir()
+    (tmp / f"{gone_owner}-othermark").mkdir()
+    (tmp / f"{gone_owner}-othermark" / upload.STAGE_MARKER).write_text(
+        '{"tool": "recordtool", "owner": ["1", "2", "3"]}')  # another owner's marker
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr("tempfile.tempdir", str(tmp))
+        live = upload.new_stage()  # this process's: alive
+    try:
+        r = subprocess.run(cli + [f"s3://{bucket}/next"], env=env, capture_output=True, timeout=300)
+        assert r.returncode == 0, r.stderr.decode()
+        assert not os.path.lexists(stage)
+        assert sorted(os.listdir(tmp)) == sorted(list(foreign) + [os.path.basename(live)])
+        assert os.listdir(target) == [upload.STAGE_MARKER] and (tmp / f"{gone_owner}-nomarker" / "keep").is_dir()
+    finally:
+        import shutil
+
+        shutil.rmtree(live)
+
+
+def test_classes_from_and_inspect_classes_of_a_dataset_url(s3, s3_config, remote, tmp_path):
+    """The class list of a dataset on the object store (its URL, or its manifest.json's): only
+    its manifest is read; a folder packed with it gets its labels."""
+    from recordtool.format.manifest import classes_of
+    from recordtool.inspect import summarize
+    from recordtool.pack import pack
+
+    url, _ = remote
+    ref = classes_of(url, storage_options=s3.options)
+    assert ref.names == ("c0", "c1", "c2") and ref.origin == url
+    assert classes_of(url + "/manifest.json").names == ref.names  # fsspec's configuration (s3_config)
+    assert s3.proxy.count("GET", "/index.rtx") == 0 and s3.proxy.count("GET", "/part-") == 0
+    val = tmp_path / "val"
+    for i in range(3):
+        write(str(val / "c2" / f"{i}.jpg"), jpeg_bytes(40, 32, seed=i))
+    s = pack(str(val), str(tmp_path / "out"), classes_from=url, progress=False)
+    ds = recordtool.open(str(tmp_path / "out"))
+    assert ds.classes == ["c0", "c1", "c2"] and {ds[i][1] for i in range(len(ds))} == {2}
+    assert s.missing_classes == [(0, "c0"), (1, "c1")]
+    c = summarize(str(tmp_path / "out"), classes_of=url)["classes_of"]
+    assert c["same"] and c["reference"] == url

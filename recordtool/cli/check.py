@@ -12,14 +12,17 @@ from .options import DATASET, THREADS, cache_dir_option, cache_limit_option, err
 @click.command()
 @click.argument("root", type=DATASET)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--classes-of", "classes_of", default=None, metavar="TRAIN",
+              help="Compare the class list with this dataset's (directory, manifest.json or URL), e.g. the training "
+              "set of a validation set: a warning line names missing, extra and renumbered classes.")
 @cache_dir_option
 @errors
-def inspect(root, as_json, cache_dir):
+def inspect(root, as_json, classes_of, cache_dir):
     """Counts, classes, sizes, chroma/progressive mix and shards of a dataset (a directory, or a
     URL such as s3://bucket/prefix: only its manifest and index are fetched)."""
     from ..inspect import render, summarize
 
-    s = summarize(root, cache_dir=cache_dir)
+    s = summarize(root, classes_of=classes_of, cache_dir=cache_dir)
     click.echo(json.dumps(s, indent=1) if as_json else render(s))
 
 

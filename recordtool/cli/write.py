@@ -65,20 +65,25 @@ from .options import CLASSES, Finite, SEED, Size, THREADS, errors, on_error_poli
 @click.option("--ray-address", default=None,
               help="With --engine ray: auto (the cluster running here), ray://HOST:PORT, HOST:PORT, or local "
               "(a new instance; default unless RAY_ADDRESS is set).")
+@click.option("--classes-from", "classes_from", default=None, metavar="TRAIN",
+              help="--from folder: take the class list and labels of this packed dataset (its directory, its "
+              "manifest.json or its URL), e.g. the training set's when packing the validation set. A class "
+              "folder not in that list is an error; a listed class with no folder keeps its label.")
 @click.option("--no-resume", is_flag=True,
               help="Start over instead of reusing the shards an unfinished earlier run of the same pack finished.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @errors
 def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, overwrite, max_pixels, preset, keys,
          image_key, label_key, label_offset, filename_key, compression, max_side, quality, hw_friendly, max_classes,
-         max_inflate, engine, ray_address, no_resume, quiet):
+         max_inflate, engine, ray_address, classes_from, no_resume, quiet):
     """Pack SRC into OUT: OFRecord part files, index.rtx, manifest.json.
 
     OUT may be a URL (s3://bucket/prefix, any fsspec URL): the dataset is packed in a local
     staging folder, then uploaded, manifest last. TFRecord SRC may be URLs and globs too.
 
     Folders (SRC/<class>/<image>) get torchvision ImageFolder labels (sorted class folders →
-    0..K-1). JPEG bytes are copied unchanged; CMYK JPEGs, PNGs and other images are converted
+    0..K-1; hidden entries, named '.…', are skipped and listed), or with --classes-from those
+    of a packed dataset. JPEG bytes are copied unchanged; CMYK JPEGs, PNGs and other images are converted
     to RGB JPEG; unreadable files or records are skipped and listed in OUT/pack_report.json.
     With --shards each part file is filled by its own task; a re-run after a crash reuses the
     part files the killed run finished. SIGTERM and SIGHUP stop the workers as Ctrl-C does
@@ -96,10 +101,14 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
     try:
         if kind != "tfrecord" and (len(src) != 1 or not os.path.isdir(src[0])):
             raise click.UsageError(_not_a_folder(kind, src))
+        if classes_from is not None and kind != "folder":
+            raise click.UsageError(f"--classes-from numbers class folders: it applies to --from folder, not {kind}")
         if kind == "folder":
+            from ..format.manifest import classes_of
             from ..sources.imagefolder import ImageFolderSource
 
-            source = ImageFolderSource(src[0], exclude=(out,), max_classes=max_classes)
+            classes = None if classes_from is None else classes_of(classes_from)
+            source = ImageFolderSource(src[0], exclude=(out,), max_classes=max_classes, classes=classes)
         elif kind == "ofrecord":
             from ..sources.ofrecord import OFRecordSource
 
@@ -134,6 +143,10 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
             source.close()
     for w in summary.warnings:
         click.echo(f"warning: {w}", err=True)
+    if summary.missing_classes:
+        names = ", ".join(f"{name!r} ({k})" for k, name in summary.missing_classes[:10])
+        more = f", … {len(summary.missing_classes) - 10} more" if len(summary.missing_classes) > 10 else ""
+        click.echo(f"classes of {classes_from} with no folder in SRC (labels kept): {names}{more}", err=True)
     for f, why in summary.skipped[:10]:
         click.echo(f"skipped {f}: {why}", err=True)
     if len(summary.skipped) > 10:

@@ -81,9 +81,23 @@ class JpegInfo:
     blocks: int = 0  # 8x8 blocks of the image, every component, padded to whole MCUs
 
     @property
+    def convert_reason(self) -> str | None:
+        """Why a dataset must not hold these bytes as they are — every decoder of ours must take
+        them, and the index cannot route a file away from the GPU decoders for its coding — or
+        None. CMYK/YCCK: the decoders give RGB (libjpeg-turbo does not convert CMYK). Arithmetic
+        coding (SOF9, SOF10): nvJPEG decodes Huffman-coded files only, and the index's
+        chroma/progressive columns would send a sequential one to the hardware engines. Pack
+        converts such a file to a baseline Huffman-coded RGB JPEG; `recordtool index` leaves it out."""
+        if self.colorspace in (CS_CMYK, CS_YCCK):
+            return f"{CS_NAMES[self.colorspace].upper()} JPEG"
+        if self.arithmetic:
+            return "arithmetic-coded JPEG (nvJPEG decodes Huffman-coded files only)"
+        return None
+
+    @property
     def decodable_as_is(self) -> bool:
-        """True when libjpeg-turbo and nvJPEG's fallback decode it to RGB directly (no CMYK)."""
-        return self.colorspace not in (CS_CMYK, CS_YCCK)
+        """True when every decoder of ours takes the bytes as they are (`convert_reason`)."""
+        return self.convert_reason is None
 
 
 def _chroma(factors: list[tuple[int, int]]) -> int:
@@ -196,6 +210,26 @@ def _check_huffman(defined: dict, cls: int, num: int, where: str, sequential: bo
         raise BadJPEG(f"{where}: DC Huffman table {num} has a symbol over 15 (libjpeg: bogus Huffman table definition)")
 
 
+def _arith_conditioning(data, seg: int, seg_len: int, at: int) -> None:
+    """Check a DAC segment with jdmarker.c get_dac's rules. libjpeg-turbo reads one whatever the
+    frame's coding (a bad one stops a Huffman-coded file too): (index, value) byte pairs, index
+    = class << 4 | table with class 0 (DC) or 1 (AC) and table 0..15 (NUM_ARITH_TBLS); a DC
+    value holds the bounds L (low nibble) ≤ U (high nibble); an AC value (K) is taken as it is.
+    T.81 B.2.4.3's narrower ranges (tables 0..3, 1 ≤ K ≤ 63) are not enforced: libjpeg-turbo
+    decodes such files, and pack re-encodes arithmetic-coded ones (`JpegInfo.convert_reason`)."""
+    where = f"arithmetic conditioning segment (DAC) at offset {at}"
+    if seg_len % 2:
+        raise BadJPEG(f"{where}: length {seg_len} is not 2 + whole (table, value) pairs (libjpeg: bogus marker length)")
+    for pos in range(seg, seg + seg_len - 2, 2):
+        index, value = data[pos], data[pos + 1]
+        if index >= 32:
+            raise BadJPEG(f"{where}: table index 0x{index:02X} at offset {pos}: class {index >> 4}, not 0 (DC) or "
+                          "1 (AC) (libjpeg: bogus DAC index)")
+        if index < 16 and (value & 0x0F) > (value >> 4):
+            raise BadJPEG(f"{where}: DC table {index} conditioning 0x{value:02X} at offset {pos + 1}: lower bound "
+                          f"L={value & 0x0F} above upper bound U={value >> 4} (libjpeg: bogus DAC value)")
+
+
 def _scan(data, seg: int, seg_len: int, at: int, frame: _Frame, tables: set, huffman: dict) -> int:
     """Check a scan header (SOS) against the frame with jdmarker.c get_sos's, jdinput.c
     per_scan_setup's / latch_quant_tables' and (progressive) jdphuff.c's rules; returns its
@@ -246,7 +280,8 @@ def probe(data) -> JpegInfo:
     entropy-coded data between them — with libjpeg-turbo's rules (jdmarker.c, jdinput.c,
     jdphuff.c): a second SOI or frame header, a marker it does not know, a scan naming a
     component id the frame does not resolve, sampling factors over 4, an MCU of more than 10
-    blocks, a missing quantization table, ... are errors there, so they are here: pack never
+    blocks, a missing quantization table, a malformed arithmetic conditioning (DAC) segment,
+    ... are errors there, so they are here: pack never
     takes a file the decoders refuse, and the index describes the frame they decode.
 
     Raises NotJPEG when data is not a JPEG, BadJPEG (with the byte offset) when it is a
@@ -319,6 +354,8 @@ def probe(data) -> JpegInfo:
             _quant_tables(data, seg, seg_len, at, tables)
         elif marker == 0xC4:
             _huffman_tables(data, seg, seg_len, at, huffman)
+        elif marker == 0xCC:
+            _arith_conditioning(data, seg, seg_len, at)
         elif marker == 0xDD and seg_len != 4:
             raise BadJPEG(f"restart interval segment (DRI) at offset {at} has length {seg_len}, not 4")
         elif scans:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass
 
-from ..errors import DatasetNotFound, FormatError, UnsafePath
+from ..errors import ConfigError, DatasetNotFound, FormatError, UnsafePath
 from ..io import files
 
 MANIFEST_FILE = "manifest.json"
@@ -226,3 +227,59 @@ def validate(m, path: str = MANIFEST_FILE) -> dict:
     for key in ("source", "pack", "tool"):
         _need(m.get(key) is None or isinstance(m[key], dict), path, f"'{key}' must be an object")
     return m
+
+
+@dataclass(frozen=True)
+class ClassList:
+    """A finished dataset's class names, position = label (its manifest's `classes`), and where
+    they were read — the numbering a second pack of the same classes takes (`pack(...,
+    classes_from=)`), or `recordtool inspect --classes-of` compares with. Names are unique
+    (`classes_of` checks): each numbers one class folder."""
+
+    names: tuple
+    origin: str
+
+
+def classes_of(where, storage_options: dict | None = None) -> ClassList:
+    """The class list of the finished dataset at `where`: its directory, its manifest.json, or
+    its URL (s3://bucket/prefix: only the manifest is read). ConfigError when `where` is none
+    of these or its list names a class twice; FormatError when the manifest is not one."""
+    if not isinstance(where, (str, os.PathLike)):
+        raise ConfigError(f"classes_from must be a dataset path, its manifest.json or its URL, not "
+                          f"{type(where).__name__}")
+    where = os.fspath(where)
+    from ..io.fs import check_options, is_url
+
+    options = check_options(where, storage_options)
+    if is_url(where):
+        m = _remote_manifest(where, options)
+    elif os.path.isdir(where):
+        m = load(where)
+    elif os.path.basename(where) == MANIFEST_FILE and os.path.isfile(where):
+        m = parse(files.read_bounded(where, MAX_BYTES, "manifest"), where)
+    else:
+        raise ConfigError(f"classes_from {where}: not a packed dataset directory, its {MANIFEST_FILE} or its URL")
+    names = tuple(m["classes"])
+    first = {}
+    for label, name in enumerate(names):
+        if name in first:
+            raise ConfigError(f"classes_from {where}: class {name!r} is listed twice (labels {first[name]} and "
+                              f"{label}): it cannot number class folders")
+        first[name] = label
+    return ClassList(names, where)
+
+
+def _remote_manifest(url: str, options: dict) -> dict:
+    """The validated manifest of the dataset URL `url` (or of its manifest.json's URL)."""
+    from ..io.fs import get_fs
+    from ..io.transfer import Retry
+
+    fs, path = get_fs(url, **options)
+    path = path.rstrip("/")
+    if not path.endswith("/" + MANIFEST_FILE):
+        path = fs.join(path, MANIFEST_FILE)
+    try:
+        raw = Retry().call(lambda: fs.read_bytes(path, MAX_BYTES), fs.url(path))
+    except FileNotFoundError:
+        raise DatasetNotFound(f"{fs.url(path)}: no manifest, so it is not a finished recordtool dataset") from None
+    return parse(raw, fs.url(path))

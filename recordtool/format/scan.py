@@ -160,8 +160,8 @@ def index_parts(root: str, image_key: str = KEY_IMAGE, label_key: str = KEY_LABE
                     except (NotJPEG, BadJPEG) as e:
                         raise FormatError(f"{path}: offset {rec.offset}: image is not a JPEG recordtool can "
                                           f"index ({e}); re-pack with `recordtool pack --from ofrecord`") from None
-                    if not info.decodable_as_is:
-                        raise FormatError(f"{path}: offset {rec.offset}: CMYK/YCCK JPEG; re-pack with "
+                    if info.convert_reason:
+                        raise FormatError(f"{path}: offset {rec.offset}: {info.convert_reason}; re-pack with "
                                           "`recordtool pack --from ofrecord` to convert it")
                     why = decode_refusal(info, b - a, max_pixels)
                     if why:  # the decoders would refuse it: not indexed (as pack does not pack it)

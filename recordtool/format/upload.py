@@ -9,23 +9,36 @@ after the manifest is written. A pack never writes into an OUT that holds other 
 replaces a finished dataset only with overwrite=True — first removing its manifest, so at no
 moment does OUT look finished with mixed files. (Two packs into one URL at once are not
 detected: object stores have no locks.)
+
+The staging folder (`new_stage`) is named after the pack's process — pid namespace, pid and
+start time, as pack/semaphores.py names its semaphores — and holds a marker saying so. A pack
+killed before its cleanup (SIGKILL, the out-of-memory killer) leaves it in $TMPDIR; every later
+pack removes such folders whose owner is gone (`sweep_stages`), and nothing else. Linux only
+(where /proc tells whether a process lives); elsewhere the folder is anonymous and not swept.
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import shutil
+import stat
 import tempfile
 
 from ..errors import FormatError, OutputExists
 from ..io import files
 from ..io.fs import check_options, get_fs
 from ..io.transfer import Retry
+from ..util import owner_gone, process_identity
 from . import manifest as mf
 from .claim import listed, owned, parse_marker
 from .schema import MARKER_FILE, MARKER_MAX, PARTIAL_DIR
 
 MARKER = f"{PARTIAL_DIR}/{MARKER_FILE}"  # the same marker as in a local OUT (format/claim.py)
+STAGE_PREFIX = "recordtool-stage-"  # then <pid ns>.<pid>.<start>-<random> (Linux), or <random>
+STAGE_MARKER = "recordtool-stage.json"  # inside the folder: {"tool": "recordtool", "owner": [ns, pid, start]}
+_STAGE = re.compile(re.escape(STAGE_PREFIX) + r"(\d+)\.(\d+)\.(\d+)-[A-Za-z0-9_]+\Z")
 
 
 def claim(fs, out: str, overwrite: bool, retry: Retry) -> set:
@@ -121,9 +134,59 @@ def staged(out: str, overwrite: bool, storage_options: dict | None = None, retry
     fs, path = get_fs(out, **check_options(out, storage_options))
     path = path.rstrip("/")
     ours = claim(fs, path, overwrite, retry)
-    stage = tempfile.mkdtemp(prefix="recordtool-stage-")
+    stage = new_stage()
     try:
         yield os.path.join(stage, "dataset")
         publish(os.path.join(stage, "dataset"), fs, path, ours, retry)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+def new_stage() -> str:
+    """A new staging folder in $TMPDIR (tempfile's folder), private to this user: named after
+    this process (`process_identity`) with the marker STAGE_MARKER inside saying the same,
+    where /proc tells who lives; else anonymous (never swept)."""
+    me = process_identity()
+    stage = tempfile.mkdtemp(prefix=STAGE_PREFIX + (".".join(me) + "-" if me else ""))
+    if me is not None:
+        files.write_new(os.path.join(stage, STAGE_MARKER), mf.dump({"tool": "recordtool", "owner": list(me)}))
+    return stage
+
+
+def sweep_stages() -> list:
+    """Remove the staging folders in $TMPDIR that packs of this pid namespace made (`new_stage`)
+    and whose owner is gone (killed before its cleanup). A folder goes only when its name says
+    so, it is a real directory (not a link) of this user, and its marker — a regular file, not
+    a link — names the same owner; its content is removed without following links (shutil's
+    fd-based rmtree). Anything else in $TMPDIR is never touched. The names removed."""
+    if process_identity() is None:
+        return []
+    base = tempfile.gettempdir()
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        m = _STAGE.match(name)
+        if m is None or not owner_gone(*m.groups()):
+            continue
+        path = os.path.join(base, name)
+        if _stage_of(path, list(m.groups())):
+            shutil.rmtree(path, ignore_errors=True)  # another pack's sweep may be removing it too
+            if not os.path.lexists(path):
+                removed.append(name)
+    return removed
+
+
+def _stage_of(path: str, owner: list) -> bool:
+    """True when `path` is a staging folder `new_stage` made for `owner`: a directory of this
+    user holding the marker naming that owner."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            return False
+        marker = json.loads(files.read_bounded(os.path.join(path, STAGE_MARKER), 4096, "staging marker"))
+    except (OSError, ValueError, FormatError):  # no marker, a link, a FIFO, not JSON: not ours
+        return False
+    return isinstance(marker, dict) and marker.get("tool") == "recordtool" and marker.get("owner") == owner

@@ -27,10 +27,12 @@ from dataclasses import dataclass, field, replace
 
 from ..version import __version__
 from ..checks import MAX_PIXELS, MAX_SEED, MAX_THREADS, bounded_int, parse_size
-from ..errors import OnError, PackError, Rejected, Signalled, on_error as _on_error, report as _report
+from ..errors import ConfigError, OnError, PackError, Rejected, Signalled, on_error as _on_error, report as _report
 from ..format import index as ix
 from ..format.jpeg import DEFAULT_MAX_PIXELS
+from ..format.manifest import ClassList, classes_of
 from ..format.schema import PARTIAL_DIR
+from ..format.upload import sweep_stages
 from ..format.writer import DatasetWriter, FinishedShard
 from ..io.fs import get_fs, is_url
 from ..sources.base import Source, source_paths
@@ -56,6 +58,7 @@ class Summary:
     engine: str = "local"  # the `Engine.name` that packed
     reused: list = field(default_factory=list)  # part files finished by an earlier run, kept
     retried: int = 0  # tasks run again after their worker died (Ray)
+    missing_classes: list = field(default_factory=list)  # (label, name): listed (classes_from), no folder
 
     def line(self) -> str:
         mb = self.bytes / 1e6
@@ -67,7 +70,10 @@ class Summary:
             s += f"; reused {len(self.reused)} shards finished by an earlier run"
         if self.retried:
             s += f"; {self.retried} tasks retried after their worker died"
-        if self.converted or self.skipped or self.warnings:
+        if self.missing_classes:
+            n = len(self.missing_classes)
+            s += f"; {n} listed class{'es have' if n > 1 else ' has'} no folder (labels kept)"
+        if self.converted or self.skipped or self.warnings or self.missing_classes:
             s += f" (see {os.path.join(self.out, 'pack_report.json')})"
         return s
 
@@ -85,6 +91,7 @@ class PackConfig:
         overwrite: replace a finished dataset in OUT.
         resume: reuse the shards an unfinished earlier run of the same plan finished.
         progress: show a tqdm bar.
+        classes: the class list a folder SRC's labels follow (classes_from), or None.
     """
 
     engine: Engine
@@ -95,11 +102,12 @@ class PackConfig:
     overwrite: bool
     resume: bool
     progress: bool
+    classes: ClassList | None = None
 
 
 def configure(*, shards=None, shard_size=None, workers=None, seed=0, on_error="skip", overwrite=False,
               max_pixels=DEFAULT_MAX_PIXELS, transcode=NO_TRANSCODE, progress=True, engine=None, ray_address=None,
-              resume=True) -> PackConfig:
+              resume=True, classes_from=None) -> PackConfig:
     """`pack()`'s arguments (see there) checked and turned into a `PackConfig`."""
     # numbers checked once here (the CLI's click types apply the same bounds): ConfigError
     shards = None if shards is None else bounded_int("shards", shards, 1)  # ≤ items: checked with the plan
@@ -114,15 +122,17 @@ def configure(*, shards=None, shard_size=None, workers=None, seed=0, on_error="s
     if not isinstance(transcode, Transcode):
         raise TypeError(f"transcode must be a Transcode, not {type(transcode).__name__}")
     options = Options(max_pixels, transcode, _on_error(on_error))
+    classes = classes_from if classes_from is None or isinstance(classes_from, ClassList) else classes_of(classes_from)
     eng = engine_of(engine, workers, ray_address, transcoding=bool(transcode.max_side or transcode.hw_friendly))
-    return PackConfig(eng, options, shards, shard_size, int(seed), bool(overwrite), bool(resume), bool(progress))
+    return PackConfig(eng, options, shards, shard_size, int(seed), bool(overwrite), bool(resume), bool(progress),
+                      classes)
 
 
 def pack(src: str | os.PathLike | Source, out: str | os.PathLike, *, shards: int | None = None,
          shard_size: int | None = None, workers: int | None = None, seed: int = 0, on_error: OnError | str = "skip",
          overwrite: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS, transcode: Transcode = NO_TRANSCODE,
          progress: bool = True, engine: str | Engine | None = None, ray_address: str | None = None,
-         resume: bool = True) -> Summary:
+         resume: bool = True, classes_from: str | os.PathLike | ClassList | None = None) -> Summary:
     """Pack a source into OUT: OFRecord part files, index.rtx, manifest.json (all or nothing).
 
     Args:
@@ -155,17 +165,24 @@ def pack(src: str | os.PathLike | Source, out: str | os.PathLike, *, shards: int
             "auto" (the cluster running on this machine), "ray://HOST:PORT", "HOST:PORT" or "local".
         resume: reuse the shards an unfinished earlier run of the same plan finished (planned
             packs only); False starts over.
+        classes_from: a packed dataset (its directory, its manifest.json or its URL) whose
+            class list and label numbering a folder `src` takes — a validation set packed with
+            the training set's labels. A class folder not in that list is a PackError naming
+            it; a listed class without a folder keeps its label (`Summary.missing_classes`,
+            the report's `missing_classes`). Without it, sorted class folders → 0..K-1.
 
     SIGTERM and SIGHUP (when they have their default action) stop the workers as Ctrl-C does,
     then end the process by the same signal. Worker processes ignore Ctrl-C: the caller's
     KeyboardInterrupt stops them. The semaphores of a process-engine pack killed with its
-    resource tracker (SIGKILL to its process group) are removed by the next pack (Linux).
+    resource tracker (SIGKILL to its process group) are removed by the next pack (Linux), as
+    are the staging folders of packs to a URL killed before their cleanup.
     """
     config = configure(shards=shards, shard_size=shard_size, workers=workers, seed=seed, on_error=on_error,
                        overwrite=overwrite, max_pixels=max_pixels, transcode=transcode, progress=progress,
-                       engine=engine, ray_address=ray_address, resume=resume)
+                       engine=engine, ray_address=ray_address, resume=resume, classes_from=classes_from)
     out = os.fspath(out)
     sweep_semaphores()  # what an earlier process-engine pack killed with its tracker left in /dev/shm
+    sweep_stages()  # the staging folders of earlier packs to a URL killed before their cleanup
     with stop_on_signals():
         if not is_url(out):
             return _pack_into(src, get_fs(out)[1], config)  # a local path (file:// URLs too)
@@ -182,7 +199,10 @@ def _pack_into(src, out: str, config: PackConfig) -> Summary:
     if isinstance(src, (str, os.PathLike)):
         from ..sources.imagefolder import ImageFolderSource
 
-        source = ImageFolderSource(os.fspath(src), exclude=(out,))
+        source = ImageFolderSource(os.fspath(src), exclude=(out,), classes=config.classes)
+    elif config.classes is not None:
+        raise ConfigError("classes_from applies to a folder SRC given by its path; for a Source of your own, "
+                          "make it an ImageFolderSource(..., classes=recordtool.format.manifest.classes_of(...))")
     else:
         source = src
     try:
@@ -305,13 +325,17 @@ def _finish(writer, source, config: PackConfig, converted, skipped, max_label: i
               "converted": [{"file": f, "reason": r} for f, r in sorted(converted)],
               "skipped": [{"file": f, "reason": r} for f, r in sorted(skipped)],
               "warnings": source.warnings}
+    missing = getattr(source, "missing_classes", [])
+    if missing:
+        report["missing_classes"] = [{"label": k, "class": name} for k, name in missing]
     writer.finish(fields, report, shards)
 
 
 def _summary(m: dict, out, source, config, t0, converted, skipped, reused, retried) -> Summary:
     return Summary(out, m["records"], len(m["shards"]), sum(s["bytes"] for s in m["shards"]),
                    time.perf_counter() - t0, sorted(converted), sorted(skipped), source.warnings,
-                   engine=config.engine.name, reused=reused, retried=retried)
+                   engine=config.engine.name, reused=reused, retried=retried,
+                   missing_classes=list(getattr(source, "missing_classes", [])))
 
 
 def _no_record(n, skipped):

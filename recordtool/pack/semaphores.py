@@ -17,40 +17,17 @@ import multiprocessing
 import os
 import re
 import stat
-import sys
+
+from ..util import owner_gone, process_identity
 
 SHM = "/dev/shm"
 TAG = "mp-rt"  # after multiprocessing's own "mp" prefix: sem.mp-rt.<pid ns>.<pid>.<start>-<random>
 _NAME = re.compile(r"sem\." + re.escape(TAG) + r"\.(\d+)\.(\d+)\.(\d+)-[A-Za-z0-9_]+\Z")
 
 
-def _start(pid) -> str | None:
-    """The start time of process `pid` (clock ticks after boot: with the pid, it names one
-    process), or None when there is none, or it is a zombie (its semaphores are of no use)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    if len(fields) < 20 or fields[0] in (b"Z", b"X"):
-        return None
-    return fields[19].decode()
-
-
-def _namespace() -> str | None:
-    """This process's pid namespace: a pid means something only within it (a /dev/shm shared
-    across containers holds the names of packs whose pids this one cannot see)."""
-    try:
-        return str(os.stat("/proc/self/ns/pid").st_ino)
-    except OSError:
-        return None
-
-
 def _identity() -> tuple | None:
-    if not sys.platform.startswith("linux") or not os.path.isdir(SHM):
-        return None
-    ns, start = _namespace(), _start("self")
-    return None if ns is None or start is None else (ns, str(os.getpid()), start)
+    """This process's (pid namespace, pid, start time) where /dev/shm holds the semaphores."""
+    return process_identity() if os.path.isdir(SHM) else None
 
 
 @contextlib.contextmanager
@@ -86,7 +63,7 @@ def sweep() -> list:
     removed = []
     for name in names:
         m = _NAME.match(name)
-        if m is None or m.group(1) != me[0] or _start(m.group(2)) == m.group(3):
+        if m is None or not owner_gone(*m.groups()):
             continue
         path = os.path.join(SHM, name)
         try:

@@ -1,11 +1,12 @@
 """Pack's fix-up stage (`prepare`): a source image's bytes into bytes every decoder of ours
 takes, touching as few as possible.
 
-JPEGs that libjpeg-turbo decodes to RGB are kept byte for byte. CMYK/YCCK JPEGs, PNGs (also
-PNGs named .JPEG) and other formats Pillow opens are converted to RGB JPEG, as tf-slim's
-ImageNet converter does. Anything else is refused with a reason. Optional transcoding
-(`Transcode`): shrink images over a maximum side (FFCV's max_resolution), and re-encode what
-NVIDIA's hardware decoder cannot take as baseline 4:2:0.
+JPEGs that every decoder of ours takes are kept byte for byte. CMYK/YCCK JPEGs, arithmetic-coded
+JPEGs (nvJPEG cannot decode them), PNGs (also PNGs named .JPEG) and other formats Pillow opens
+are converted to baseline RGB JPEG, as tf-slim's ImageNet converter does. Anything else is
+refused with a reason. Optional transcoding (`Transcode`): shrink images over a maximum side
+(FFCV's max_resolution), and re-encode what NVIDIA's hardware decoder cannot take as baseline
+4:2:0.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from .. import codec
 from ..checks import MAX_SIDE, bounded_int
 from ..errors import Rejected
-from ..format.jpeg import (DEFAULT_MAX_PIXELS, BadJPEG, CHROMA_410, CHROMA_411, CHROMA_UNKNOWN, CS_NAMES,
+from ..format.jpeg import (DEFAULT_MAX_PIXELS, BadJPEG, CHROMA_410, CHROMA_411, CHROMA_UNKNOWN,
                            JpegInfo, NotJPEG, decode_refusal, probe)
 from ..format.schema import MAX_IMAGE_BYTES
 
@@ -40,8 +41,6 @@ class Transcode:
             return None
         if info.progressive:
             return "progressive JPEG (hardware decoder: baseline only)"
-        if info.arithmetic:
-            return "arithmetic-coded JPEG"
         if info.chroma in (CHROMA_411, CHROMA_410, CHROMA_UNKNOWN) and info.channels == 3:
             return "chroma layout the hardware decoder cannot take"
         return None
@@ -88,8 +87,8 @@ def prepare(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, transcode: Transc
     why = decode_refusal(info, len(data), max_pixels)
     if why:  # the decoders would refuse it: never put it in a dataset
         raise Rejected(f"bad JPEG: {why}")
-    if not info.decodable_as_is:
-        return _convert(data, max_pixels, transcode, f"{CS_NAMES[info.colorspace].upper()} JPEG")
+    if info.convert_reason:  # CMYK, arithmetic coding: not every decoder of ours takes it
+        return _convert(data, max_pixels, transcode, info.convert_reason)
     if transcode.max_side and max(info.width, info.height) > transcode.max_side:
         return _shrink_jpeg(data, info, transcode)
     why = transcode.hw_reason(info)

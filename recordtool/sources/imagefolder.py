@@ -1,14 +1,16 @@
-"""ImageNet-style folders: `root/<class>/**/<file>`, with torchvision ImageFolder's labels."""
+"""ImageNet-style folders: `root/<class>/**/<file>`, with torchvision ImageFolder's labels (hidden
+entries left out), or the labels of a given class list."""
 from __future__ import annotations
 
 import os
 import stat
 from dataclasses import dataclass
 
-from ..errors import Rejected, UnsafePath
+from ..errors import ConfigError, PackError, Rejected, UnsafePath
 from ..io import files
 from ..checks import CLASSES_LIMIT, bounded_int
 from .base import DEFAULT_MAX_CLASSES
+from ..format.manifest import ClassList
 from ..format.schema import IMAGE_EXTENSIONS, MAX_IMAGE_BYTES  # noqa: F401  (IMAGE_EXTENSIONS: read from here too)
 
 
@@ -27,50 +29,89 @@ class ImageFolderSource:
     directory once (by device and inode), so a link loop or a second link to the same folder
     adds nothing and is reported.
 
+    Hidden entries — a name starting with '.' (`.ipynb_checkpoints`, `.DS_Store`, `._x.jpg`,
+    `.git`), at any depth — are not classes and are not walked or packed; each is reported
+    among the skipped (a hidden folder once, not its content). torchvision's ImageFolder takes
+    a hidden top-level folder as class 0, so on a folder with one its labels differ from ours
+    (which are those of the same folder without it).
+
+    With `classes` (a `ClassList`, e.g. the training set's), labels are that list's positions
+    instead: a class folder not in it is a PackError naming the folder; a listed class with no
+    folder keeps its label (listed in `missing_classes`), so a validation set missing a class
+    gets the training set's labels all the same.
+
     Args:
         root: the folder holding one sub-folder per class.
         exclude: directories never walked (pack passes OUT: a link into it is not packed).
         max_bytes: files larger than this are refused from their size, unread.
-        max_classes: more class folders than this is an error (a label per folder).
+        max_classes: more class folders (or listed classes) than this is an error (a label each).
+        classes: the class list whose numbering the labels take (format.manifest.classes_of).
     """
 
     kind = "imagefolder"
 
     def __init__(self, root: str, exclude=(), max_bytes: int = MAX_IMAGE_BYTES,
-                 max_classes: int = DEFAULT_MAX_CLASSES):
+                 max_classes: int = DEFAULT_MAX_CLASSES, classes: ClassList | None = None):
         max_classes = bounded_int("max_classes", max_classes, 1, CLASSES_LIMIT)
+        if classes is not None and not isinstance(classes, ClassList):
+            raise ConfigError(f"classes must be a ClassList (recordtool.format.manifest.classes_of), not "
+                              f"{type(classes).__name__}")
         if not os.path.isdir(root):
             raise FileNotFoundError(f"{root}: not a directory")
         self.root = root
         self.max_bytes = max_bytes
+        self.class_list = classes
         self.items, self.skipped, self.warnings = [], [], []
+        self.missing_classes = []  # (label, name) of listed classes with no folder (`classes` given)
         seen = {_dir_id(root)}
         excluded = {d for d in (_dir_id(p) for p in exclude if os.path.isdir(p)) if d is not None}
-        classes = []
+        folders = []
         for e in sorted(os.scandir(root), key=lambda e: e.name):
-            if not e.is_dir():
+            is_dir = _is_dir(e)
+            if e.name.startswith("."):
+                self.skipped.append((e.name, f"hidden {'folder' if is_dir else 'file'} (name starts with '.'): "
+                                     + ("not a class, not packed" if is_dir else "not packed")))
+            elif not is_dir:
                 self.skipped.append((e.name, "file outside any class folder"))
-                continue
-            d = _dir_id(e.path)
-            if d in excluded:
+            elif (d := _dir_id(e.path)) in excluded:
                 self.skipped.append((e.name, "the output directory: not packed"))
             elif d in seen:
                 self.skipped.append((e.name, "the source folder itself (symbolic link loop): not walked"))
             else:
-                classes.append(e.name)
-        if not classes:
+                folders.append(e.name)
+        if not folders:
             raise FileNotFoundError(f"{root}: no class folders (expected root/<class>/<image>)")
-        if len(classes) > max_classes:
-            raise FileNotFoundError(f"{root}: {len(classes)} class folders, more than max_classes {max_classes}")
-        self.class_names = classes
+        self.class_names = self._number(folders, classes)
+        if len(self.class_names) > max_classes:
+            raise FileNotFoundError(f"{root}: {len(self.class_names)} class"
+                                    f"{' folders' if classes is None else 'es listed'}, more than max_classes "
+                                    f"{max_classes}")
         # every class folder is its own: a link from one class into another is not walked
-        seen |= {_dir_id(os.path.join(root, c)) for c in classes}
+        seen |= {_dir_id(os.path.join(root, c)) for c in folders}
         base = os.path.abspath(root)  # items hold absolute paths: loadable from any working directory
-        for label, cls in enumerate(classes):
+        present = set(folders)
+        for label, cls in enumerate(self.class_names):
+            if cls not in present:
+                self.missing_classes.append((label, cls))
+                continue
             found = self._walk(os.path.join(base, cls), label, seen, excluded)
             if not found:
                 self.warnings.append(f"class {cls!r} (label {label}) has no images; its label is kept so "
                                      "labels match torchvision's ImageFolder")
+
+    def _number(self, folders: list, classes: ClassList | None) -> list:
+        """The class names by label: the sorted folders, or the given list — which must hold
+        every folder (PackError naming the first it does not)."""
+        if classes is None:
+            return folders
+        known = set(classes.names)
+        unknown = [f for f in folders if f not in known]
+        if unknown:
+            more = f" (and {len(unknown) - 1} more: {unknown[1:4]})" if len(unknown) > 1 else ""
+            raise PackError(f"{os.path.join(self.root, unknown[0])}: class folder {unknown[0]!r} is not in the class "
+                            f"list of {classes.origin} ({len(classes.names)} classes){more}; its labels cannot "
+                            "number it: pack it with that dataset, or remove the folder")
+        return list(classes.names)
 
     def _walk(self, top: str, label: int, seen: set, excluded: set) -> int:
         """Depth-first, sorted, each directory (device, inode) once; returns images found."""
@@ -96,11 +137,11 @@ class ImageFolderSource:
             subdirs = []
             for e in entries:
                 rel = os.path.relpath(e.path, self.root)
-                try:
-                    is_dir = e.is_dir()  # follows links
-                except OSError:
-                    is_dir = False
-                if is_dir:
+                is_dir = _is_dir(e)
+                if e.name.startswith("."):
+                    self.skipped.append((rel, f"hidden {'folder' if is_dir else 'file'} (name starts with '.'): "
+                                         "not packed"))
+                elif is_dir:
                     subdirs.append(e.path)
                 elif not e.name.lower().endswith(IMAGE_EXTENSIONS):
                     self.skipped.append((rel, f"not an image file extension ({os.path.splitext(e.name)[1] or 'none'})"))
@@ -129,7 +170,10 @@ class ImageFolderSource:
         return list(self.class_names), None
 
     def describe(self) -> dict:
-        return {"kind": self.kind, "path": self.root, "files": len(self.items)}
+        d = {"kind": self.kind, "path": self.root, "files": len(self.items)}
+        if self.class_list is not None:
+            d["classes_from"] = self.class_list.origin
+        return d
 
     def notes(self) -> dict:
         return {}
@@ -139,6 +183,14 @@ class ImageFolderSource:
 
     def close(self):
         pass
+
+
+def _is_dir(entry) -> bool:
+    """A directory, or a link to one (followed)."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
 
 
 def _dir_id(path: str):
