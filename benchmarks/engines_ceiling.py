@@ -1,0 +1,185 @@
+"""What the NVJPG engines decode per second with an ideal feed: the physical limit of the GPU path.
+
+The dataset's engine-decodable records (plan.route == ENGINE: baseline YCbCr in the layouts the
+engines take) are staged once in one pinned host buffer; then, with nothing else running, T
+threads each drive their own nvJPEG hardware decoder (own handle state, own non-blocking
+stream, own output) through nvjpegDecodeBatchedEx on batches of B consecutive records of that
+set, round after round, and wait for each call's device work before the next. Whole images are
+decoded (no region of interest: the engines decode every block either way), as interleaved RGB
+(what DALI's mixed decoder asks of them) or as planar YCbCr (what the Loader asks of them).
+
+Every (format, pipeline, threads, batch) cell reports img/s over all threads, and each call's
+host time (until nvJPEG returns) and its time to the stream's completion (medians): whether the
+call blocks the thread until the engines are done, and how many calls in flight keep them busy.
+
+Nothing here is the Loader: its rate beside this ceiling is `recordtool bench --device cuda` on the
+same dataset (the Loader alone, and DALI on the original files), run in the same call.
+
+Usage (GPU machine):
+  python benchmarks/engines_ceiling.py PACKED [--threads 1,2,3,4,6] [--batch 128,256,512]
+      [--seconds 1.5] [--formats rgbi,yuv] [--pipeline off,on] [--json FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+
+import numpy as np
+
+
+def engine_records(ds, limit: int):
+    """Ids (up to `limit`), bytes of the records the engines take, in record order."""
+    from recordtool.decode.gpu import ENGINE, route
+
+    ix = ds.index
+    codes = route(ix.chroma, ix.progressive, ix.colorspace, pixels=ix.width.astype(np.int64) * ix.height)
+    ids = np.nonzero(codes == ENGINE)[0][:limit]
+    return ids, [bytes(b) for b in ds.jpeg_views(ids)]
+
+
+class Staged:
+    """All the JPEGs in one pinned host buffer (64-byte aligned each): the ideal feed, no copy
+    and no page fault on the way to nvJPEG."""
+
+    def __init__(self, cupy, blobs):
+        sizes = np.array([len(b) for b in blobs], np.int64)
+        spans = (sizes + 63) // 64 * 64
+        offs = np.concatenate([[0], np.cumsum(spans)[:-1]])
+        self.mem = cupy.cuda.alloc_pinned_memory(int(spans.sum()))
+        host = np.frombuffer(self.mem, np.uint8, int(spans.sum()))
+        for o, b in zip(offs.tolist(), blobs):
+            host[o:o + len(b)] = np.frombuffer(b, np.uint8)
+        self.ptrs = self.mem.ptr + offs
+        self.lengths = sizes
+
+
+def run_cell(cupy, staged, widths, heights, *, fmt: str, pipeline: bool, threads: int, batch: int,
+             seconds: float, device: int) -> dict:
+    """T threads × their own decoder on batches of `batch` records for about `seconds`."""
+    from recordtool.decode.gpu.nvjpeg import HardwareDecoder
+
+    n = len(staged.lengths)
+    planar = fmt == "yuv"
+    starts = list(range(0, n - batch + 1, batch)) or [0]
+    batch = min(batch, n)
+    # every batch's outputs laid out once: interleaved RGB (w·3 bytes a row) or Y + Cb + Cr at
+    # full size (the engines write the chroma planes at their subsampled size, inside these)
+    per = widths.astype(np.int64) * heights * 3
+    room = max(int(per[s:s + batch].sum()) for s in starts)
+    results = [None] * threads
+    barrier = threading.Barrier(threads + 1)
+    stop = threading.Event()
+
+    def worker(t: int):
+        with cupy.cuda.Device(device):
+            dec = HardwareDecoder(batch, planar=planar, pipeline=pipeline)
+            stream = cupy.cuda.Stream(non_blocking=True)
+            out = cupy.empty(room, cupy.uint8)
+            layouts = []
+            for s in starts:
+                w, h = widths[s:s + batch].astype(np.int64), heights[s:s + batch].astype(np.int64)
+                offs = out.data.ptr + np.concatenate([[0], np.cumsum(w * h * 3)[:-1]])
+                if planar:
+                    planes = np.stack([offs, offs + w * h, offs + 2 * w * h], 1)
+                    layouts.append((planes, np.stack([w, w, w], 1)))
+                else:
+                    layouts.append((offs, w * 3))
+            rois = np.tile(np.array([0, 0, -1, -1], np.int64), (batch, 1))
+
+            def call(k: int):
+                s = starts[k % len(starts)]
+                ptrs, lens = staged.ptrs[s:s + batch], staged.lengths[s:s + batch]
+                a, b = layouts[k % len(starts)]
+                if planar:
+                    dec.decode_planes(ptrs, lens, a, b, stream.ptr, rois)
+                else:
+                    dec.decode(ptrs, lens, rois, a, b, stream.ptr)
+
+            for k in range(2):  # warm-up: the state's buffers sized, the engines awake
+                call(k + t)
+                stream.synchronize()
+            host, done, images = [], [], 0
+            barrier.wait()
+            t0 = time.perf_counter()
+            k = t
+            while not stop.is_set():
+                c0 = time.perf_counter()
+                call(k)
+                c1 = time.perf_counter()
+                stream.synchronize()
+                c2 = time.perf_counter()
+                host.append(c1 - c0)
+                done.append(c2 - c0)
+                images += batch
+                k += threads
+            results[t] = (images, time.perf_counter() - t0, host, done)
+            dec.close()
+
+    pool = [threading.Thread(target=worker, args=(t,), daemon=True) for t in range(threads)]
+    for p in pool:
+        p.start()
+    barrier.wait()
+    time.sleep(seconds)
+    stop.set()
+    for p in pool:
+        p.join()
+    images = sum(r[0] for r in results)
+    elapsed = max(r[1] for r in results)
+    host = [x for r in results for x in r[2]]
+    done = [x for r in results for x in r[3]]
+    return {"format": fmt, "pipeline": pipeline, "threads": threads, "batch": batch, "images": images,
+            "seconds": elapsed, "img_s": images / elapsed, "calls": len(host),
+            "call_host_ms": 1e3 * statistics.median(host), "call_done_ms": 1e3 * statistics.median(done)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("root")
+    ap.add_argument("--threads", default="1,2,3,4,6")
+    ap.add_argument("--batch", default="128,256,512")
+    ap.add_argument("--formats", default="rgbi,yuv")
+    ap.add_argument("--pipeline", default="off,on")
+    ap.add_argument("--seconds", type=float, default=1.5)
+    ap.add_argument("--images", type=int, default=4096, help="engine-decodable records used at most")
+    ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--json")
+    a = ap.parse_args(argv)
+
+    import cupy
+
+    import recordtool
+
+    ds = recordtool.open(a.root)
+    ids, blobs = engine_records(ds, a.images)
+    with cupy.cuda.Device(a.device):
+        staged = Staged(cupy, blobs)
+    w, h = ds.index.width[ids], ds.index.height[ids]
+    print(f"{len(ids)} engine-decodable records of {len(ds)}: mean {staged.lengths.mean() / 1e3:.0f} KB, "
+          f"mean {w.mean():.0f}x{h.mean():.0f}")
+    rows = []
+    print(f"{'format':>6} {'pipe':>4} {'thr':>3} {'batch':>5} {'img/s':>8} {'call host ms':>12} {'call done ms':>12}")
+    for fmt in a.formats.split(","):
+        for pipe in a.pipeline.split(","):
+            for t in (int(x) for x in a.threads.split(",")):
+                for b in (int(x) for x in a.batch.split(",")):
+                    r = run_cell(cupy, staged, w, h, fmt=fmt, pipeline=pipe == "on", threads=t, batch=b,
+                                 seconds=a.seconds, device=a.device)
+                    rows.append(r)
+                    print(f"{fmt:>6} {pipe:>4} {t:>3} {b:>5} {r['img_s']:>8.0f} {r['call_host_ms']:>12.1f} "
+                          f"{r['call_done_ms']:>12.1f}", flush=True)
+    best = max(rows, key=lambda r: r["img_s"])
+    print(f"ceiling: {best['img_s']:.0f} img/s ({best['format']}, pipeline {best['pipeline']}, "
+          f"{best['threads']} threads x batch {best['batch']})")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"records": len(ids), "mean_bytes": float(staged.lengths.mean()),
+                       "mean_width": float(w.mean()), "mean_height": float(h.mean()), "rows": rows,
+                       "ceiling": best}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
