@@ -3,7 +3,8 @@
 `except recordtool.RecordtoolError` catches any of our errors; each subclass also derives
 from the builtin a caller would expect (`ValueError` for bad data, `FileExistsError` for an
 occupied output, …), so older `except ValueError` code keeps working. Messages name the file
-and, where there is one, the byte offset.
+and, where there is one, the byte offset. Every RecordtoolError is importable from
+`recordtool` too, except those marked Internal, which never reach a caller.
 """
 from __future__ import annotations
 

@@ -298,3 +298,21 @@ def test_non_square_sizes_in_every_layout(packed, layout, memory_format):
         with_op.close()
         assert seen[0] == (4, 12, 20, 3) and np.array_equal(x, y)
     assert Loader(packed, batch_size=4, size=(16, 16), as_torch=False).size == 16
+
+
+def test_every_error_a_caller_may_catch_is_importable_from_recordtool():
+    import inspect
+
+    from recordtool import BadState, ConfigError, DatasetNotFound, DeviceUnavailable, NotADataset
+
+    errors = recordtool.errors
+    assert (BadState, ConfigError, DatasetNotFound, DeviceUnavailable, NotADataset) == (
+        errors.BadState, errors.ConfigError, errors.DatasetNotFound, errors.DeviceUnavailable, errors.NotADataset)
+    public = [name for name, cls in vars(recordtool.errors).items()
+              if inspect.isclass(cls) and issubclass(cls, recordtool.errors.RecordtoolError)
+              and not (cls.__doc__ or "").startswith("Internal")]
+    assert len(public) >= 20
+    for name in public:
+        assert getattr(recordtool, name) is getattr(recordtool.errors, name) and name in recordtool.__all__, name
+    assert set(recordtool.__all__) <= set(dir(recordtool)) | {"Loader", "Output", "TrainCrop", "EvalCrop",
+                                                            "GPUOptions", "RemoteOptions", "pack"}
