@@ -78,11 +78,16 @@ class OpCompileError(RecordtoolError, TypeError):
 
 
 class OpError(RecordtoolError, RuntimeError):
-    """A compiled per-image user op returned a non-zero status (it raised, or returned an error
-    code) on some images; `.failures` is a list of (batch index, status)."""
+    """A user op failed. A compiled per-image op returned a non-zero status (it raised, or
+    returned an error code) on some images: `.failures` is a list of (batch index, status). Or
+    Python code of an op raised on a batch (a batch op, an ImageOp's `params`): `.failures` is
+    empty, the message names the op and the exception, and `__cause__` is that exception."""
 
-    def __init__(self, failures, name: str = "user op", where: str = ""):
+    def __init__(self, failures, name: str = "user op", where: str = "", raised: BaseException | None = None):
         self.failures, self.name = failures, name
+        if raised is not None:
+            super().__init__(f"{name} raised {type(raised).__name__}: {raised}{where}")
+            return
         codes = "; ".join(f"#{i}: {OP_STATUS.get(c, f'returned {c}')}" for i, c in failures[:5])
         more = f" (+{len(failures) - 5} more)" if len(failures) > 5 else ""
         super().__init__(f"{name} failed on {len(failures)} image(s){where}: {codes}{more}")

@@ -1,6 +1,7 @@
 """Loader: rank cover, resume equivalence, errors surface, clean shutdown, user ops."""
 import threading
 import time
+import traceback
 
 import numpy as np
 import pytest
@@ -77,9 +78,11 @@ def test_exception_in_pipeline_surfaces_with_cause(packed):
         raise ZeroDivisionError("user op exploded")
 
     ld = Loader(packed, batch_size=4, size=32, user_op=bad_op, as_torch=False)
-    with pytest.raises(ZeroDivisionError, match="user op exploded") as e:
+    with pytest.raises(recordtool.errors.OpError, match="bad_op raised ZeroDivisionError: user op exploded") as e:
         collect(ld)
-    assert any("bad_op" in str(f) for f in e.traceback)
+    cause = e.value.__cause__  # the op's own exception, with its traceback
+    assert isinstance(cause, ZeroDivisionError)
+    assert any(f.name == "bad_op" for f in traceback.extract_tb(cause.__traceback__))
 
 
 def test_clean_shutdown_no_leaked_threads(packed):
