@@ -161,8 +161,8 @@ class ConfigError(RecordtoolError, ValueError):
 
 class ThreadStartError(RecordtoolError, OSError):
     """The system would not start a native decode thread (a memory cap leaves no room for its
-    stack, a thread limit is reached). Fewer `threads` may work; the threads started so far
-    stay usable."""
+    stack, a thread limit is reached). Fewer `threads` may work; the threads the failed call
+    started are stopped and joined, so nothing of it stays behind."""
 
 
 class DeviceUnavailable(RecordtoolError, RuntimeError):

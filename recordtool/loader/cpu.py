@@ -104,8 +104,12 @@ class CPUBatcher:
         # time, so one batch's tail (its last, largest images) overlaps the next one's start
         self._pools = [cpu.new_pool_id() for _ in range(producers)]
         ix = recipe.ds.index
-        for pool in self._pools:
-            cpu.reserve(ix.width, ix.height, threads, pool)  # its threads' decode buffers, now
+        try:
+            for pool in self._pools:
+                cpu.reserve(ix.width, ix.height, threads, pool)  # its threads' decode buffers, now
+        except BaseException:  # ThreadStartError: the pool stopped what it started; its id goes back
+            self.close()
+            raise
 
     def __call__(self, ids, epoch: int, slot: int, drawn: tuple | None = None):
         """The batch of these ids in this epoch, made by producer `slot`; drawn: its (windows,

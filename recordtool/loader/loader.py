@@ -16,7 +16,7 @@ from typing import Literal, Union
 
 import numpy as np
 
-from ..checks import bounded_int
+from ..checks import MAX_DECODE_THREADS, bounded_int
 from ..datasets import open_dataset
 from ..decode.cpu import cores
 from ..decode.spec import EvalCrop, Output, TrainCrop
@@ -83,7 +83,8 @@ class Loader:
         seed: keys the shuffle, windows, flips and keyed user ops.
         rank, world_size: this process's share; default from torch.distributed or RANK/WORLD_SIZE.
         block_shards: `Dataset.sampler`'s — None: block shuffle for URLs, global permutation for local data.
-        threads: CPU decode threads (default: cores).
+        threads: CPU decode threads (default: cores), at most MAX_DECODE_THREADS (256), checked
+            before any thread starts.
         producers: producer threads (default 2).
         prefetch: batches each producer makes ahead.
         continuous: the producers go on into the next epoch's first batches while the training
@@ -146,7 +147,8 @@ class Loader:
         self.seed = bounded_int("seed", seed, 0, floats=False)
         self.prefetch = bounded_int("prefetch", prefetch, 1, floats=False)
         self.continuous = _flag(continuous, "continuous")
-        self.threads = cores() if threads is None else bounded_int("threads", threads, 1, floats=False)
+        self.threads = cores() if threads is None else bounded_int("threads", threads, 1, MAX_DECODE_THREADS,
+                                                                   floats=False)
         # producer threads, batches dealt round-robin and handed out in order: two, so one's
         # Python work (and user op) overlaps the other's decode. On the GPU, measured in training
         # with epochs running into each other (BENCHMARKS.md), 4 producers took twice the
