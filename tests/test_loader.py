@@ -140,6 +140,51 @@ def test_rank_from_environment(packed, monkeypatch):
     assert (ld.rank, ld.world_size) == (1, 4) and len(ld) == 3  # 48 / 4 ranks / 4 per batch
 
 
+def test_a_world_size_without_a_rank_is_refused_when_the_share_is_needed(packed, monkeypatch):
+    """Lightning's DDP processes before fit(): WORLD_SIZE=2, no RANK, no process group. The
+    Loader may be made (the group will tell it its rank); taking a share before that is a
+    ConfigError naming RANK, never rank 0."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ld = Loader(packed, batch_size=4, size=32, as_torch=False, threads=1)
+    for use in (len, lambda x: x.rank, lambda x: next(iter(x)), lambda x: x.state_dict(), lambda x: x.batch_ids(0)):
+        with pytest.raises(recordtool.errors.ConfigError, match="WORLD_SIZE=2 but not RANK"):
+            use(ld)
+    monkeypatch.setenv("RANK", "1")  # the launcher told it now: the share follows
+    assert (ld.rank, ld.world_size, len(ld)) == (1, 2, 6)
+    assert [i for _, _ in ld for i in [0]] and ld.state_dict()["rank"] == 1
+    monkeypatch.setenv("RANK", "0")  # from the first batch on the Loader keeps its place
+    assert (ld.rank, ld.world_size) == (1, 2)
+
+
+@pytest.mark.parametrize("env,kw,match", [
+    ({"RANK": "1"}, {}, "RANK=1 but not WORLD_SIZE"),
+    ({"RANK": "2", "WORLD_SIZE": "2"}, {}, r"RANK=2 is not in \[0, WORLD_SIZE=2\)"),
+    ({"RANK": "one", "WORLD_SIZE": "2"}, {}, "RANK='one' is not an integer"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, {}, "WORLD_SIZE='0' is not an integer ≥ 1"),
+    ({"RANK": "1", "WORLD_SIZE": "4"}, {"rank": 2}, "rank=2 given without world_size.*rank 1 of 4"),
+    ({"RANK": "1", "WORLD_SIZE": "4"}, {"world_size": 2}, "world_size=2 given without rank.*4 process"),
+    ({}, {"rank": 1}, "rank=1 given without world_size.*single process"),
+    ({}, {"rank": 2, "world_size": 2}, r"rank 2 not in \[0, world_size=2\)"),
+])
+def test_an_inconsistent_placement_is_refused_not_guessed(packed, monkeypatch, env, kw, match):
+    for k in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(recordtool.errors.ConfigError, match=match):
+        Loader(packed, batch_size=4, size=32, as_torch=False, threads=1, **kw)
+
+
+def test_both_given_are_the_callers_split_whatever_the_environment(packed, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # half a launcher's environment: not read when both are given
+    ld = Loader(packed, batch_size=4, size=32, as_torch=False, threads=1, rank=0, world_size=1)
+    assert (ld.rank, ld.world_size, len(ld)) == (0, 1, 12)
+    monkeypatch.setenv("RANK", "1")
+    assert Loader(packed, batch_size=4, size=32, as_torch=False, threads=1, rank=1).world_size == 2
+
+
 def _new_producers(before: set) -> list:
     """The producer threads started since `before` (other tests' Loaders may still hold theirs
     until they are collected), each given time to end: stopping joins them, so a live one was
