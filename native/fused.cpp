@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <condition_variable>
 #include <csetjmp>
 #include <cstdio>
@@ -507,8 +508,11 @@ class Pool {
   private:
     // std::thread throws std::system_error when the system will not start one (no memory for
     // its stack under a cap, a thread limit): ThreadStartError, recordtool.errors'
-    // ThreadStartError in Python. The threads started so far stay for the next call.
+    // ThreadStartError in Python. The threads this call started are stopped and joined first,
+    // so a failed call leaves the pool as it found it: a thread count the system refuses does
+    // not leave thousands of idle threads behind for every later call to trip on.
     void ensure(int workers) {
+        const size_t before = threads_.size();
         while ((int)threads_.size() < workers) {
             int id = (int)threads_.size() + 1;
             unsigned long gen;
@@ -519,11 +523,26 @@ class Pool {
             try {
                 threads_.emplace_back([this, id, gen] { loop(id, gen); });
             } catch (const std::system_error& e) {
+                shrink(before);
                 throw ThreadStartError("cannot start native decode thread " + std::to_string(id) + " of " +
                                        std::to_string(workers) + " (" + e.what() +
                                        "): fewer threads, or a higher memory or thread limit");
             }
         }
+    }
+
+    // Stop and join the threads past the first `keep` (idle: run() holds call_mu_, so no job is
+    // under way); each takes its kernel id out of tids_ as it leaves.
+    void shrink(size_t keep) {
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            keep_ = (int)keep;
+        }
+        cv_.notify_all();
+        for (size_t i = keep; i < threads_.size(); i++) threads_[i].join();
+        threads_.resize(keep);
+        std::lock_guard<std::mutex> g(mu_);
+        keep_ = INT_MAX;
     }
 
     void loop(int id, unsigned long seen) {
@@ -539,8 +558,12 @@ class Pool {
             const std::function<void(int)>* job;
             {
                 std::unique_lock<std::mutex> lk(mu_);
-                cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
+                cv_.wait(lk, [&] { return stop_ || id > keep_ || generation_ != seen; });
                 if (stop_) return;
+                if (id > keep_) {  // shrink(): this thread goes
+                    tids_.erase(std::remove(tids_.begin(), tids_.end(), tid), tids_.end());
+                    return;
+                }
                 seen = generation_;
                 if (id > active_) continue;  // not needed for this call
                 job = job_;
@@ -572,6 +595,7 @@ class Pool {
     const std::function<void(int)>* job_ = nullptr;
     unsigned long generation_ = 0;
     int active_ = 0, pending_ = 0;
+    int keep_ = INT_MAX;  // threads with a higher id leave (shrink)
     bool stop_ = false;
     std::exception_ptr error_;  // the first exception a job threw in this call
 };

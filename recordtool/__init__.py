@@ -1,8 +1,10 @@
 """recordtool: OFRecord shards + a size-sorted index for fast image-classification input."""
 from .version import __version__  # noqa: F401
 
-from .errors import (CacheFull, DecodeError, FormatError, NativeDecoderMissing, NoBucket, OnError,  # noqa: E402,F401
-                     OutputExists, PackError, RecordError, RecordtoolError, Rejected, RemoteError, UnsafePath,
+from .errors import (BadState, CacheChanged, CacheFull, Cancelled, ConfigError, DatasetNotFound,  # noqa: E402,F401
+                     DecodeError, DeviceUnavailable, FormatError, NativeDecoderMissing, NoBucket, NotADataset,
+                     OnError, OpCompileError, OpError, OpResultError, OutputExists, PackError, RecordError,
+                     RecordtoolError, Rejected, RemoteError, TFRecordError, ThreadStartError, UnsafePath,
                      WorkerLost)
 from .datasets import open_dataset as open  # noqa: E402,F401  (recordtool.open)
 from .reader import BlockSampler, Dataset, Sampler  # noqa: E402,F401
@@ -31,4 +33,6 @@ def __getattr__(name):
 __all__ = ["Dataset", "Sampler", "BlockSampler", "Loader", "Output", "TrainCrop", "EvalCrop", "GPUOptions",
            "RemoteOptions", "open", "pack", "OnError", "RecordtoolError",
            "FormatError", "UnsafePath", "PackError", "WorkerLost", "Rejected", "OutputExists", "DecodeError",
-           "RecordError", "RemoteError", "CacheFull", "NativeDecoderMissing", "__version__"]
+           "RecordError", "RemoteError", "CacheFull", "NativeDecoderMissing", "ConfigError", "BadState",
+           "NotADataset", "DeviceUnavailable", "DatasetNotFound", "NoBucket", "CacheChanged", "TFRecordError",
+           "OpCompileError", "OpError", "OpResultError", "ThreadStartError", "Cancelled", "__version__"]

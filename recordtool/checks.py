@@ -11,6 +11,11 @@ import numbers
 from .errors import ConfigError
 
 MAX_THREADS = 4096  # threads / workers / producers / processes a parameter may ask for
+# native decode threads of one pool (a Loader's `threads`: each producer's pool has that many):
+# each keeps a decode buffer sized for the dataset's largest image and a stack, and decoding
+# is CPU-bound, so threads past the cores only contend; the bound keeps a typo (threads=40000)
+# from starting tens of thousands of threads before the system refuses one
+MAX_DECODE_THREADS = 256
 MAX_BATCH = 1 << 16
 MAX_EPOCHS = 1 << 20
 MAX_INFLATE = 1e6  # --max-inflate (a ratio)

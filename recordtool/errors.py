@@ -3,7 +3,8 @@
 `except recordtool.RecordtoolError` catches any of our errors; each subclass also derives
 from the builtin a caller would expect (`ValueError` for bad data, `FileExistsError` for an
 occupied output, …), so older `except ValueError` code keeps working. Messages name the file
-and, where there is one, the byte offset.
+and, where there is one, the byte offset. Every RecordtoolError is importable from
+`recordtool` too, except those marked Internal, which never reach a caller.
 """
 from __future__ import annotations
 
@@ -77,11 +78,16 @@ class OpCompileError(RecordtoolError, TypeError):
 
 
 class OpError(RecordtoolError, RuntimeError):
-    """A compiled per-image user op returned a non-zero status (it raised, or returned an error
-    code) on some images; `.failures` is a list of (batch index, status)."""
+    """A user op failed. A compiled per-image op returned a non-zero status (it raised, or
+    returned an error code) on some images: `.failures` is a list of (batch index, status). Or
+    Python code of an op raised on a batch (a batch op, an ImageOp's `params`): `.failures` is
+    empty, the message names the op and the exception, and `__cause__` is that exception."""
 
-    def __init__(self, failures, name: str = "user op", where: str = ""):
+    def __init__(self, failures, name: str = "user op", where: str = "", raised: BaseException | None = None):
         self.failures, self.name = failures, name
+        if raised is not None:
+            super().__init__(f"{name} raised {type(raised).__name__}: {raised}{where}")
+            return
         codes = "; ".join(f"#{i}: {OP_STATUS.get(c, f'returned {c}')}" for i, c in failures[:5])
         more = f" (+{len(failures) - 5} more)" if len(failures) > 5 else ""
         super().__init__(f"{name} failed on {len(failures)} image(s){where}: {codes}{more}")
@@ -155,8 +161,8 @@ class ConfigError(RecordtoolError, ValueError):
 
 class ThreadStartError(RecordtoolError, OSError):
     """The system would not start a native decode thread (a memory cap leaves no room for its
-    stack, a thread limit is reached). Fewer `threads` may work; the threads started so far
-    stay usable."""
+    stack, a thread limit is reached). Fewer `threads` may work; the threads the failed call
+    started are stopped and joined, so nothing of it stays behind."""
 
 
 class DeviceUnavailable(RecordtoolError, RuntimeError):

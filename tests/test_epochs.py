@@ -61,6 +61,31 @@ def test_set_epoch_chooses_the_next_iteration_also_through_the_sampler(packed):
     assert len(ld.sampler) == 30 and list(ld.sampler) == ld.sampler.order.indices(2).tolist()
 
 
+def test_an_iterator_runs_the_epoch_set_before_its_first_batch(packed):
+    """Lightning's order: iter(loader), then set_epoch (and, resuming, load_state_dict), then
+    the first batch — the epoch is the one set when the first batch is drawn."""
+    ld = loader(packed)
+    want = [[b.tolist() for b in ld.batch_ids(e)] for e in range(4)]
+    it = iter(ld)
+    ld.set_epoch(2)
+    assert it.epoch == 2 and len(it) == len(ld)
+    assert [ids(b) for b in it] == want[2]
+    assert ld.epoch == 3
+
+    a = loader(packed)
+    it = iter(a)
+    a.sampler.set_epoch(0)
+    assert [ids(next(it)) for _ in range(2)] == want[0][:2]
+    state = a.state_dict()
+    assert (state["epoch"], state["batch"]) == (0, 2)  # the running epoch moves the Loader
+    b = loader(packed)
+    it = iter(b)
+    b.load_state_dict(state)
+    b.sampler.set_epoch(0)  # Lightning's resume: iter, load_state_dict, set_epoch of the saved epoch
+    assert len(it) == len(b) - 2 and [ids(x) for x in it] == want[0][2:]
+    assert b.state_dict()["epoch"] == 1
+
+
 def test_set_epoch_inside_a_running_loop_holds(packed):
     ld = loader(packed)
     want = [[b.tolist() for b in ld.batch_ids(e)] for e in range(8)]

@@ -833,7 +833,8 @@ def test_native_refuses_tiny_files_declaring_large_frames_like_the_python_rule()
 @native
 def test_thread_start_failure_under_a_memory_cap_is_a_named_error():
     # std::thread's std::system_error when no stack can be mapped: a plain RuntimeError before;
-    # now ThreadStartError (a RecordtoolError), and the threads started so far still decode
+    # now ThreadStartError (a RecordtoolError), the threads that call started are stopped, and a
+    # later call on the same pool decodes
     out = isolated("""
         import numpy as np
         from conftest import jpeg_bytes

@@ -1,6 +1,7 @@
 """Loader: rank cover, resume equivalence, errors surface, clean shutdown, user ops."""
 import threading
 import time
+import traceback
 
 import numpy as np
 import pytest
@@ -77,9 +78,11 @@ def test_exception_in_pipeline_surfaces_with_cause(packed):
         raise ZeroDivisionError("user op exploded")
 
     ld = Loader(packed, batch_size=4, size=32, user_op=bad_op, as_torch=False)
-    with pytest.raises(ZeroDivisionError, match="user op exploded") as e:
+    with pytest.raises(recordtool.errors.OpError, match="bad_op raised ZeroDivisionError: user op exploded") as e:
         collect(ld)
-    assert any("bad_op" in str(f) for f in e.traceback)
+    cause = e.value.__cause__  # the op's own exception, with its traceback
+    assert isinstance(cause, ZeroDivisionError)
+    assert any(f.name == "bad_op" for f in traceback.extract_tb(cause.__traceback__))
 
 
 def test_clean_shutdown_no_leaked_threads(packed):
@@ -135,6 +138,51 @@ def test_rank_from_environment(packed, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
     ld = Loader(packed, batch_size=4, size=32, as_torch=False)
     assert (ld.rank, ld.world_size) == (1, 4) and len(ld) == 3  # 48 / 4 ranks / 4 per batch
+
+
+def test_a_world_size_without_a_rank_is_refused_when_the_share_is_needed(packed, monkeypatch):
+    """Lightning's DDP processes before fit(): WORLD_SIZE=2, no RANK, no process group. The
+    Loader may be made (the group will tell it its rank); taking a share before that is a
+    ConfigError naming RANK, never rank 0."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ld = Loader(packed, batch_size=4, size=32, as_torch=False, threads=1)
+    for use in (len, lambda x: x.rank, lambda x: next(iter(x)), lambda x: x.state_dict(), lambda x: x.batch_ids(0)):
+        with pytest.raises(recordtool.errors.ConfigError, match="WORLD_SIZE=2 but not RANK"):
+            use(ld)
+    monkeypatch.setenv("RANK", "1")  # the launcher told it now: the share follows
+    assert (ld.rank, ld.world_size, len(ld)) == (1, 2, 6)
+    assert [i for _, _ in ld for i in [0]] and ld.state_dict()["rank"] == 1
+    monkeypatch.setenv("RANK", "0")  # from the first batch on the Loader keeps its place
+    assert (ld.rank, ld.world_size) == (1, 2)
+
+
+@pytest.mark.parametrize("env,kw,match", [
+    ({"RANK": "1"}, {}, "RANK=1 but not WORLD_SIZE"),
+    ({"RANK": "2", "WORLD_SIZE": "2"}, {}, r"RANK=2 is not in \[0, WORLD_SIZE=2\)"),
+    ({"RANK": "one", "WORLD_SIZE": "2"}, {}, "RANK='one' is not an integer"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, {}, "WORLD_SIZE='0' is not an integer ≥ 1"),
+    ({"RANK": "1", "WORLD_SIZE": "4"}, {"rank": 2}, "rank=2 given without world_size.*rank 1 of 4"),
+    ({"RANK": "1", "WORLD_SIZE": "4"}, {"world_size": 2}, "world_size=2 given without rank.*4 process"),
+    ({}, {"rank": 1}, "rank=1 given without world_size.*single process"),
+    ({}, {"rank": 2, "world_size": 2}, r"rank 2 not in \[0, world_size=2\)"),
+])
+def test_an_inconsistent_placement_is_refused_not_guessed(packed, monkeypatch, env, kw, match):
+    for k in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(recordtool.errors.ConfigError, match=match):
+        Loader(packed, batch_size=4, size=32, as_torch=False, threads=1, **kw)
+
+
+def test_both_given_are_the_callers_split_whatever_the_environment(packed, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # half a launcher's environment: not read when both are given
+    ld = Loader(packed, batch_size=4, size=32, as_torch=False, threads=1, rank=0, world_size=1)
+    assert (ld.rank, ld.world_size, len(ld)) == (0, 1, 12)
+    monkeypatch.setenv("RANK", "1")
+    assert Loader(packed, batch_size=4, size=32, as_torch=False, threads=1, rank=1).world_size == 2
 
 
 def _new_producers(before: set) -> list:

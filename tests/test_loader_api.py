@@ -298,3 +298,72 @@ def test_non_square_sizes_in_every_layout(packed, layout, memory_format):
         with_op.close()
         assert seen[0] == (4, 12, 20, 3) and np.array_equal(x, y)
     assert Loader(packed, batch_size=4, size=(16, 16), as_torch=False).size == 16
+
+
+_THREADS_SCRIPT = r"""
+import os, resource, sys, threading
+from recordtool import _native
+from recordtool.errors import ConfigError, ThreadStartError
+from recordtool.loader import Loader
+
+
+def threads():  # the native decode threads of every pool, and the Python threads
+    return sum(len(_native.pool_thread_ids(p)) for p in range(128)), threading.active_count()
+
+
+def cap(extra_mb):  # address space: what the process maps now + extra_mb
+    vm = next(int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith("VmSize:")) // 1024
+    lim = (vm + extra_mb) << 20
+    resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
+
+
+kw = dict(batch_size=4, size=16, as_torch=False)
+warm = Loader(sys.argv[1], threads=1, **kw)
+next(iter(warm))
+warm.close()
+before = threads()
+cap(40)  # room for a few 8 MiB thread stacks, not 64
+try:
+    Loader(sys.argv[1], threads=40000, **kw)
+except ConfigError as e:
+    print("bounded", "256" in str(e), threads() == before)
+try:
+    Loader(sys.argv[1], threads=64, **kw)
+except ThreadStartError as e:
+    print("refused", threads() == before, e)
+ld = Loader(sys.argv[1], threads=2, **kw)
+print("later loader decodes", bool(next(iter(ld))[0].any()))
+"""
+
+
+def test_threads_are_bounded_and_a_failed_thread_start_leaves_no_threads(packed):
+    """threads past MAX_DECODE_THREADS is a ConfigError before any thread starts; a Loader whose
+    decode threads the system stops starting (an address-space cap: no room for their stacks)
+    raises ThreadStartError with the threads it started stopped — a later Loader still runs."""
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, packed], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    assert "bounded True True" in p.stdout, p.stdout
+    assert "refused True cannot start native decode thread" in p.stdout, p.stdout
+    assert "later loader decodes True" in p.stdout, p.stdout
+    with pytest.raises(ConfigError, match=r"threads must be in 1\.\.256"):
+        Loader(packed, batch_size=4, threads=257)
+
+
+def test_every_error_a_caller_may_catch_is_importable_from_recordtool():
+    import inspect
+
+    from recordtool import BadState, ConfigError, DatasetNotFound, DeviceUnavailable, NotADataset
+
+    errors = recordtool.errors
+    assert (BadState, ConfigError, DatasetNotFound, DeviceUnavailable, NotADataset) == (
+        errors.BadState, errors.ConfigError, errors.DatasetNotFound, errors.DeviceUnavailable, errors.NotADataset)
+    public = [name for name, cls in vars(recordtool.errors).items()
+              if inspect.isclass(cls) and issubclass(cls, recordtool.errors.RecordtoolError)
+              and not (cls.__doc__ or "").startswith("Internal")]
+    assert len(public) >= 20
+    for name in public:
+        assert getattr(recordtool, name) is getattr(recordtool.errors, name) and name in recordtool.__all__, name
+    assert set(recordtool.__all__) <= set(dir(recordtool)) | {"Loader", "Output", "TrainCrop", "EvalCrop",
+                                                            "GPUOptions", "RemoteOptions", "pack"}

@@ -511,3 +511,33 @@ def test_with_checks_is_a_copy_with_its_own_compiled_function():
 
     with pytest.raises(ConfigError):
         op.with_checks("yes")
+
+
+class _ParamsRaise(ImageOp):
+    nparams = 1
+
+    def params(self, n, keys, h, w):
+        raise KeyError("no such draw")
+
+    @staticmethod
+    def image(img, p):
+        img[0, 0, 0] = 1
+
+
+def _batch_op_raises(batch):
+    raise ZeroDivisionError("user code")
+
+
+@pytest.mark.parametrize("op,name,cause", [(_batch_op_raises, "user_op _batch_op_raises raised ZeroDivisionError",
+                                            ZeroDivisionError),
+                                           (_ParamsRaise(), "_ParamsRaise.params raised KeyError", KeyError),
+                                           (ReferenceOp(_ParamsRaise()), "user_op ReferenceOp raised KeyError",
+                                            KeyError)])
+def test_python_code_of_an_op_that_raises_is_an_op_error_naming_the_op(packed, op, name, cause):
+    ld = Loader(packed, batch_size=4, size=16, user_op=op, as_torch=False, producers=1, threads=1, with_ids=True)
+    with pytest.raises(OpError) as e:
+        next(iter(ld))
+    ids = [int(i) for i in ld.batch_ids(0)[0]]
+    assert name in str(e.value) and f"sample ids {ids}, epoch 0" in str(e.value)
+    assert isinstance(e.value.__cause__, cause) and e.value.failures == []
+    ld.close()

@@ -1,5 +1,5 @@
 """The Loader's argument checks, each run once at construction (the inner layers trust what
-they give), and the defaults it takes from the process (ranks: recordtool.distributed; memory).
+they give), and the memory bound it takes from the machine (ranks: recordtool.distributed).
 """
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import os
 
 import numpy as np
 
-from ..distributed import dist_defaults  # noqa: F401  (the Loader's rank defaults)
 from ..errors import ConfigError
 
 # The output ring's memory at most, as a share of this machine's RAM (host ring) or of the GPU's

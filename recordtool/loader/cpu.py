@@ -13,7 +13,7 @@ import types
 import numpy as np
 
 from ..decode import cpu
-from ..errors import ConfigError, OpError, OpResultError
+from ..errors import ConfigError, OpError, OpResultError, RecordtoolError
 from .recipe import ProducedBatch, Recipe
 
 
@@ -104,8 +104,12 @@ class CPUBatcher:
         # time, so one batch's tail (its last, largest images) overlaps the next one's start
         self._pools = [cpu.new_pool_id() for _ in range(producers)]
         ix = recipe.ds.index
-        for pool in self._pools:
-            cpu.reserve(ix.width, ix.height, threads, pool)  # its threads' decode buffers, now
+        try:
+            for pool in self._pools:
+                cpu.reserve(ix.width, ix.height, threads, pool)  # its threads' decode buffers, now
+        except BaseException:  # ThreadStartError: the pool stopped what it started; its id goes back
+            self.close()
+            raise
 
     def __call__(self, ids, epoch: int, slot: int, drawn: tuple | None = None):
         """The batch of these ids in this epoch, made by producer `slot`; drawn: its (windows,
@@ -121,7 +125,7 @@ class CPUBatcher:
             op = None
             if self.image_op is not None:
                 h, w = spec.size
-                op = self.image_op.native(self.image_op.batch_params(len(ids), b.keys, h, w))
+                op = self.image_op.native(op_params(self.image_op, len(ids), b.keys, h, w))
             try:
                 cpu.decode_crop_resize_normalize(b.buffers, b.windows, b.flips, spec.size, spec.mean, spec.std,
                                                  spec.buffer_layout, spec.dtype, out=out, threads=self.threads,
@@ -157,13 +161,38 @@ def image_op(op):
     return op if isinstance(op, ImageOp) else None
 
 
+def _where(keys) -> str:
+    """Which batch an op failed on, for OpError: its first sample ids and epoch."""
+    ids = [int(i) for i in keys.ids[:5]]
+    more = f" (+{len(keys.ids) - 5} more)" if len(keys.ids) > 5 else ""
+    return f" on the batch of sample ids {ids}{more}, epoch {keys.epoch}"
+
+
+def op_params(op, n: int, keys, h: int, w: int):
+    """A compiled op's params for a batch (ImageOp.batch_params): its `params` is the op's own
+    Python code, so an exception there is an OpError naming the op and the batch (the original
+    as its cause), not a bare error out of a producer thread."""
+    try:
+        return op.batch_params(n, keys, h, w)
+    except RecordtoolError:
+        raise
+    except Exception as e:
+        raise OpError([], f"{op.name}.params", _where(keys), raised=e) from e
+
+
 def call_user_op(op, batch, keys):
     """op(batch, keys) for keyed ops (ops.batch.KeyedOp or `keyed = True`), else op(batch);
     what it returned, checked against the contract (OpResultError): an array of the batch's
     own kind (NumPy, or CuPy on the GPU), uint8, of the batch's shape — usually the batch itself,
     edited in place. Anything else would be normalised into a wrong batch, or fail later with a
-    message about something else."""
-    out = op(batch, keys) if getattr(op, "keyed", False) else op(batch)
+    message about something else. An exception the op raises is an OpError naming the op and
+    the batch, with the original as its cause (recordtool's own errors pass as they are)."""
+    try:
+        out = op(batch, keys) if getattr(op, "keyed", False) else op(batch)
+    except RecordtoolError:
+        raise
+    except Exception as e:
+        raise OpError([], f"user_op {_op_name(op)}", _where(keys), raised=e) from e
     if out is batch:
         return out
     name = _op_name(op)

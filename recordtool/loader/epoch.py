@@ -1,9 +1,13 @@
 """One epoch of a Loader (`EpochIterator`) and the Loader's sampler as torch's code sees it
 (`LoaderSampler`: `set_epoch`, `len`, iteration).
 
-Invariant: an iterator reports each batch it hands out to its Loader (`Loader._taken`) with
-the generation it was started in; the Loader moves only for its latest iteration, so a
-`set_epoch` or `load_state_dict` made while an older loop runs is not undone by that loop.
+Invariants:
+- an iterator takes its epoch, first batch and generation from the Loader when its first batch
+  is drawn (`Loader._begin`), not when it is made: what is called in between (`set_epoch`,
+  `load_state_dict`, as Lightning calls them after `iter()`) decides that iteration's epoch.
+- an iterator reports each batch it hands out to its Loader (`Loader._taken`) with the
+  generation it began in; the Loader moves only for its latest iteration, so a `set_epoch` or
+  `load_state_dict` made while an older loop runs is not undone by that loop.
 """
 from __future__ import annotations
 
@@ -20,11 +24,16 @@ class LoaderSampler:
     calls `set_epoch` on a DataLoader's sampler (Lightning, at every epoch's start; scripts written
     for DistributedSampler) reaches the Loader. `len()` is this rank's share of an epoch,
     iterating gives the sample ids of the epoch the Loader stands in, and `order` is the order
-    itself (Sampler or BlockSampler; its other attributes are read through). Holds the Loader
-    weakly: it never keeps a Loader and its producers alive."""
+    itself (Sampler or BlockSampler, for the Loader's rank and world size as they stand: see
+    Loader.rank; its other attributes are read through). Holds the Loader weakly: it never keeps
+    a Loader and its producers alive."""
 
-    def __init__(self, loader, order):  # loader: the Loader
-        self._loader, self.order = weakref.ref(loader), order
+    def __init__(self, loader):  # the Loader
+        self._loader = weakref.ref(loader)
+
+    @property
+    def order(self):
+        return self._owner()._share()
 
     def _owner(self):
         loader = self._loader()
@@ -51,22 +60,37 @@ class LoaderSampler:
 class EpochIterator:
     """One epoch of a Loader: its batches from the BatchStream, in order; records where the
     epoch stands (for state_dict) and applies the on_error policy to bad records, in the
-    consumer's thread. Left before its end (or collected so), it stops the stream."""
+    consumer's thread. Its epoch is the one the Loader stands at when the first batch is
+    drawn (see the module's invariants). Left before its end (or collected so), it stops the
+    stream."""
 
-    def __init__(self, loader, stream, epoch: int, start: int):  # the Loader, its BatchStream
-        self.loader, self.epoch, self._stream = loader, epoch, stream
-        self._next, self._count = start, len(loader)
-        self._generation = loader._generation  # the iteration this is: a later one supersedes it
+    def __init__(self, loader):  # the Loader
+        self.loader = loader
+        self._stream = None  # the Loader's BatchStream, from the first batch on
+        self._epoch = self._next = self._count = self._generation = None  # set by _begin
         self._last, self.finished = None, False  # _last: when the previous batch was handed out
+
+    def _begin(self) -> None:
+        self._stream, self._epoch, self._next, self._generation = self.loader._begin(self)
+        self._count = len(self.loader)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch this iteration runs: fixed at its first batch; before it, the one it would run."""
+        return self._epoch if self._stream is not None else self.loader._next_start()[0]
 
     def __iter__(self):
         return self
 
     def __len__(self) -> int:
+        if self._stream is None:
+            return len(self.loader) - self.loader._next_start()[1]
         return self._count - self._next
 
     def __next__(self):
         ld = self.loader
+        if self._stream is None:
+            self._begin()
         if self._next >= self._count:
             self._finish()  # the epoch is out (or had nothing left to yield: resumed at its end)
             raise StopIteration
@@ -80,8 +104,8 @@ class EpochIterator:
             raise RuntimeError("recordtool: the loader's producers were stopped (Loader.close(), a new "
                                "iteration, or an error this epoch raised) while this epoch was being "
                                "iterated") from None
-        if (epoch, j) != (self.epoch, self._next):  # an invariant of BatchStream
-            raise RuntimeError(f"recordtool: batch {j} of epoch {epoch} came for batch {self._next} of {self.epoch}")
+        if (epoch, j) != (self._epoch, self._next):  # an invariant of BatchStream
+            raise RuntimeError(f"recordtool: batch {j} of epoch {epoch} came for batch {self._next} of {self._epoch}")
         self._next += 1
         now = time.perf_counter()
         steer = getattr(ld.batcher, "consumer_waited", None)
@@ -97,7 +121,7 @@ class EpochIterator:
             ld.stage_seconds[k] = ld.stage_seconds.get(k, 0.0) + v
         if made.errors:
             self._bad(ids, made.errors)
-        ld._taken(self._generation, self.epoch, self._next)
+        ld._taken(self._generation, self._epoch, self._next)
         if self._next == self._count:
             self._finish()
         images, labels = made.images, made.labels
@@ -118,7 +142,7 @@ class EpochIterator:
         does), and state_dict() says so."""
         if not self.finished and self._next == self._count:
             self.finished = True
-            self.loader._taken(self._generation, self.epoch, self._next)
+            self.loader._taken(self._generation, self._epoch, self._next)
 
     def _torch(self, images, labels):
         import torch
@@ -156,8 +180,9 @@ class EpochIterator:
 
     def close(self) -> None:
         """Stop the producers unless this epoch is out (then they run on into the next one for
-        the loader's next iteration). Also on garbage collection; interpreter exit stops them."""
-        if not self.finished:
+        the loader's next iteration). Nothing to stop before the first batch. Also on garbage
+        collection; interpreter exit stops them."""
+        if self._stream is not None and not self.finished:
             self._stream.close()
 
     def __del__(self):

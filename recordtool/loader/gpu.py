@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from .config import GPUOptions
-from .cpu import call_user_op, image_op
+from .cpu import call_user_op, image_op, op_params
 from .pace import RunAhead
 from .recipe import ProducedBatch, Recipe
 
@@ -171,7 +171,7 @@ class GPUBatcher:
         ready = None
         if op is not None:
             h, w = self.spec.size
-            params = op.batch_params(len(ids), b.keys, h, w)
+            params = op_params(op, len(ids), b.keys, h, w)
             t3 = time.perf_counter()
             with cupy.cuda.Device(self.gpu_id), dec.stream:
                 images, ready = self._normalise(images, dec, slot, (images,), flips=b.flips, op=(op, params))

@@ -16,13 +16,14 @@ from typing import Literal, Union
 
 import numpy as np
 
-from ..checks import bounded_int
+from ..checks import MAX_DECODE_THREADS, bounded_int
 from ..datasets import open_dataset
 from ..decode.cpu import cores
 from ..decode.spec import EvalCrop, Output, TrainCrop
-from ..errors import BadState, ConfigError, NotADataset, OnError, on_error as _on_error
+from ..errors import BadState, ConfigError, NotADataset, OnError, RecordtoolError, on_error as _on_error
 from ..reader import Dataset
-from .args import RING_MEMORY_SHARE, dist_defaults as _dist_defaults, flag as _flag
+from .. import distributed
+from .args import RING_MEMORY_SHARE, flag as _flag
 from .args import memory_bound as _memory_bound
 from .config import GPUOptions, RemoteOptions, parts as _parts
 from .cpu import check_user_op
@@ -81,9 +82,18 @@ class Loader:
             `train`. False: every sample once (ranks padded to equal shares, as torch's
             DistributedSampler does).
         seed: keys the shuffle, windows, flips and keyed user ops.
-        rank, world_size: this process's share; default from torch.distributed or RANK/WORLD_SIZE.
+        rank, world_size: this process's share; default from torch.distributed's process group,
+            else RANK / WORLD_SIZE, else 0 and 1 — read when the Loader first needs its share
+            (its first batch, `len()`, `state_dict()`), so a Loader made before the launcher's
+            process group (Lightning's DDP, whose processes learn their rank in `fit()`) takes
+            the group's; from its first batch on the Loader keeps it. One given alone must agree
+            with the launcher's; both given are taken as they are, but a rank that contradicts the
+            process group of that world size is refused. An environment with WORLD_SIZE and no
+            RANK (or the reverse) and no process group is a ConfigError, never rank 0 (see
+            recordtool.distributed).
         block_shards: `Dataset.sampler`'s — None: block shuffle for URLs, global permutation for local data.
-        threads: CPU decode threads (default: cores).
+        threads: CPU decode threads (default: cores), at most MAX_DECODE_THREADS (256), checked
+            before any thread starts.
         producers: producer threads (default 2).
         prefetch: batches each producer makes ahead.
         continuous: the producers go on into the next epoch's first batches while the training
@@ -146,7 +156,8 @@ class Loader:
         self.seed = bounded_int("seed", seed, 0, floats=False)
         self.prefetch = bounded_int("prefetch", prefetch, 1, floats=False)
         self.continuous = _flag(continuous, "continuous")
-        self.threads = cores() if threads is None else bounded_int("threads", threads, 1, floats=False)
+        self.threads = cores() if threads is None else bounded_int("threads", threads, 1, MAX_DECODE_THREADS,
+                                                                   floats=False)
         # producer threads, batches dealt round-robin and handed out in order: two, so one's
         # Python work (and user op) overlaps the other's decode. On the GPU, measured in training
         # with epochs running into each other (BENCHMARKS.md), 4 producers took twice the
@@ -159,22 +170,23 @@ class Loader:
         self.gpu_id = resolve(dev) if dev.cuda else None
         self.ds = path if isinstance(path, Dataset) else open_dataset(
             path, **({} if self.remote is None else self.remote.open_args()))
-        rank, world_size = _dist_defaults(rank, world_size)
-        self.world_size = bounded_int("world_size", world_size, 1, floats=False)
-        self.rank = bounded_int("rank", rank, 0, floats=False)
-        if self.rank >= self.world_size:
-            raise ConfigError(f"rank {self.rank} not in [0, world_size={self.world_size})")
-        self._order = self.ds.sampler(seed=self.seed, rank=self.rank, world_size=self.world_size,
-                                      drop_last=self.drop_last, shuffle=self.shuffle, block_shards=block_shards)
-        self.sampler = LoaderSampler(self, self._order)
-        planned = getattr(self._order, "on_plan", None) is not None  # a remote dataset's cache plans each epoch
+        # the placement (rank, world_size): the arguments as given, resolved against the launcher
+        # when the share is needed (_share), fixed at the first batch (_fix)
+        self._rank_arg = None if rank is None else bounded_int("rank", rank, 0, floats=False)
+        self._world_arg = None if world_size is None else bounded_int("world_size", world_size, 1, floats=False)
+        if self._rank_arg is not None and self._world_arg is not None and self._rank_arg >= self._world_arg:
+            raise ConfigError(f"rank {self._rank_arg} not in [0, world_size={self._world_arg})")
+        self._block_shards = block_shards
+        self._placed = self._order = None  # the placement _order was made for, and this rank's order
+        self._fixed = False  # the first batch (or load_state_dict) fixed the placement
+        self.sampler = LoaderSampler(self)
+        if self._rank_arg is not None and self._world_arg is not None or not distributed.pending():
+            kind = self._share()  # the share now: a bad placement or batch size is refused at once
+        else:  # a launcher's process that learns its rank later (Lightning's DDP before fit)
+            kind = self._make_order(0, 1)
+        planned = getattr(kind, "on_plan", None) is not None  # a remote dataset's cache plans each epoch
         if planned:  # and counts a record served once its view is taken: no continuous epochs, no lanes (GPUBatcher)
             self.continuous = False
-        share = len(self._order)
-        if self.drop_last and share < self.batch_size:
-            raise ConfigError(f"batch_size {self.batch_size} is more than the {share} records of this rank's share "
-                              f"of {self.ds.root}: with drop_last every epoch would have no batch; lower batch_size "
-                              "or pass drop_last=False")
         if as_torch is None:
             try:
                 import torch  # noqa: F401
@@ -199,9 +211,10 @@ class Loader:
         self.overflow = self.ahead = 0
         recipe = Recipe(self.ds, self.output, self.seed, self.augment)
         # batches alive at once: queued (producers × prefetch), being made (producers), and the
-        # consumer's current and previous one; each as large as the largest batch this rank makes
+        # consumer's current and previous one; each as large as the largest batch any rank makes
+        # (the placement may be learnt later: a rank's share is at most the dataset)
         slots = self.producers * (self.prefetch + 1) + 2
-        max_batch = max(1, min(self.batch_size, share))
+        max_batch = max(1, min(self.batch_size, len(self.ds)))
         need, bound = slots * self.output.nbytes(max_batch), _memory_bound(self.gpu_id)
         if need > bound:
             where = "RAM" if self.gpu_id is None else f"GPU {self.gpu_id}'s memory"
@@ -255,9 +268,67 @@ class Loader:
     same_pixels = property(lambda self: getattr(self.gpu, "same_pixels", None),
                            doc="GPUOptions.same_pixels (None on the CPU).")
 
+    # ------------------------------------------------------------------ placement (rank, world_size)
+    @property
+    def rank(self) -> int:
+        """This process's rank (see `_share`: resolved until the first batch, then fixed)."""
+        self._share()
+        return self._placed[0]
+
+    @property
+    def world_size(self) -> int:
+        """The processes sharing each epoch (see `rank`)."""
+        self._share()
+        return self._placed[1]
+
+    def _share(self):
+        """This rank's order (a Sampler or BlockSampler): for the placement the process has now
+        (recordtool.distributed.resolve) until the first batch fixes it, then that one. Remade
+        when the placement changed (a process group initialised since); ConfigError for an
+        inconsistent placement, or one whose share has no batch."""
+        if not self._fixed:
+            where = distributed.resolve(self._rank_arg, self._world_arg)
+            if where != self._placed:
+                self._order, self._placed = self._make_order(*where), where
+        return self._order
+
+    def _make_order(self, rank: int, world_size: int):
+        """The order of rank `rank` of `world_size`, checked: its share must hold a batch."""
+        try:
+            order = self.ds.sampler(seed=self.seed, rank=rank, world_size=world_size, drop_last=self.drop_last,
+                                    shuffle=self.shuffle, block_shards=self._block_shards)
+        except ValueError as e:
+            if isinstance(e, RecordtoolError):
+                raise
+            raise ConfigError(f"{self.ds.root}: {e}") from None
+        share = len(order)
+        if self.drop_last and share < self.batch_size:
+            raise ConfigError(f"batch_size {self.batch_size} is more than the {share} records of this rank's share "
+                              f"of {self.ds.root} (rank {rank} of {world_size}): with drop_last every epoch would "
+                              "have no batch; lower batch_size or pass drop_last=False")
+        return order
+
+    def _fix(self) -> None:
+        """The placement is this Loader's from its first batch (or a loaded state) on: its epochs'
+        shares must not change under it. A process group initialised afterwards that gives this
+        process another place is a ConfigError (make the Loader after init_process_group)."""
+        if not self._fixed:
+            self._share()
+            self._fixed = True
+            return
+        g = distributed.group()
+        if g is None:
+            return
+        now = distributed.placement(self._rank_arg, self._world_arg, g, "torch.distributed's process group")
+        if now != self._placed:
+            raise ConfigError(f"this Loader made its batches as rank {self._placed[0]} of {self._placed[1]}, and "
+                              f"torch.distributed's process group, initialised since, makes this process rank "
+                              f"{now[0]} of {now[1]}: make the Loader after init_process_group, or draw no batch "
+                              "from it before (with Lightning: none before fit)")
+
     # ------------------------------------------------------------------ epoch bookkeeping
     def __len__(self) -> int:
-        n = len(self._order)
+        n = len(self._share())
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     @property
@@ -266,10 +337,15 @@ class Loader:
         next iteration begins the following one), else the one the next iteration runs."""
         return self._pos[0]
 
+    def _next_start(self) -> tuple:
+        """(epoch, batch) an iteration whose first batch were drawn now would start at."""
+        return (self._pos[0] + 1, 0) if self._open else self._pos
+
     def set_epoch(self, epoch: int) -> None:
         """Run `epoch` at the next iteration (torch's `DistributedSampler.set_epoch`; Lightning
-        calls it through `loader.sampler` at every epoch's start). Called inside a running loop,
-        that loop finishes its own epoch and the next one runs `epoch`. After `load_state_dict`,
+        calls it through `loader.sampler` at every epoch's start, after making its iterator):
+        an iterator that has drawn no batch yet runs `epoch`. Called inside a running loop, that
+        loop finishes its own epoch and the next one runs `epoch`. After `load_state_dict`,
         the saved state's own epoch keeps its batch (a resume mid-epoch stays exact)."""
         epoch = bounded_int("epoch", epoch, 0, floats=False)
         self._generation += 1
@@ -312,6 +388,7 @@ class Loader:
             if key in ("epoch", "batch", "seed", "rank", "world_size", "batch_size") and \
                     (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0):
                 raise BadState(f"state_dict {key}={value!r}: an integer ≥ 0 expected")
+        self._share()  # the placement now (a ConfigError before any field is taken)
         for key in ("seed", "rank", "world_size", "batch_size"):
             if int(state[key]) != getattr(self, key):
                 raise BadState(f"state_dict {key}={state[key]} does not match this loader's {getattr(self, key)}: "
@@ -324,6 +401,7 @@ class Loader:
         batches = len(self)
         if not 0 <= int(state["batch"]) <= batches:
             raise BadState(f"state_dict batch={state['batch']} is outside this loader's epoch of {batches} batches")
+        self._fix()  # the state's batch counts in this placement's share
         self._generation += 1
         self._pos, self._open, self._resumed = (int(state["epoch"]), int(state["batch"])), False, True
 
@@ -342,7 +420,7 @@ class Loader:
     def batch_ids(self, epoch: int) -> list:
         """The sample ids of each batch of `epoch` for this rank."""
         epoch = bounded_int("epoch", epoch, 0, floats=False)
-        return epoch_batches(self._order, self.batch_size, self.drop_last, epoch)
+        return epoch_batches(self._share(), self.batch_size, self.drop_last, epoch)
 
     @property
     def ring(self):
@@ -362,31 +440,68 @@ class Loader:
 
     def __reduce_ex__(self, protocol):
         """A Loader holds threads, native pools and its output ring: it does not cross into
-        another process (a spawned DataLoader worker pickles its dataset); say what does."""
-        raise NotADataset(f"a Loader cannot be pickled into another process: {self._NOT_A_DATASET}")
+        another process (a spawned DataLoader worker pickles its dataset, Lightning's
+        strategy="ddp_spawn" its Trainer's loaders); say what does."""
+        raise NotADataset(f"a Loader cannot be pickled into another process: {self._NOT_A_DATASET}. Under "
+                          "Lightning, strategy=\"ddp_spawn\" pickles the loaders given to fit: use strategy=\"ddp\" "
+                          "(each process runs the script and makes its own Loader; rank and world size come from "
+                          "the process group fit initialises), or make the Loaders in a LightningDataModule's "
+                          "train_dataloader() / val_dataloader()")
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> "EpochIterator":
-        """One epoch's batches: the epoch the Loader stands at (`set_epoch`, `load_state_dict`),
-        or, when the last iteration took batches of an epoch and left it early, the next epoch
-        — an epoch is never repeated unless asked for."""
-        if self._open:
-            self._pos = (self._pos[0] + 1, 0)
-        self._open, self._resumed = False, False
-        self._generation += 1
-        start = self._pos
-        it = self._iterator() if self._iterator is not None else None
-        stream = self._stream
-        if stream is None or stream.closed or stream.position != start or (it is not None and not it.finished):
-            self.close()  # a new start: what the producers made ahead is not this
-            stream = self._stream = BatchStream(  # kept before its producers start: one may run our __del__
-                self.batcher, self._order, self.batch_size, self.drop_last, len(self), *start, launch=False,
-                producers=self.producers, depth=self.prefetch, continuous=self.continuous,
-                draws=self.batcher.recipe.draws, ahead=getattr(self.batcher, "announce", None))
-            stream.launch()
-        it = EpochIterator(self, stream, *start)
-        self._iterator = weakref.ref(it)
+        """One epoch's batches: the epoch the Loader stands at when the iterator's first batch
+        is drawn (`set_epoch`, `load_state_dict`), or, when the last iteration took batches of
+        an epoch and left it early, the next epoch — an epoch is never repeated unless asked
+        for. Lightning makes its iterator first and then calls `set_epoch` (and, resuming,
+        `load_state_dict`): `it = iter(loader); loader.set_epoch(2); list(it)` is epoch 2.
+        The producers start here on where the Loader stands (`_prepare`); the first batch
+        checks that place."""
+        it = EpochIterator(self)
+        self._prepare()
         return it
+
+    def _prepare(self) -> None:
+        """Start the producers on the batches an iteration beginning now would run, so that its
+        first batches are under way before they are asked for — unless they already are (a
+        continuous stream there), another iteration is running (its producers are stopped when
+        the new one draws its first batch, not before), or this process's placement is not known
+        yet. Nothing is decided here: `_begin` discards a stream that stands elsewhere."""
+        last = self._iterator() if self._iterator is not None else None
+        if last is not None and not last.finished:
+            return
+        try:
+            order = self._share()
+        except RecordtoolError:
+            return  # raised at the first batch, where the caller asks for one
+        start, stream = self._next_start(), self._stream
+        if stream is None or stream.closed or stream.position != start or stream.order is not order:
+            self._new_stream(start)
+
+    def _new_stream(self, start: tuple) -> None:
+        """A BatchStream from (epoch, batch) `start` for the current order, the old one stopped."""
+        self.close()  # a new start: what the producers made ahead is not this
+        stream = self._stream = BatchStream(  # kept before its producers start: one may run our __del__
+            self.batcher, self._order, self.batch_size, self.drop_last, len(self), *start, launch=False,
+            producers=self.producers, depth=self.prefetch, continuous=self.continuous,
+            draws=self.batcher.recipe.draws, ahead=getattr(self.batcher, "announce", None))
+        stream.launch()
+
+    def _begin(self, it: "EpochIterator") -> tuple:
+        """`it` draws its first batch: (its BatchStream, epoch, first batch, generation). The
+        placement and the place are fixed now; the stream is the one the producers run on where
+        the Loader stands (from the last epoch, or started by iter()), else a new one."""
+        self._fix()
+        start = self._next_start()
+        self._pos, self._open, self._resumed = start, False, False
+        self._generation += 1
+        last = self._iterator() if self._iterator is not None else None
+        stream = self._stream
+        if stream is None or stream.closed or stream.position != start or stream.order is not self._order \
+                or (last is not None and not last.finished):
+            self._new_stream(start)
+        self._iterator = weakref.ref(it)
+        return self._stream, start[0], start[1], self._generation
 
     def _taken(self, generation: int, epoch: int, taken: int) -> None:
         """An iteration took `taken` batches of `epoch`: the Loader stands there, unless it was

@@ -56,7 +56,7 @@ class BatchStream:
 
     def __init__(self, batcher, sampler, batch_size: int, drop_last: bool, per_epoch: int, epoch: int, start: int,
                  producers: int, depth: int, continuous: bool, draws=None, launch: bool = True, ahead=None):
-        self.per_epoch, self.epoch0, self.start = per_epoch, epoch, start
+        self.per_epoch, self.epoch0, self.start, self.order = per_epoch, epoch, start, sampler
         first = per_epoch - start
         self.continuous = continuous and per_epoch > 0
         lock, cache, runs = threading.Lock(), {}, {}
