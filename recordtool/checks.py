@@ -16,6 +16,10 @@ MAX_THREADS = 4096  # threads / workers / producers / processes a parameter may 
 # is CPU-bound, so threads past the cores only contend; the bound keeps a typo (threads=40000)
 # from starting tens of thousands of threads before the system refuses one
 MAX_DECODE_THREADS = 256
+# a Loader's producer threads: each holds a batch being made (on the GPU its own decoders, arena
+# and staging) and its prefetched ones; past a few they only contend for the same engines and
+# cores, and the bound keeps a typo from reserving memory for thousands of batches
+MAX_PRODUCERS = 32
 MAX_BATCH = 1 << 16
 MAX_EPOCHS = 1 << 20
 MAX_INFLATE = 1e6  # --max-inflate (a ratio)

@@ -349,6 +349,8 @@ def test_threads_are_bounded_and_a_failed_thread_start_leaves_no_threads(packed)
     assert "later loader decodes True" in p.stdout, p.stdout
     with pytest.raises(ConfigError, match=r"threads must be in 1\.\.256"):
         Loader(packed, batch_size=4, threads=257)
+    with pytest.raises(ConfigError, match=r"producers must be in 1\.\.32"):
+        Loader(packed, batch_size=4, producers=33)
 
 
 def test_every_error_a_caller_may_catch_is_importable_from_recordtool():

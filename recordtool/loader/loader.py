@@ -16,7 +16,7 @@ from typing import Literal, Union
 
 import numpy as np
 
-from ..checks import MAX_DECODE_THREADS, bounded_int
+from ..checks import MAX_DECODE_THREADS, MAX_PRODUCERS, bounded_int
 from ..datasets import open_dataset
 from ..decode.cpu import cores
 from ..decode.spec import EvalCrop, Output, TrainCrop
@@ -94,7 +94,7 @@ class Loader:
         block_shards: `Dataset.sampler`'s — None: block shuffle for URLs, global permutation for local data.
         threads: CPU decode threads (default: cores), at most MAX_DECODE_THREADS (256), checked
             before any thread starts.
-        producers: producer threads (default 2).
+        producers: producer threads (default 2), at most MAX_PRODUCERS (32).
         prefetch: batches each producer makes ahead.
         continuous: the producers go on into the next epoch's first batches while the training
             loop takes this epoch's last ones (as DALI's pipeline does), so an epoch does not
@@ -162,7 +162,7 @@ class Loader:
         # Python work (and user op) overlaps the other's decode. On the GPU, measured in training
         # with epochs running into each other (BENCHMARKS.md), 4 producers took twice the
         # producers' CPU for the same rate and cost the training loop more than 2.
-        self.producers = 2 if producers is None else bounded_int("producers", producers, 1, floats=False)
+        self.producers = 2 if producers is None else bounded_int("producers", producers, 1, MAX_PRODUCERS, floats=False)
         self.on_error = _on_error(on_error)
         self.with_ids = _flag(with_ids, "with_ids")
         as_torch = None if as_torch is None else _flag(as_torch, "as_torch")
