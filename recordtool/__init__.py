@@ -7,7 +7,8 @@ from .errors import (BadState, CacheChanged, CacheFull, Cancelled, ConfigError, 
                      RecordtoolError, Rejected, RemoteError, TFRecordError, ThreadStartError, UnsafePath,
                      WorkerLost)
 from .datasets import open_dataset as open  # noqa: E402,F401  (recordtool.open)
-from .reader import BlockSampler, Dataset, Sampler  # noqa: E402,F401
+from .reader import Dataset  # noqa: E402,F401
+from .sampler import BlockSampler, Sampler  # noqa: E402,F401
 
 
 _CONFIG = ("Output", "TrainCrop", "EvalCrop", "GPUOptions", "RemoteOptions")

@@ -30,7 +30,8 @@ from .format import manifest as mf
 from .io import cache as _cache
 from .io import fs as _fs
 from .io.transfer import Retry
-from .reader import DEFAULT_BLOCK_SHARDS, BlockSampler, Dataset
+from .reader import Dataset
+from .sampler import DEFAULT_BLOCK_SHARDS, BlockSampler
 
 FETCH_THREADS = 2  # background downloads at once per dataset
 IDLE_EXIT = 5.0  # seconds a download thread waits for work before it ends

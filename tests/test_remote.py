@@ -19,7 +19,7 @@ import recordtool  # noqa: E402
 from recordtool.io import cache as rcache  # noqa: E402
 from recordtool.errors import CacheFull, FormatError, RemoteError  # noqa: E402
 from recordtool.io import Retry  # noqa: E402
-from recordtool.reader import BlockSampler, Sampler  # noqa: E402
+from recordtool.sampler import BlockSampler, Sampler  # noqa: E402
 from s3server import S3, Fault  # noqa: E402
 
 FAST = Retry(attempts=3, backoff=0.01, max_backoff=0.05)

@@ -71,6 +71,8 @@ class GPUOptions:
             ResNet-50 loop the engines delivered 1.8k img/s, beside the same loop waiting each
             step 4.8k: BENCHMARKS.md). 1 still keeps a whole step queued ahead of the GPU; None:
             unbounded (the loop runs as far ahead as CUDA lets it).
+        engine_lanes: 1 — nvJPEG calls a producer keeps at the NVJPG engines at once for one
+            batch, each on its own decoder state, stream and thread (decode.gpu.GPUDecoder).
     """
 
     split: Split = "auto"
@@ -79,6 +81,7 @@ class GPUOptions:
     chroma: str = DEFAULT_CHROMA
     same_pixels: bool = False
     run_ahead: int | None = 1
+    engine_lanes: int = 1
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -87,6 +90,7 @@ class GPUOptions:
         set_(self, "hybrid", flag(self.hybrid, "hybrid"))
         set_(self, "chroma", check_chroma(self.chroma))
         set_(self, "same_pixels", flag(self.same_pixels, "same_pixels"))
+        set_(self, "engine_lanes", bounded_int("engine_lanes", self.engine_lanes, 1, 8, floats=False))
         if self.run_ahead is not None:
             set_(self, "run_ahead", bounded_int("run_ahead", self.run_ahead, 1, 64, floats=False))
 

@@ -124,7 +124,7 @@ class GPUBatcher:
                                  gpu_id=self.gpu_id, split=self.options.split, hybrid=self.options.hybrid,
                                  chroma=self.options.chroma,
                                  cpu_threads=self.cpu_threads, ring=self.raw_ring if raw else self.ring,
-                                 demand=self.demand)
+                                 demand=self.demand, engine_lanes=self.options.engine_lanes)
                 dec.warmup(ix.jpeg_length, ix.width, ix.height, routes=self.routes, chroma=ix.chroma,
                            windows=self._room_sample())
                 self._decoders[slot] = dec

@@ -94,6 +94,11 @@ class GPUDecoder:
             (roi.plan_rois: the same pixels); False decodes whole images (the tests' reference).
         native_submit: the engines' batch and the hybrid decoder's images each in one GIL-free
             call (recordtool._nvsubmit); False: the ctypes loops (their reference, for the tests).
+        engine_lanes: the engines' images of a batch in this many nvJPEG calls at once, each on
+            its own hardware decoder state, stream and thread (1: one call). nvJPEG's batched
+            call does its host work per image (parsing, the bitstream copy, the per-plane
+            copies) on the calling thread, one image after another; calls on several states
+            run that work side by side and keep more images at the engines.
     """
 
     # Route.LARGE images (above plan.GPU_MAX_PIXELS): the engines, on a decoder of their own in
@@ -104,11 +109,15 @@ class GPUDecoder:
     # image joins the batch's CPU share, counted in BatchReport.overflow)
     LARGE_BATCH = 2
     LARGE_ROOM = 2
+    MAX_LANES = 8
+    LANE_MIN = 32
+    """Engine images a lane takes at least: a batch's engine share is split over
+    min(engine_lanes, n // LANE_MIN) calls (a call's fixed cost is not worth a few images)."""
 
     def __init__(self, spec: OutputSpec = OutputSpec(), max_batch: int = 256, cpu_threads: int | None = None,
                  split: Split = "auto", gpu_id: int = 0, pool: int | None = None, hybrid: bool = True,
                  ring: OutputRing | None = None, demand: Demand | None = None, chroma: Chroma = DEFAULT_CHROMA,
-                 chunk: int = 0, planar_roi: bool = True, native_submit: bool = True):
+                 chunk: int = 0, planar_roi: bool = True, native_submit: bool = True, engine_lanes: int = 1):
         import cupy
 
         if not isinstance(spec, OutputSpec):
@@ -134,6 +143,9 @@ class GPUDecoder:
         # (native_submit=False) the ctypes loops, their reference
         self.native_submit = bool(native_submit)
         self.chunk = bounded_int("chunk", chunk, 0, floats=False)
+        self.engine_lanes = bounded_int("engine_lanes", engine_lanes, 1, self.MAX_LANES, floats=False)
+        self._lanes: list = []  # (HardwareDecoder, stream, event) of lanes 1.. (lane 0: self.hw, self.stream)
+        self._lane_pool = None
         self._own_pool = pool is None
         self.pool = cpu.new_pool_id(background=True) if pool is None else pool  # a CPU share: at low priority
         self.planner = SplitPlanner(split, demand=demand)
@@ -161,8 +173,16 @@ class GPUDecoder:
 
                 try:
                     self.hw = HardwareDecoder(max_batch, planar=self.planar, interpolate=nvjpeg_interp)
+                    for _ in range(self.engine_lanes - 1):
+                        self._lanes.append((HardwareDecoder(max_batch, planar=self.planar, interpolate=nvjpeg_interp),
+                                            _stream(cupy), cupy.cuda.Event(disable_timing=True)))
                 except (NvjpegError, OSError) as e:  # no engines here: everything on the CPU path
                     self.hw_error = str(e)
+                    for lane in self._lanes:
+                        lane[0].close()
+                    self.hw, self._lanes = None, []
+                if self._lanes:
+                    self._lane_pool = ThreadPoolExecutor(len(self._lanes), thread_name_prefix="recordtool-lane")
                 if hybrid:
                     try:
                         self.hybrid_stream = _stream(cupy)
@@ -267,9 +287,13 @@ class GPUDecoder:
             if engine.any():
                 try:  # the largest layout the engines will see (4:4:4 > 4:2:2, 4:4:0 > 4:2:0)
                     with self.device:
+                        layout = largest_layout(None if chroma is None else np.asarray(chroma)[engine])
+                        wmax, hmax = int(widths[engine].max()), int(heights[engine].max())
                         self.hw.set_padding(16 << 20)
-                        self.hw.preallocate(self.max_batch, int(widths[engine].max()), int(heights[engine].max()),
-                                            largest_layout(None if chroma is None else np.asarray(chroma)[engine]))
+                        self.hw.preallocate(self.max_batch, wmax, hmax, layout)
+                        for dec, _, _ in self._lanes:  # a lane's call takes its share of a batch
+                            dec.set_padding(16 << 20)
+                            dec.preallocate(-(-self.max_batch // self.engine_lanes), wmax, hmax, layout)
                 except Exception as e:  # a sizing hint only: decoding works without it
                     self._prealloc_failed(f"engines: {e}")
             if large.any():
@@ -595,6 +619,10 @@ class GPUDecoder:
             except Exception as e:
                 large_failed, self.last_gpu_error = idx[big].tolist(), str(e)
         native = None  # stays None where the native submission is not built (the ctypes loop)
+        lanes = min(1 + len(self._lanes), n // self.LANE_MIN) if n and not self.chunk else 1
+        if lanes > 1:  # the batch's engines' images over the lanes, at once
+            native = self._decode_lanes(ptrs, lengths, idx, small, places, lanes)
+            calls = calls[1:]  # the large ones' calls remain, after
         last = None
         for dec, part in calls:
             if dec is last:  # the state is re-initialised for this call's size: the last call's work first
@@ -618,6 +646,58 @@ class GPUDecoder:
             t = dec.last_native_seconds
             native = None if t is None else (native or 0.0) + t
         return (native if self.native_submit else None), large_failed
+
+    def _engine_args(self, idx, part, places):
+        """A call's destinations: (rois, planes, pitches) planar, or (rois, dst, pitch)."""
+        if self.planar:
+            planes, pitches, _, rois = places.take(idx[part])
+            return rois, planes, pitches
+        return places.take(idx[part])
+
+    def _engine_call(self, dec, ptrs, lengths, args, stream_ptr: int) -> None:
+        if self.planar:
+            rois, planes, pitches = args
+            dec.decode_planes(ptrs, lengths, planes, pitches, stream_ptr, rois, native=self.native_submit)
+        else:
+            rois, dst, pitch = args
+            dec.decode(ptrs, lengths, rois, dst, pitch, stream_ptr, native=self.native_submit)
+
+    def _decode_lanes(self, ptrs, lengths, idx, small, places, lanes: int):
+        """The engines' images `small` (positions in idx) in `lanes` calls at once: parts of about
+        equal bytes, part 0 on this thread (self.hw, self.stream), part k on lane k's thread, state
+        and stream; this stream then waits for the lanes' work. Every call has returned when this
+        returns (a refusal is raised after all of them, so no lane still writes into the arena).
+        Returns the longest call's GIL-free seconds (None: the ctypes loop)."""
+        cum = np.cumsum(lengths[small])
+        cuts = np.searchsorted(cum, cum[-1] * np.arange(1, lanes) / lanes)
+        parts = np.split(small, cuts)
+        args = [self._engine_args(idx, p, places) for p in parts]  # the places taken on this thread
+        device = self.gpu_id
+
+        def lane_call(k: int):
+            dec, stream, event = self._lanes[k - 1]
+            with self.cupy.cuda.Device(device):
+                stream.wait_event(self._ev_start)  # after what this decoder's stream queued before the batch
+                self._engine_call(dec, ptrs[parts[k]], lengths[parts[k]], args[k], stream.ptr)
+                event.record(stream)
+            return dec.last_native_seconds
+
+        jobs = [self._lane_pool.submit(lane_call, k) for k in range(1, lanes)]
+        error = None
+        try:
+            self._engine_call(self.hw, ptrs[parts[0]], lengths[parts[0]], args[0], self.stream.ptr)
+        except Exception as e:
+            error = e
+        times = [self.hw.last_native_seconds]
+        for k, job in enumerate(jobs, 1):
+            try:
+                times.append(job.result())
+                self.stream.wait_event(self._lanes[k - 1][2])
+            except Exception as e:
+                error = error or e
+        if error is not None:
+            raise error
+        return None if any(t is None for t in times) else max(times)
 
     def _note_large_failed(self, n: int) -> None:
         """The large images' decoder refused `n` images of this batch: the CPU path decodes them
@@ -656,6 +736,12 @@ class GPUDecoder:
     def close(self):
         """Stop the helper threads and release nvJPEG's handles (also on garbage collection)."""
         self._workers.shutdown(wait=True)
+        if self._lane_pool is not None:
+            self._lane_pool.shutdown(wait=True)
+            self._lane_pool = None
+        for lane in self._lanes:
+            lane[0].close()
+        self._lanes = []
         if self._own_pool:
             cpu.release_pool_id(self.pool)
             self._own_pool = False
