@@ -283,6 +283,59 @@ def test_unpipelined_engines_decode_what_pipelined_ones_decode():
 
 @gpu
 @pytest.mark.parametrize("chroma", ["replicate", "interpolate"])
+def test_engine_lanes_decode_what_one_call_decodes(monkeypatch, chroma):
+    """engine_lanes=N: a batch's engine images in N calls at once (parts of about equal bytes, each
+    on its own state, stream and thread) give the pixels of one call, bit for bit, batch after
+    batch; a lane whose call fails sends the whole engine share to the CPU path (no lane left
+    writing into the arena), and a bad value is refused."""
+    from recordtool.decode.gpu import GPUDecoder
+    from recordtool.errors import ConfigError
+
+    monkeypatch.setattr(GPUDecoder, "LANE_MIN", 4)
+    bufs, sizes = _jpegs(29)
+    ids = np.arange(len(bufs))
+    flips = random_flips(ids, 2, 0)
+    outs = {}
+    for lanes in (1, 3):
+        dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=32, split="gpu", chroma=chroma,
+                         engine_lanes=lanes)
+        if dec.hw is None:
+            pytest.skip(f"no NVJPG engines: {dec.hw_error}")
+        assert dec.engine_lanes == lanes and len(dec._lanes) == lanes - 1
+        calls = []  # images per nvJPEG call, over the lanes
+        name = "decode_planes" if dec.planar else "decode"
+        for d in [dec.hw] + [lane[0] for lane in dec._lanes]:
+            real = getattr(d, name)
+            monkeypatch.setattr(d, name, lambda ptrs, *a, _real=real, **k: (calls.append(len(ptrs)), _real(ptrs, *a, **k))[1])
+        got = []
+        for epoch in range(3):
+            n = [29, 17, 22][epoch]
+            win = random_windows(sizes[:n, 0], sizes[:n, 1], ids[:n], 2, epoch)
+            calls.clear()
+            got.append(cupy.asnumpy(dec(bufs[:n], win, flips[:n], _hw(bufs[:n]))).copy())
+            m = int((_hw(bufs[:n]) == ENGINE).sum())
+            assert dec.last.gpu == m > 8, dec.last
+            assert sum(calls) == m and len(calls) == min(lanes, m // 4), calls
+        outs[lanes] = got
+        if lanes > 1:  # a lane refuses: the batch's engine images go to the CPU path, all of them
+            def refuse(*a, **k):
+                raise RuntimeError("refused")
+
+            monkeypatch.setattr(dec._lanes[-1][0], name, refuse)
+            n = 29
+            win = random_windows(sizes[:n, 0], sizes[:n, 1], ids[:n], 2, 0)
+            out = cupy.asnumpy(dec(bufs[:n], win, flips[:n], _hw(bufs[:n])))
+            assert dec.last.gpu == 0 and dec.last.cpu + dec.last.hybrid == n and not dec.last.errors, dec.last
+            assert np.abs(out.astype(int) - outs[lanes][0].astype(int)).mean() < 3  # the CPU path's pixels of the same crops
+        dec.close()
+    for a, b in zip(outs[1], outs[3]):
+        assert np.array_equal(a, b)
+    for bad in (0, 9, 2.5, True, "2"):
+        with pytest.raises(ConfigError, match="engine_lanes"):
+            GPUDecoder(OutputSpec(224), max_batch=8, split="gpu", engine_lanes=bad)
+
+@gpu
+@pytest.mark.parametrize("chroma", ["replicate", "interpolate"])
 def test_chunked_engine_calls_decode_what_one_call_decodes(monkeypatch, chroma):
     """chunk=N: the engines' images in nvJPEG calls of at most N (sizes that differ, so the state
     is re-initialised between calls, each after the last call's work is done) give the pixels of
