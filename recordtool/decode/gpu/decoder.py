@@ -289,11 +289,12 @@ class GPUDecoder:
                     with self.device:
                         layout = largest_layout(None if chroma is None else np.asarray(chroma)[engine])
                         wmax, hmax = int(widths[engine].max()), int(heights[engine].max())
-                        self.hw.set_padding(16 << 20)
-                        self.hw.preallocate(self.max_batch, wmax, hmax, layout)
-                        for dec, _, _ in self._lanes:  # a lane's call takes its share of a batch
+                        # each lane's call takes its share of a batch: the lanes together hold
+                        # what one call of the whole batch would
+                        share = -(-self.max_batch // self.engine_lanes)
+                        for dec in [self.hw] + [lane[0] for lane in self._lanes]:
                             dec.set_padding(16 << 20)
-                            dec.preallocate(-(-self.max_batch // self.engine_lanes), wmax, hmax, layout)
+                            dec.preallocate(share, wmax, hmax, layout)
                 except Exception as e:  # a sizing hint only: decoding works without it
                     self._prealloc_failed(f"engines: {e}")
             if large.any():
