@@ -12,8 +12,13 @@ Every (format, pipeline, threads, batch) cell reports img/s over all threads, an
 host time (until nvJPEG returns) and its time to the stream's completion (medians): whether the
 call blocks the thread until the engines are done, and how many calls in flight keep them busy.
 
-Nothing here is the Loader: its rate beside this ceiling is `recordtool bench --device cuda` on the
-same dataset (the Loader alone, and DALI on the original files), run in the same call.
+--dali-files DIR: DALI's own use of the engines beside the ceiling, on the original files: its
+mixed decoder alone (fn.readers.file → fn.decoders.image, device="mixed", whole images, batch
+512, hw_decoder_load 0.99 and 1.0, the host's cores as its threads), the best of 3 epochs after
+one of warm-up.
+
+Nothing here is the Loader: its rate beside this ceiling is `recordtool bench --device cuda` and
+benchmarks/engines_beside_load.py on the same dataset, run in the same call.
 
 Usage (GPU machine):
   python benchmarks/engines_ceiling.py PACKED [--threads 1,2,3,4,6] [--batch 128,256,512]
@@ -135,6 +140,39 @@ def run_cell(cupy, staged, widths, heights, *, fmt: str, pipeline: bool, threads
             "call_host_ms": 1e3 * statistics.median(host), "call_done_ms": 1e3 * statistics.median(done)}
 
 
+def dali_decode_rate(folder: str, load: float, batch: int = 512, epochs: int = 4) -> dict:
+    """DALI's mixed decoder on the folder's JPEG files, nothing after it: img/s of the best
+    epoch after the first."""
+    import os
+
+    from nvidia.dali import fn, pipeline_def, types
+
+    from recordtool.tools.peers import jpeg_files
+
+    files = jpeg_files(folder)
+    steps = len(files) // batch
+    threads = len(os.sched_getaffinity(0))
+
+    @pipeline_def(batch_size=batch, num_threads=threads, device_id=0, prefetch_queue_depth=2, seed=0)
+    def pipe():
+        jpegs, label = fn.readers.file(files=[p for p, _ in files], labels=[int(y) for _, y in files],
+                                       random_shuffle=True)
+        return fn.decoders.image(jpegs, device="mixed", output_type=types.RGB, hw_decoder_load=load), label
+
+    p = pipe()
+    p.build()
+    rates = []
+    for e in range(epochs):
+        t = time.perf_counter()
+        for _ in range(steps):
+            out = p.run()
+        out[0].as_tensor()
+        if e:
+            rates.append(steps * batch / (time.perf_counter() - t))
+    del p
+    return {"hw_decoder_load": load, "img_s": max(rates), "epochs": rates, "threads": threads}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("root")
@@ -145,6 +183,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=1.5)
     ap.add_argument("--images", type=int, default=4096, help="engine-decodable records used at most")
     ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--dali-files", help="also DALI's mixed decoder alone on this folder's files")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
 
@@ -173,11 +212,16 @@ def main(argv=None) -> int:
     best = max(rows, key=lambda r: r["img_s"])
     print(f"ceiling: {best['img_s']:.0f} img/s ({best['format']}, pipeline {best['pipeline']}, "
           f"{best['threads']} threads x batch {best['batch']})")
+    dali = []
+    if a.dali_files:
+        for load in (0.99, 1.0):
+            dali.append(dali_decode_rate(a.dali_files, load))
+            print(f"DALI mixed decoder alone, hw_decoder_load {load}: {dali[-1]['img_s']:.0f} img/s", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"records": len(ids), "mean_bytes": float(staged.lengths.mean()),
                        "mean_width": float(w.mean()), "mean_height": float(h.mean()), "rows": rows,
-                       "ceiling": best}, f, indent=1)
+                       "ceiling": best, "dali": dali}, f, indent=1)
     return 0
 
 
