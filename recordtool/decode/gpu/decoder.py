@@ -671,7 +671,8 @@ class GPUDecoder:
         Returns the longest call's GIL-free seconds (None: the ctypes loop)."""
         cum = np.cumsum(lengths[small])
         cuts = np.searchsorted(cum, cum[-1] * np.arange(1, lanes) / lanes)
-        parts = np.split(small, cuts)
+        parts = [p for p in np.split(small, cuts) if len(p)]  # (a part is empty only past a huge image)
+        lanes = len(parts)
         args = [self._engine_args(idx, p, places) for p in parts]  # the places taken on this thread
         device = self.gpu_id
 
