@@ -57,7 +57,8 @@ def recordtool_loader(ds, batch, epochs, producers=None, split="auto", hybrid=Tr
     r.update(pool_growth_bytes=pool.total_bytes() - pool0, device_used_growth_bytes=device_memory_used(ld.gpu_id) - used0,
              ring_spills=ld.ring.spills - spills0,
              buffer_growths=sum(d.allocations for d in ld.batcher._decoders.values()) - allocs0,
-             producers=ld.producers, split=split, hybrid=hybrid, cpu_threads=ld.batcher.cpu_threads, chroma=ld.chroma)
+             producers=ld.producers, split=split, hybrid=hybrid, cpu_threads=ld.batcher.cpu_threads,
+             chroma=ld.gpu.chroma)
     ld.close()
     ld.batcher.close()
     return r

@@ -589,7 +589,7 @@ def _batcher(monkeypatch, op, fail=None, size=16):
     from types import SimpleNamespace
 
     from recordtool.decode.gpu import work as W
-    from recordtool.decode.spec import OutputSpec
+    from recordtool.decode.spec import Output
     from recordtool.loader.gpu import GPUBatcher
     from recordtool.ops import cuda as C
 
@@ -599,7 +599,7 @@ def _batcher(monkeypatch, op, fail=None, size=16):
     monkeypatch.setattr(W.nvjpeg, "context_current", lambda: None)
     monkeypatch.setattr(C, "kernel", lambda op: _Ptr(901))
     g = object.__new__(GPUBatcher)
-    g.recipe, g.spec = SimpleNamespace(), OutputSpec(size)
+    g.recipe, g.spec = SimpleNamespace(), Output(size)
     out = np.zeros((8, 3, *g.spec.size), np.float32)
     g._passes, g._lock, g.image_op, g.max_batch = {}, threading.Lock(), op, 8
     g.ring = SimpleNamespace(take=lambda n: (_Arr(out[:n]), _Ptr(71)))

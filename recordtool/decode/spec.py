@@ -203,9 +203,6 @@ class Output:
         return batch.permute(0, 3, 1, 2) if hasattr(batch, "permute") else batch.transpose(0, 3, 1, 2)
 
 
-OutputSpec = Output  # the name the GPU decoder's callers use (decode.gpu), the same class
-
-
 DEFAULT_SCALE = (0.08, 1.0)
 DEFAULT_RATIO = (3 / 4, 4 / 3)
 DEFAULT_HFLIP = 0.5

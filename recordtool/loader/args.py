@@ -5,20 +5,9 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
-from ..errors import ConfigError
-
 # The output ring's memory at most, as a share of this machine's RAM (host ring) or of the GPU's
 # memory (device ring): past it the Loader refuses to start and says what to lower.
 RING_MEMORY_SHARE = 0.5
-
-
-def flag(value, what: str) -> bool:
-    """A bool argument (NumPy's too), or ConfigError naming it: 0, 1 and strings are refused."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise ConfigError(f"{what} must be True or False, not {value!r}")
-    return bool(value)
 
 
 def memory_bound(gpu_id: int | None) -> int:

@@ -120,11 +120,9 @@ class GPUBatcher:
             with self._lock:
                 ix = self.recipe.ds.index
                 raw = self.user_op is not None
-                dec = GPUDecoder(self._raw_spec if raw else self.spec, max_batch=self.max_batch,
-                                 gpu_id=self.gpu_id, split=self.options.split, hybrid=self.options.hybrid,
-                                 chroma=self.options.chroma,
-                                 cpu_threads=self.cpu_threads, ring=self.raw_ring if raw else self.ring,
-                                 demand=self.demand)
+                dec = GPUDecoder(self._raw_spec if raw else self.spec, self.options, max_batch=self.max_batch,
+                                 gpu_id=self.gpu_id, cpu_threads=self.cpu_threads,
+                                 ring=self.raw_ring if raw else self.ring, demand=self.demand)
                 dec.warmup(ix.jpeg_length, ix.width, ix.height, routes=self.routes, chroma=ix.chroma,
                            windows=self._room_sample())
                 self._decoders[slot] = dec

@@ -16,16 +16,16 @@ from typing import Literal, Union
 
 import numpy as np
 
-from ..checks import MAX_DECODE_THREADS, MAX_PRODUCERS, bounded_int
+from ..checks import MAX_DECODE_THREADS, MAX_PRODUCERS, bounded_int, flag as _flag
 from ..datasets import open_dataset
 from ..decode.cpu import cores
 from ..decode.spec import EvalCrop, Output, TrainCrop
 from ..errors import BadState, ConfigError, NotADataset, OnError, RecordtoolError, on_error as _on_error
 from ..reader import Dataset
 from .. import distributed
-from .args import RING_MEMORY_SHARE, flag as _flag
+from .args import RING_MEMORY_SHARE
 from .args import memory_bound as _memory_bound
-from .config import GPUOptions, RemoteOptions, parts as _parts
+from .config import GPUOptions, RemoteOptions, fold as _fold, parts as _parts
 from .cpu import check_user_op
 from .device import parse_device, resolve
 from .prefetch import on_producer_thread
@@ -42,10 +42,12 @@ class Loader:
     The configuration comes in a few frozen parts, each checked once when it is made
     (loader.config): `Output` (what a batch looks like), `TrainCrop` / `EvalCrop` (the
     augmentation), `GPUOptions` (a cuda Loader's decoders), `RemoteOptions` (a dataset URL's
-    store and cache). Their fields may also be given flat, as keywords of the Loader
-    (`size=224, dtype="bfloat16", scale=(0.2, 1.0), split="gpu", cache_dir=...`): each is
-    folded into its part and checked there; a part and one of its keywords together are a
-    ConfigError, and so is an unknown keyword (naming the nearest known one).
+    store and cache). The parts are the documented form, and the Loader keeps them whole
+    (`loader.output.size`, `loader.augment.scale`, `loader.gpu.split`). Their fields may also
+    be given flat, as a shorthand (`size=224, dtype="bfloat16", split="gpu"`): one adapter
+    (loader.config.fold) sorts them by part, and each is checked there; a part and one of its
+    keywords together are a ConfigError, and so is an unknown keyword (naming the nearest
+    known one).
 
     Args:
         path: dataset directory, dataset URL (s3://bucket/prefix, any fsspec URL), or an open `Dataset`.
@@ -117,11 +119,9 @@ class Loader:
             as a torch.bfloat16 tensor; with as_torch=False as its bits in a uint16 array.
         with_ids: also yield each batch's sample ids.
 
-    Read-only attributes: the parts (`output`, `augment`, `gpu` — None on the CPU —, `remote`
-    — None unless given —) and their fields (`size` — an int for a square output —, `mean`,
-    `std`, `dtype`, `layout`, `memory_format`, `scale`, `ratio`, `hflip`, `crop_pct` — None
-    where the augmentation has no such field —, `split`, `hybrid`, `chroma`, `same_pixels` —
-    None on the CPU), `device` ("cpu" or "cuda"; `dev` the parsed Device) and `gpu_id`.
+    Attributes: the parts as checked (`output`, `augment`, `gpu` — None on the CPU —, `remote`
+    — None unless given —; their fields are read there: `loader.output.size`, a (h, w) pair),
+    `train`, `device` ("cpu" or "cuda"; `dev` the parsed Device) and `gpu_id`.
 
     Epochs: each `iter(loader)` runs one epoch. A loop that leaves an epoch early (a `break`,
     Lightning's `limit_train_batches`) and iterates again gets the next epoch, never the same
@@ -149,8 +149,8 @@ class Loader:
         self.dev = dev = parse_device(device)
         self.batch_size = bounded_int("batch_size", batch_size, 1, floats=False)
         self.train, self.output, self.augment, self.gpu, self.remote = _parts(
-            path, dev, train=train, output=output, augment=augment, gpu=gpu, remote=remote, shorthand=shorthand,
-            keywords=_KEYWORDS)
+            path, dev, train=train, output=output, augment=augment, gpu=gpu, remote=remote,
+            flat=_fold(shorthand, _KEYWORDS))
         self.shuffle = self.train if shuffle is None else _flag(shuffle, "shuffle")
         self.drop_last = self.train if drop_last is None else _flag(drop_last, "drop_last")
         self.seed = bounded_int("seed", seed, 0, floats=False)
@@ -234,39 +234,10 @@ class Loader:
             self.batcher = CPUBatcher(recipe, threads=self.threads, user_op=user_op, slots=slots, max_batch=max_batch,
                                       producers=self.producers)
 
-    # ------------------------------------------------------------------ the parts' fields, read-only
     @property
     def device(self) -> str:
         """"cpu" or "cuda" (the parsed Device is `dev`, its GPU `gpu_id`)."""
         return self.dev.type
-
-    @property
-    def spec(self) -> Output:
-        """`output` by its other name (Output is also decode.spec.OutputSpec)."""
-        return self.output
-
-    @property
-    def size(self):
-        """The output side: an int for a square output, as given, else (h, w)."""
-        h, w = self.output.size
-        return h if h == w else (h, w)
-
-    mean = property(lambda self: self.output.mean, doc="Output.mean.")
-    std = property(lambda self: self.output.std, doc="Output.std.")
-    dtype = property(lambda self: self.output.dtype, doc="Output.dtype.")
-    layout = property(lambda self: self.output.layout, doc="Output.layout.")
-    memory_format = property(lambda self: self.output.memory_format, doc="Output.memory_format.")
-    scale = property(lambda self: getattr(self.augment, "scale", None), doc="TrainCrop.scale (None: evaluation).")
-    ratio = property(lambda self: getattr(self.augment, "ratio", None), doc="TrainCrop.ratio (None: evaluation).")
-    hflip = property(lambda self: getattr(self.augment, "hflip", None), doc="TrainCrop.hflip (None: evaluation).")
-    crop_pct = property(lambda self: getattr(self.augment, "crop_pct", None), doc="EvalCrop.crop_pct (None: training).")
-    split = property(lambda self: getattr(self.gpu, "split", None), doc="GPUOptions.split (None on the CPU).")
-    hybrid = property(lambda self: getattr(self.gpu, "hybrid", None), doc="GPUOptions.hybrid (None on the CPU).")
-    chroma = property(lambda self: getattr(self.gpu, "chroma", None), doc="GPUOptions.chroma (None on the CPU).")
-    run_ahead = property(lambda self: getattr(self.gpu, "run_ahead", None),
-                         doc="GPUOptions.run_ahead (None on the CPU).")
-    same_pixels = property(lambda self: getattr(self.gpu, "same_pixels", None),
-                           doc="GPUOptions.same_pixels (None on the CPU).")
 
     # ------------------------------------------------------------------ placement (rank, world_size)
     @property
@@ -531,5 +502,5 @@ class Loader:
             pass
 
 
-# the Loader's own keywords, for the did-you-mean of an unknown one (loader.config.parts)
+# the Loader's own keywords, for the did-you-mean of an unknown one (loader.config.fold)
 _KEYWORDS = tuple(p for p in inspect.signature(Loader.__init__).parameters if p not in ("self", "shorthand"))

@@ -109,7 +109,8 @@ def op_costs(plain: Loader, name: str, epochs: int, images: int | None = None) -
     timed op is the unchecked one (what training runs; the checks cost several times its speed)."""
     compiled, batch_op = bench_ops(name)
     ds, kw = plain.ds, dict(batch_size=plain.batch_size, device=plain.device, threads=plain.threads, seed=plain.seed,
-                            producers=plain.producers, dtype=plain.dtype, rank=plain.rank, world_size=plain.world_size)
+                            producers=plain.producers, output=plain.output, rank=plain.rank,
+                            world_size=plain.world_size)
     checked = Loader(ds, user_op=compiled.with_checks(), **kw)
     try:
         loader_epochs(checked, 1, images)

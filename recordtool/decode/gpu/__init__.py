@@ -23,8 +23,6 @@ The names:
 - `consumer_stream`: the stream the calling thread works on (torch's current one, else CuPy's);
 - `route`, `hardware_decodable`, `Route` (`ENGINE`, `HYBRID`, `CPU`), `Split`, `SplitPlanner`,
   `Assignment`, `Demand`: where each image is decoded and how the sides share a batch;
-- `check_split`, `check_chroma`, `check_first`, `DEFAULT_CHROMA`: the Loader's split, chroma and
-  first arguments checked; `First`: which side decodes first under split="auto";
 - `set_host_wait_policy`: how host threads wait for the device (never set by default).
 
 Importing this package imports neither CuPy nor nvJPEG: they load when a decoder is made.
@@ -34,10 +32,8 @@ from .context import set_host_wait_policy
 from .decoder import BatchReport, GPUDecoder, cpu_share_decode, wait_ready
 from .kernel import SAMPLE_DTYPE, kernel
 from .normalize import NormalizePass
-from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, Assignment, Demand, First, Route, Split, SplitPlanner,
-                   check_chroma, check_first, check_split, ends_with_eoi, hardware_decodable, route)
+from .plan import CPU, ENGINE, HYBRID, Assignment, Demand, Route, SplitPlanner, ends_with_eoi, hardware_decodable, route
 
 __all__ = ["GPUDecoder", "BatchReport", "cpu_share_decode", "OutputRing", "NormalizePass", "wait_ready",
            "consumer_stream", "device_memory_used", "kernel", "SAMPLE_DTYPE", "route", "hardware_decodable", "ends_with_eoi",
-           "Route", "ENGINE", "HYBRID", "CPU", "Split", "SplitPlanner", "Assignment", "Demand", "DEFAULT_CHROMA",
-           "set_host_wait_policy", "check_split", "check_chroma", "First", "check_first"]
+           "Route", "ENGINE", "HYBRID", "CPU", "SplitPlanner", "Assignment", "Demand", "set_host_wait_policy"]

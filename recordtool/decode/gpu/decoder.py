@@ -24,12 +24,12 @@ from ...format.jpeg import (CHROMA_420, CHROMA_422, CHROMA_440, CHROMA_444, DEFA
 from .. import cpu
 from ...checks import bounded_int
 from ...errors import ConfigError
-from ..spec import OutputSpec
+from ..options import GPUOptions
+from ..spec import Output
 from . import kernel as K
 from .buffers import DecodeBuffers, OutputRing
 from .room import ALIGN, PlaneLayout, batch_room, crop_room, planar_need, planar_subsampling, staging_each
-from .plan import (CPU, DEFAULT_CHROMA, ENGINE, GPU_MAX_PIXELS, HYBRID, LARGE, Chroma, Demand, Split, SplitPlanner,
-                   buffer_spans, check_chroma, ends_with_eoi)
+from .plan import CPU, ENGINE, GPU_MAX_PIXELS, HYBRID, LARGE, Demand, SplitPlanner, buffer_spans, ends_with_eoi
 from .roi import dct_reduction, plan_rois, window_need
 
 @dataclass
@@ -73,21 +73,22 @@ class GPUDecoder:
 
     Args:
         spec: the output (size, normalisation, dtype — "uint8" for pixels, not normalised —,
-            layout, memory format), validated by OutputSpec; default 224² float32 NCHW.
-        max_batch: images per call at most.
+            layout, memory format), a checked Output; default 224² float32 NCHW.
+        options: the checked GPUOptions (decode.options), taken as they are: `split` (how
+            the engines' images are shared with the CPU), `hybrid` (progressive and gray files
+            to nvJPEG's hybrid decoder, else to the CPU) and `chroma` (how GPU-decoded 4:2:x
+            chroma is upsampled: "interpolate" gives the CPU path's, libjpeg-turbo's, pixels;
+            "replicate" nvJPEG's RGBI as it is). The others are the GPU backend's.
+        max_batch: images per call at most (checked here: the decoder's own argument).
         cpu_threads: native threads for the CPU share (default: cores - 1).
-        split: how the engines' images are shared with the CPU (see plan.Split).
         gpu_id: CUDA device id.
         pool: native CPU thread-pool id (distinct per decoder so producers do not queue).
-        hybrid: send progressive and gray files to nvJPEG's hybrid decoder (else to the CPU).
         ring: the output ring to take batches from (shared by the producers of a Loader);
             None: warmup() makes one.
         demand: the Loader's consumer-steered order of the two sides (plan.Demand: one side
             first, the engines in a Loader by default, the other's share only while the
             consumer waits), shared by its
             producers' decoders; None: the auto split follows measured rates alone.
-        chroma: how GPU-decoded 4:2:x chroma is upsampled (plan.Chroma): "interpolate" gives
-            the CPU path's (libjpeg-turbo's) pixels; "replicate" nvJPEG's RGBI as it is.
         chunk: the engines' images in nvJPEG calls of at most this many, each after the last
             one's work (0, the default: one call).
         planar_roi: with chroma="interpolate", decode each window's region of the planes
@@ -105,16 +106,19 @@ class GPUDecoder:
     LARGE_BATCH = 2
     LARGE_ROOM = 2
 
-    def __init__(self, spec: OutputSpec = OutputSpec(), max_batch: int = 256, cpu_threads: int | None = None,
-                 split: Split = "auto", gpu_id: int = 0, pool: int | None = None, hybrid: bool = True,
-                 ring: OutputRing | None = None, demand: Demand | None = None, chroma: Chroma = DEFAULT_CHROMA,
+    def __init__(self, spec: Output = Output(), options: GPUOptions = GPUOptions(), max_batch: int = 256,
+                 cpu_threads: int | None = None, gpu_id: int = 0, pool: int | None = None,
+                 ring: OutputRing | None = None, demand: Demand | None = None,
                  chunk: int = 0, planar_roi: bool = True, native_submit: bool = True):
         import cupy
 
-        if not isinstance(spec, OutputSpec):
-            raise ConfigError(f"spec must be an OutputSpec, not {type(spec).__name__}")
+        if not isinstance(spec, Output):
+            raise ConfigError(f"spec must be a recordtool.Output, not {type(spec).__name__}")
+        if not isinstance(options, GPUOptions):
+            raise ConfigError(f"options must be a recordtool.GPUOptions, not {type(options).__name__}")
         max_batch = bounded_int("max_batch", max_batch, 1, floats=False)
-        self.chroma = check_chroma(chroma)
+        self.options = options
+        self.chroma = chroma = options.chroma
         # "interpolate": planes, our kernel upsamples; each image's region of its window
         # (roi.plan_rois: the same pixels as whole planes) unless planar_roi=False. "nvjpeg":
         # nvJPEG's own interpolation flag
@@ -136,7 +140,7 @@ class GPUDecoder:
         self.chunk = bounded_int("chunk", chunk, 0, floats=False)
         self._own_pool = pool is None
         self.pool = cpu.new_pool_id(background=True) if pool is None else pool  # a CPU share: at low priority
-        self.planner = SplitPlanner(split, demand=demand)
+        self.planner = SplitPlanner(options.split, demand=demand)
         self.last = BatchReport()
         self.ring = ring
         self.hw = self.hybrid = self.hw_large = self.large_error = None
@@ -163,7 +167,7 @@ class GPUDecoder:
                     self.hw = HardwareDecoder(max_batch, planar=self.planar, interpolate=nvjpeg_interp)
                 except (NvjpegError, OSError) as e:  # no engines here: everything on the CPU path
                     self.hw_error = str(e)
-                if hybrid:
+                if options.hybrid:
                     try:
                         self.hybrid_stream = _stream(cupy)
                         self._hybrid_done = _Waiter(cupy)
