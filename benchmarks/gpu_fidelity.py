@@ -133,7 +133,7 @@ def loader_report(folder, chromas, splits, size=224, batch=256, same_pixels=(Tru
                     for i, img, raw in zip(np.asarray(ids).tolist(), pixels(x), x):
                         per[i], exact[i] = psnr(img, cpu[i]), digest(raw) == cpu_digest[i]
                 ld.close()
-                ld.batcher.close()
+                ld.backend.close()
                 ids = sorted(per)
                 v, e = np.array([per[i] for i in ids]), np.array([exact[i] for i in ids])
                 print(f"  chroma {chroma:<11} split {str(split):<4} same_pixels {str(same):<5} all      "

@@ -104,7 +104,7 @@ def main():
     dist.all_gather_object(stages, {k: round(1e3 * v / max(1, n // world * max(1, a.epochs - 1)), 4)
                                     for k, v in loader.stage_seconds.items()})
     loader.close()
-    loader.batcher.close()
+    loader.backend.close()
     resume_ok = None
     if a.resume_check:
         if cuda:  # every image the engines take on them: bit-identical pixels run to run

@@ -241,7 +241,7 @@ def test_the_loader_keeps_the_parts_whole_and_mirrors_none_of_their_fields(packe
     `loader.gpu.split`): one name per value, none turned back into a flat attribute."""
     ld = Loader(packed, 4, output=Output((12, 20), mean=(0, 0, 0), std=(1, 1, 1), layout="NHWC"), as_torch=False)
     assert ld.output.size == (12, 20) and ld.output.layout == "NHWC" and ld.output.mean == (0, 0, 0)
-    assert ld.batcher.recipe.output is ld.output and ld.batcher.recipe.augment is ld.augment
+    assert ld.backend.recipe.output is ld.output and ld.backend.recipe.augment is ld.augment
     assert ld.device == "cpu" and not ld.dev.cuda and ld.gpu is None and ld.remote is None
     assert Loader(packed, 4, size=16, as_torch=False).output.size == (16, 16)
     assert [name for name in MIRRORS if hasattr(ld, name)] == []
@@ -355,8 +355,8 @@ def test_the_parts_walk_down_unchanged(packed):
     out, aug = Output(16, dtype="bfloat16"), TrainCrop(hflip=0.0)
     ld = Loader(packed, 4, output=out, augment=aug, as_torch=False)
     assert ld.output is out and ld.augment is aug
-    assert ld.batcher.recipe.output is out and ld.batcher.recipe.augment is aug and ld.batcher.recipe.train
-    assert not hasattr(ld.batcher, "spec")  # the CPU batcher reads the recipe's
+    assert ld.backend.recipe.output is out and ld.backend.recipe.augment is aug and ld.backend.recipe.train
+    assert not hasattr(ld.backend, "spec")  # the CPU backend reads the recipe's
     ld.close()
 
 

@@ -12,7 +12,8 @@ from PIL import Image
 
 from conftest import photo_like
 from recordtool.decode import decode_crop_resize, random_flips, random_windows
-from recordtool.decode.gpu import CPU, ENGINE, HYBRID, hardware_decodable, route
+from recordtool.decode.gpu import route
+from recordtool.decode.gpu.plan import CPU, ENGINE, HYBRID, hardware_decodable
 from recordtool.decode.gpu.reference import resize_normalize
 from recordtool.decode.options import GPUOptions
 from recordtool.decode.spec import Output, scale_bias
@@ -154,7 +155,7 @@ def _hw(bufs):
 @gpu
 @pytest.mark.parametrize("dtype,layout", [("float32", "NCHW"), ("float16", "NHWC"), ("uint8", "NCHW")])
 def test_kernel_matches_reference(dtype, layout):
-    from recordtool.decode.gpu import SAMPLE_DTYPE, kernel
+    from recordtool.decode.gpu.kernel import SAMPLE_DTYPE, kernel
 
     rng = np.random.default_rng(1)
     regions = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in [(300, 400), (50, 70), (224, 224)]]
@@ -412,7 +413,7 @@ def test_hybrid_off_sends_progressive_and_gray_to_cpu():
 def test_producer_owned_ring_gives_slots_back_without_an_event():
     """A user op's uint8 ring is given back by the producer once its pass is done: no event on
     the releasing thread's default stream (which the next decode would wait for)."""
-    from recordtool.decode.gpu import OutputRing
+    from recordtool.decode.gpu.buffers import OutputRing
 
     ring = OutputRing((4, 8, 8, 3), "uint8", 2, producer_owned=True)
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -428,7 +429,8 @@ def test_producer_owned_ring_gives_slots_back_without_an_event():
 
 @gpu
 def test_output_ring_recycles_after_release_and_spills_when_held():
-    from recordtool.decode.gpu import GPUDecoder, OutputRing
+    from recordtool.decode.gpu import GPUDecoder
+    from recordtool.decode.gpu.buffers import OutputRing
 
     bufs, sizes = _jpegs(8)
     win = random_windows(sizes[:, 0], sizes[:, 1], np.arange(8), 2, 0)
@@ -535,8 +537,7 @@ def test_bad_jpeg_in_batch_is_reported():
 @gpu
 def test_dlpack_to_torch():
     torch = pytest.importorskip("torch")
-    from recordtool.decode.gpu import GPUDecoder
-    from recordtool.loader.dlpack import to_torch
+    from recordtool.decode.gpu import GPUDecoder, to_torch
 
     bufs, sizes = _jpegs(8)
     win = random_windows(sizes[:, 0], sizes[:, 1], np.arange(8), 0, 0)
@@ -662,31 +663,31 @@ def test_cuda_loader_gives_4_4_4_and_gray_bit_for_bit(packed_layouts, dtype, spl
 
 @gpu
 def test_images_decoded_ahead_are_the_batchs_own(packed_layouts):
-    """A producer's look-ahead lane (loader.ahead): the CPU-routed images of its next batch,
+    """A producer's look-ahead lane (decode.gpu.ahead): the CPU-routed images of its next batch,
     decoded before the batch is made, are taken by it (BatchReport.ahead counts them) and the
     batch is, bit for bit, the one its decoder makes without them — and the CPU Loader's pixels
     for those images (same_pixels routes 4:4:4 and gray to the CPU)."""
     import recordtool
+    from recordtool.decode.gpu.ahead import AheadLane
     from recordtool.loader import Loader
-    from recordtool.loader.ahead import AheadLane
 
     ds = recordtool.open(packed_layouts)
     kw = dict(batch_size=7, size=64, seed=3, drop_last=False, as_torch=False, dtype="float32", with_ids=True)
     cpu = {i: x for xs, _, ids in Loader(ds, device="cpu", **kw) for i, x in zip(np.asarray(ids).tolist(), xs)}
     ld = Loader(ds, device="cuda", split="gpu", same_pixels=True, **kw)
-    b, taken = ld.batcher, 0
+    b, taken = ld.backend, 0
     for start in range(0, len(ds), 7):
         ids = np.arange(start, min(start + 7, len(ds)))
         drawn = b.recipe.draws(ids, 2)
-        b.ahead(ids, 2, 0, drawn)  # slot 0's next batch announced
+        b.announce(ids, 2, 0, drawn)  # slot 0's next batch announced
         for _, jobs in b._lanes[0]._pending:  # let its lane finish (a batch cancels what it has not started)
             for f in jobs.values():
                 f.exception(timeout=60)
-        with_lane = b(ids, 2, 0, drawn)
+        with_lane = b.make(ids, 2, 0, drawn)
         got = cupy.asnumpy(with_lane.images[: len(ids)])
         assert with_lane.report.ahead == b._cpu_routed[ids].sum() == with_lane.report.cpu, with_lane.report
         taken += with_lane.report.ahead
-        alone = b(ids, 2, 1, drawn)  # slot 1 has no lane: nothing announced for it
+        alone = b.make(ids, 2, 1, drawn)  # slot 1 has no lane: nothing announced for it
         assert alone.report.ahead == 0 and 1 not in b._lanes
         assert np.array_equal(got, cupy.asnumpy(alone.images[: len(ids)]))
     assert taken == 16 and isinstance(b._lanes[0], AheadLane)
@@ -759,8 +760,8 @@ def test_the_arena_holds_a_batch_of_crops_regions(packed_mix):
         ld.set_epoch(epoch)
         for x, y in ld:
             n += len(y)
-    dec = next(iter(ld.batcher._decoders.values()))
-    ix, gpu = ld.ds.index, ld.batcher.routes != CPU
+    dec = next(iter(ld.backend._decoders.values()))
+    ix, gpu = ld.ds.index, ld.backend.routes != CPU
     assert gpu.sum() >= dec.REGION_ROOM_MIN * 4
     whole = batch_room(planar_need(ix.width[gpu], ix.height[gpu], ix.chroma[gpu]), 4)
     if dec.planar and dec.planar_regions["engines"] and dec.planar_regions["hybrid"]:
@@ -805,11 +806,11 @@ def test_cuda_loader_bounds_how_far_the_training_loop_runs_ahead(packed_mix):
 
     torch.cuda.init()  # the consumer's stream is torch's current one (the default stream here)
     kw = dict(batch_size=8, size=64, device="cuda", dtype="float16", split="gpu", seed=3, as_torch=False)
-    assert Loader(packed_mix, **kw).run_ahead == 1
+    assert Loader(packed_mix, **kw).gpu.run_ahead == 1
     sums = {}
     for ahead in (1, None):
         ld = Loader(packed_mix, run_ahead=ahead, **kw)
-        assert (ld.batcher.pace is None) == (ahead is None)
+        assert (ld.backend._pace is None) == (ahead is None)
         done, sums[ahead] = [], []
         for k, (x, _) in enumerate(ld):
             if ahead is not None and k >= 2:
@@ -888,14 +889,14 @@ def test_cuda_loader_leads_with_the_engines_whatever_the_threads(packed_mix):
     few = Loader(packed_mix, threads=4, **kw)
     many = Loader(packed_mix, threads=16, **kw)
     named = Loader(packed_mix, threads=16, first="cpu", **kw)
-    assert (few.batcher.demand.first, many.batcher.demand.first, named.batcher.demand.first) == \
+    assert (few.backend.demand.first, many.backend.demand.first, named.backend.demand.first) == \
         ("engines", "engines", "cpu")
     ix = __import__("recordtool").open(packed_mix).index
     routes = route(ix.chroma, ix.progressive, ix.colorspace)
     for ld, lead in ((few, "gpu"), (many, "gpu"), (named, "cpu")):
         _, _, ids = next(iter(ld))  # nobody has waited yet: the lead side takes what it can
         engines = int((routes[np.asarray(ids)] == ENGINE).sum())
-        if ld.batcher.decoder(0).hw is not None and engines:
+        if ld.backend.decoder(0).hw is not None and engines:
             assert ld.last_split.gpu == (engines if lead == "gpu" else 0), ld.last_split
     for ld in (few, many, named):
         ld.close()
@@ -919,7 +920,7 @@ def test_cuda_loader_names_a_damaged_record(packed_mix, tmp_path):
 # ------------------------------------------------------------------ the split planner (no GPU needed)
 
 def test_planner_routes_eoi_and_fixed_splits():
-    from recordtool.decode.gpu import SplitPlanner, ends_with_eoi
+    from recordtool.decode.gpu.plan import SplitPlanner, ends_with_eoi
 
     routes = np.array([ENGINE] * 6 + [HYBRID] * 2 + [CPU] * 2, np.int8)
     bufs = [b"\xff\xd8..\xff\xd9"] * 10
@@ -942,7 +943,7 @@ def test_planner_routes_eoi_and_fixed_splits():
 def test_demand_engines_first_keeps_the_cpu_share_to_what_the_consumer_waits_for():
     """Engines first: with a consumer that never waits the CPU takes no engine image whatever
     the measured rates say; while it waits, the CPU share grows up to the balanced one."""
-    from recordtool.decode.gpu import Demand, SplitPlanner
+    from recordtool.decode.gpu.plan import Demand, SplitPlanner
 
     routes = np.array([ENGINE] * 90 + [CPU] * 10, np.int8)
     eoi = np.ones(100, bool)
@@ -973,7 +974,7 @@ def test_engines_first_moves_engine_images_to_the_cpu_only_where_it_pays():
     where it shortens the predicted batch by MIN_GAIN — not a CPU at ~2 % of the engines' rate
     (a node's share of cores), but one at ~15 %; the CPU first is not filtered; unmeasured
     rates keep the share (paying_share is its own reference: the predicted times by hand)."""
-    from recordtool.decode.gpu import Demand, SplitPlanner
+    from recordtool.decode.gpu.plan import Demand, SplitPlanner
     from recordtool.decode.gpu.plan import MIN_GAIN, Rates, paying_share
 
     routes = np.array([ENGINE] * 500 + [CPU] * 2, np.int8)
@@ -1010,7 +1011,7 @@ def test_demand_cpu_first_gives_the_engines_only_what_the_consumer_waits_for():
     nothing whatever the rates say (hybrid images but the two that keep its rate measured go to
     the CPU too); while it waits, the engines' share grows up to the balanced split; when the
     waiting stops it shrinks back."""
-    from recordtool.decode.gpu import Demand, SplitPlanner
+    from recordtool.decode.gpu.plan import Demand, SplitPlanner
     from recordtool.loader.config import GPUOptions
 
     assert Demand().first == GPUOptions().first == "engines"  # a Demand made outside a Loader: the same order
@@ -1049,7 +1050,7 @@ def test_demand_follows_the_time_the_consumer_waits_not_the_batches_it_waited_fo
     the threshold give it back, and a wait past the interval counts as the whole interval.
     A consumer whose waits shrink as the share grows (a model of the loop) ends near the
     threshold, neither at 0 nor at the ceiling."""
-    from recordtool.decode.gpu import Demand
+    from recordtool.decode.gpu.plan import Demand
 
     demand = Demand(first="engines")
     for _ in range(10):  # ten bursts of six steps
@@ -1114,7 +1115,7 @@ def test_demand_cpu_first_measures_the_engines_on_small_batches():
     the demand alone (not the half-and-half placeholder balance), so a consumer that waits gets
     them on batches too small for half of one to measure a rate; then the balance takes over.
     Bad Demand values are ConfigErrors (ValueErrors too); its `first` is GPUOptions', checked there."""
-    from recordtool.decode.gpu import Demand, SplitPlanner
+    from recordtool.decode.gpu.plan import Demand, SplitPlanner
     from recordtool.errors import ConfigError
 
     routes = np.array([ENGINE] * 12, np.int8)
@@ -1138,7 +1139,7 @@ def test_planner_gives_large_images_to_the_engines_first_and_never_to_the_cpu_sh
     (on the CPU one costs 20-40 ms of a core), first in the engines' list (the batch's room is
     given in order); to the CPU only where the engines are not used (split="cpu", no engines,
     paused) or the file has no EOI."""
-    from recordtool.decode.gpu import SplitPlanner, ends_with_eoi
+    from recordtool.decode.gpu.plan import SplitPlanner, ends_with_eoi
     from recordtool.decode.gpu.plan import LARGE
 
     routes = np.array([ENGINE] * 6 + [LARGE, HYBRID, CPU, LARGE], np.int8)
@@ -1166,7 +1167,7 @@ def test_planner_pauses_engines_that_refuse_every_batch_and_retries_them(split):
     (observe says so once, for the decoder's warning), then one batch again; a refused retry
     doubles the pause, a decoded one ends the pauses; refusals with a success between them do
     not add up."""
-    from recordtool.decode.gpu import Demand, SplitPlanner
+    from recordtool.decode.gpu.plan import Demand, SplitPlanner
 
     routes = np.array([ENGINE] * 16, np.int8)
     eoi = np.ones(16, bool)
@@ -1201,7 +1202,7 @@ def test_planner_pauses_engines_that_refuse_every_batch_and_retries_them(split):
 
 
 def test_planner_auto_split_follows_measured_rates():
-    from recordtool.decode.gpu import SplitPlanner
+    from recordtool.decode.gpu.plan import SplitPlanner
 
     pl = SplitPlanner("auto")
     routes = np.full(100, ENGINE, np.int8)
@@ -1361,11 +1362,11 @@ class _Invert:
 def test_cuda_user_op_pass_queued_in_one_call_equals_its_cupy_calls(packed_mix, monkeypatch, dtype, layout):
     """A user op's pass (params and samples up, the op's kernel, the normalising kernel, the
     event) queued in one GIL-free call (StreamWork, _nvsubmit.queue) gives the batches of the
-    same CuPy calls made one by one (GPUBatcher.native_queue = False): compiled ops with and
+    same CuPy calls made one by one (GPUBackend.native_queue = False): compiled ops with and
     without params, a batch op; the parameter-free op equals its host reference too."""
+    from recordtool.decode.gpu.backend import GPUBackend
     from recordtool.decode.gpu.work import native_available
     from recordtool.loader import Loader
-    from recordtool.loader.gpu import GPUBatcher
     from recordtool.ops import ColorJitter, Cutout, ReferenceOp
 
     assert native_available()
@@ -1373,7 +1374,7 @@ def test_cuda_user_op_pass_queued_in_one_call_equals_its_cupy_calls(packed_mix, 
     for op in (ColorJitter(0.5, 0.5, 0.5), _Invert.make(), ReferenceOp(Cutout(12))):
         native = [cupy.asnumpy(x) for x, _ in Loader(packed_mix, device="cuda", user_op=op, **kw)]
         with monkeypatch.context() as m:
-            m.setattr(GPUBatcher, "native_queue", False)
+            m.setattr(GPUBackend, "native_queue", False)
             calls = [cupy.asnumpy(x) for x, _ in Loader(packed_mix, device="cuda", user_op=op, **kw)]
         assert len(native) == len(calls) > 1
         assert all(np.array_equal(a, b) for a, b in zip(native, calls)), type(op).__name__
@@ -1617,7 +1618,7 @@ def test_sample_dtype_is_the_kernels_struct():
     are libjpeg's FIX() values the reference uses."""
     import re
 
-    from recordtool.decode.gpu import SAMPLE_DTYPE
+    from recordtool.decode.gpu.kernel import SAMPLE_DTYPE
     from recordtool.decode.gpu.reference import CB_B, CB_G, CR_G, CR_R
     from recordtool.decode.gpu.kernel import _source
 
@@ -1674,7 +1675,7 @@ def test_kernel_source_built_for_the_host_matches_reference(tmp_path):
 
     from host_kernel import build
 
-    from recordtool.decode.gpu import SAMPLE_DTYPE
+    from recordtool.decode.gpu.kernel import SAMPLE_DTYPE
     from recordtool.decode.gpu.kernel import FMT_GRAY, FMT_RGB, FMT_YCC
     from recordtool.decode.gpu.reference import chroma_size, planes_to_rgb
 
@@ -1744,7 +1745,7 @@ def test_chroma_mode_is_validated():
 def test_kernel_planar_matches_reference(fmt):
     """The kernel on planar samples (random planes, odd sizes, windows to the edges, mirror)
     against decode.gpu.reference: planes_to_rgb, then the same resample."""
-    from recordtool.decode.gpu import SAMPLE_DTYPE, kernel
+    from recordtool.decode.gpu.kernel import SAMPLE_DTYPE, kernel
     from recordtool.decode.gpu.kernel import FMT_GRAY, FMT_YCC
     from recordtool.decode.gpu.reference import chroma_size, planes_to_rgb
 
@@ -2053,7 +2054,7 @@ def test_interpolate_sends_headers_that_disagree_with_the_index_to_the_cpu():
 def test_kernel_bfloat16_is_the_float32_result_rounded(layout):
     """The bfloat16 variant writes exactly the float32 variant's values rounded to nearest even
     (decode.spec.bfloat16_bits, the reference the native pass is tested against too)."""
-    from recordtool.decode.gpu import SAMPLE_DTYPE, kernel
+    from recordtool.decode.gpu.kernel import SAMPLE_DTYPE, kernel
     from recordtool.decode.spec import bfloat16_bits
 
     rng = np.random.default_rng(2)

@@ -11,7 +11,7 @@ from conftest import jpeg_bytes, write
 from recordtool.decode.spec import Output, bfloat16_bits, bfloat16_values
 from recordtool.errors import BadState, ConfigError, DatasetNotFound, DeviceUnavailable, RecordtoolError
 from recordtool.loader import Loader
-from recordtool.loader.device import Device, parse_device
+from recordtool.decode.device import Device, parse_device
 from recordtool.pack import pack
 
 N = 30  # not a multiple of the batch sizes below: a partial last batch
@@ -271,12 +271,12 @@ def test_crop_options_are_frozen_and_the_defaults_are_torchvisions(packed):
     from recordtool import EvalCrop, TrainCrop
 
     ld = Loader(packed, batch_size=4, size=16, as_torch=False)
-    assert ld.augment == TrainCrop() and ld.batcher.recipe.augment is ld.augment
+    assert ld.augment == TrainCrop() and ld.backend.recipe.augment is ld.augment
     assert (ld.augment.scale, ld.augment.ratio, ld.augment.hflip) == ((0.08, 1.0), (0.75, 4 / 3), 0.5)
     with pytest.raises(FrozenInstanceError):
         ld.augment.hflip = 1.0
     ev = Loader(packed, batch_size=4, size=16, train=False, crop_pct=0.9, as_torch=False)
-    assert ev.augment.crop_pct == 0.9 and ev.batcher.recipe.augment == EvalCrop(crop_pct=0.9)
+    assert ev.augment.crop_pct == 0.9 and ev.backend.recipe.augment == EvalCrop(crop_pct=0.9)
 
 
 @pytest.mark.parametrize("layout,memory_format", [("NCHW", "contiguous"), ("NHWC", "contiguous"),

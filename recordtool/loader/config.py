@@ -22,12 +22,12 @@ from dataclasses import dataclass, field, fields
 from typing import Mapping, NamedTuple
 
 from ..checks import MAX_CACHE_LIMIT, bounded_int, flag
+from ..decode.device import Device
 from ..decode.options import GPUOptions
 from ..decode.spec import EvalCrop, Output, TrainCrop
 from ..errors import ConfigError
 from ..io.fs import check_options, is_url, option_names
 from ..reader import Dataset
-from .device import Device
 
 __all__ = ["Output", "TrainCrop", "EvalCrop", "GPUOptions", "RemoteOptions", "Parts", "fold", "parts"]
 

@@ -1,8 +1,10 @@
 """`Loader`: the configuration of a training input pipeline; iterating it runs one epoch.
 
 Composition (FFCV's shape): the Loader holds the settings, the dataset, the sampler and a
-batcher (CPUBatcher or GPUBatcher, kept across epochs); `iter(loader)` gives an `EpochIterator`
-over the epoch's share of a `BatchStream` — ordered producer threads that call the batcher and,
+backend (decode.backend.Backend: the CPU's or the GPU's, from decode.device.make_backend, kept
+across epochs; the loader itself is the same for both devices); `iter(loader)` gives an
+`EpochIterator` over the epoch's share of a `BatchStream` — ordered producer threads that call
+the backend and,
 by default, run on into the next epoch while this one's last batches are consumed (the next
 `iter(loader)` takes up the stream where it stands; any other start begins a new one). A batch is
 a pure function of (seed, epoch, rank, world_size, batch index), so `state_dict()` is just where
@@ -19,17 +21,15 @@ import numpy as np
 from ..checks import MAX_DECODE_THREADS, MAX_PRODUCERS, bounded_int, flag as _flag
 from ..datasets import open_dataset
 from ..decode.cpu import cores
+from ..decode.device import RING_MEMORY_SHARE, make_backend, memory_bound, parse_device, resolve
+from ..decode.recipe import Recipe
 from ..decode.spec import EvalCrop, Output, TrainCrop
 from ..errors import BadState, ConfigError, NotADataset, OnError, RecordtoolError, on_error as _on_error
 from ..reader import Dataset
 from .. import distributed
-from .args import RING_MEMORY_SHARE
-from .args import memory_bound as _memory_bound
+from .args import check_user_op, compiled_op
 from .config import GPUOptions, RemoteOptions, fold as _fold, parts as _parts
-from .cpu import check_user_op
-from .device import parse_device, resolve
 from .prefetch import on_producer_thread
-from .recipe import Recipe
 from .epoch import EpochIterator, LoaderSampler
 from .stream import BatchStream, epoch_batches
 
@@ -185,7 +185,7 @@ class Loader:
         else:  # a launcher's process that learns its rank later (Lightning's DDP before fit)
             kind = self._make_order(0, 1)
         planned = getattr(kind, "on_plan", None) is not None  # a remote dataset's cache plans each epoch
-        if planned:  # and counts a record served once its view is taken: no continuous epochs, no lanes (GPUBatcher)
+        if planned:  # and counts a record served once its view is taken: no continuous epochs, no lanes (GPUBackend)
             self.continuous = False
         if as_torch is None:
             try:
@@ -205,9 +205,9 @@ class Loader:
         self._iterator = None  # weakref to the running EpochIterator
         self._stream = None  # the BatchStream the next iteration may take up
         self.bad_records: dict = {}  # record id → reason (on_error "warn" / "skip")
-        self.last_split = None  # cuda: the last yielded batch's BatchReport
+        self.last_split = None  # the last yielded batch's report (cuda: its BatchReport)
         self.stage_seconds, self.decoded = {}, {}  # producer-side s per stage, (cuda) images per decoder, summed
-        # of decoded["cpu"]: GPU-bound images past the buffers' room (room.batch_room), and decoded ahead (loader.ahead)
+        # of decoded["cpu"]: GPU-bound images past the buffers' room, and decoded ahead (Backend.stats)
         self.overflow = self.ahead = 0
         recipe = Recipe(self.ds, self.output, self.seed, self.augment)
         # batches alive at once: queued (producers × prefetch), being made (producers), and the
@@ -215,24 +215,16 @@ class Loader:
         # (the placement may be learnt later: a rank's share is at most the dataset)
         slots = self.producers * (self.prefetch + 1) + 2
         max_batch = max(1, min(self.batch_size, len(self.ds)))
-        need, bound = slots * self.output.nbytes(max_batch), _memory_bound(self.gpu_id)
+        need, bound = slots * self.output.nbytes(max_batch), memory_bound(self.gpu_id)
         if need > bound:
             where = "RAM" if self.gpu_id is None else f"GPU {self.gpu_id}'s memory"
             h, w = self.output.size
             raise ConfigError(f"the output ring would take {need / 2**30:.1f} GiB ({slots} batches of {max_batch} "
                               f"{self.output.dtype} images of {h}×{w}), more than {RING_MEMORY_SHARE:.0%} of "
                               f"{where} ({bound / 2**30:.1f} GiB): lower batch_size, size, prefetch or producers")
-        if dev.cuda:
-            from .gpu import GPUBatcher
-
-            self.batcher = GPUBatcher(recipe, gpu_id=self.gpu_id, producers=self.producers, threads=self.threads,
-                                      user_op=user_op, options=self.gpu, slots=slots, max_batch=max_batch,
-                                      look_ahead=not planned)
-        else:
-            from .cpu import CPUBatcher
-
-            self.batcher = CPUBatcher(recipe, threads=self.threads, user_op=user_op, slots=slots, max_batch=max_batch,
-                                      producers=self.producers)
+        self.backend = make_backend(recipe, self.gpu_id, gpu=self.gpu, threads=self.threads, producers=self.producers,
+                                    slots=slots, max_batch=max_batch, user_op=user_op,
+                                    image_op=compiled_op(user_op, self.gpu_id), look_ahead=not planned)
 
     @property
     def device(self) -> str:
@@ -396,7 +388,7 @@ class Loader:
     @property
     def ring(self):
         """The output ring (spills, free slots) — the GPU's OutputRing or the CPU's HostRing."""
-        return self.batcher.ring
+        return self.backend.ring
 
     # ------------------------------------------------------------------ not a Dataset
     _NOT_A_DATASET = ("the Loader is itself the data loader (batches made by its own threads): iterate it "
@@ -453,9 +445,9 @@ class Loader:
         """A BatchStream from (epoch, batch) `start` for the current order, the old one stopped."""
         self.close()  # a new start: what the producers made ahead is not this
         stream = self._stream = BatchStream(  # kept before its producers start: one may run our __del__
-            self.batcher, self._order, self.batch_size, self.drop_last, len(self), *start, launch=False,
-            producers=self.producers, depth=self.prefetch, continuous=self.continuous,
-            draws=self.batcher.recipe.draws, ahead=getattr(self.batcher, "announce", None))
+            self.backend.make, self._order, self.batch_size, self.drop_last, len(self), *start, launch=False,
+            producers=self.producers, depth=self.prefetch, continuous=self.continuous, draws=self.backend.recipe.draws,
+            ahead=self.backend.announce if self.backend.announces else None)
         stream.launch()
 
     def _begin(self, it: "EpochIterator") -> tuple:
@@ -493,11 +485,11 @@ class Loader:
     def __del__(self):
         try:
             # a collection may run this on one of this Loader's own producers (a reference cycle): stop
-            # the stream; leave the batcher, which that producer may be using mid-batch, to the collection
+            # the stream; leave the backend, which that producer may be using mid-batch, to the collection
             on_producer = on_producer_thread()
             self.close()
             if not on_producer:
-                self.batcher.close()
+                self.backend.close()
         except Exception:
             pass
 

@@ -47,7 +47,7 @@ class BatchReport:
     hybrid_rate: float | None = None
     overflow: int = 0  # of the CPU's, GPU-bound images past the arena's or staging's room (room.batch_room)
     large_failed: int = 0  # of the CPU's, Route.LARGE images their decoder refused (warned once per decoder)
-    ahead: int = 0  # of the CPU's, images decoded before the call (the caller's `decoded`: loader.ahead)
+    ahead: int = 0  # of the CPU's, images decoded before the call (the caller's `decoded`: decode.gpu.ahead)
     errors: list = field(default_factory=list)  # (batch index, reason) of images nothing decoded
     seconds: float = 0.0
     stages: dict = field(default_factory=dict)  # seconds per stage of this call
@@ -60,7 +60,7 @@ def cpu_share_decode(buffers, windows, size, out, errors: list, *, threads: int 
     """The CPU share's decode of these images into `out` (the CPU path, Pillow's retry of a file
     libjpeg refuses, no op; a failed one's slot left zero and (index, reason) appended to
     `errors`): what a batch's CPU share gives a CPU-routed image and what a producer's
-    look-ahead lane (loader.ahead) gives it ahead — one call, so both give the same pixels.
+    look-ahead lane (ahead.py) gives it ahead — one call, so both give the same pixels.
     pool=-1: on the calling thread (threads unused)."""
     cpu.decode_crop_resize(buffers, windows, size=size, threads=threads, out=out, on_error="skip", fallback=True,
                            errors=errors, pool=pool)
@@ -395,7 +395,7 @@ class GPUDecoder:
                 not parsed again in later batches (refuse_hybrid); None: every batch parses.
             decoded: {batch index: uint8 (h, w, 3), or a callable giving it or None} images of
                 the CPU share decoded by the CPU path with these windows elsewhere (a producer's
-                look-ahead lane, loader.ahead): copied in by the CPU share (calling a callable
+                look-ahead lane, ahead.py): copied in by the CPU share (calling a callable
                 there, beside the engines' work), decoded here only where it gives None. Only
                 images the plan gives the CPU are taken.
         """
