@@ -32,7 +32,8 @@ import recordtool  # noqa: E402
 from recordtool.tools import peers  # noqa: E402
 from recordtool.tools.bench import loader_epochs  # noqa: E402
 from recordtool.decode import random_windows  # noqa: E402
-from recordtool.decode.gpu import device_memory_used, hardware_decodable  # noqa: E402
+from recordtool.decode.gpu.buffers import device_memory_used  # noqa: E402
+from recordtool.decode.gpu.plan import hardware_decodable  # noqa: E402
 
 
 def log(*a):
@@ -48,18 +49,19 @@ def recordtool_loader(ds, batch, epochs, producers=None, split="auto", hybrid=Tr
     gpu = recordtool.GPUOptions(split=split, hybrid=hybrid, **({} if chroma is None else {"chroma": chroma}))
     ld = recordtool.Loader(ds, batch_size=batch, device="cuda", dtype="float16", producers=producers, gpu=gpu)
     if cpu_threads:
-        ld.batcher.cpu_threads = cpu_threads
+        ld.backend.cpu_threads = cpu_threads
     pool = cupy.get_default_memory_pool()
     r = loader_epochs(ld, 1)  # warm-up epoch: threads, decoders, buffers, kernel build
     pool0, used0, spills0 = pool.total_bytes(), device_memory_used(ld.gpu_id), ld.ring.spills
-    allocs0 = sum(d.allocations for d in ld.batcher._decoders.values())
+    allocs0 = sum(d.allocations for d in ld.backend._decoders.values())
     r = loader_epochs(ld, epochs)
     r.update(pool_growth_bytes=pool.total_bytes() - pool0, device_used_growth_bytes=device_memory_used(ld.gpu_id) - used0,
              ring_spills=ld.ring.spills - spills0,
-             buffer_growths=sum(d.allocations for d in ld.batcher._decoders.values()) - allocs0,
-             producers=ld.producers, split=split, hybrid=hybrid, cpu_threads=ld.batcher.cpu_threads, chroma=ld.chroma)
+             buffer_growths=sum(d.allocations for d in ld.backend._decoders.values()) - allocs0,
+             producers=ld.producers, split=split, hybrid=hybrid, cpu_threads=ld.backend.cpu_threads,
+             chroma=ld.gpu.chroma)
     ld.close()
-    ld.batcher.close()
+    ld.backend.close()
     return r
 
 

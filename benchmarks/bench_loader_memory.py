@@ -44,7 +44,7 @@ def run(path, device, epochs, batch, user_op=None, images=None):
             import torch
 
             torch.cuda.synchronize()
-            from recordtool.decode.gpu import device_memory_used
+            from recordtool.decode.gpu.buffers import device_memory_used
 
             gpu = (cupy.get_default_memory_pool().total_bytes() / 1e6, device_memory_used(ld.gpu_id) / 1e6,
                    ld.ring.spills)

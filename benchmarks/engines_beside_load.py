@@ -313,9 +313,9 @@ def run_one(args, load):
     n = max(1, sum(ld.decoded.get(k, 0) - decoded0.get(k, 0) for k in ("gpu", "hybrid", "cpu")) / args.batch)
     stages = {k: round(v / n * 1e3, 2) for k, v in sorted(ld.stage_seconds.items()) if v}
     mem = gpu_used_mib("cuda")
-    ring = ld.batcher.ring
+    ring = ld.backend.ring
     buffers = {}
-    for slot, dec in ld.batcher._decoders.items():
+    for slot, dec in ld.backend._decoders.items():
         b = dec.buf
         buffers[slot] = {"arena_mib": round((b.arena.nbytes if b.arena is not None else 0) / 2**20, 1),
                          "staging_mib": round((b.staging_np.size if b.staging_np is not None else 0) / 2**20, 1)}

@@ -37,7 +37,8 @@ import numpy as np
 
 def engine_records(ds, limit: int):
     """Ids (up to `limit`), bytes of the records the engines take, in record order."""
-    from recordtool.decode.gpu import ENGINE, route
+    from recordtool.decode.gpu import route
+    from recordtool.decode.gpu.plan import ENGINE
 
     ix = ds.index
     codes = route(ix.chroma, ix.progressive, ix.colorspace, pixels=ix.width.astype(np.int64) * ix.height)

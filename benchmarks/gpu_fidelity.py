@@ -7,7 +7,7 @@
 Photos: each is tried as it is and re-encoded (long side 500 / 1000 / full; 4:4:4, 4:2:2, 4:2:0;
 progressive; gray). For RandomResizedCrop windows it compares, per image and chroma mode
 (GPUDecoder's `chroma`):
-- gpu_vs_cpu: GPUDecoder(split="gpu") (engines / hybrid decoder) against the CPU fused decode,
+- gpu_vs_cpu: GPUDecoder with split="gpu" (engines / hybrid decoder) against the CPU fused decode,
 - gpu_vs_truth, cpu_vs_truth: each against Pillow decode → crop → resize(BILINEAR),
 - raw_vs_libjpeg: the GPU decoder's decoded pixels themselves (before resampling) against
   libjpeg-turbo's full decode: the window region (RGBI modes) or the whole image made from the
@@ -125,14 +125,15 @@ def loader_report(folder, chromas, splits, size=224, batch=256, same_pixels=(Tru
         for split in splits:
             split = split if split in ("auto", "gpu", "cpu") else float(split)
             for same in same_pixels:
-                ld = recordtool.Loader(ds, device="cuda", chroma=chroma, split=split, same_pixels=same, **kw)
+                ld = recordtool.Loader(ds, device="cuda", gpu=recordtool.GPUOptions(chroma=chroma, split=split,
+                                                                                     same_pixels=same), **kw)
                 per, exact = {}, {}
                 for x, _, ids in ld:
                     x = cupy.asnumpy(x)
                     for i, img, raw in zip(np.asarray(ids).tolist(), pixels(x), x):
                         per[i], exact[i] = psnr(img, cpu[i]), digest(raw) == cpu_digest[i]
                 ld.close()
-                ld.batcher.close()
+                ld.backend.close()
                 ids = sorted(per)
                 v, e = np.array([per[i] for i in ids]), np.array([exact[i] for i in ids])
                 print(f"  chroma {chroma:<11} split {str(split):<4} same_pixels {str(same):<5} all      "
@@ -157,7 +158,7 @@ def loader_report(folder, chromas, splits, size=224, batch=256, same_pixels=(Tru
 
 
 def main():
-    from recordtool.decode.gpu.plan import CHROMA_MODES
+    from recordtool.decode.options import CHROMA_MODES
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("photos", nargs="?")
@@ -171,6 +172,7 @@ def main():
     import cupy  # a GPU run from here on (--help works without one)
 
     from recordtool.decode.gpu import GPUDecoder, route
+    from recordtool.decode.options import GPUOptions
     from recordtool.decode.gpu.nvjpeg import HardwareDecoder, HybridDecoder
     from recordtool.decode.gpu.reference import SUBSAMPLING, planes_to_rgb
     from recordtool.decode.spec import Output
@@ -189,7 +191,7 @@ def main():
 
     stream = cupy.cuda.Stream(non_blocking=True)
     spec = Output(224, dtype="uint8", layout="NHWC")
-    decs = {c: GPUDecoder(spec, max_batch=a.windows, split="gpu", chroma=c) for c in chromas}
+    decs = {c: GPUDecoder(spec, GPUOptions(split="gpu", chroma=c), max_batch=a.windows) for c in chromas}
     raw_dec = {}  # chroma → (engine decoder, hybrid decoder) for the raw pixels
     for c in chromas:
         try:

@@ -49,11 +49,11 @@ def main(argv=None):
         rates.append(round(n / (time.perf_counter() - t)))
         if epoch == 0:
             first = gpu_used_mib("cuda")
-    ring = ld.batcher.ring
+    ring = ld.backend.ring
     decoders = {slot: dict(arena_mib=round(d.buf.arena.nbytes / 2**20, 1),
                            staging_mib=round(d.buf.staging_np.size / 2**20, 1),
                            growths=d.allocations, prealloc_error=d.prealloc_error)
-                for slot, d in sorted(ld.batcher._decoders.items())}
+                for slot, d in sorted(ld.backend._decoders.items())}
     report = dict(options=kw, img_s=rates, process_mib_after_epoch0=first, process_mib=gpu_used_mib("cuda"),
                   cupy_pool_mib=round(cupy.get_default_memory_pool().total_bytes() / 2**20),
                   ring_mib=round(ring.nbytes * ring.slots / 2**20), decoders=decoders, overflow=ld.overflow,

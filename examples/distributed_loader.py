@@ -65,7 +65,7 @@ def main():
         cupy.cuda.Device(dev).use()
     threads = a.threads or len(os.sched_getaffinity(0))
     kw = dict(batch_size=a.batch, device=a.device, drop_last=False, threads=threads, with_ids=True,
-              dtype="float16" if cuda else "float32", producers=a.producers)
+              output=recordtool.Output(dtype="float16" if cuda else "float32"), producers=a.producers)
     loader = recordtool.Loader(a.packed, **kw)
     assert (loader.rank, loader.world_size) == (rank, world)
     n = len(loader.ds)
@@ -104,10 +104,11 @@ def main():
     dist.all_gather_object(stages, {k: round(1e3 * v / max(1, n // world * max(1, a.epochs - 1)), 4)
                                     for k, v in loader.stage_seconds.items()})
     loader.close()
-    loader.batcher.close()
+    loader.backend.close()
     resume_ok = None
     if a.resume_check:
-        kw["split"] = "gpu" if cuda else "auto"
+        if cuda:  # every image the engines take on them: bit-identical pixels run to run
+            kw["gpu"] = recordtool.GPUOptions(split="gpu")
         e = a.epochs
         same, n_ref, k = resume_matches(a.packed, e, **kw)
         flags = [None] * world
@@ -115,7 +116,7 @@ def main():
         resume_ok = bool(all(f[0] for f in flags))
         ok = ok and resume_ok
         if rank == 0:
-            print(f"resume check (epoch {e}, split {kw['split']}): each rank stopped after "
+            print(f"resume check (epoch {e}{', split gpu' if cuda else ''}): each rank stopped after "
                   f"{[f[2] for f in flags]} of {[f[1] for f in flags]} batches and resumed from state_dict; "
                   f"batches identical to an uninterrupted run: {[f[0] for f in flags]}", flush=True)
     dist.barrier()

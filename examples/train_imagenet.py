@@ -33,8 +33,8 @@ def torchvision_loader(root, batch, workers):
 def recordtool_loader(root, batch, device, threads):
     import recordtool
 
-    return recordtool.Loader(root, batch_size=batch, device=device, dtype="float16" if device == "cuda" else
-                             "float32", threads=threads)
+    output = recordtool.Output(size=224, dtype="float16" if device == "cuda" else "float32")
+    return recordtool.Loader(root, batch_size=batch, device=device, output=output, threads=threads)
 
 
 def main():

@@ -1,12 +1,15 @@
-"""Range checks of numeric parameters: one rule per kind of value, for the Python API's edges
-(`pack`, `Transcode`, `tune.run`, `index_parts`, the sources: an ConfigError, a ValueError)
-and for the CLI, whose click types (recordtool.cli) apply the same bounds and turn a bad value
-into a usage error (exit 2). Inner layers trust what passed here.
+"""Range checks of numeric parameters, and `flag` (a bool argument): one rule per kind of
+value, for the Python API's edges (`pack`, `Transcode`, `tune.run`, `index_parts`, the
+sources, the Loader and its parts: an ConfigError, a ValueError) and for the CLI, whose
+click types (recordtool.cli) apply the same bounds and turn a bad value into a usage error
+(exit 2). Inner layers trust what passed here.
 """
 from __future__ import annotations
 
 import math
 import numbers
+
+import numpy as np
 
 from .errors import ConfigError
 
@@ -50,6 +53,13 @@ def bounded_int(name: str, value, lo: int, hi: int | None = None, floats: bool =
         raise ConfigError(f"{name} must be in {lo}..{hi}, not {v}" if hi is not None
                           else f"{name} must be at least {lo}, not {v}")
     return v
+
+
+def flag(value, what: str) -> bool:
+    """A bool argument (NumPy's too), or ConfigError naming it: 0, 1 and strings are refused."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ConfigError(f"{what} must be True or False, not {value!r}")
+    return bool(value)
 
 
 def bounded_float(name: str, value, lo: float, hi: float) -> float:

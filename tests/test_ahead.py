@@ -1,4 +1,4 @@
-"""The producers' look-ahead lanes (loader.ahead) and the stream's announcements of each
+"""The producers' look-ahead lanes (decode.gpu.ahead) and the stream's announcements of each
 producer's next batch: the CPU path's pixels bit for bit, bounded, never waited on for work
 not started, and the batch announced is the batch the same producer makes next."""
 import os
@@ -9,7 +9,7 @@ import pytest
 
 from conftest import jpeg_bytes, packed_folder
 from recordtool.decode import cpu
-from recordtool.loader.ahead import KEEP, AheadLane
+from recordtool.decode.gpu.ahead import KEEP, AheadLane
 from recordtool.loader import stream as st
 from recordtool.loader import Loader
 
@@ -147,7 +147,7 @@ def packed(tmp_path_factory):
 @pytest.mark.parametrize("producers", [1, 3])
 def test_each_producer_announces_the_batch_it_makes_next(packed, continuous, producers):
     ld = Loader(path=packed, batch_size=4, size=16, seed=1, as_torch=False, drop_last=False)
-    recipe, lock = ld.batcher.recipe, threading.Lock()
+    recipe, lock = ld.backend.recipe, threading.Lock()
     announced, made = {}, {}  # slot → [(epoch, ids, windows)] in the order the slot saw them
 
     def ahead(ids, epoch, slot, drawn):

@@ -223,24 +223,31 @@ def test_a_part_and_its_keywords_make_the_same_batches(packed):
 def test_eval_crop_implies_evaluation_and_equals_the_keywords(packed):
     base = dict(batch_size=6, size=20, as_torch=False)
     ev = Loader(packed, augment=EvalCrop(crop_pct=0.9), **base)
-    assert ev.train is False and ev.shuffle is False and ev.drop_last is False and ev.crop_pct == 0.9
-    assert ev.scale is None and ev.hflip is None
+    assert ev.train is False and ev.shuffle is False and ev.drop_last is False and ev.augment.crop_pct == 0.9
     flat = Loader(packed, train=False, crop_pct=0.9, **base)
     assert flat.augment == ev.augment
     a, b = batches(ev), batches(flat)
     assert all(np.array_equal(x, y) for (x, _), (y, _) in zip(a, b))
     tr = Loader(packed, augment=TrainCrop(), **base)
-    assert tr.train is True and tr.crop_pct is None and tr.scale == (0.08, 1.0)
+    assert tr.train is True and tr.augment == TrainCrop() and tr.augment.scale == (0.08, 1.0)
 
 
-def test_the_loaders_read_only_attributes_read_the_parts(packed):
+MIRRORS = ("size", "mean", "std", "dtype", "layout", "memory_format", "scale", "ratio", "hflip", "crop_pct", "split",
+           "hybrid", "chroma", "run_ahead", "same_pixels", "spec")
+
+
+def test_the_loader_keeps_the_parts_whole_and_mirrors_none_of_their_fields(packed):
+    """A part's fields are read on the part (`loader.output.size`, `loader.augment.scale`,
+    `loader.gpu.split`): one name per value, none turned back into a flat attribute."""
     ld = Loader(packed, 4, output=Output((12, 20), mean=(0, 0, 0), std=(1, 1, 1), layout="NHWC"), as_torch=False)
-    assert ld.size == (12, 20) and ld.layout == "NHWC" and ld.mean == (0, 0, 0) and ld.std == (1, 1, 1)
-    assert ld.spec is ld.output and ld.batcher.recipe.output is ld.output and ld.batcher.recipe.augment is ld.augment
-    assert ld.device == "cpu" and not ld.dev.cuda and ld.gpu is None and ld.split is None and ld.remote is None
-    assert Loader(packed, 4, size=16, as_torch=False).size == 16
-    with pytest.raises(AttributeError):
-        ld.size = 32
+    assert ld.output.size == (12, 20) and ld.output.layout == "NHWC" and ld.output.mean == (0, 0, 0)
+    assert ld.backend.recipe.output is ld.output and ld.backend.recipe.augment is ld.augment
+    assert ld.device == "cpu" and not ld.dev.cuda and ld.gpu is None and ld.remote is None
+    assert Loader(packed, 4, size=16, as_torch=False).output.size == (16, 16)
+    assert [name for name in MIRRORS if hasattr(ld, name)] == []
+    import recordtool.decode.spec as spec
+
+    assert not hasattr(spec, "OutputSpec")  # one name for the output: Output
 
 
 @pytest.mark.parametrize("kw,match", [
@@ -284,7 +291,7 @@ def test_gpu_options_on_a_cpu_loader_are_refused(packed):
     # at their defaults they do nothing and say nothing wrong: code written for either device runs
     ld = Loader(packed, 4, split="auto", hybrid=True, chroma="interpolate", same_pixels=False, run_ahead=1,
                 as_torch=False)
-    assert ld.gpu is None and ld.chroma is None
+    assert ld.gpu is None
     ld.close()
 
 
@@ -348,8 +355,8 @@ def test_the_parts_walk_down_unchanged(packed):
     out, aug = Output(16, dtype="bfloat16"), TrainCrop(hflip=0.0)
     ld = Loader(packed, 4, output=out, augment=aug, as_torch=False)
     assert ld.output is out and ld.augment is aug
-    assert ld.batcher.recipe.output is out and ld.batcher.recipe.augment is aug and ld.batcher.recipe.train
-    assert not hasattr(ld.batcher, "spec")  # the CPU batcher reads the recipe's
+    assert ld.backend.recipe.output is out and ld.backend.recipe.augment is aug and ld.backend.recipe.train
+    assert not hasattr(ld.backend, "spec")  # the CPU backend reads the recipe's
     ld.close()
 
 

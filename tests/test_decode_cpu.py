@@ -451,7 +451,7 @@ def test_loader_train_sizes_scale_ratio_and_flip_match_pillow_crop_then_resize(p
     scale, ratio = (0.2, 0.6), (0.5, 0.8)
     ld = Loader(packed_photos, batch_size=len(ds), size=size, scale=scale, ratio=ratio, hflip=hflip, seed=4, **PIXELS)
     got, ids = _batch(ld)
-    win, flips = ld.batcher.recipe.draws(ids, 0)
+    win, flips = ld.backend.recipe.draws(ids, 0)
     assert flips.all() if hflip else not flips.any()
     h, w = size
     for k, i in enumerate(ids):

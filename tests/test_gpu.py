@@ -12,9 +12,11 @@ from PIL import Image
 
 from conftest import photo_like
 from recordtool.decode import decode_crop_resize, random_flips, random_windows
-from recordtool.decode.gpu import CPU, ENGINE, HYBRID, hardware_decodable, route
+from recordtool.decode.gpu import route
+from recordtool.decode.gpu.plan import CPU, ENGINE, HYBRID, hardware_decodable
 from recordtool.decode.gpu.reference import resize_normalize
-from recordtool.decode.spec import OutputSpec, scale_bias
+from recordtool.decode.options import GPUOptions
+from recordtool.decode.spec import Output, scale_bias
 from recordtool.format.jpeg import CHROMA_411, CHROMA_420, CHROMA_422, CHROMA_GRAY, CS_CMYK, CS_GRAY, CS_YCBCR
 
 
@@ -153,7 +155,7 @@ def _hw(bufs):
 @gpu
 @pytest.mark.parametrize("dtype,layout", [("float32", "NCHW"), ("float16", "NHWC"), ("uint8", "NCHW")])
 def test_kernel_matches_reference(dtype, layout):
-    from recordtool.decode.gpu import SAMPLE_DTYPE, kernel
+    from recordtool.decode.gpu.kernel import SAMPLE_DTYPE, kernel
 
     rng = np.random.default_rng(1)
     regions = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in [(300, 400), (50, 70), (224, 224)]]
@@ -192,7 +194,7 @@ def test_gpu_matches_cpu_40db(split):
     ids = np.arange(len(bufs))
     win = random_windows(sizes[:, 0], sizes[:, 1], ids, 3, 0)
     flips = random_flips(ids, 3, 0)
-    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=32, split=split)
+    dec = GPUDecoder(Output(224, dtype="uint8", layout="NHWC"), GPUOptions(split=split), max_batch=32)
     out = cupy.asnumpy(dec(bufs, win, flips, _hw(bufs)))
     ref = decode_crop_resize(bufs, win)
     ref[flips] = ref[flips, :, ::-1]
@@ -227,8 +229,8 @@ def test_native_submit_matches_the_ctypes_loop():
     flips = random_flips(ids, 5, 0)
     outs = []
     for native in (False, True):
-        dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=32, split="gpu",
-                         native_submit=native)
+        dec = GPUDecoder(Output(224, dtype="uint8", layout="NHWC"), GPUOptions(split="gpu"),
+                         max_batch=32, native_submit=native)
         if dec.hw is None:
             pytest.skip(f"no NVJPG engines: {dec.hw_error}")
         assert dec.native_submit == native
@@ -297,8 +299,8 @@ def test_engine_lanes_decode_what_one_call_decodes(monkeypatch, chroma):
     flips = random_flips(ids, 2, 0)
     outs = {}
     for lanes in (1, 3):
-        dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=32, split="gpu", chroma=chroma,
-                         engine_lanes=lanes)
+        dec = GPUDecoder(Output(224, dtype="uint8", layout="NHWC"),
+                         GPUOptions(split="gpu", chroma=chroma, engine_lanes=lanes), max_batch=32)
         if dec.hw is None:
             pytest.skip(f"no NVJPG engines: {dec.hw_error}")
         assert dec.engine_lanes == lanes and len(dec._lanes) == lanes - 1
@@ -332,7 +334,7 @@ def test_engine_lanes_decode_what_one_call_decodes(monkeypatch, chroma):
         assert np.array_equal(a, b)
     for bad in (0, 9, 2.5, True, "2"):
         with pytest.raises(ConfigError, match="engine_lanes"):
-            GPUDecoder(OutputSpec(224), max_batch=8, split="gpu", engine_lanes=bad)
+            GPUOptions(split="gpu", engine_lanes=bad)
 
 @gpu
 @pytest.mark.parametrize("chroma", ["replicate", "interpolate"])
@@ -349,8 +351,8 @@ def test_chunked_engine_calls_decode_what_one_call_decodes(monkeypatch, chroma):
     flips = random_flips(ids, 2, 0)
     outs = {}
     for chunk in (0, 4):
-        dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=32, split="gpu", chroma=chroma,
-                         chunk=chunk)
+        dec = GPUDecoder(Output(224, dtype="uint8", layout="NHWC"), GPUOptions(split="gpu", chroma=chroma),
+                         max_batch=32, chunk=chunk)
         if dec.hw is None:
             pytest.skip(f"no NVJPG engines: {dec.hw_error}")
         assert dec.chunk == chunk
@@ -375,10 +377,10 @@ def test_chunked_engine_calls_decode_what_one_call_decodes(monkeypatch, chroma):
         dec.close()
     for a, b in zip(outs[0], outs[4]):
         assert np.array_equal(a, b)
-    assert GPUDecoder(OutputSpec(224), max_batch=8, split="gpu").chunk == 0  # the default: one call
+    assert GPUDecoder(Output(224), GPUOptions(split="gpu"), max_batch=8).chunk == 0  # the default: one call
     for bad in (-1, 2.5, True, "4"):
         with pytest.raises(ConfigError, match="chunk"):
-            GPUDecoder(OutputSpec(224), max_batch=8, split="gpu", chunk=bad)
+            GPUDecoder(Output(224), GPUOptions(split="gpu"), max_batch=8, chunk=bad)
 
 
 @gpu
@@ -412,7 +414,8 @@ def test_large_images_go_to_the_engines_on_a_decoder_of_their_own(monkeypatch, c
     lengths = np.array([len(b) for b in bufs])
     outs = []
     for rts in (routes, route(*cols)):  # LARGE, then the same images as the batch's engines' own
-        dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=32, split="gpu", chroma=chroma)
+        dec = GPUDecoder(Output(224, dtype="uint8", layout="NHWC"), GPUOptions(split="gpu", chroma=chroma),
+                         max_batch=32)
         if dec.hw is None:
             pytest.skip(f"no NVJPG engines: {dec.hw_error}")
         dec.LARGE_ROOM = 3  # room for this batch's three whole (a batch of 15 has no margin for them)
@@ -451,7 +454,7 @@ def test_hybrid_off_sends_progressive_and_gray_to_cpu():
 
     bufs, sizes = _jpegs(12)
     win = random_windows(sizes[:, 0], sizes[:, 1], np.arange(12), 1, 0)
-    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=16, split="gpu", hybrid=False)
+    dec = GPUDecoder(Output(224, dtype="uint8", layout="NHWC"), GPUOptions(split="gpu", hybrid=False), max_batch=16)
     out = cupy.asnumpy(dec(bufs, win, np.zeros(12, bool), _hw(bufs)))
     assert dec.last.hybrid == 0 and dec.last.cpu_forced == int((_hw(bufs) != ENGINE).sum())
     ref = decode_crop_resize(bufs, win)
@@ -463,7 +466,7 @@ def test_hybrid_off_sends_progressive_and_gray_to_cpu():
 def test_producer_owned_ring_gives_slots_back_without_an_event():
     """A user op's uint8 ring is given back by the producer once its pass is done: no event on
     the releasing thread's default stream (which the next decode would wait for)."""
-    from recordtool.decode.gpu import OutputRing
+    from recordtool.decode.gpu.buffers import OutputRing
 
     ring = OutputRing((4, 8, 8, 3), "uint8", 2, producer_owned=True)
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -479,11 +482,12 @@ def test_producer_owned_ring_gives_slots_back_without_an_event():
 
 @gpu
 def test_output_ring_recycles_after_release_and_spills_when_held():
-    from recordtool.decode.gpu import GPUDecoder, OutputRing
+    from recordtool.decode.gpu import GPUDecoder
+    from recordtool.decode.gpu.buffers import OutputRing
 
     bufs, sizes = _jpegs(8)
     win = random_windows(sizes[:, 0], sizes[:, 1], np.arange(8), 2, 0)
-    dec = GPUDecoder(OutputSpec(224, dtype="float32", layout="NCHW"), max_batch=8, split="gpu")
+    dec = GPUDecoder(Output(224, dtype="float32", layout="NCHW"), GPUOptions(split="gpu"), max_batch=8)
     ring = dec.ring = OutputRing(dec.output_shape(), "float32", 2)
     first = dec(bufs, win, np.zeros(8, bool), _hw(bufs))
     keep = cupy.asnumpy(first)
@@ -512,7 +516,7 @@ def test_auto_split_adapts_and_memory_is_steady():
 
     bufs, sizes = _jpegs(64)
     ids = np.arange(len(bufs))
-    dec = GPUDecoder(OutputSpec(224, dtype="float16"), max_batch=64, split="auto")
+    dec = GPUDecoder(Output(224, dtype="float16"), GPUOptions(split="auto"), max_batch=64)
     dec.warmup([len(b) for b in bufs], sizes[:, 0], sizes[:, 1])
     pool = cupy.get_default_memory_pool()
     fractions = []
@@ -547,7 +551,7 @@ def test_the_kernel_reads_the_cpu_share_in_pinned_memory():
     assert int(mapped.astype(cupy.int64).sum()) == int(buf.cpu_out.astype(np.int64).sum())  # a kernel's reads
 
     bufs, sizes = _jpegs(8)
-    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=8, split="cpu")
+    dec = GPUDecoder(Output(224, dtype="uint8", layout="NHWC"), GPUOptions(split="cpu"), max_batch=8)
     for seed in range(3):
         ids = np.arange(8)
         win, flips = random_windows(sizes[:, 0], sizes[:, 1], ids, seed, 0), random_flips(ids, seed, 0)
@@ -567,14 +571,14 @@ def test_bad_jpeg_in_batch_is_reported():
     bufs[2] = bufs[2][: len(bufs[2]) // 3]
     ids = np.arange(8)
     win = random_windows(sizes[:, 0], sizes[:, 1], ids, 0, 0)
-    on_cpu = GPUDecoder(OutputSpec(224, dtype="uint8"), max_batch=8, split="cpu")
+    on_cpu = GPUDecoder(Output(224, dtype="uint8"), GPUOptions(split="cpu"), max_batch=8)
     on_cpu(bufs, win, np.zeros(8, bool), hw)
     assert [i for i, _ in on_cpu.last.errors] == [2]  # the CPU path names it
     # Neither the engines nor the hybrid decoder report a truncated stream (seen on the H200):
     # a file not ending in EOI is sent to libjpeg, which names it
     bufs[4] = bufs[4][: len(bufs[4]) // 3]
     assert hw[4] == HYBRID
-    on_gpu = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=8, split="gpu")
+    on_gpu = GPUDecoder(Output(224, dtype="uint8", layout="NHWC"), GPUOptions(split="gpu"), max_batch=8)
     out = cupy.asnumpy(on_gpu(bufs, win, np.zeros(8, bool), hw))
     assert sorted(i for i, _ in on_gpu.last.errors) == [2, 4], on_gpu.last
     assert on_gpu.last.cpu == 2 + int((hw == CPU).sum())
@@ -586,12 +590,11 @@ def test_bad_jpeg_in_batch_is_reported():
 @gpu
 def test_dlpack_to_torch():
     torch = pytest.importorskip("torch")
-    from recordtool.decode.gpu import GPUDecoder
-    from recordtool.loader.dlpack import to_torch
+    from recordtool.decode.gpu import GPUDecoder, to_torch
 
     bufs, sizes = _jpegs(8)
     win = random_windows(sizes[:, 0], sizes[:, 1], np.arange(8), 0, 0)
-    dec = GPUDecoder(OutputSpec(224, dtype="float16"), max_batch=8)
+    dec = GPUDecoder(Output(224, dtype="float16"), max_batch=8)
     t = to_torch(dec(bufs, win, np.zeros(8, bool), _hw(bufs)), dec.stream)
     assert t.is_cuda and t.dtype == torch.float16 and tuple(t.shape) == (8, 3, 224, 224)
     assert torch.isfinite(t).all()
@@ -713,31 +716,31 @@ def test_cuda_loader_gives_4_4_4_and_gray_bit_for_bit(packed_layouts, dtype, spl
 
 @gpu
 def test_images_decoded_ahead_are_the_batchs_own(packed_layouts):
-    """A producer's look-ahead lane (loader.ahead): the CPU-routed images of its next batch,
+    """A producer's look-ahead lane (decode.gpu.ahead): the CPU-routed images of its next batch,
     decoded before the batch is made, are taken by it (BatchReport.ahead counts them) and the
     batch is, bit for bit, the one its decoder makes without them — and the CPU Loader's pixels
     for those images (same_pixels routes 4:4:4 and gray to the CPU)."""
     import recordtool
+    from recordtool.decode.gpu.ahead import AheadLane
     from recordtool.loader import Loader
-    from recordtool.loader.ahead import AheadLane
 
     ds = recordtool.open(packed_layouts)
     kw = dict(batch_size=7, size=64, seed=3, drop_last=False, as_torch=False, dtype="float32", with_ids=True)
     cpu = {i: x for xs, _, ids in Loader(ds, device="cpu", **kw) for i, x in zip(np.asarray(ids).tolist(), xs)}
     ld = Loader(ds, device="cuda", split="gpu", same_pixels=True, **kw)
-    b, taken = ld.batcher, 0
+    b, taken = ld.backend, 0
     for start in range(0, len(ds), 7):
         ids = np.arange(start, min(start + 7, len(ds)))
         drawn = b.recipe.draws(ids, 2)
-        b.ahead(ids, 2, 0, drawn)  # slot 0's next batch announced
+        b.announce(ids, 2, 0, drawn)  # slot 0's next batch announced
         for _, jobs in b._lanes[0]._pending:  # let its lane finish (a batch cancels what it has not started)
             for f in jobs.values():
                 f.exception(timeout=60)
-        with_lane = b(ids, 2, 0, drawn)
+        with_lane = b.make(ids, 2, 0, drawn)
         got = cupy.asnumpy(with_lane.images[: len(ids)])
         assert with_lane.report.ahead == b._cpu_routed[ids].sum() == with_lane.report.cpu, with_lane.report
         taken += with_lane.report.ahead
-        alone = b(ids, 2, 1, drawn)  # slot 1 has no lane: nothing announced for it
+        alone = b.make(ids, 2, 1, drawn)  # slot 1 has no lane: nothing announced for it
         assert alone.report.ahead == 0 and 1 not in b._lanes
         assert np.array_equal(got, cupy.asnumpy(alone.images[: len(ids)]))
     assert taken == 16 and isinstance(b._lanes[0], AheadLane)
@@ -776,7 +779,7 @@ def test_cuda_loader_sizes_and_crops_match_the_cpu_loader(packed_layouts, train,
            for i, x, y in zip(np.asarray(ids).tolist(), xs, ys)}
     op = (lambda b: b) if user_op else None
     ld = Loader(ds, device="cuda", split="gpu", user_op=op, same_pixels=True, **kw)
-    h, w = ld.spec.size
+    h, w = ld.output.size
     std = np.array([0.229, 0.224, 0.225], np.float32)
     mean = np.array([0.485, 0.456, 0.406], np.float32)
     seen = 0
@@ -810,8 +813,8 @@ def test_the_arena_holds_a_batch_of_crops_regions(packed_mix):
         ld.set_epoch(epoch)
         for x, y in ld:
             n += len(y)
-    dec = next(iter(ld.batcher._decoders.values()))
-    ix, gpu = ld.ds.index, ld.batcher.routes != CPU
+    dec = next(iter(ld.backend._decoders.values()))
+    ix, gpu = ld.ds.index, ld.backend.routes != CPU
     assert gpu.sum() >= dec.REGION_ROOM_MIN * 4
     whole = batch_room(planar_need(ix.width[gpu], ix.height[gpu], ix.chroma[gpu]), 4)
     if dec.planar and dec.planar_regions["engines"] and dec.planar_regions["hybrid"]:
@@ -856,11 +859,11 @@ def test_cuda_loader_bounds_how_far_the_training_loop_runs_ahead(packed_mix):
 
     torch.cuda.init()  # the consumer's stream is torch's current one (the default stream here)
     kw = dict(batch_size=8, size=64, device="cuda", dtype="float16", split="gpu", seed=3, as_torch=False)
-    assert Loader(packed_mix, **kw).run_ahead == 1
+    assert Loader(packed_mix, **kw).gpu.run_ahead == 1
     sums = {}
     for ahead in (1, None):
         ld = Loader(packed_mix, run_ahead=ahead, **kw)
-        assert (ld.batcher.pace is None) == (ahead is None)
+        assert (ld.backend._pace is None) == (ahead is None)
         done, sums[ahead] = [], []
         for k, (x, _) in enumerate(ld):
             if ahead is not None and k >= 2:
@@ -888,14 +891,14 @@ def test_a_batch_past_the_room_sends_its_last_images_to_the_cpu_share():
 
     bufs, sizes = _jpegs(16)
     routes, ids = _hw(bufs), np.arange(16)
-    spec = OutputSpec(64, dtype="float32")
+    spec = Output(64, dtype="float32")
     win, flips = random_windows(sizes[:, 0], sizes[:, 1], ids, 0, 0), random_flips(ids, 0, 0)
     lengths = [len(b) for b in bufs]
-    ref = GPUDecoder(spec, max_batch=16, split="cpu")
+    ref = GPUDecoder(spec, GPUOptions(split="cpu"), max_batch=16)
     ref.warmup(lengths, sizes[:, 0], sizes[:, 1], routes=routes)
     want = cupy.asnumpy(ref(bufs, win, flips, routes))
     ref.close()
-    dec = GPUDecoder(spec, max_batch=16, split="gpu")
+    dec = GPUDecoder(spec, GPUOptions(split="gpu"), max_batch=16)
     dec.warmup(lengths, sizes[:, 0], sizes[:, 1], routes=routes)
     if dec.hw is None:
         pytest.skip("no NVJPG engines here")
@@ -939,14 +942,14 @@ def test_cuda_loader_leads_with_the_engines_whatever_the_threads(packed_mix):
     few = Loader(packed_mix, threads=4, **kw)
     many = Loader(packed_mix, threads=16, **kw)
     named = Loader(packed_mix, threads=16, first="cpu", **kw)
-    assert (few.batcher.demand.first, many.batcher.demand.first, named.batcher.demand.first) == \
+    assert (few.backend.demand.first, many.backend.demand.first, named.backend.demand.first) == \
         ("engines", "engines", "cpu")
     ix = __import__("recordtool").open(packed_mix).index
     routes = route(ix.chroma, ix.progressive, ix.colorspace)
     for ld, lead in ((few, "gpu"), (many, "gpu"), (named, "cpu")):
         _, _, ids = next(iter(ld))  # nobody has waited yet: the lead side takes what it can
         engines = int((routes[np.asarray(ids)] == ENGINE).sum())
-        if ld.batcher.decoder(0).hw is not None and engines:
+        if ld.backend.decoder(0).hw is not None and engines:
             assert ld.last_split.gpu == (engines if lead == "gpu" else 0), ld.last_split
     for ld in (few, many, named):
         ld.close()
@@ -970,7 +973,7 @@ def test_cuda_loader_names_a_damaged_record(packed_mix, tmp_path):
 # ------------------------------------------------------------------ the split planner (no GPU needed)
 
 def test_planner_routes_eoi_and_fixed_splits():
-    from recordtool.decode.gpu import SplitPlanner, ends_with_eoi
+    from recordtool.decode.gpu.plan import SplitPlanner, ends_with_eoi
 
     routes = np.array([ENGINE] * 6 + [HYBRID] * 2 + [CPU] * 2, np.int8)
     bufs = [b"\xff\xd8..\xff\xd9"] * 10
@@ -988,14 +991,12 @@ def test_planner_routes_eoi_and_fixed_splits():
     assert len(p.hybrid) == 0 and {6, 7} <= set(p.cpu.tolist())
     p = SplitPlanner("auto", engines=False).plan(routes, eoi)  # no engines here
     assert len(p.engine) == 0 and {0, 2, 3, 4, 5} <= set(p.cpu.tolist())
-    with pytest.raises(ValueError):
-        SplitPlanner(1.5)
 
 
 def test_demand_engines_first_keeps_the_cpu_share_to_what_the_consumer_waits_for():
     """Engines first: with a consumer that never waits the CPU takes no engine image whatever
     the measured rates say; while it waits, the CPU share grows up to the balanced one."""
-    from recordtool.decode.gpu import Demand, SplitPlanner
+    from recordtool.decode.gpu.plan import Demand, SplitPlanner
 
     routes = np.array([ENGINE] * 90 + [CPU] * 10, np.int8)
     eoi = np.ones(100, bool)
@@ -1026,7 +1027,7 @@ def test_engines_first_moves_engine_images_to_the_cpu_only_where_it_pays():
     where it shortens the predicted batch by MIN_GAIN — not a CPU at ~2 % of the engines' rate
     (a node's share of cores), but one at ~15 %; the CPU first is not filtered; unmeasured
     rates keep the share (paying_share is its own reference: the predicted times by hand)."""
-    from recordtool.decode.gpu import Demand, SplitPlanner
+    from recordtool.decode.gpu.plan import Demand, SplitPlanner
     from recordtool.decode.gpu.plan import MIN_GAIN, Rates, paying_share
 
     routes = np.array([ENGINE] * 500 + [CPU] * 2, np.int8)
@@ -1063,12 +1064,10 @@ def test_demand_cpu_first_gives_the_engines_only_what_the_consumer_waits_for():
     nothing whatever the rates say (hybrid images but the two that keep its rate measured go to
     the CPU too); while it waits, the engines' share grows up to the balanced split; when the
     waiting stops it shrinks back."""
-    from recordtool.decode.gpu import Demand, SplitPlanner
+    from recordtool.decode.gpu.plan import Demand, SplitPlanner
     from recordtool.loader.config import GPUOptions
 
     assert Demand().first == GPUOptions().first == "engines"  # a Demand made outside a Loader: the same order
-    with pytest.raises(ValueError):
-        Demand(first="gpu")
     routes = np.array([ENGINE] * 80 + [HYBRID] * 10 + [CPU] * 10, np.int8)
     eoi = np.ones(100, bool)
     demand = Demand(first="cpu")
@@ -1104,7 +1103,7 @@ def test_demand_follows_the_time_the_consumer_waits_not_the_batches_it_waited_fo
     the threshold give it back, and a wait past the interval counts as the whole interval.
     A consumer whose waits shrink as the share grows (a model of the loop) ends near the
     threshold, neither at 0 nor at the ceiling."""
-    from recordtool.decode.gpu import Demand
+    from recordtool.decode.gpu.plan import Demand
 
     demand = Demand(first="engines")
     for _ in range(10):  # ten bursts of six steps
@@ -1141,7 +1140,7 @@ def test_warmup_keeps_every_failed_sizing_step(monkeypatch):
     from recordtool.decode.gpu import GPUDecoder
     from recordtool.decode.gpu.plan import LARGE
 
-    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=8, split="gpu")
+    dec = GPUDecoder(Output(224, dtype="uint8", layout="NHWC"), GPUOptions(split="gpu"), max_batch=8)
     if dec.hw is None or dec.hybrid is None:
         pytest.skip(f"no NVJPG engines or hybrid decoder: {dec.hw_error or dec.hybrid_error}")
     routes = np.array([ENGINE] * 4 + [HYBRID, LARGE], np.int8)
@@ -1168,8 +1167,8 @@ def test_demand_cpu_first_measures_the_engines_on_small_batches():
     """The CPU first with the CPU's rate known and the engines' not: the engines' share follows
     the demand alone (not the half-and-half placeholder balance), so a consumer that waits gets
     them on batches too small for half of one to measure a rate; then the balance takes over.
-    Bad Demand values are ConfigErrors (ValueErrors too)."""
-    from recordtool.decode.gpu import Demand, SplitPlanner
+    Bad Demand values are ConfigErrors (ValueErrors too); its `first` is GPUOptions', checked there."""
+    from recordtool.decode.gpu.plan import Demand, SplitPlanner
     from recordtool.errors import ConfigError
 
     routes = np.array([ENGINE] * 12, np.int8)
@@ -1183,7 +1182,7 @@ def test_demand_cpu_first_measures_the_engines_on_small_batches():
         demand.observe(wait=0.02, interval=0.05)
     assert p.rates.gpu == pytest.approx(3000) and p.cpu_fraction == pytest.approx(0.25)
     assert len(p.plan(routes, eoi).cpu) == 3  # the balanced share, now that both rates are known
-    for bad in (dict(first="gpu"), dict(gain=1.5), dict(ceiling=-0.1), dict(threshold="x"), dict(gain=True)):
+    for bad in (dict(gain=1.5), dict(ceiling=-0.1), dict(threshold="x"), dict(gain=True)):
         with pytest.raises(ConfigError):
             Demand(**bad)
 
@@ -1193,7 +1192,7 @@ def test_planner_gives_large_images_to_the_engines_first_and_never_to_the_cpu_sh
     (on the CPU one costs 20-40 ms of a core), first in the engines' list (the batch's room is
     given in order); to the CPU only where the engines are not used (split="cpu", no engines,
     paused) or the file has no EOI."""
-    from recordtool.decode.gpu import SplitPlanner, ends_with_eoi
+    from recordtool.decode.gpu.plan import SplitPlanner, ends_with_eoi
     from recordtool.decode.gpu.plan import LARGE
 
     routes = np.array([ENGINE] * 6 + [LARGE, HYBRID, CPU, LARGE], np.int8)
@@ -1221,7 +1220,7 @@ def test_planner_pauses_engines_that_refuse_every_batch_and_retries_them(split):
     (observe says so once, for the decoder's warning), then one batch again; a refused retry
     doubles the pause, a decoded one ends the pauses; refusals with a success between them do
     not add up."""
-    from recordtool.decode.gpu import Demand, SplitPlanner
+    from recordtool.decode.gpu.plan import Demand, SplitPlanner
 
     routes = np.array([ENGINE] * 16, np.int8)
     eoi = np.ones(16, bool)
@@ -1256,7 +1255,7 @@ def test_planner_pauses_engines_that_refuse_every_batch_and_retries_them(split):
 
 
 def test_planner_auto_split_follows_measured_rates():
-    from recordtool.decode.gpu import SplitPlanner
+    from recordtool.decode.gpu.plan import SplitPlanner
 
     pl = SplitPlanner("auto")
     routes = np.full(100, ENGINE, np.int8)
@@ -1416,11 +1415,11 @@ class _Invert:
 def test_cuda_user_op_pass_queued_in_one_call_equals_its_cupy_calls(packed_mix, monkeypatch, dtype, layout):
     """A user op's pass (params and samples up, the op's kernel, the normalising kernel, the
     event) queued in one GIL-free call (StreamWork, _nvsubmit.queue) gives the batches of the
-    same CuPy calls made one by one (GPUBatcher.native_queue = False): compiled ops with and
+    same CuPy calls made one by one (GPUBackend.native_queue = False): compiled ops with and
     without params, a batch op; the parameter-free op equals its host reference too."""
+    from recordtool.decode.gpu.backend import GPUBackend
     from recordtool.decode.gpu.work import native_available
     from recordtool.loader import Loader
-    from recordtool.loader.gpu import GPUBatcher
     from recordtool.ops import ColorJitter, Cutout, ReferenceOp
 
     assert native_available()
@@ -1428,7 +1427,7 @@ def test_cuda_user_op_pass_queued_in_one_call_equals_its_cupy_calls(packed_mix, 
     for op in (ColorJitter(0.5, 0.5, 0.5), _Invert.make(), ReferenceOp(Cutout(12))):
         native = [cupy.asnumpy(x) for x, _ in Loader(packed_mix, device="cuda", user_op=op, **kw)]
         with monkeypatch.context() as m:
-            m.setattr(GPUBatcher, "native_queue", False)
+            m.setattr(GPUBackend, "native_queue", False)
             calls = [cupy.asnumpy(x) for x, _ in Loader(packed_mix, device="cuda", user_op=op, **kw)]
         assert len(native) == len(calls) > 1
         assert all(np.array_equal(a, b) for a, b in zip(native, calls)), type(op).__name__
@@ -1525,7 +1524,7 @@ def test_gpu_vs_cpu_bound_on_sharp_chroma_edges(subsampling):
     sizes = np.array([[1200, 900]] * len(bufs))
     ids = np.arange(len(bufs))
     win = random_windows(sizes[:, 0], sizes[:, 1], ids, 5, 0)
-    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=8, split="gpu")
+    dec = GPUDecoder(Output(224, dtype="uint8", layout="NHWC"), GPUOptions(split="gpu"), max_batch=8)
     out = cupy.asnumpy(dec(bufs, win, np.zeros(len(bufs), bool), _hw(bufs)))
     ref = decode_crop_resize(bufs, win)
     assert dec.last.cpu == 0  # every image went through a GPU decoder
@@ -1591,7 +1590,7 @@ def test_hostile_multiscan_files_in_a_gpu_batch_are_named():
     sizes[1], sizes[3] = (512, 512), (8192, 8192)
     win = random_windows(sizes[:, 0], sizes[:, 1], np.arange(6), 0, 0)
     routes = _hw(bufs)
-    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=8, split="gpu")
+    dec = GPUDecoder(Output(224, dtype="uint8", layout="NHWC"), GPUOptions(split="gpu"), max_batch=8)
     dec(bufs, win, np.zeros(6, bool), routes)
     assert sorted(i for i, _ in dec.last.errors) == [1, 3], dec.last.errors
     dec.close()
@@ -1672,7 +1671,7 @@ def test_sample_dtype_is_the_kernels_struct():
     are libjpeg's FIX() values the reference uses."""
     import re
 
-    from recordtool.decode.gpu import SAMPLE_DTYPE
+    from recordtool.decode.gpu.kernel import SAMPLE_DTYPE
     from recordtool.decode.gpu.reference import CB_B, CB_G, CR_G, CR_R
     from recordtool.decode.gpu.kernel import _source
 
@@ -1729,7 +1728,7 @@ def test_kernel_source_built_for_the_host_matches_reference(tmp_path):
 
     from host_kernel import build
 
-    from recordtool.decode.gpu import SAMPLE_DTYPE
+    from recordtool.decode.gpu.kernel import SAMPLE_DTYPE
     from recordtool.decode.gpu.kernel import FMT_GRAY, FMT_RGB, FMT_YCC
     from recordtool.decode.gpu.reference import chroma_size, planes_to_rgb
 
@@ -1783,11 +1782,11 @@ def test_kernel_source_built_for_the_host_matches_reference(tmp_path):
 
 
 def test_chroma_mode_is_validated():
-    from recordtool.decode.gpu.plan import CHROMA_MODES, DEFAULT_CHROMA, check_chroma
+    from recordtool.decode.options import CHROMA_MODES, DEFAULT_CHROMA
 
-    assert DEFAULT_CHROMA in CHROMA_MODES and all(check_chroma(c) == c for c in CHROMA_MODES)
+    assert DEFAULT_CHROMA in CHROMA_MODES and all(GPUOptions(chroma=c).chroma == c for c in CHROMA_MODES)
     with pytest.raises(ValueError, match="chroma"):
-        check_chroma("bilinear")
+        GPUOptions(chroma="bilinear")
     from recordtool.loader import Loader
 
     with pytest.raises(ValueError, match="chroma"):  # at the edge, before the dataset is opened
@@ -1799,7 +1798,7 @@ def test_chroma_mode_is_validated():
 def test_kernel_planar_matches_reference(fmt):
     """The kernel on planar samples (random planes, odd sizes, windows to the edges, mirror)
     against decode.gpu.reference: planes_to_rgb, then the same resample."""
-    from recordtool.decode.gpu import SAMPLE_DTYPE, kernel
+    from recordtool.decode.gpu.kernel import SAMPLE_DTYPE, kernel
     from recordtool.decode.gpu.kernel import FMT_GRAY, FMT_YCC
     from recordtool.decode.gpu.reference import chroma_size, planes_to_rgb
 
@@ -1969,8 +1968,8 @@ def test_windowed_interpolate_is_whole_image_interpolate(split):
     flips = np.arange(len(bufs)) % 2 == 1
     outs = []
     for mode in ("whole", "roi"):
-        dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=len(bufs), split=split,
-                         chroma="interpolate", planar_roi=mode == "roi")
+        dec = GPUDecoder(Output(224, dtype="uint8", layout="NHWC"), GPUOptions(split=split, chroma="interpolate"),
+                         max_batch=len(bufs), planar_roi=mode == "roi")
         assert dec.planar_roi == (mode == "roi")
         if mode == "roi":  # both decoders passed the region check (roi_check.py) on this machine
             assert dec.planar_regions == {"engines": True, "hybrid": True}, dec.planar_regions
@@ -2006,7 +2005,8 @@ def test_gpu_interpolate_matches_cpu_on_sharp_chroma(layout):
     ids = np.arange(len(bufs))
     win = random_windows(sizes[:, 0], sizes[:, 1], ids, 5, 0)
     flips = random_flips(ids, 5, 0)
-    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=8, split="gpu", chroma="interpolate")
+    dec = GPUDecoder(Output(224, dtype="uint8", layout="NHWC"), GPUOptions(split="gpu", chroma="interpolate"),
+                     max_batch=8)
     out = cupy.asnumpy(dec(bufs, win, flips, _hw(bufs)))
     ref = decode_crop_resize(bufs, win)
     ref[flips] = ref[flips, :, ::-1]
@@ -2027,7 +2027,7 @@ def test_chroma_modes_on_the_mixed_batch(chroma):
     bufs, sizes = _jpegs()
     ids = np.arange(len(bufs))
     win = random_windows(sizes[:, 0], sizes[:, 1], ids, 3, 0)
-    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=32, split="gpu", chroma=chroma)
+    dec = GPUDecoder(Output(224, dtype="uint8", layout="NHWC"), GPUOptions(split="gpu", chroma=chroma), max_batch=32)
     out = cupy.asnumpy(dec(bufs, win, np.zeros(len(bufs), bool), _hw(bufs)))
     ref = decode_crop_resize(bufs, win)
     assert not dec.last.errors and dec.last.cpu == dec.last.cpu_forced, dec.last
@@ -2044,7 +2044,7 @@ def test_interpolate_memory_is_steady_and_loader_matches_cpu(packed_mix):
 
     bufs, sizes = _jpegs(48)
     ids = np.arange(len(bufs))
-    dec = GPUDecoder(OutputSpec(224), max_batch=48, split="auto", chroma="interpolate")
+    dec = GPUDecoder(Output(224), GPUOptions(split="auto", chroma="interpolate"), max_batch=48)
     dec.warmup([len(b) for b in bufs], sizes[:, 0], sizes[:, 1], routes=_hw(bufs))
     pool = cupy.get_default_memory_pool()
     for epoch in range(4):
@@ -2087,7 +2087,8 @@ def test_interpolate_sends_headers_that_disagree_with_the_index_to_the_cpu():
     bufs[eng[0]] = with_size(bufs[eng[0]], 9000, 9000)
     bufs[eng[1]] = with_size(bufs[eng[1]], 16, 16)
     win[eng[1]] = (0, 0, 200, 200)
-    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=8, split="gpu", chroma="interpolate")
+    dec = GPUDecoder(Output(224, dtype="uint8", layout="NHWC"), GPUOptions(split="gpu", chroma="interpolate"),
+                     max_batch=8)
     dec.warmup([len(b) for b in bufs], sizes[:, 0], sizes[:, 1], outputs=0, routes=routes)  # the index's sizes
     out = cupy.asnumpy(dec(bufs, win, np.zeros(8, bool), routes))
     assert dec.last.gpu == int((routes == ENGINE).sum()) - 2 and dec.last.cpu == 2 + int((routes == CPU).sum())
@@ -2099,14 +2100,14 @@ def test_interpolate_sends_headers_that_disagree_with_the_index_to_the_cpu():
     dec.close()
 
 
-# ---------------------------------------------------------------- OutputSpec on the GPU: bfloat16, channels_last
+# ---------------------------------------------------------------- Output on the GPU: bfloat16, channels_last
 
 @gpu
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_kernel_bfloat16_is_the_float32_result_rounded(layout):
     """The bfloat16 variant writes exactly the float32 variant's values rounded to nearest even
     (decode.spec.bfloat16_bits, the reference the native pass is tested against too)."""
-    from recordtool.decode.gpu import SAMPLE_DTYPE, kernel
+    from recordtool.decode.gpu.kernel import SAMPLE_DTYPE, kernel
     from recordtool.decode.spec import bfloat16_bits
 
     rng = np.random.default_rng(2)
@@ -2134,9 +2135,9 @@ def test_gpu_decoder_channels_last_writes_nhwc_and_hands_out_nchw():
 
     bufs, sizes = _jpegs(6)
     win = random_windows(sizes[:, 0], sizes[:, 1], np.arange(6), 0, 0)
-    nchw = GPUDecoder(OutputSpec(64, dtype="float32"), max_batch=8, split="gpu")
-    cl_spec = OutputSpec(64, dtype="float32", memory_format="channels_last")
-    cl = GPUDecoder(cl_spec, max_batch=8, split="gpu")
+    nchw = GPUDecoder(Output(64, dtype="float32"), GPUOptions(split="gpu"), max_batch=8)
+    cl_spec = Output(64, dtype="float32", memory_format="channels_last")
+    cl = GPUDecoder(cl_spec, GPUOptions(split="gpu"), max_batch=8)
     a = cupy.asnumpy(nchw(bufs, win, np.zeros(6, bool), _hw(bufs)))
     b = cl(bufs, win, np.zeros(6, bool), _hw(bufs))
     assert b.shape == (6, 64, 64, 3) and cl_spec.arrange(b).shape == (6, 3, 64, 64)
@@ -2242,8 +2243,8 @@ def test_gpu_reproduces_the_cpu_dct_scaling(layout, progressive):
     red = dct_reduction(win, [probe(b).chroma for b in bufs], (224, 224))
     assert (red == 2).any() and (layout in ("422", "440") or (red == 4).any())
     flips = np.zeros(len(bufs), bool)
-    dec = GPUDecoder(OutputSpec(224, dtype="uint8", layout="NHWC"), max_batch=len(bufs), split="gpu",
-                     chroma="interpolate")
+    dec = GPUDecoder(Output(224, dtype="uint8", layout="NHWC"), GPUOptions(split="gpu", chroma="interpolate"),
+                     max_batch=len(bufs))
     got = cupy.asnumpy(dec(bufs, win, flips, _hw(bufs)))
     assert dec.last.cpu == 0 and not dec.last.errors, dec.last
     dec.close()

@@ -150,7 +150,7 @@ def test_kernel_on_region_planes_equals_kernel_on_whole_planes(host_kernel, layo
     """The kernel's own source: each window resampled from its region's planes (planes cut to
     plan_rois' region, ox / oy set, pitches of the region) gives the same bytes as from the whole
     image's planes — odd sizes, windows on the edges, mirrored, downscales and upscales."""
-    from recordtool.decode.gpu import SAMPLE_DTYPE
+    from recordtool.decode.gpu.kernel import SAMPLE_DTYPE
     from recordtool.decode.gpu.kernel import FMT_GRAY, FMT_YCC
 
     hs, vs = {"444": (1, 1), "422": (2, 1), "420": (2, 2), "440": (1, 2), "gray": (1, 1)}[layout]
@@ -217,7 +217,7 @@ def _arena(size: int):
 def _decoder_without_gpu(buffers, planar_roi):
     """A GPUDecoder's planar placement with its device parts stood in for: a host arena address,
     the sample table in host memory, the header reader above."""
-    from recordtool.decode.gpu import SAMPLE_DTYPE
+    from recordtool.decode.gpu.kernel import SAMPLE_DTYPE
     from recordtool.decode.gpu.buffers import DecodeBuffers
     from recordtool.decode.gpu.decoder import GPUDecoder
 

@@ -12,9 +12,11 @@
 - ARCHITECTURE.md names every module (one line each) and no module that is not there;
 - the decode stage and the loader (NO_ENVIRONMENT) read no environment variable: a choice a user
   needs is a typed argument, and a measurement's alternative path a keyword of the internal class;
-- the loader imports the GPU stage through its face (`recordtool.decode.gpu`), never its modules;
-  FACE_WAITING names a loader module that still does while its code is being changed elsewhere,
-  and fails once it no longer does.
+- the loader is the same for every device: it imports nothing of the GPU stage
+  (`recordtool.decode.gpu`, its face or its modules) and no GPU library (CuPy); the backend that
+  makes its batches comes through decode.device (decode.backend's protocol);
+- the decode stage imports nothing of the ops (recordtool.ops sits above it: the Loader hands a
+  compiled op in).
 
 An edge goes to each module an import runs: `import a.b.c` → a.b.c and the packages a, a.b
 (those above the importing module only when named: the others are already running);
@@ -36,8 +38,8 @@ ARCHITECTURE = ROOT.parent / "ARCHITECTURE.md"
 WAITING: dict = {}
 NO_ENVIRONMENT = ("decode", "loader")  # packages of ROOT configured by their arguments alone
 ENVIRONMENT_NAMES = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
-GPU_FACE = "decode.gpu"  # under ROOT: the package the loader imports the GPU stage from
-FACE_WAITING: dict = {}
+GPU_STAGE = "decode.gpu"  # under ROOT: the GPU stage, which the loader imports nothing of
+GPU_LIBRARIES = ("cupy",)  # third-party modules that are the GPU's alone
 
 
 def module_files(root: Path = ROOT) -> dict:
@@ -296,34 +298,40 @@ def test_decode_and_loader_read_no_environment_variable():
     assert not wrong, "environment reads where configuration is by argument only:\n" + "\n".join(wrong)
 
 
-def gpu_module_imports(path: Path) -> list:
-    """(line, module) of each import in a loader module of a module inside the GPU stage's package
-    rather than the package itself (relative imports resolved as Python does)."""
-    module = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts)
-    face = f"{ROOT.name}.{GPU_FACE}"
+def _imports_under(graph: dict, importer: str, imported: str) -> list:
+    """'module (line n) imports target' for each edge from a module in package `importer` to one
+    in package `imported` (both dotted, under ROOT)."""
+    a, b = f"{ROOT.name}.{importer}", f"{ROOT.name}.{imported}"
+    return [f"{m} (line {line}) imports {t}" for m, edges in sorted(graph.items()) if m == a or m.startswith(a + ".")
+            for t, line in sorted(edges.items()) if t == b or t.startswith(b + ".")]
+
+
+def library_imports(path: Path, names: tuple) -> list:
+    """(line, module) of each import of a module named in `names` (or one of theirs) in a file."""
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.ImportFrom):
-            names = [_resolve(module, path.name == "__init__.py", node.level, node.module)]
-        elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
+        if isinstance(node, ast.Import):
+            found = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found = [node.module or ""]
         else:
             continue
-        out += [(node.lineno, n) for n in names if n.startswith(face + ".")]
+        out += [(node.lineno, n) for n in found if n.split(".")[0] in names]
     return out
 
 
-def test_the_loader_imports_the_gpu_stage_through_its_face():
-    wrong, stale = [], []
-    for path in sorted((ROOT / "loader").rglob("*.py")):
-        rel = path.relative_to(ROOT).as_posix()
-        found = gpu_module_imports(path)
-        if rel in FACE_WAITING:
-            stale += [] if found else [rel]
-        else:
-            wrong += [f"{rel}:{line} imports {name}" for line, name in found]
-    assert not wrong, f"import these from recordtool.{GPU_FACE} (add them to its face):\n" + "\n".join(wrong)
-    assert not stale, "FACE_WAITING entries whose module now imports the face only: " + ", ".join(stale)
+def test_the_loader_imports_nothing_of_the_gpu_stage():
+    wrong = _imports_under(import_graph(), "loader", GPU_STAGE)
+    wrong += [f"{path.relative_to(ROOT.parent)}:{line} imports {name}"
+              for path in sorted((ROOT / "loader").rglob("*.py")) for line, name in library_imports(path, GPU_LIBRARIES)]
+    assert not wrong, ("the loader is device-agnostic: the GPU's code belongs behind decode.backend's protocol "
+                       "(decode.gpu.GPUBackend, made by decode.device):\n" + "\n".join(wrong))
+
+
+def test_the_decode_stage_imports_nothing_of_the_ops():
+    wrong = _imports_under(import_graph(), "decode", "ops")
+    assert not wrong, ("recordtool.ops sits above the decode stage (an op is handed in compiled, "
+                       "decode.backend.CompiledOp):\n" + "\n".join(wrong))
 
 
 # ------------------------------------------------------- the checker itself, on made-up packages

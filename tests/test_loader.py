@@ -310,9 +310,9 @@ def test_closed_loaders_give_their_native_pools_back(packed):
     """A pool's threads live for the process: a new Loader reuses the pools a closed one held
     instead of starting more threads (tune builds dozens of Loaders)."""
     ld = Loader(packed, batch_size=4, size=32, producers=2, as_torch=False)
-    pools = set(ld.batcher._pools)
+    pools = set(ld.backend._pools)
     assert len(pools) == 2 and 0 not in pools
     ld.close()
-    ld.batcher.close()
+    ld.backend.close()
     again = Loader(packed, batch_size=4, size=32, producers=2, as_torch=False)
-    assert set(again.batcher._pools) == pools
+    assert set(again.backend._pools) == pools

@@ -11,7 +11,7 @@ from conftest import jpeg_bytes, write
 from recordtool.decode.spec import Output, bfloat16_bits, bfloat16_values
 from recordtool.errors import BadState, ConfigError, DatasetNotFound, DeviceUnavailable, RecordtoolError
 from recordtool.loader import Loader
-from recordtool.loader.device import Device, parse_device
+from recordtool.decode.device import Device, parse_device
 from recordtool.pack import pack
 
 N = 30  # not a multiple of the batch sizes below: a partial last batch
@@ -271,12 +271,12 @@ def test_crop_options_are_frozen_and_the_defaults_are_torchvisions(packed):
     from recordtool import EvalCrop, TrainCrop
 
     ld = Loader(packed, batch_size=4, size=16, as_torch=False)
-    assert ld.augment == TrainCrop() and ld.batcher.recipe.augment is ld.augment
-    assert (ld.scale, ld.ratio, ld.hflip) == ((0.08, 1.0), (0.75, 4 / 3), 0.5)
+    assert ld.augment == TrainCrop() and ld.backend.recipe.augment is ld.augment
+    assert (ld.augment.scale, ld.augment.ratio, ld.augment.hflip) == ((0.08, 1.0), (0.75, 4 / 3), 0.5)
     with pytest.raises(FrozenInstanceError):
         ld.augment.hflip = 1.0
     ev = Loader(packed, batch_size=4, size=16, train=False, crop_pct=0.9, as_torch=False)
-    assert ev.crop_pct == 0.9 and ev.batcher.recipe.augment == EvalCrop(crop_pct=0.9)
+    assert ev.augment.crop_pct == 0.9 and ev.backend.recipe.augment == EvalCrop(crop_pct=0.9)
 
 
 @pytest.mark.parametrize("layout,memory_format", [("NCHW", "contiguous"), ("NHWC", "contiguous"),
@@ -287,7 +287,7 @@ def test_non_square_sizes_in_every_layout(packed, layout, memory_format):
     for train, kw in ((True, dict(scale=(0.3, 0.9), ratio=(0.5, 2.0), hflip=0.3)), (False, dict(crop_pct=0.95))):
         ld = Loader(packed, batch_size=4, size=(12, 20), train=train, layout=layout, memory_format=memory_format,
                     as_torch=False, **kw)
-        assert ld.size == (12, 20) and ld.spec.size == (12, 20)
+        assert ld.output.size == (12, 20)
         x, _ = next(iter(ld))
         assert x.shape == ((4, 3, 12, 20) if layout == "NCHW" else (4, 12, 20, 3)) and np.isfinite(x).all()
         ld.close()
@@ -297,7 +297,7 @@ def test_non_square_sizes_in_every_layout(packed, layout, memory_format):
         y, _ = next(iter(with_op))  # the uint8 batch the op sees is h × w too, and so is what it gives back
         with_op.close()
         assert seen[0] == (4, 12, 20, 3) and np.array_equal(x, y)
-    assert Loader(packed, batch_size=4, size=(16, 16), as_torch=False).size == 16
+    assert Loader(packed, batch_size=4, size=(16, 16), as_torch=False).output.size == (16, 16)
 
 
 _THREADS_SCRIPT = r"""

@@ -196,9 +196,9 @@ def test_a_loader_collected_on_its_own_producer_stops_without_closing_the_batche
     it = iter(ld)  # noqa: F841  (the epoch the producers run; the op stops it from inside)
     assert wait_for(done.is_set) and wait_for(lambda: len(box) == 2)
     assert box[1] < 5.0  # no join from a producer
-    assert len(ld.batcher._pools) == 2  # not closed under its producer
+    assert len(ld.backend._pools) == 2  # not closed under its producer
     assert ld._stream is None  # stopped
-    ld.batcher.close()
+    ld.backend.close()
 
 
 @pytest.mark.parametrize("train", [True, False])
@@ -210,7 +210,7 @@ def test_windows_and_flips_drawn_a_run_at_a_time_are_each_batchs_own(packed, tra
     from recordtool.loader import stream as st
 
     ld = Loader(path=packed, **{**KW, "batch_size": 3}, train=train, drop_last=False)
-    recipe, calls, lock = ld.batcher.recipe, [], threading.Lock()
+    recipe, calls, lock = ld.backend.recipe, [], threading.Lock()
 
     def draws(ids, epoch):
         with lock:
@@ -243,7 +243,7 @@ def test_run_ahead_waits_for_the_hand_out_steps_back():
     event recorded at hand-out h - steps — what the consumer's stream held then — and on none
     before `steps` hand-outs; an event is never waited on before it was recorded, nor recorded
     again while still to be waited on."""
-    from recordtool.loader.pace import RunAhead
+    from recordtool.decode.gpu.handout import RunAhead
 
     class Event:
         def __init__(self):
@@ -273,23 +273,82 @@ def test_run_ahead_waits_for_the_hand_out_steps_back():
 
 
 def test_the_epoch_iterator_paces_each_hand_out(packed):
-    """A batcher with a RunAhead (a cuda Loader's; stood in for here): each hand-out first waits
-    on it, then marks it once the batch is handed over; the seconds waited add up in the
-    Loader's stage_seconds["run_ahead"]."""
+    """The epoch iterator asks its backend to pace each take and hands each batch out through it,
+    in that order, whatever the device: what `pace` adds to the stages adds up in the Loader's
+    stage_seconds."""
     ld = Loader(packed, batch_size=4, size=32, as_torch=False)
+    calls, handout = [], ld.backend.handout
+
+    def pace(stages):
+        calls.append("pace")
+        stages["run_ahead"] = stages.get("run_ahead", 0.0) + 0.25
+
+    def hand(made, as_torch):
+        calls.append("handout")
+        return handout(made, as_torch)
+
+    ld.backend.pace, ld.backend.handout = pace, hand  # the instance's: the iterator calls them, no other
+    n = sum(1 for _ in ld)
+    assert n == len(ld) > 1 and calls == ["pace", "handout"] * n
+    assert ld.stage_seconds["run_ahead"] == 0.25 * n
+    ld.close()
+
+
+def test_the_gpu_backend_paces_counts_and_hands_out_around_its_run_ahead():
+    """GPUBackend's consumer side (no GPU: its RunAhead stood in for, a host batch complete
+    already): `pace` waits on the RunAhead and adds the seconds under "run_ahead", `handout`
+    marks the hand-out after the batch is arranged, `stats` reads the batch's BatchReport; with
+    run_ahead=None nothing waits or is marked."""
+    from recordtool.decode.backend import ProducedBatch
+    from recordtool.decode.gpu.backend import GPUBackend
+    from recordtool.decode.gpu.decoder import BatchReport
+    from recordtool.decode.spec import Output
+
     calls = []
 
     class Pace:
         def before(self):
-            calls.append(("before", len(calls)))
-            return 0.25
+            calls.append("before")
+            return 0.5
 
         def handed(self):
-            calls.append(("handed", len(calls)))
+            calls.append("handed")
 
-    ld.batcher.pace = Pace()
-    n = sum(1 for _ in ld)
-    assert n == len(ld) > 1
-    assert [c for c, _ in calls] == ["before", "handed"] * n
-    assert ld.stage_seconds["run_ahead"] == 0.25 * n
+    g = object.__new__(GPUBackend)
+    g.gpu_id, g.output, g._pace = 0, Output(8, memory_format="channels_last"), Pace()
+    report = BatchReport(n=4, gpu=2, hybrid=1, cpu=1, overflow=1, ahead=1)
+    made = ProducedBatch(np.zeros((4, 8, 8, 3), np.float32), np.arange(4), [], {}, report)
+    stages = {"decode": 1.0}
+    g.pace(stages)
+    x, y = g.handout(made, as_torch=False)
+    assert calls == ["before", "handed"] and stages == {"decode": 1.0, "run_ahead": 0.5}
+    assert x.shape == (4, 3, 8, 8) and np.shares_memory(x, made.images) and y is made.labels  # arranged, no copy
+    counts = g.stats(made)
+    assert counts.decoded == {"gpu": 2, "hybrid": 1, "cpu": 1} and (counts.overflow, counts.ahead) == (1, 1)
+    assert counts.report is report
+    g._pace = None
+    g.pace(stages)
+    g.handout(made, as_torch=False)
+    assert calls == ["before", "handed"] and stages == {"decode": 1.0, "run_ahead": 0.5}
+
+
+def test_every_backend_has_the_whole_protocol(packed):
+    """Both backends implement every method of decode.backend.Backend (an ABC: a missing one
+    makes the class uninstantiable); the CPU's pace, announce and steering do nothing, by design,
+    and it announces nothing — so the loader asks no backend whether it has a method."""
+    import inspect
+
+    from recordtool.decode.backend import Backend
+    from recordtool.decode.cpu_backend import CPUBackend
+    from recordtool.decode.gpu import GPUBackend
+
+    for cls in (CPUBackend, GPUBackend):
+        assert issubclass(cls, Backend) and not inspect.isabstract(cls), cls.__abstractmethods__
+    ld = Loader(packed, batch_size=4, size=32, as_torch=False)
+    b, stages = ld.backend, {}
+    assert isinstance(b, CPUBackend) and b.announces is False
+    b.pace(stages), b.consumer_waited(0.1, 0.2), b.announce(np.arange(4), 0, 0)
+    assert stages == {} and ld.last_split is None
+    next(iter(ld))
+    assert ld.decoded == {} and ld.overflow == ld.ahead == 0 and ld.last_split is None
     ld.close()

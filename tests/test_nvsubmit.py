@@ -532,10 +532,11 @@ class _FakeCupy:  # what NormalizePass allocates with
 
 @pytest.mark.parametrize("nparams", [0, 3])
 def test_a_pass_fills_its_two_host_sets_in_turn_and_only_after_a_queued_pass(nparams):
-    """GPUBatcher's pass per producer slot: two host sets (sample table, params) in turn; the
+    """GPUBackend's pass per producer slot: two host sets (sample table, params) in turn; the
     set stays the next one until a pass has been queued from it (a pass that failed before
     queueing must not make the next one fill the set whose copies may still be pending)."""
-    from recordtool.decode.gpu import SAMPLE_DTYPE, NormalizePass
+    from recordtool.decode.gpu.kernel import SAMPLE_DTYPE
+    from recordtool.decode.gpu.normalize import NormalizePass
 
     p = NormalizePass(_FakeCupy, 8, nparams)
     a = p.host()
@@ -584,13 +585,13 @@ class _Stream:
 
 
 def _batcher(monkeypatch, op, fail=None, size=16):
-    """A GPUBatcher with only what its pass reads, on the driver's stand-ins (the copies write)."""
+    """A GPUBackend with only what its pass reads, on the driver's stand-ins (the copies write)."""
     import threading
     from types import SimpleNamespace
 
     from recordtool.decode.gpu import work as W
-    from recordtool.decode.spec import OutputSpec
-    from recordtool.loader.gpu import GPUBatcher
+    from recordtool.decode.gpu.backend import GPUBackend
+    from recordtool.decode.spec import Output
     from recordtool.ops import cuda as C
 
     log = []
@@ -598,9 +599,9 @@ def _batcher(monkeypatch, op, fail=None, size=16):
     monkeypatch.setattr(W, "_functions", lambda: addrs)
     monkeypatch.setattr(W.nvjpeg, "context_current", lambda: None)
     monkeypatch.setattr(C, "kernel", lambda op: _Ptr(901))
-    g = object.__new__(GPUBatcher)
-    g.recipe, g.spec = SimpleNamespace(), OutputSpec(size)
-    out = np.zeros((8, 3, *g.spec.size), np.float32)
+    g = object.__new__(GPUBackend)
+    g.recipe, g.output = SimpleNamespace(), Output(size)
+    out = np.zeros((8, 3, *g.output.size), np.float32)
     g._passes, g._lock, g.image_op, g.max_batch = {}, threading.Lock(), op, 8
     g.ring = SimpleNamespace(take=lambda n: (_Arr(out[:n]), _Ptr(71)))
     g._normalize = _Ptr(902)
@@ -610,13 +611,13 @@ def _batcher(monkeypatch, op, fail=None, size=16):
 
 @pytest.mark.parametrize("nparams", [3, 0])
 def test_user_op_pass_queues_its_copies_and_launches_in_one_call(monkeypatch, nparams):
-    """GPUBatcher._normalise with a compiled op on the driver's stand-ins: the ring's wait, the
+    """GPUBackend._normalise with a compiled op on the driver's stand-ins: the ring's wait, the
     params (none for a parameter-free op) and the 1:1 sample table up — each image's source
     packed back to back in the uint8 batch, mirrored where flipped — the op's kernel on the batch
     with its params, the normalising kernel into the ring's slot with the CPU path's constants,
     the event; the next pass waits for this one first and fills the other host set; a pass whose
     copy fails raises CudaError, waits for its stream and leaves the host set to the next pass."""
-    from recordtool.decode.gpu import SAMPLE_DTYPE
+    from recordtool.decode.gpu.kernel import SAMPLE_DTYPE
     from recordtool.decode.gpu.work import CudaError
     from recordtool.decode.spec import scale_bias
     from recordtool.ops import ColorJitter, ImageOp
@@ -647,7 +648,7 @@ def test_user_op_pass_queues_its_copies_and_launches_in_one_call(monkeypatch, np
     grid = (n, 1, 1) if op.cuda_block_per_image else ((16 * 16 + 255) // 256, n, 1)
     assert op_launch[1:4] == (901, grid, (256, 1, 1))
     assert op_launch[6] == (raw.data.ptr, n, 16, 16, p.params_dev.data.ptr, nparams)
-    sc, bi = scale_bias(g.spec.mean, g.spec.std)
+    sc, bi = scale_bias(g.output.mean, g.output.std)
     assert norm_launch[1] == 902 and norm_launch[2] == (1, 2, n)
     assert norm_launch[6] == (p.samples_dev.data.ptr, out.data.ptr, 16, 16, *(float(v) for v in (*sc, *bi)))
     assert log[-1] == ("record", done.ptr, 55) and p.done is done and p.held[0] is raw
@@ -667,7 +668,7 @@ def test_user_op_pass_queues_its_copies_and_launches_in_one_call(monkeypatch, np
 
 
 def test_user_op_pass_of_a_non_square_size_resamples_h_by_w_in_the_kernels_own_source(monkeypatch, tmp_path):
-    """size=(h, w) through GPUBatcher._normalise on the driver's stand-ins: each image's source
+    """size=(h, w) through GPUBackend._normalise on the driver's stand-ins: each image's source
     is h × w (packed back to back), the normalising kernel's grid and (W, H) arguments are the
     output's; the sample table it uploads, run through native/gpu_resize.cu built for the host,
     gives the uint8 batch back (a 1:1 resample is a copy), mirrored where flipped."""
@@ -675,7 +676,7 @@ def test_user_op_pass_of_a_non_square_size_resamples_h_by_w_in_the_kernels_own_s
 
     from host_kernel import build
 
-    from recordtool.decode.gpu import SAMPLE_DTYPE
+    from recordtool.decode.gpu.kernel import SAMPLE_DTYPE
     from recordtool.ops import ImageOp
 
     class Flat(ImageOp):

@@ -163,7 +163,7 @@ def test_loader_with_a_compiled_op_same_batches_any_threads_producers_and_equal_
     for producers, threads in ((2, 2), (3, 1)):
         got, _ = _loader_batches(packed, op, producers, threads)
         assert len(got) == len(ref) and all(np.array_equal(a[0], b[0]) for a, b in zip(ref, got))
-    recipe = ld.batcher.recipe  # the reference: decode, NumPy op, mirror, normalize
+    recipe = ld.backend.recipe  # the reference: decode, NumPy op, mirror, normalize
     for x, ids, epoch in ref[::3]:
         b = recipe.inputs(ids, epoch)
         raw = decode_crop_resize(b.buffers, b.windows, (24, 24), fallback=True)

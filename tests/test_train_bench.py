@@ -149,10 +149,10 @@ def test_split_state_reports_the_planner_and_the_demand():
     from recordtool.tools.train_bench import split_state
 
     rep = BatchReport(n=10, gpu=4, cpu=6, cpu_fraction=0.61234, gpu_rate=4000.4, cpu_rate=None)
-    ld = SimpleNamespace(last_split=rep, batcher=SimpleNamespace(demand=Demand(allowed=0.25)))
+    ld = SimpleNamespace(last_split=rep, backend=SimpleNamespace(demand=Demand(allowed=0.25)))
     assert split_state(ld) == {"balanced_cpu": 0.612, "gpu_rate": 4000, "cpu_rate": None, "first": "engines",
                                "allowed": 0.25}
-    ld.batcher = SimpleNamespace()  # a batcher without a Demand
+    ld.backend = SimpleNamespace()  # a backend without a Demand
     assert "allowed" not in split_state(ld)
 
 

@@ -120,7 +120,7 @@ def recipe(widths, heights, train=True, size=224, seed=0, **crop):
     from types import SimpleNamespace
 
     from recordtool.decode.spec import EvalCrop, Output, TrainCrop
-    from recordtool.loader.recipe import Recipe
+    from recordtool.decode.recipe import Recipe
 
     ix = SimpleNamespace(width=np.asarray(widths, np.int64), height=np.asarray(heights, np.int64))
     return Recipe(SimpleNamespace(index=ix), Output(size), seed, TrainCrop(**crop) if train else EvalCrop(**crop))

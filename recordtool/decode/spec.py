@@ -1,6 +1,6 @@
 """`Output`: what the decode stage writes — output side, normalisation, element type, layout
 and memory format — validated once where a user hands it in (the `Loader`, a `GPUDecoder`
-caller) into a frozen value that every layer below (batchers, decoders, rings, kernels) trusts.
+caller) into a frozen value that every layer below (backends, decoders, rings, kernels) trusts.
 
 Which outputs are free: every one. The fused CPU pass and the GPU kernel write each element
 straight in its final type and place (no second pass): NCHW, NHWC, float32, float16, bfloat16.
@@ -108,7 +108,7 @@ def check_normalisation(mean: tuple, std: tuple, dtype: str) -> None:
 class Output:
     """What a batch looks like: `size` images, (x / 255 - mean) / std per channel, written in
     `dtype`, `layout` and `memory_format`. Frozen and hashable; every field is checked once
-    here (ConfigError naming it), and every layer below (batchers, decoders, rings, kernels)
+    here (ConfigError naming it), and every layer below (backends, decoders, rings, kernels)
     trusts it.
 
     Args:
@@ -201,9 +201,6 @@ class Output:
         if self.memory_format != "channels_last":
             return batch
         return batch.permute(0, 3, 1, 2) if hasattr(batch, "permute") else batch.transpose(0, 3, 1, 2)
-
-
-OutputSpec = Output  # the name the GPU decoder's callers use (decode.gpu), the same class
 
 
 DEFAULT_SCALE = (0.08, 1.0)

@@ -1,5 +1,5 @@
 """The Loader's configuration in parts, each a frozen, hashable value checked once when it is
-made (ConfigError naming the field), so the layers below trust it:
+made (ConfigError naming the field), so the layers below trust it and take it whole:
 
 - `Output`: what a batch looks like (size, normalisation, dtype, layout, memory format);
 - `TrainCrop` / `EvalCrop`: the augmentation — training's RandomResizedCrop and flip, or
@@ -7,10 +7,11 @@ made (ConfigError naming the field), so the layers below trust it:
 - `GPUOptions`: how a cuda Loader shares its images between the GPU decoders and the CPU;
 - `RemoteOptions`: how a dataset URL is reached and cached.
 
-`Output`, `TrainCrop` and `EvalCrop` are defined in decode.spec (the decode stage and the
-windows take them) and only re-exported here. `parts` folds the Loader's flat keywords
-(`size=`, `scale=`, `split=`, `cache_dir=`, ...) into these parts, so a value given either way
-is checked by the same part, once.
+`Output`, `TrainCrop` and `EvalCrop` are defined in decode.spec and `GPUOptions` in
+decode.options (the decode stage takes them) and only re-exported here. The Loader's flat
+keywords (`size=`, `scale=`, `split=`, `cache_dir=`, ...) are a shorthand: `fold` is the one
+adapter that sorts them by part, and `parts` makes each part of its keywords, so a value given
+either way is checked by the same part, once; nothing turns a part back into flat names.
 """
 from __future__ import annotations
 
@@ -20,79 +21,15 @@ import types
 from dataclasses import dataclass, field, fields
 from typing import Mapping, NamedTuple
 
-from ..checks import MAX_CACHE_LIMIT, bounded_int
-from ..decode.gpu import DEFAULT_CHROMA, First, Split, check_chroma, check_first, check_split  # neither CuPy nor nvJPEG
+from ..checks import MAX_CACHE_LIMIT, bounded_int, flag
+from ..decode.device import Device
+from ..decode.options import GPUOptions
 from ..decode.spec import EvalCrop, Output, TrainCrop
 from ..errors import ConfigError
 from ..io.fs import check_options, is_url, option_names
 from ..reader import Dataset
-from .args import flag
-from .device import Device
 
-__all__ = ["Output", "TrainCrop", "EvalCrop", "GPUOptions", "RemoteOptions", "Parts", "parts"]
-
-
-@dataclass(frozen=True)
-class GPUOptions:
-    """How a cuda Loader shares a batch's images between the NVJPG engines, nvJPEG's hybrid
-    decoder and the CPU (decode.gpu.plan). Frozen and hashable; checked once here. Given with
-    device="cpu" it is a ConfigError: it would do nothing.
-
-    Args:
-        split: "auto" — "auto": one side decodes first (`first`), the other takes images
-            only while the training loop waits for its batch (plan.Demand), up to the share
-            where both would finish together (an image may be decoded by either: README's
-            fidelity bound); "gpu": every image the engines can take goes to them
-            (bit-identical runs); "cpu": everything on the CPU; or a fixed CPU share in [0, 1].
-        first: "engines" — with split="auto", the side that decodes first: "engines" or "cpu".
-            The engines first at any number of cores: CPU decode first takes the cores the
-            training loop runs on (ResNet-18 at 4 cores: 4.6k img/s CPU-first, 7.7k with every
-            image on the engines), and on 16 cores, where it keeps up alone, it kept 9-12 of
-            them busy where the engines first kept 2-3, for a ResNet-50 rate 1-4 % higher
-            (BENCHMARKS.md). "cpu": for a host whose spare cores cost nothing (the CPU share's
-            pixels take the model no GPU time); plan.First.
-        hybrid: True — progressive files (and, without same_pixels, gray ones) go to nvJPEG's
-            hybrid decoder, which the engines cannot take; False: to the CPU.
-        chroma: "interpolate" — how GPU-decoded 4:2:0 / 4:2:2 chroma is upsampled:
-            "interpolate" (libjpeg-turbo's filter in our kernel: the CPU path's pixels, so a
-            model sees the same images on either device), "replicate" (nvJPEG's output as it
-            is) or "nvjpeg" (nvJPEG's own interpolation); decode.gpu.plan.Chroma.
-        same_pixels: False — True: 4:4:4 and gray JPEGs go to the CPU share, so their images
-            equal device="cpu"'s bit for bit. False: the GPU decoders take them too (≥ 51 dB
-            against the CPU path, README's fidelity bound). Not the default because on a node's
-            share of cores those images (a tenth of ImageNet) are what the few CPU threads
-            cannot keep up with: ResNet-18 trained 40 % slower on 4 cores with it (BENCHMARKS.md).
-        run_ahead: 1 — training steps of GPU work the consuming thread may still have queued
-            when it takes a batch: before handing out batch k the Loader sleeps (GIL released)
-            until the GPU has finished what that thread queued before taking batch k - run_ahead.
-            An eager loop left unbounded runs ahead until CUDA's launch queue is full and then
-            blocks inside a kernel launch with the GIL held — the decoders' threads then wait
-            for the GIL and their nvJPEG submissions for the same queue (beside a free-running
-            ResNet-50 loop the engines delivered 1.8k img/s, beside the same loop waiting each
-            step 4.8k: BENCHMARKS.md). 1 still keeps a whole step queued ahead of the GPU; None:
-            unbounded (the loop runs as far ahead as CUDA lets it).
-        engine_lanes: 1 — nvJPEG calls a producer keeps at the NVJPG engines at once for one
-            batch, each on its own decoder state, stream and thread (decode.gpu.GPUDecoder).
-    """
-
-    split: Split = "auto"
-    first: First = "engines"
-    hybrid: bool = True
-    chroma: str = DEFAULT_CHROMA
-    same_pixels: bool = False
-    run_ahead: int | None = 1
-    engine_lanes: int = 1
-
-    def __post_init__(self):
-        set_ = object.__setattr__
-        set_(self, "split", check_split(self.split))
-        set_(self, "first", check_first(self.first))
-        set_(self, "hybrid", flag(self.hybrid, "hybrid"))
-        set_(self, "chroma", check_chroma(self.chroma))
-        set_(self, "same_pixels", flag(self.same_pixels, "same_pixels"))
-        set_(self, "engine_lanes", bounded_int("engine_lanes", self.engine_lanes, 1, 8, floats=False))
-        if self.run_ahead is not None:
-            set_(self, "run_ahead", bounded_int("run_ahead", self.run_ahead, 1, 64, floats=False))
+__all__ = ["Output", "TrainCrop", "EvalCrop", "GPUOptions", "RemoteOptions", "Parts", "fold", "parts"]
 
 
 @dataclass(frozen=True)
@@ -146,21 +83,27 @@ class Parts(NamedTuple):
     remote: RemoteOptions | None
 
 
-# the flat keywords of each part (its fields), as the Loader takes them
-def _names(cls) -> tuple:
-    return tuple(f.name for f in fields(cls))
+# each part's flat keywords: its fields, as the Loader takes them
+PART_KEYWORDS = {name: tuple(f.name for f in fields(cls)) for name, cls in
+                 (("output", Output), ("train", TrainCrop), ("eval", EvalCrop), ("gpu", GPUOptions),
+                  ("remote", RemoteOptions))}
 
 
-_OUTPUT, _TRAIN, _EVAL, _GPU, _REMOTE = map(_names, (Output, TrainCrop, EvalCrop, GPUOptions, RemoteOptions))
-SHORTHANDS = _OUTPUT + _TRAIN + _EVAL + _GPU + _REMOTE
-
-
-def _take(shorthand: dict, names: tuple) -> dict:
-    return {k: shorthand.pop(k) for k in names if k in shorthand}
+def fold(shorthand: dict, known=()) -> dict:
+    """The flat shorthand's one adapter: the Loader's keywords that are a part's fields, sorted
+    by part — {"output", "train" (TrainCrop's), "eval" (EvalCrop's), "gpu", "remote": {field:
+    value as given}} — for `parts` to make each part of; ConfigError for a keyword that is no
+    part's field, naming the nearest of them and of `known` (the Loader's own keywords)."""
+    names = [k for fs in PART_KEYWORDS.values() for k in fs]
+    for k in shorthand:
+        if k not in names:
+            near = difflib.get_close_matches(k, names + list(known), n=1)
+            raise ConfigError(f"Loader got an unknown keyword {k!r}" + (f"; did you mean {near[0]!r}?" if near else ""))
+    return {part: {k: shorthand[k] for k in fs if k in shorthand} for part, fs in PART_KEYWORDS.items()}
 
 
 def _part(name: str, part, cls, given: dict):
-    """The part given, or one made of its shorthands; ConfigError for both, or a wrong type."""
+    """The part given, or one made of its keywords; ConfigError for both, or a wrong type."""
     if part is None:
         return cls(**given) if given else None
     if not isinstance(part, cls):
@@ -171,11 +114,10 @@ def _part(name: str, part, cls, given: dict):
     return part
 
 
-def _augment(train, augment, shorthand: dict) -> tuple:
+def _augment(train, augment, train_kw: dict, eval_kw: dict) -> tuple:
     """(train, TrainCrop or EvalCrop). train None: False for an EvalCrop, else True. The crop
     keywords of the other mode, set away from their defaults, are refused (they would do
     nothing), at their defaults dropped."""
-    train_kw, eval_kw = _take(shorthand, _TRAIN), _take(shorthand, _EVAL)
     if augment is not None:
         if not isinstance(augment, (TrainCrop, EvalCrop)):
             raise ConfigError(f"augment must be a recordtool.TrainCrop or EvalCrop, not {type(augment).__name__}")
@@ -192,9 +134,9 @@ def _augment(train, augment, shorthand: dict) -> tuple:
     train = True if train is None else flag(train, "train")
     crop, centre = TrainCrop(**train_kw), EvalCrop(**eval_kw)  # each checked, used or not
     if train:
-        unused = [k for k in _EVAL if getattr(centre, k) != getattr(EvalCrop(), k)]
+        unused = [k for k in PART_KEYWORDS["eval"] if getattr(centre, k) != getattr(EvalCrop(), k)]
     else:
-        unused = [k for k in _TRAIN if getattr(crop, k) != getattr(TrainCrop(), k)]
+        unused = [k for k in PART_KEYWORDS["train"] if getattr(crop, k) != getattr(TrainCrop(), k)]
     if unused:  # a setting that does nothing is refused, not ignored
         what = "evaluation's centre crop" if train else "training's RandomResizedCrop and flip"
         raise ConfigError(f"{', '.join(unused)}: set for {what}, nothing with train={train}; leave "
@@ -202,23 +144,16 @@ def _augment(train, augment, shorthand: dict) -> tuple:
     return train, (crop if train else centre)
 
 
-def parts(path, device: Device, *, train, output, augment, gpu, remote, shorthand: dict, keywords=()) -> Parts:
-    """The Loader's parts from its part arguments and flat keywords (`shorthand`): each
-    keyword folded into its part, so it is checked there, once. ConfigError for an unknown
-    keyword (naming the nearest of SHORTHANDS and `keywords`, the Loader's own), a part given
-    with one of its keywords, GPU options on the CPU, remote options for a local path or an
-    open Dataset."""
-    shorthand = dict(shorthand)
-    unknown = [k for k in shorthand if k not in SHORTHANDS]
-    if unknown:
-        k = unknown[0]
-        near = difflib.get_close_matches(k, list(SHORTHANDS) + list(keywords), n=1)
-        raise ConfigError(f"Loader got an unknown keyword {k!r}" + (f"; did you mean {near[0]!r}?" if near else ""))
-    train, augment = _augment(train, augment, shorthand)
-    output = _part("output", output, Output, _take(shorthand, _OUTPUT)) or Output()
+def parts(path, device: Device, *, train, output, augment, gpu, remote, flat: dict) -> Parts:
+    """The Loader's parts from its part arguments and its flat keywords sorted by `fold`
+    (`flat`): each part given, or made of its keywords, so it is checked there, once.
+    ConfigError for a part given with one of its keywords, GPU options on the CPU, remote
+    options for a local path or an open Dataset."""
+    train, augment = _augment(train, augment, flat["train"], flat["eval"])
+    output = _part("output", output, Output, flat["output"]) or Output()
     if not output.normalized:
         raise ConfigError("dtype must be float32, float16 or bfloat16 (the Loader normalises)")
-    gpu_kw = _take(shorthand, _GPU)
+    gpu_kw = flat["gpu"]
     given_gpu = gpu is not None
     gpu = _part("gpu", gpu, GPUOptions, gpu_kw)
     if not device.cuda:
@@ -232,14 +167,13 @@ def parts(path, device: Device, *, train, output, augment, gpu, remote, shorthan
         gpu = None
     elif gpu is None:
         gpu = GPUOptions()
-    remote_kw = _take(shorthand, _REMOTE)
     given_remote = remote is not None
-    remote = _part("remote", remote, RemoteOptions, remote_kw)
+    remote = _part("remote", remote, RemoteOptions, flat["remote"])
     if not given_remote and remote == RemoteOptions():
         remote = None  # keywords at their defaults (None, {}): nothing asked
     local = isinstance(path, Dataset) or not is_url(os.fspath(path))
     if remote is not None and local:
-        names = [k for k in _REMOTE if getattr(remote, k) is not None] or ["remote"]
+        names = [k for k in PART_KEYWORDS["remote"] if getattr(remote, k) is not None] or ["remote"]
         if isinstance(path, Dataset):
             raise ConfigError(f"remote options ({', '.join(names)}) are for opening a dataset URL; the Dataset "
                               "given is open already: leave them out, or pass its URL")

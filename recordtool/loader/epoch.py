@@ -94,9 +94,8 @@ class EpochIterator:
         if self._next >= self._count:
             self._finish()  # the epoch is out (or had nothing left to yield: resumed at its end)
             raise StopIteration
-        pace = getattr(ld.batcher, "pace", None)  # a cuda Loader's RunAhead (GPUOptions.run_ahead)
-        if pace is not None:  # the GPU work this thread queued steps ago first
-            ld.stage_seconds["run_ahead"] = ld.stage_seconds.get("run_ahead", 0.0) + pace.before()
+        backend = ld.backend
+        backend.pace(ld.stage_seconds)  # as far as the device needs (cuda: its run_ahead bound)
         t = time.perf_counter()
         try:
             epoch, j, ids, made = self._stream.take()
@@ -108,15 +107,16 @@ class EpochIterator:
             raise RuntimeError(f"recordtool: batch {j} of epoch {epoch} came for batch {self._next} of {self._epoch}")
         self._next += 1
         now = time.perf_counter()
-        steer = getattr(ld.batcher, "consumer_waited", None)
-        if steer is not None and self._last is not None:  # how long the training loop waited
-            steer(now - t, now - self._last)
+        if self._last is not None:  # how long the training loop waited (cuda: steers the CPU share)
+            backend.consumer_waited(now - t, now - self._last)
         self._last = now
-        if made.report is not None:
-            ld.last_split = r = made.report
-            ld.decoded = {side: ld.decoded.get(side, 0) + getattr(r, side) for side in ("gpu", "hybrid", "cpu")}
-            ld.overflow += r.overflow
-            ld.ahead += r.ahead
+        counts = backend.stats(made)
+        if counts.report is not None:
+            ld.last_split = counts.report
+        if counts.decoded:
+            ld.decoded = {side: ld.decoded.get(side, 0) + n for side, n in counts.decoded.items()}
+        ld.overflow += counts.overflow
+        ld.ahead += counts.ahead
         for k, v in made.stages.items():
             ld.stage_seconds[k] = ld.stage_seconds.get(k, 0.0) + v
         if made.errors:
@@ -124,16 +124,7 @@ class EpochIterator:
         ld._taken(self._generation, self._epoch, self._next)
         if self._next == self._count:
             self._finish()
-        images, labels = made.images, made.labels
-        if made.ready is not None:  # its producer queued the batch's last pass without waiting for it
-            from ..decode.gpu import wait_ready
-
-            wait_ready(made.ready, ld.gpu_id, ld.as_torch)
-        if ld.as_torch:
-            images, labels = self._torch(images, labels)
-        images = ld.output.arrange(images)  # channels_last: the NCHW-shaped view of the NHWC batch
-        if pace is not None:
-            pace.handed()
+        images, labels = backend.handout(made, ld.as_torch)
         return (images, labels, ids) if ld.with_ids else (images, labels)
 
     def _finish(self) -> None:
@@ -143,22 +134,6 @@ class EpochIterator:
         if not self.finished and self._next == self._count:
             self.finished = True
             self.loader._taken(self._generation, self._epoch, self._next)
-
-    def _torch(self, images, labels):
-        import torch
-
-        ld = self.loader
-        if not ld.dev.cuda:
-            x, y = torch.from_numpy(images), torch.from_numpy(labels)
-        else:
-            from .dlpack import to_torch
-
-            with torch.cuda.device(ld.gpu_id):  # complete, or torch's stream waits for it (made.ready)
-                # labels: a plain copy, measured to cost the training loop no more than pinned ones
-                x, y = to_torch(images), torch.from_numpy(labels).cuda(ld.gpu_id, non_blocking=True)
-        if ld.output.dtype == "bfloat16":
-            x = x.view(torch.bfloat16)  # the uint16 bits as what they are (no copy)
-        return x, y
 
     def _bad(self, ids, errors) -> None:
         ld = self.loader

@@ -1,12 +1,18 @@
 """`Loader`: the configuration of a training input pipeline; iterating it runs one epoch.
 
 Composition (FFCV's shape): the Loader holds the settings, the dataset, the sampler and a
-batcher (CPUBatcher or GPUBatcher, kept across epochs); `iter(loader)` gives an `EpochIterator`
-over the epoch's share of a `BatchStream` — ordered producer threads that call the batcher and,
-by default, run on into the next epoch while this one's last batches are consumed (the next
+backend (decode.backend.Backend: the CPU's or the GPU's, from decode.device.make_backend, kept
+across epochs; the loader itself is the same for both devices); `iter(loader)` gives an
+`EpochIterator` over the epoch's share of a `BatchStream` — ordered producer threads that call
+the backend and, by default, run on into the next epoch while this one's last batches are consumed (the next
 `iter(loader)` takes up the stream where it stands; any other start begins a new one). A batch is
 a pure function of (seed, epoch, rank, world_size, batch index), so `state_dict()` is just where
 the epoch stands, and resuming yields exactly the batches an uninterrupted run would.
+
+Not split: a fifth of the module is the Loader's documented parameters (every parameter a user
+passes, with its default and why), and what remains is the state one object owns — where the
+epoch stands, the rank's share, the stream it runs on — whose methods read and move it together;
+the work itself is in epoch.py, stream.py, args.py and the backends.
 """
 from __future__ import annotations
 
@@ -16,20 +22,18 @@ from typing import Literal, Union
 
 import numpy as np
 
-from ..checks import MAX_DECODE_THREADS, MAX_PRODUCERS, bounded_int
+from ..checks import MAX_DECODE_THREADS, MAX_PRODUCERS, bounded_int, flag as _flag
 from ..datasets import open_dataset
 from ..decode.cpu import cores
+from ..decode.device import RING_MEMORY_SHARE, make_backend, memory_bound, parse_device, resolve
+from ..decode.recipe import Recipe
 from ..decode.spec import EvalCrop, Output, TrainCrop
 from ..errors import BadState, ConfigError, NotADataset, OnError, RecordtoolError, on_error as _on_error
 from ..reader import Dataset
 from .. import distributed
-from .args import RING_MEMORY_SHARE, flag as _flag
-from .args import memory_bound as _memory_bound
-from .config import GPUOptions, RemoteOptions, parts as _parts
-from .cpu import check_user_op
-from .device import parse_device, resolve
+from .args import check_user_op, compiled_op
+from .config import GPUOptions, RemoteOptions, fold as _fold, parts as _parts
 from .prefetch import on_producer_thread
-from .recipe import Recipe
 from .epoch import EpochIterator, LoaderSampler
 from .stream import BatchStream, epoch_batches
 
@@ -42,10 +46,12 @@ class Loader:
     The configuration comes in a few frozen parts, each checked once when it is made
     (loader.config): `Output` (what a batch looks like), `TrainCrop` / `EvalCrop` (the
     augmentation), `GPUOptions` (a cuda Loader's decoders), `RemoteOptions` (a dataset URL's
-    store and cache). Their fields may also be given flat, as keywords of the Loader
-    (`size=224, dtype="bfloat16", scale=(0.2, 1.0), split="gpu", cache_dir=...`): each is
-    folded into its part and checked there; a part and one of its keywords together are a
-    ConfigError, and so is an unknown keyword (naming the nearest known one).
+    store and cache). The parts are the documented form, and the Loader keeps them whole
+    (`loader.output.size`, `loader.augment.scale`, `loader.gpu.split`). Their fields may also
+    be given flat, as a shorthand (`size=224, dtype="bfloat16", split="gpu"`): one adapter
+    (loader.config.fold) sorts them by part, and each is checked there; a part and one of its
+    keywords together are a ConfigError, and so is an unknown keyword (naming the nearest
+    known one).
 
     Args:
         path: dataset directory, dataset URL (s3://bucket/prefix, any fsspec URL), or an open `Dataset`.
@@ -117,11 +123,9 @@ class Loader:
             as a torch.bfloat16 tensor; with as_torch=False as its bits in a uint16 array.
         with_ids: also yield each batch's sample ids.
 
-    Read-only attributes: the parts (`output`, `augment`, `gpu` — None on the CPU —, `remote`
-    — None unless given —) and their fields (`size` — an int for a square output —, `mean`,
-    `std`, `dtype`, `layout`, `memory_format`, `scale`, `ratio`, `hflip`, `crop_pct` — None
-    where the augmentation has no such field —, `split`, `hybrid`, `chroma`, `same_pixels` —
-    None on the CPU), `device` ("cpu" or "cuda"; `dev` the parsed Device) and `gpu_id`.
+    Attributes: the parts as checked (`output`, `augment`, `gpu` — None on the CPU —, `remote`
+    — None unless given —; their fields are read there: `loader.output.size`, a (h, w) pair),
+    `train`, `device` ("cpu" or "cuda"; `dev` the parsed Device) and `gpu_id`.
 
     Epochs: each `iter(loader)` runs one epoch. A loop that leaves an epoch early (a `break`,
     Lightning's `limit_train_batches`) and iterates again gets the next epoch, never the same
@@ -149,8 +153,8 @@ class Loader:
         self.dev = dev = parse_device(device)
         self.batch_size = bounded_int("batch_size", batch_size, 1, floats=False)
         self.train, self.output, self.augment, self.gpu, self.remote = _parts(
-            path, dev, train=train, output=output, augment=augment, gpu=gpu, remote=remote, shorthand=shorthand,
-            keywords=_KEYWORDS)
+            path, dev, train=train, output=output, augment=augment, gpu=gpu, remote=remote,
+            flat=_fold(shorthand, _KEYWORDS))
         self.shuffle = self.train if shuffle is None else _flag(shuffle, "shuffle")
         self.drop_last = self.train if drop_last is None else _flag(drop_last, "drop_last")
         self.seed = bounded_int("seed", seed, 0, floats=False)
@@ -185,7 +189,7 @@ class Loader:
         else:  # a launcher's process that learns its rank later (Lightning's DDP before fit)
             kind = self._make_order(0, 1)
         planned = getattr(kind, "on_plan", None) is not None  # a remote dataset's cache plans each epoch
-        if planned:  # and counts a record served once its view is taken: no continuous epochs, no lanes (GPUBatcher)
+        if planned:  # and counts a record served once its view is taken: no continuous epochs, no lanes (GPUBackend)
             self.continuous = False
         if as_torch is None:
             try:
@@ -205,9 +209,9 @@ class Loader:
         self._iterator = None  # weakref to the running EpochIterator
         self._stream = None  # the BatchStream the next iteration may take up
         self.bad_records: dict = {}  # record id → reason (on_error "warn" / "skip")
-        self.last_split = None  # cuda: the last yielded batch's BatchReport
+        self.last_split = None  # the last yielded batch's report (cuda: its BatchReport)
         self.stage_seconds, self.decoded = {}, {}  # producer-side s per stage, (cuda) images per decoder, summed
-        # of decoded["cpu"]: GPU-bound images past the buffers' room (room.batch_room), and decoded ahead (loader.ahead)
+        # of decoded["cpu"]: GPU-bound images past the buffers' room, and decoded ahead (Backend.stats)
         self.overflow = self.ahead = 0
         recipe = Recipe(self.ds, self.output, self.seed, self.augment)
         # batches alive at once: queued (producers × prefetch), being made (producers), and the
@@ -215,58 +219,21 @@ class Loader:
         # (the placement may be learnt later: a rank's share is at most the dataset)
         slots = self.producers * (self.prefetch + 1) + 2
         max_batch = max(1, min(self.batch_size, len(self.ds)))
-        need, bound = slots * self.output.nbytes(max_batch), _memory_bound(self.gpu_id)
+        need, bound = slots * self.output.nbytes(max_batch), memory_bound(self.gpu_id)
         if need > bound:
             where = "RAM" if self.gpu_id is None else f"GPU {self.gpu_id}'s memory"
             h, w = self.output.size
             raise ConfigError(f"the output ring would take {need / 2**30:.1f} GiB ({slots} batches of {max_batch} "
                               f"{self.output.dtype} images of {h}×{w}), more than {RING_MEMORY_SHARE:.0%} of "
                               f"{where} ({bound / 2**30:.1f} GiB): lower batch_size, size, prefetch or producers")
-        if dev.cuda:
-            from .gpu import GPUBatcher
+        self.backend = make_backend(recipe, self.gpu_id, gpu=self.gpu, threads=self.threads, producers=self.producers,
+                                    slots=slots, max_batch=max_batch, user_op=user_op,
+                                    image_op=compiled_op(user_op, self.gpu_id), look_ahead=not planned)
 
-            self.batcher = GPUBatcher(recipe, gpu_id=self.gpu_id, producers=self.producers, threads=self.threads,
-                                      user_op=user_op, options=self.gpu, slots=slots, max_batch=max_batch,
-                                      look_ahead=not planned)
-        else:
-            from .cpu import CPUBatcher
-
-            self.batcher = CPUBatcher(recipe, threads=self.threads, user_op=user_op, slots=slots, max_batch=max_batch,
-                                      producers=self.producers)
-
-    # ------------------------------------------------------------------ the parts' fields, read-only
     @property
     def device(self) -> str:
         """"cpu" or "cuda" (the parsed Device is `dev`, its GPU `gpu_id`)."""
         return self.dev.type
-
-    @property
-    def spec(self) -> Output:
-        """`output` by its other name (Output is also decode.spec.OutputSpec)."""
-        return self.output
-
-    @property
-    def size(self):
-        """The output side: an int for a square output, as given, else (h, w)."""
-        h, w = self.output.size
-        return h if h == w else (h, w)
-
-    mean = property(lambda self: self.output.mean, doc="Output.mean.")
-    std = property(lambda self: self.output.std, doc="Output.std.")
-    dtype = property(lambda self: self.output.dtype, doc="Output.dtype.")
-    layout = property(lambda self: self.output.layout, doc="Output.layout.")
-    memory_format = property(lambda self: self.output.memory_format, doc="Output.memory_format.")
-    scale = property(lambda self: getattr(self.augment, "scale", None), doc="TrainCrop.scale (None: evaluation).")
-    ratio = property(lambda self: getattr(self.augment, "ratio", None), doc="TrainCrop.ratio (None: evaluation).")
-    hflip = property(lambda self: getattr(self.augment, "hflip", None), doc="TrainCrop.hflip (None: evaluation).")
-    crop_pct = property(lambda self: getattr(self.augment, "crop_pct", None), doc="EvalCrop.crop_pct (None: training).")
-    split = property(lambda self: getattr(self.gpu, "split", None), doc="GPUOptions.split (None on the CPU).")
-    hybrid = property(lambda self: getattr(self.gpu, "hybrid", None), doc="GPUOptions.hybrid (None on the CPU).")
-    chroma = property(lambda self: getattr(self.gpu, "chroma", None), doc="GPUOptions.chroma (None on the CPU).")
-    run_ahead = property(lambda self: getattr(self.gpu, "run_ahead", None),
-                         doc="GPUOptions.run_ahead (None on the CPU).")
-    same_pixels = property(lambda self: getattr(self.gpu, "same_pixels", None),
-                           doc="GPUOptions.same_pixels (None on the CPU).")
 
     # ------------------------------------------------------------------ placement (rank, world_size)
     @property
@@ -425,7 +392,7 @@ class Loader:
     @property
     def ring(self):
         """The output ring (spills, free slots) — the GPU's OutputRing or the CPU's HostRing."""
-        return self.batcher.ring
+        return self.backend.ring
 
     # ------------------------------------------------------------------ not a Dataset
     _NOT_A_DATASET = ("the Loader is itself the data loader (batches made by its own threads): iterate it "
@@ -482,9 +449,9 @@ class Loader:
         """A BatchStream from (epoch, batch) `start` for the current order, the old one stopped."""
         self.close()  # a new start: what the producers made ahead is not this
         stream = self._stream = BatchStream(  # kept before its producers start: one may run our __del__
-            self.batcher, self._order, self.batch_size, self.drop_last, len(self), *start, launch=False,
-            producers=self.producers, depth=self.prefetch, continuous=self.continuous,
-            draws=self.batcher.recipe.draws, ahead=getattr(self.batcher, "announce", None))
+            self.backend.make, self._order, self.batch_size, self.drop_last, len(self), *start, launch=False,
+            producers=self.producers, depth=self.prefetch, continuous=self.continuous, draws=self.backend.recipe.draws,
+            ahead=self.backend.announce if self.backend.announces else None)
         stream.launch()
 
     def _begin(self, it: "EpochIterator") -> tuple:
@@ -522,14 +489,14 @@ class Loader:
     def __del__(self):
         try:
             # a collection may run this on one of this Loader's own producers (a reference cycle): stop
-            # the stream; leave the batcher, which that producer may be using mid-batch, to the collection
+            # the stream; leave the backend, which that producer may be using mid-batch, to the collection
             on_producer = on_producer_thread()
             self.close()
             if not on_producer:
-                self.batcher.close()
+                self.backend.close()
         except Exception:
             pass
 
 
-# the Loader's own keywords, for the did-you-mean of an unknown one (loader.config.parts)
+# the Loader's own keywords, for the did-you-mean of an unknown one (loader.config.fold)
 _KEYWORDS = tuple(p for p in inspect.signature(Loader.__init__).parameters if p not in ("self", "shorthand"))

@@ -9,14 +9,14 @@ Invariants:
   seed, epoch, rank, world_size and batch index).
 - a stream runs ahead by at most what the Prefetcher holds (producers × (depth + 1) batches), so
   the output ring's slot count is the same as for one epoch.
-- producer threads hold the batcher and the sampler, never the Loader: an abandoned Loader is
+- producer threads hold the backend and the sampler, never the Loader: an abandoned Loader is
   garbage-collected and closes its stream.
 - a batch's windows and flips are drawn DRAW_RUN batches at a time (`draws`: one call for the
   run's ids, then split) — the same values as one batch's call, computed once by whichever
   producer needs the run first.
 - with `ahead`, the producer making task t first announces its next task, t + producers (the
-  same (epoch, batch) → ids → draws), so the batcher can start on that batch's slowest images
-  (loader.ahead); nothing is announced past the end of a stream that is not continuous.
+  same (epoch, batch) → ids → draws), so the backend can start on that batch's slowest images
+  (decode.gpu.ahead); nothing is announced past the end of a stream that is not continuous.
 """
 from __future__ import annotations
 
@@ -41,9 +41,10 @@ class BatchStream:
     this epoch only. `take()` gives (epoch, batch index, ids, made) in order.
 
     Args:
-        batcher: batcher(ids, epoch, slot, drawn) → ProducedBatch; drawn = draws(ids, epoch).
+        make_batch: make_batch(ids, epoch, slot, drawn) → ProducedBatch (Backend.make); drawn =
+            draws(ids, epoch).
         draws: draws(ids, epoch) → (windows, flips) of those ids (Recipe.draws); None: the
-            batcher draws each batch itself (batcher(ids, epoch, slot)).
+            backend draws each batch itself (make_batch(ids, epoch, slot)).
         sampler, batch_size, drop_last: what each epoch's batches are (epoch_batches).
         per_epoch: batches in an epoch (the Loader's len).
         epoch, start: where the stream starts.
@@ -51,10 +52,10 @@ class BatchStream:
         continuous: run on into the following epochs.
         launch: start the producers now; False: at `launch()`.
         ahead: ahead(ids, epoch, slot, drawn) — producer `slot`'s next batch, announced before
-            it makes its current one (GPUBatcher.ahead); None: nothing announced.
+            it makes its current one (Backend.announce); None: nothing announced.
     """
 
-    def __init__(self, batcher, sampler, batch_size: int, drop_last: bool, per_epoch: int, epoch: int, start: int,
+    def __init__(self, make_batch, sampler, batch_size: int, drop_last: bool, per_epoch: int, epoch: int, start: int,
                  producers: int, depth: int, continuous: bool, draws=None, launch: bool = True, ahead=None):
         self.per_epoch, self.epoch0, self.start, self.order = per_epoch, epoch, start, sampler
         first = per_epoch - start
@@ -102,8 +103,8 @@ class BatchStream:
             order = batches(e)
             ids = order[j]
             if draws is None:
-                return e, j, ids, batcher(ids, e, slot)
-            return e, j, ids, batcher(ids, e, slot, drawn(e, j, order))
+                return e, j, ids, make_batch(ids, e, slot)
+            return e, j, ids, make_batch(ids, e, slot, drawn(e, j, order))
 
         self._where = where
         self._prefetcher = Prefetcher(None if self.continuous else first, make, producers, depth, start=launch)

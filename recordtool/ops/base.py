@@ -97,6 +97,29 @@ class ImageOp(KeyedOp):
 
         return NativeOp(self.compiled().address, params, self.name)
 
+    def prepare(self, gpu_id: int | None = None) -> None:
+        """Compile the op for the device that runs it — its Numba function for the CPU's native
+        decode threads (gpu_id None), else its CUDA kernel on GPU `gpu_id` — so that a refused op
+        fails when the Loader is made (OpCompileError), not in a batch. The Loader calls it and
+        hands the op to its backend (decode.backend.CompiledOp)."""
+        if gpu_id is None:
+            self.compiled()
+            return
+        import cupy
+
+        from .cuda import kernel
+
+        with cupy.cuda.Device(gpu_id):
+            kernel(self)
+
+    def cuda_launch(self, batch, params_dev) -> tuple:
+        """(kernel, grid, block, args) of the op's CUDA kernel over a C-contiguous uint8 NHWC CuPy
+        batch with its params on the device (ops.cuda.call): what the GPU backend's normalising
+        pass queues."""
+        from .cuda import call
+
+        return call(self, batch, params_dev)
+
     def __call__(self, batch, keys=None):
         """The op as a batch op on a uint8 NHWC batch (numpy: the compiled function on the native
         pool; CuPy: the CUDA kernel, one launch)."""

@@ -12,7 +12,7 @@ from . import peers
 from ..decode import decode_crop_resize, random_windows
 from ..util import cores
 from ..loader import Loader
-from ..loader.device import parse_device, resolve
+from ..decode.device import parse_device, resolve
 from .peers import best_of, pil_rrc_rate  # noqa: F401  (scripts import them from here)
 from ..datasets import open_dataset
 
@@ -109,7 +109,8 @@ def op_costs(plain: Loader, name: str, epochs: int, images: int | None = None) -
     timed op is the unchecked one (what training runs; the checks cost several times its speed)."""
     compiled, batch_op = bench_ops(name)
     ds, kw = plain.ds, dict(batch_size=plain.batch_size, device=plain.device, threads=plain.threads, seed=plain.seed,
-                            producers=plain.producers, dtype=plain.dtype, rank=plain.rank, world_size=plain.world_size)
+                            producers=plain.producers, output=plain.output, rank=plain.rank,
+                            world_size=plain.world_size)
     checked = Loader(ds, user_op=compiled.with_checks(), **kw)
     try:
         loader_epochs(checked, 1, images)
@@ -149,7 +150,7 @@ def fused_pass_cost(ds, op, seed: int, n: int = 256, repeat: int = 3) -> dict:
     other processes on the machine change much less than they change a rate."""
     from ..decode.cpu import apply_op, decode_crop_resize, decode_crop_resize_normalize
     from ..decode.spec import Output, TrainCrop
-    from ..loader.recipe import Recipe
+    from ..decode.recipe import Recipe
 
     ids = ds.sampler(seed=seed).indices(0)[:n]
     b = Recipe(ds, Output(224), seed, TrainCrop()).inputs(ids, 0)
@@ -232,7 +233,7 @@ def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | No
     r["read"] = {"records_s": n / dt, "mb_s": nbytes / dt / 1e6}
     step("read")
 
-    # 2. the full Loader (its batcher also gives the decode stage alone, below). With fewer
+    # 2. the full Loader (its backend also gives the decode stage alone, below). With fewer
     #    images than records, whole epochs of a share of them (rank 0 of len // images ranks):
     #    an epoch left early would start every epoch from idle producers
     world = share_world(len(ds), images, batch_size)
@@ -260,14 +261,14 @@ def run(path: str, device: str = "cpu", batch_size: int = 256, threads: int | No
         decode_all()
         r["decode"] = {"img_s": n / best_of(decode_all, 2)}
     else:
-        batcher = ld.batcher
+        backend = ld.backend
         batches = [order[s:s + batch_size] for s in range(0, n - batch_size + 1, batch_size)]
-        batcher(batches[0], 0, 0)
+        backend.make(batches[0], 0, 0)
         t = time.perf_counter()
         for b in batches:
-            batcher(b, 0, 0)  # the batch goes back to the ring as soon as it is dropped
+            backend.make(b, 0, 0)  # the batch goes back to the ring as soon as it is dropped
         r["decode"] = {"img_s": len(batches) * batch_size / (time.perf_counter() - t),
-                       "split": batcher.decoder(0).last.as_dict()}
+                       "split": backend.decoder(0).last.as_dict()}
     ld.close()
     del ld
     step("decode")

@@ -256,7 +256,7 @@ def _runs(res, packed, files, arch, size, batch, steps, warmup, repeats, pipelin
                                                           for k, v in ld.stage_seconds.items()}
                     if ld.decoded:  # where the images were decoded (the split the Loader chose)
                         cores["decoded"] = dict(ld.decoded)
-                        cores["ahead"] = ld.ahead  # of the CPU share, images decoded ahead (loader.ahead)
+                        cores["ahead"] = ld.ahead  # of the CPU share, images decoded ahead (decode.gpu.ahead)
                         cores["split"] = split_state(ld)
                 if beside is not None:
                     b, beside = beside, None
@@ -288,7 +288,7 @@ def _runs(res, packed, files, arch, size, batch, steps, warmup, repeats, pipelin
 def split_state(ld) -> dict:
     """A cuda Loader's split after its last batch: the planner's balanced CPU share, its rates
     (img/s per producer) and the consumer-steered share of the second side (plan.Demand)."""
-    r, demand = ld.last_split, getattr(ld.batcher, "demand", None)
+    r, demand = ld.last_split, getattr(ld.backend, "demand", None)
     out = {"balanced_cpu": round(r.cpu_fraction, 3), "gpu_rate": r.gpu_rate and round(r.gpu_rate),
            "cpu_rate": r.cpu_rate and round(r.cpu_rate)}
     if demand is not None:

@@ -62,7 +62,7 @@ def resume_matches(packed: str, epoch: int, **kw) -> tuple:
         out = batches_of(ld, limit)
         st = ld.state_dict()
         ld.close()
-        ld.batcher.close()
+        ld.backend.close()
         return out, st
 
     ref, _ = run()
@@ -128,7 +128,7 @@ def ddp_run(packed: str, files: str | None, arch: str, size: int | None, batch: 
             finally:
                 if ld is not None:
                     ld.close()
-                    ld.batcher.close()
+                    ld.backend.close()
                 del it
                 release(device)
             per_rank = [None] * world
@@ -148,7 +148,7 @@ def ddp_run(packed: str, files: str | None, arch: str, size: int | None, batch: 
     ids = np.concatenate([np.asarray(i) for _, _, i in ld]) if len(ld) else np.zeros(0, np.int64)
     n, pad = len(ld.ds), world * len(ld.sampler) - len(ld.ds)  # DistributedSampler-style padding
     ld.close()
-    ld.batcher.close()
+    ld.backend.close()
     gathered = [None] * world
     dist.all_gather_object(gathered, ids.tolist())
     covered = cover(gathered, n, pad)[1]

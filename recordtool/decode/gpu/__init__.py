@@ -1,43 +1,34 @@
-"""GPU decode stage. The loader imports it through the names below only (tests/test_layout.py).
+"""GPU decode stage: the GPU backend and the decoder beneath it. Only decode.device imports
+this package (for `GPUBackend`); the loader imports nothing of it (tests/test_layout.py).
 
-Modules, by concern:
+Modules, along a batch's way:
 
 - `plan`: which image goes to the NVJPG engines, the hybrid decoder or the CPU (pure NumPy),
+- `backend`: `GPUBackend`, the Loader's backend: a decoder per producer, the output ring,
+  the user op's pass, the consumer's pace and hand-off,
+- `ahead`: `AheadLane`, a producer's next batch's CPU-routed images decoded ahead,
+- `decoder`: `GPUDecoder`, which runs one batch through the decoders, buffers and kernel,
 - `buffers`: staging, arena, CPU-share buffers and the output ring, sized at warm-up,
 - `room`: how much they hold (a batch of the dataset's records, not its largest files at once),
 - `kernel`: the resize + mirror + normalize CUDA kernel and its launch,
-- `decoder`: `GPUDecoder`, which runs one batch through them,
 - `normalize`: `NormalizePass`, with a user op the second pass of the kernel (uint8 → output),
 - `work`: `StreamWork`, a stream's copies and launches queued in one GIL-free call,
+- `handout`: `to_torch` (DLPack) and `RunAhead`, what the consumer gets and when,
 - `context`: `set_host_wait_policy`, the CUDA context's scheduling flags (process-wide),
 - `nvjpeg`: nvJPEG's ctypes binding; `roi`, `roi_check`: chroma="interpolate"'s regions;
   `reference`: the NumPy references of the kernel.
 
-The names:
-
-- `GPUDecoder`, `BatchReport`: a producer's decoder and its last batch's split and timings;
-- `OutputRing`: the batches handed out, recycled once the consumer's stream is past them;
-- `kernel`, `SAMPLE_DTYPE`: the compiled resize kernel for a dtype and layout, and its sample row;
-- `NormalizePass`: a producer slot's second kernel pass with a user op;
-- `wait_ready`: the consumer's stream waits for a batch a producer queued without waiting;
-- `consumer_stream`: the stream the calling thread works on (torch's current one, else CuPy's);
-- `route`, `hardware_decodable`, `Route` (`ENGINE`, `HYBRID`, `CPU`), `Split`, `SplitPlanner`,
-  `Assignment`, `Demand`: where each image is decoded and how the sides share a batch;
-- `check_split`, `check_chroma`, `check_first`, `DEFAULT_CHROMA`: the Loader's split, chroma and
-  first arguments checked; `First`: which side decodes first under split="auto";
-- `set_host_wait_policy`: how host threads wait for the device (never set by default).
+The names: `GPUBackend` (the Loader's, through decode.device), and for a decoder used on its
+own (README: "Read and decode") `GPUDecoder`, `route` (each image's decoder, from the index)
+and `to_torch`; `set_host_wait_policy` (how host threads wait for the device; never set by
+default). Everything else is imported from its module.
 
 Importing this package imports neither CuPy nor nvJPEG: they load when a decoder is made.
 """
-from .buffers import OutputRing, consumer_stream, device_memory_used
+from .backend import GPUBackend
 from .context import set_host_wait_policy
-from .decoder import BatchReport, GPUDecoder, cpu_share_decode, wait_ready
-from .kernel import SAMPLE_DTYPE, kernel
-from .normalize import NormalizePass
-from .plan import (CPU, DEFAULT_CHROMA, ENGINE, HYBRID, Assignment, Demand, First, Route, Split, SplitPlanner,
-                   check_chroma, check_first, check_split, ends_with_eoi, hardware_decodable, route)
+from .decoder import GPUDecoder
+from .handout import to_torch
+from .plan import route
 
-__all__ = ["GPUDecoder", "BatchReport", "cpu_share_decode", "OutputRing", "NormalizePass", "wait_ready",
-           "consumer_stream", "device_memory_used", "kernel", "SAMPLE_DTYPE", "route", "hardware_decodable", "ends_with_eoi",
-           "Route", "ENGINE", "HYBRID", "CPU", "Split", "SplitPlanner", "Assignment", "Demand", "DEFAULT_CHROMA",
-           "set_host_wait_policy", "check_split", "check_chroma", "First", "check_first"]
+__all__ = ["GPUBackend", "GPUDecoder", "route", "to_torch", "set_host_wait_policy"]

@@ -24,12 +24,12 @@ from ...format.jpeg import (CHROMA_420, CHROMA_422, CHROMA_440, CHROMA_444, DEFA
 from .. import cpu
 from ...checks import bounded_int
 from ...errors import ConfigError
-from ..spec import OutputSpec
+from ..options import GPUOptions
+from ..spec import Output
 from . import kernel as K
 from .buffers import DecodeBuffers, OutputRing
 from .room import ALIGN, PlaneLayout, batch_room, crop_room, planar_need, planar_subsampling, staging_each
-from .plan import (CPU, DEFAULT_CHROMA, ENGINE, GPU_MAX_PIXELS, HYBRID, LARGE, Chroma, Demand, Split, SplitPlanner,
-                   buffer_spans, check_chroma, ends_with_eoi)
+from .plan import CPU, ENGINE, GPU_MAX_PIXELS, HYBRID, LARGE, Demand, SplitPlanner, buffer_spans, ends_with_eoi
 from .roi import dct_reduction, plan_rois, window_need
 
 @dataclass
@@ -47,7 +47,7 @@ class BatchReport:
     hybrid_rate: float | None = None
     overflow: int = 0  # of the CPU's, GPU-bound images past the arena's or staging's room (room.batch_room)
     large_failed: int = 0  # of the CPU's, Route.LARGE images their decoder refused (warned once per decoder)
-    ahead: int = 0  # of the CPU's, images decoded before the call (the caller's `decoded`: loader.ahead)
+    ahead: int = 0  # of the CPU's, images decoded before the call (the caller's `decoded`: decode.gpu.ahead)
     errors: list = field(default_factory=list)  # (batch index, reason) of images nothing decoded
     seconds: float = 0.0
     stages: dict = field(default_factory=dict)  # seconds per stage of this call
@@ -60,7 +60,7 @@ def cpu_share_decode(buffers, windows, size, out, errors: list, *, threads: int 
     """The CPU share's decode of these images into `out` (the CPU path, Pillow's retry of a file
     libjpeg refuses, no op; a failed one's slot left zero and (index, reason) appended to
     `errors`): what a batch's CPU share gives a CPU-routed image and what a producer's
-    look-ahead lane (loader.ahead) gives it ahead — one call, so both give the same pixels.
+    look-ahead lane (ahead.py) gives it ahead — one call, so both give the same pixels.
     pool=-1: on the calling thread (threads unused)."""
     cpu.decode_crop_resize(buffers, windows, size=size, threads=threads, out=out, on_error="skip", fallback=True,
                            errors=errors, pool=pool)
@@ -73,32 +73,29 @@ class GPUDecoder:
 
     Args:
         spec: the output (size, normalisation, dtype — "uint8" for pixels, not normalised —,
-            layout, memory format), validated by OutputSpec; default 224² float32 NCHW.
-        max_batch: images per call at most.
+            layout, memory format), a checked Output; default 224² float32 NCHW.
+        options: the checked GPUOptions (decode.options), taken as they are: `split` (how
+            the engines' images are shared with the CPU), `hybrid` (progressive and gray files
+            to nvJPEG's hybrid decoder, else to the CPU) and `chroma` (how GPU-decoded 4:2:x
+            chroma is upsampled: "interpolate" gives the CPU path's, libjpeg-turbo's, pixels;
+            "replicate" nvJPEG's RGBI as it is), `engine_lanes` (the engines' calls of a batch
+            at once). The others are the GPU backend's.
+        max_batch: images per call at most (checked here: the decoder's own argument).
         cpu_threads: native threads for the CPU share (default: cores - 1).
-        split: how the engines' images are shared with the CPU (see plan.Split).
         gpu_id: CUDA device id.
         pool: native CPU thread-pool id (distinct per decoder so producers do not queue).
-        hybrid: send progressive and gray files to nvJPEG's hybrid decoder (else to the CPU).
         ring: the output ring to take batches from (shared by the producers of a Loader);
             None: warmup() makes one.
         demand: the Loader's consumer-steered order of the two sides (plan.Demand: one side
             first, the engines in a Loader by default, the other's share only while the
             consumer waits), shared by its
             producers' decoders; None: the auto split follows measured rates alone.
-        chroma: how GPU-decoded 4:2:x chroma is upsampled (plan.Chroma): "interpolate" gives
-            the CPU path's (libjpeg-turbo's) pixels; "replicate" nvJPEG's RGBI as it is.
         chunk: the engines' images in nvJPEG calls of at most this many, each after the last
             one's work (0, the default: one call).
         planar_roi: with chroma="interpolate", decode each window's region of the planes
             (roi.plan_rois: the same pixels); False decodes whole images (the tests' reference).
         native_submit: the engines' batch and the hybrid decoder's images each in one GIL-free
             call (recordtool._nvsubmit); False: the ctypes loops (their reference, for the tests).
-        engine_lanes: the engines' images of a batch in this many nvJPEG calls at once, each on
-            its own hardware decoder state, stream and thread (1: one call). nvJPEG's batched
-            call does its host work per image (parsing, the bitstream copy, the per-plane
-            copies) on the calling thread, one image after another; calls on several states
-            run that work side by side and keep more images at the engines.
     """
 
     # Route.LARGE images (above plan.GPU_MAX_PIXELS): the engines, on a decoder of their own in
@@ -109,21 +106,23 @@ class GPUDecoder:
     # image joins the batch's CPU share, counted in BatchReport.overflow)
     LARGE_BATCH = 2
     LARGE_ROOM = 2
-    MAX_LANES = 8
     LANE_MIN = 32
     """Engine images a lane takes at least: a batch's engine share is split over
     min(engine_lanes, n // LANE_MIN) calls (a call's fixed cost is not worth a few images)."""
 
-    def __init__(self, spec: OutputSpec = OutputSpec(), max_batch: int = 256, cpu_threads: int | None = None,
-                 split: Split = "auto", gpu_id: int = 0, pool: int | None = None, hybrid: bool = True,
-                 ring: OutputRing | None = None, demand: Demand | None = None, chroma: Chroma = DEFAULT_CHROMA,
-                 chunk: int = 0, planar_roi: bool = True, native_submit: bool = True, engine_lanes: int = 1):
+    def __init__(self, spec: Output = Output(), options: GPUOptions = GPUOptions(), max_batch: int = 256,
+                 cpu_threads: int | None = None, gpu_id: int = 0, pool: int | None = None,
+                 ring: OutputRing | None = None, demand: Demand | None = None,
+                 chunk: int = 0, planar_roi: bool = True, native_submit: bool = True):
         import cupy
 
-        if not isinstance(spec, OutputSpec):
-            raise ConfigError(f"spec must be an OutputSpec, not {type(spec).__name__}")
+        if not isinstance(spec, Output):
+            raise ConfigError(f"spec must be a recordtool.Output, not {type(spec).__name__}")
+        if not isinstance(options, GPUOptions):
+            raise ConfigError(f"options must be a recordtool.GPUOptions, not {type(options).__name__}")
         max_batch = bounded_int("max_batch", max_batch, 1, floats=False)
-        self.chroma = check_chroma(chroma)
+        self.options = options
+        self.chroma = chroma = options.chroma
         # "interpolate": planes, our kernel upsamples; each image's region of its window
         # (roi.plan_rois: the same pixels as whole planes) unless planar_roi=False. "nvjpeg":
         # nvJPEG's own interpolation flag
@@ -143,12 +142,12 @@ class GPUDecoder:
         # (native_submit=False) the ctypes loops, their reference
         self.native_submit = bool(native_submit)
         self.chunk = bounded_int("chunk", chunk, 0, floats=False)
-        self.engine_lanes = bounded_int("engine_lanes", engine_lanes, 1, self.MAX_LANES, floats=False)
+        self.engine_lanes = options.engine_lanes
         self._lanes: list = []  # (HardwareDecoder, stream, event) of lanes 1.. (lane 0: self.hw, self.stream)
         self._lane_pool = None
         self._own_pool = pool is None
         self.pool = cpu.new_pool_id(background=True) if pool is None else pool  # a CPU share: at low priority
-        self.planner = SplitPlanner(split, demand=demand)
+        self.planner = SplitPlanner(options.split, demand=demand)
         self.last = BatchReport()
         self.ring = ring
         self.hw = self.hybrid = self.hw_large = self.large_error = None
@@ -183,7 +182,7 @@ class GPUDecoder:
                     self.hw, self._lanes = None, []
                 if self._lanes:
                     self._lane_pool = ThreadPoolExecutor(len(self._lanes), thread_name_prefix="recordtool-lane")
-                if hybrid:
+                if options.hybrid:
                     try:
                         self.hybrid_stream = _stream(cupy)
                         self._hybrid_done = _Waiter(cupy)
@@ -416,7 +415,7 @@ class GPUDecoder:
                 not parsed again in later batches (refuse_hybrid); None: every batch parses.
             decoded: {batch index: uint8 (h, w, 3), or a callable giving it or None} images of
                 the CPU share decoded by the CPU path with these windows elsewhere (a producer's
-                look-ahead lane, loader.ahead): copied in by the CPU share (calling a callable
+                look-ahead lane, ahead.py): copied in by the CPU share (calling a callable
                 there, beside the engines' work), decoded here only where it gives None. Only
                 images the plan gives the CPU are taken.
         """

@@ -50,12 +50,12 @@ class NormalizePass:
     def __call__(self, raw, stream, ring, kernel, spec, keep=(), flips=None, op=None, native: bool = True):
         """uint8 NHWC (n, h, w, 3) → spec's output in a batch of `ring`, through `kernel` (the
         resize kernel for spec's dtype and layout) at 1:1, mirrored where flips (default none);
-        op: (compiled ImageOp, its params) run on `raw` in place first. Queued on `stream` in one
+        op: (the compiled op the Loader handed in — decode.backend.CompiledOp, its CUDA kernel
+        built —, its params) run on `raw` in place first. Queued on `stream` in one
         call (StreamWork: the uploads, the op's kernel, the normalising kernel; native=False:
         the same CuPy calls one by one, its reference); returns (batch, event after the pass),
         which the consumer's stream waits for. Keeps what it reads (`raw` and `keep`) until the
         next pass, which first waits for this one."""
-        from ...ops.cuda import call
         from .work import StreamWork  # the nvJPEG binding's module and the native queue: loaded at a pass
 
         cupy = self.cupy
@@ -72,7 +72,7 @@ class NormalizePass:
                 host_params = host_params[: params.size]
                 host_params[:] = params.reshape(-1)
                 work.copy(self.params_dev, host_params)
-            work.launch(*call(image_op, raw, self.params_dev))
+            work.launch(*image_op.cuda_launch(raw, self.params_dev))
         out, ev = ring.take(n)
         if ev is not None:
             work.wait(ev)

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Literal, Union
 
 import numpy as np
 
 from ...errors import ConfigError
 from ...format.jpeg import CHROMA_420, CHROMA_422, CHROMA_440, CHROMA_444, CHROMA_GRAY, CS_GRAY, CS_YCBCR
+from ..options import First, Split
 
 
 class Route(IntEnum):
@@ -29,13 +29,6 @@ ENGINE, HYBRID, CPU, LARGE = Route.ENGINE, Route.HYBRID, Route.CPU, Route.LARGE
 # Grayscale does not go to the engines: their RGBI output for 1-component JPEGs with an ROI did
 # not match the image on the H200 (13.8 dB against libjpeg-turbo, tests/test_gpu.py).
 HW_CHROMA = (CHROMA_444, CHROMA_422, CHROMA_420, CHROMA_440)
-
-Split = Union[Literal["auto", "gpu", "cpu"], float]
-"""How images the engines could take are shared with the CPU: "auto" follows measured rates so
-both sides finish together, or in a Loader the consumer's need (`Demand`: one side first, the
-other while the training loop waits); "gpu" sends them all to the engines (bit-identical runs); "cpu"
-decodes everything on the CPU; a float in [0, 1] fixes the CPU's share."""
-
 
 def hardware_decodable(chroma, progressive, colorspace) -> np.ndarray:
     """What goes to the NVJPG engines: baseline YCbCr 4:4:4/4:2:2/4:2:0/4:4:0."""
@@ -137,38 +130,6 @@ def buffer_spans_py(buffers) -> tuple:
             np.fromiter((v.nbytes for v in views), np.int64, len(views)))
 
 
-Chroma = Literal["replicate", "interpolate", "nvjpeg"]
-"""How the GPU decoders upsample 4:2:0 / 4:2:2 / 4:4:0 chroma: "replicate" (nvJPEG's RGBI output
-as it is: each chroma sample repeated), "interpolate" (nvJPEG's planar YCbCr, then libjpeg-turbo's
-fancy upsampling and colour conversion in our kernel: the CPU path's pixels), "nvjpeg" (nvJPEG's
-own interpolation, NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION, where the library honours it)."""
-CHROMA_MODES = ("replicate", "interpolate", "nvjpeg")
-# interpolate: the CPU path's pixels (a model trained on one device sees the other's) at the
-# engines' speed — measured on a fidelity set of photos the bound was not tuned on (BENCHMARKS.md)
-DEFAULT_CHROMA: Chroma = "interpolate"
-
-
-def check_chroma(chroma) -> Chroma:
-    """A chroma mode (CHROMA_MODES), or ConfigError naming the option."""
-    if not isinstance(chroma, str) or chroma not in CHROMA_MODES:
-        raise ConfigError(f"chroma must be one of {', '.join(CHROMA_MODES)}, not {chroma!r}")
-    return chroma
-
-
-def check_split(split) -> Split:
-    """A Split: "auto", "gpu", "cpu", or a CPU share in [0, 1] (a float); else ConfigError
-    naming the option."""
-    if isinstance(split, str) and split in ("auto", "gpu", "cpu"):
-        return split
-    try:
-        f = -1.0 if isinstance(split, (str, bytes, bool, np.bool_)) else float(split)
-    except (TypeError, ValueError):
-        f = -1.0
-    if not 0.0 <= f <= 1.0:
-        raise ConfigError(f"split must be 'auto', 'gpu', 'cpu' or a CPU share in [0, 1], not {split!r}")
-    return f
-
-
 @dataclass
 class Assignment:
     """One batch's assignment: batch positions per decoder."""
@@ -197,20 +158,6 @@ class Rates:
             r = images / seconds
             old = getattr(self, side)
             setattr(self, side, r if old is None else (1 - self.alpha) * old + self.alpha * r)
-
-
-First = Literal["engines", "cpu"]
-FIRSTS = ("engines", "cpu")
-
-# The side that decodes first under split="auto"; the engines by default (GPUOptions.first says
-# why, with the measurements).
-
-
-def check_first(first) -> First:
-    """A First ("engines", "cpu"), or ConfigError naming the option."""
-    if not isinstance(first, str) or first not in FIRSTS:
-        raise ConfigError(f"first must be one of {', '.join(FIRSTS)}, not {first!r}")
-    return first
 
 
 # Engines first: engine-bound images moved to the CPU share must
@@ -264,9 +211,10 @@ class Demand:
     waited for, down a smaller one for each not) would give such a loop nothing.
 
     Args:
-        first: the side that decodes first ("engines" or "cpu"); GPUOptions.first's default
-            here too, so a Demand made outside a Loader orders the two sides as a Loader's does
-            (a SplitPlanner given no Demand follows the measured rates alone).
+        first: the side that decodes first, a checked GPUOptions.first (decode.options: the
+            GPU backend hands its options' own); its default here too, so a Demand made
+            outside a Loader orders the two sides as a Loader's does (a SplitPlanner given no
+            Demand follows the measured rates alone).
         allowed: the other side's largest share now (0..ceiling).
         gain: the share one batch's wait moves, per unit of the interval waited beyond threshold.
         ceiling: the share it never passes.
@@ -281,7 +229,6 @@ class Demand:
     threshold: float = 0.02
 
     def __post_init__(self):
-        check_first(self.first)
         for name in ("allowed", "gain", "ceiling", "threshold"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
@@ -304,7 +251,7 @@ class SplitPlanner:
     """Plans each batch and adapts the CPU share from the measured rates (`observe`).
 
     Args:
-        split: see `Split`.
+        split: a checked GPUOptions.split (decode.options.Split), taken as it is.
         engines: the NVJPG engines are usable here.
         hybrid: the hybrid decoder is usable (else progressive / gray go to the CPU).
         demand: with split="auto", which side decodes first and how much the consumer needs of
@@ -330,7 +277,6 @@ class SplitPlanner:
     ENGINES_RETRY_MAX = 4096
 
     def __post_init__(self):
-        self.split = check_split(self.split)
         self.cpu_fraction = 0.0 if self.split in ("gpu", "auto") else (1.0 if self.split == "cpu" else float(self.split))
         if self.split == "cpu":
             self.engines = self.hybrid = False

@@ -41,9 +41,9 @@ KEEP = 2  # batches whose images a lane holds: the one being made and the next
 
 
 def decode_one(buffer, window, size):
-    """One image as the batch's CPU share decodes it (decode.gpu.cpu_share_decode), on the
+    """One image as the batch's CPU share decodes it (decoder.cpu_share_decode), on the
     calling thread: uint8 (h, w, 3), or None when it failed."""
-    from ..decode.gpu import cpu_share_decode
+    from .decoder import cpu_share_decode
 
     h, w = size
     out = np.empty((1, h, w, 3), np.uint8)
@@ -55,7 +55,7 @@ def decode_one(buffer, window, size):
 def _background() -> None:
     """The lane's worker: raise its own thread's nice as the CPU share's pools do (Linux: a
     thread's id names it alone; raising nice needs no privilege)."""
-    from ..decode import cpu
+    from .. import cpu
 
     me = threading.get_native_id()
     os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + cpu.BACKGROUND_NICE))

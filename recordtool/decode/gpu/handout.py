@@ -1,4 +1,6 @@
-"""How far a cuda Loader's consumer may run ahead of the GPU (GPUOptions.run_ahead).
+"""What the consumer of a cuda Loader gets, and when: `to_torch` hands a GPU batch to PyTorch
+through DLPack (no copy), and `RunAhead` bounds how far the consumer may run ahead of the GPU
+(GPUOptions.run_ahead) — GPUBackend.pace and GPUBackend.handout.
 
 An eager training loop queues a step's kernels and comes back for the next batch long before
 the GPU has run them. Unbounded, it goes on until CUDA's launch queue is full, and from then on
@@ -14,6 +16,17 @@ stream (torch's when torch is loaded, as OutputRing's give-back events); a wait 
 event that has not been recorded.
 """
 from __future__ import annotations
+
+
+def to_torch(array, stream=None):
+    """Hand a CuPy array to PyTorch through DLPack; PyTorch's current stream waits for `stream`
+    (None: the array is complete, or torch's stream already waits for it)."""
+    import torch
+
+    if stream is not None:
+        dev = torch.device("cuda", array.device.id)
+        torch.cuda.current_stream(dev).wait_stream(torch.cuda.ExternalStream(stream.ptr, device=dev))
+    return torch.from_dlpack(array)
 
 
 class RunAhead:
@@ -38,7 +51,7 @@ class RunAhead:
 
     def before(self) -> float:
         """Sleep until the work queued before hand-out (next - steps) is done; the seconds slept
-        (the epoch iterator adds them to Loader.stage_seconds["run_ahead"])."""
+        (GPUBackend.pace adds them to Loader.stage_seconds["run_ahead"])."""
         import time
 
         k = self._handed - self.steps
@@ -57,7 +70,7 @@ class RunAhead:
     def _record_on_consumer_stream(self, ev) -> None:
         import cupy
 
-        from ..decode.gpu import consumer_stream
+        from .buffers import consumer_stream
 
         with cupy.cuda.Device(self.device):
             cupy.cuda.runtime.eventRecord(ev.ptr, consumer_stream(self.device))

@@ -1,14 +1,14 @@
 """What a batch is, as a pure function of (seed, epoch, sample ids): its JPEG bytes, crop
-windows, flips and labels — shared by the CPU and GPU batchers, so both make the same batch."""
+windows, flips and labels — shared by the CPU and GPU backends, so both make the same batch."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..decode import center_windows, random_flips, random_windows
-from ..decode.spec import EvalCrop, Output, TrainCrop
 from ..reader import Dataset
+from .spec import EvalCrop, Output, TrainCrop
+from .windows import center_windows, random_flips, random_windows
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class BatchInputs:
 class Recipe:
     """Args:
         ds: the dataset.
-        output: the output (size (h, w), normalisation, ...), checked; the batchers write what it says.
+        output: the output (size (h, w), normalisation, ...), checked; the backends write what it says.
         seed: keys the windows, flips and keyed user ops (with epoch and sample id).
         augment: TrainCrop (RandomResizedCrop windows + random flips) or EvalCrop (resize +
             centre crop), checked.
@@ -69,14 +69,3 @@ class Recipe:
         return BatchInputs(self.ds.jpeg_views(ids), win, flips, self.ds.index.label[ids].astype(np.int64),
                            BatchKeys(ids, epoch, self.seed))
 
-
-@dataclass
-class ProducedBatch:
-    """One batch as a batcher hands it to the epoch iterator."""
-
-    images: object  # numpy / CuPy array in the Loader's layout and dtype
-    labels: np.ndarray
-    errors: list  # (position in the batch, reason) of images nothing could decode
-    stages: dict  # producer seconds per stage
-    report: object = None  # cuda: the GPU decoder's BatchReport
-    ready: object = None  # cuda: an event the consumer's stream waits for (None: complete already)

@@ -1,11 +1,21 @@
 """Where a Loader's batches are made: `Device`, parsed once from any of torch's spellings and
-checked against what this machine has, so inner layers see a kind and a GPU id only."""
+checked against what this machine has, so inner layers see a kind and a GPU id only; the
+memory its output ring may take (`memory_bound`); and its backend (`make_backend`: the CPU's,
+or the GPU's, whose package is imported only for a cuda Device). The loader asks this module,
+never the GPU stage, so it holds nothing device-specific.
+"""
 from __future__ import annotations
 
 import numbers
+import os
 from dataclasses import dataclass
 
 from ..errors import ConfigError, DeviceUnavailable
+from .backend import Backend
+
+# The output ring's memory at most, as a share of this machine's RAM (host ring) or of the GPU's
+# memory (device ring): past it the Loader refuses to start and says what to lower.
+RING_MEMORY_SHARE = 0.5
 
 GPU_EXTRAS = "pip install 'recordtool[cu13]' (CUDA 13 driver) or 'recordtool[cu12]' (CUDA 12)"
 
@@ -95,3 +105,32 @@ def _current_gpu(cupy) -> int:
     except ImportError:
         pass
     return dev
+
+
+def memory_bound(gpu_id: int | None) -> int:
+    """Bytes the output ring may take: RING_MEMORY_SHARE of RAM, or of the GPU's memory."""
+    if gpu_id is None:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    else:
+        import cupy
+
+        with cupy.cuda.Device(gpu_id):
+            total = cupy.cuda.runtime.memGetInfo()[1]
+    return int(total * RING_MEMORY_SHARE)
+
+
+def make_backend(recipe, gpu_id: int | None, *, gpu, threads: int, producers: int, slots: int, max_batch: int,
+                 user_op, image_op, look_ahead: bool) -> Backend:
+    """The backend that makes a Loader's batches: the GPU's on GPU `gpu_id` (its GPUOptions
+    `gpu`; `look_ahead`: its producers' look-ahead lanes), else the CPU's (gpu_id None). Every
+    argument is checked already (the Loader's); image_op: the user op compiled for this device
+    (ImageOp.prepare), or None."""
+    if gpu_id is not None:
+        from .gpu import GPUBackend
+
+        return GPUBackend(recipe, gpu_id=gpu_id, producers=producers, threads=threads, user_op=user_op,
+                          image_op=image_op, options=gpu, slots=slots, max_batch=max_batch, look_ahead=look_ahead)
+    from .cpu_backend import CPUBackend
+
+    return CPUBackend(recipe, threads=threads, user_op=user_op, image_op=image_op, slots=slots, max_batch=max_batch,
+                      producers=producers)

@@ -1,8 +1,9 @@
-"""The GPU batcher: one GPUDecoder per producer slot (nvJPEG states are per thread) and, for a
-local dataset, one look-ahead lane (loader.ahead: the next batch's CPU-routed images decoded
+"""The GPU backend: one GPUDecoder per producer slot (nvJPEG states are per thread) and, for a
+local dataset, one look-ahead lane (ahead.py: the next batch's CPU-routed images decoded
 while this one is made); one output ring shared by all slots, routes from the index, the
 Loader's CUDA device, and — with a user op — a uint8 ring plus a second pass of the same kernel
-that normalises into the output ring.
+that normalises into the output ring. The consumer's side: the run-ahead bound and the DLPack
+hand-off (handout.py), the steering of the CPU share (plan.Demand).
 A compiled per-image op (recordtool.ops.ImageOp) runs there as its CUDA kernel, one launch per
 batch, on the unmirrored images (the mirror is done by the normalising pass, as on the CPU)."""
 from __future__ import annotations
@@ -13,14 +14,20 @@ import time
 
 import numpy as np
 
-from .config import GPUOptions
-from .cpu import call_user_op, image_op, op_params
-from .pace import RunAhead
-from .recipe import ProducedBatch, Recipe
+from ..backend import Backend, BatchStats, CompiledOp, ProducedBatch, as_bfloat16, call_user_op, op_params
+from ..options import GPUOptions
+from ..recipe import Recipe
+from .ahead import AheadLane
+from .buffers import OutputRing
+from .decoder import GPUDecoder, wait_ready
+from .handout import RunAhead, to_torch
+from .kernel import kernel
+from .normalize import NormalizePass
+from .plan import CPU, Demand, route
 
 
-class GPUBatcher:
-    """Makes the batches of a cuda Loader.
+class GPUBackend(Backend):
+    """Makes the batches of a cuda Loader (decode.backend.Backend).
 
     With a user op, each batch's op and normalising pass is queued in one GIL-free call
     (decode.gpu.work.StreamWork); `native_queue = False` makes the same CuPy calls one by one
@@ -33,10 +40,13 @@ class GPUBatcher:
         threads: CPU threads in all (shared by the slots' CPU shares).
         user_op: optional op on the uint8 NHWC CuPy batch before normalisation, or a compiled
             per-image op (recordtool.ops.ImageOp: its CUDA kernel).
-        options: split, hybrid, chroma (see GPUDecoder) and same_pixels (4:4:4 and gray files
-            to the CPU share: decode.gpu.plan.route), checked (loader.config.GPUOptions).
+        image_op: `user_op` when it is a compiled per-image op, its CUDA kernel compiled by the
+            Loader on this GPU (ImageOp.prepare); else None.
+        options: the checked GPUOptions, whole: split, hybrid, chroma (each GPUDecoder's),
+            same_pixels (4:4:4 and gray files to the CPU share: plan.route), first (the
+            Demand's) and run_ahead (RunAhead's).
         look_ahead: each producer slot decodes its next batch's CPU-routed images ahead
-            (`ahead`, loader.ahead). False for a dataset URL: its shard cache counts a record
+            (`announce`, ahead.py). False for a dataset URL: its shard cache counts a record
             served once its view is taken, and fetches along the epoch's plan.
         slots: output batches alive at once.
         max_batch: images per batch at most.
@@ -44,22 +54,14 @@ class GPUBatcher:
 
     native_queue = True
 
-    def __init__(self, recipe: Recipe, *, gpu_id: int, producers: int, threads: int, user_op, options: GPUOptions,
-                 slots: int, max_batch: int, look_ahead: bool = True):
-        from ..decode.gpu import CPU, Demand, OutputRing, kernel, route
-
+    def __init__(self, recipe: Recipe, *, gpu_id: int, producers: int, threads: int, user_op,
+                 image_op: CompiledOp | None, options: GPUOptions, slots: int, max_batch: int,
+                 look_ahead: bool = True):
         self.recipe, self.gpu_id, self.producers = recipe, gpu_id, producers
-        self.spec = spec = recipe.output
+        self.output = spec = recipe.output
         self.threads = threads
         self.user_op, self.options = user_op, options
-        self.image_op = image_op(user_op)
-        if self.image_op is not None:
-            import cupy
-
-            from ..ops.cuda import kernel as op_kernel
-
-            with cupy.cuda.Device(gpu_id):
-                op_kernel(self.image_op)  # compile now: a refused kernel fails the Loader, not a batch
+        self.image_op = image_op
         self.max_batch = max_batch
         # native threads of each decoder's CPU share: the cores left by the producers, shared out.
         # Measured on the H200 (BENCHMARKS.md): every core per producer's pool (64 threads on 16
@@ -71,9 +73,7 @@ class GPUBatcher:
                             pixels=self._pixels)
         h, w = spec.size
         self._decoders: dict = {}
-        self.look_ahead = look_ahead
-        # what BatchStream calls with each producer's next batch (None: nothing to announce)
-        self.announce = self.ahead if look_ahead else None
+        self.announces = look_ahead  # BatchStream tells each producer its next batch (`announce`)
         self._lanes: dict = {}  # producer slot → its AheadLane (made on first use, kept across epochs)
         self._cpu_routed = self.routes == CPU
         self._lock = threading.Lock()
@@ -89,12 +89,42 @@ class GPUBatcher:
         # one side first (GPUOptions.first), the other takes a share of the batch only while the
         # consumer waits (plan.Demand says why); shared by the producers' decoders
         self.demand = Demand(first=options.first)
-        # how far the consumer may queue GPU work ahead of the batches it takes (pace.py)
-        self.pace = None if options.run_ahead is None else RunAhead(options.run_ahead, gpu_id)
+        # how far the consumer may queue GPU work ahead of the batches it takes (handout.py)
+        self._pace = None if options.run_ahead is None else RunAhead(options.run_ahead, gpu_id)
+
+    def pace(self, stages: dict) -> None:
+        """Before the consumer takes a batch: with run_ahead, sleep until the GPU is past the
+        work it queued `run_ahead` hand-outs ago (RunAhead), the seconds in stages["run_ahead"]."""
+        if self._pace is not None:
+            stages["run_ahead"] = stages.get("run_ahead", 0.0) + self._pace.before()
 
     def consumer_waited(self, wait: float, interval: float) -> None:
         """The consumer's wait for its last batch (EpochIterator), steering the CPU share."""
         self.demand.observe(wait, interval)
+
+    def stats(self, made: ProducedBatch) -> BatchStats:
+        """The batch's split (its BatchReport): images per decoder, overflow, decoded ahead."""
+        r = made.report
+        return BatchStats({"gpu": r.gpu, "hybrid": r.hybrid, "cpu": r.cpu}, r.overflow, r.ahead, r)
+
+    def handout(self, made: ProducedBatch, as_torch: bool) -> tuple:
+        """The batch for the consumer's stream: it waits for the producer's last pass (made.ready),
+        the images go to torch through DLPack and the labels to the GPU (as_torch); then the
+        hand-out is marked for the run-ahead bound."""
+        images, labels = made.images, made.labels
+        if made.ready is not None:  # its producer queued the batch's last pass without waiting for it
+            wait_ready(made.ready, self.gpu_id, as_torch)
+        if as_torch:
+            import torch
+
+            with torch.cuda.device(self.gpu_id):  # complete, or torch's stream waits for it (made.ready)
+                # labels: a plain copy, measured to cost the training loop no more than pinned ones
+                images, labels = to_torch(images), torch.from_numpy(labels).cuda(self.gpu_id, non_blocking=True)
+            images = as_bfloat16(images, self.output)
+        images = self.output.arrange(images)  # channels_last: the NCHW-shaped view of the NHWC batch
+        if self._pace is not None:
+            self._pace.handed()
+        return images, labels
 
     ROOM_SAMPLE = 65_536
     """Records whose windows of two epochs size the decoders' arena (GPUDecoder.warmup's
@@ -115,35 +145,29 @@ class GPUBatcher:
         """The GPUDecoder of a producer slot, made and warmed up on first use, kept across epochs."""
         dec = self._decoders.get(slot)
         if dec is None:
-            from ..decode.gpu import GPUDecoder
-
             with self._lock:
                 ix = self.recipe.ds.index
                 raw = self.user_op is not None
-                dec = GPUDecoder(self._raw_spec if raw else self.spec, max_batch=self.max_batch,
-                                 gpu_id=self.gpu_id, split=self.options.split, hybrid=self.options.hybrid,
-                                 chroma=self.options.chroma,
-                                 cpu_threads=self.cpu_threads, ring=self.raw_ring if raw else self.ring,
-                                 demand=self.demand, engine_lanes=self.options.engine_lanes)
+                dec = GPUDecoder(self._raw_spec if raw else self.output, self.options, max_batch=self.max_batch,
+                                 gpu_id=self.gpu_id, cpu_threads=self.cpu_threads,
+                                 ring=self.raw_ring if raw else self.ring, demand=self.demand)
                 dec.warmup(ix.jpeg_length, ix.width, ix.height, routes=self.routes, chroma=ix.chroma,
                            windows=self._room_sample())
                 self._decoders[slot] = dec
         return dec
 
-    def ahead(self, ids, epoch: int, slot: int, drawn: tuple | None = None) -> None:
+    def announce(self, ids, epoch: int, slot: int, drawn: tuple | None = None) -> None:
         """Producer `slot`'s next batch (these ids in this epoch; drawn: its windows and flips):
         its lane starts decoding the batch's CPU-routed images (BatchStream calls this before
-        making the slot's current batch)."""
-        if not self.look_ahead:
+        making the slot's current batch, where `announces`)."""
+        if not self.announces:
             return
         ids = np.asarray(ids)
         sel = self._cpu_routed[ids].nonzero()[0]
         lane = self._lanes.get(slot)
         if lane is None:
-            from .ahead import AheadLane
-
             with self._lock:
-                lane = self._lanes[slot] = AheadLane(self.spec.size)
+                lane = self._lanes[slot] = AheadLane(self.output.size)
         if not len(sel):
             lane.ahead(epoch, ids[:0], [], np.zeros((0, 4)), ids[:0])
             return
@@ -151,10 +175,10 @@ class GPUBatcher:
         lane.ahead(epoch, ids[sel], self.recipe.ds.jpeg_views(ids[sel]), np.asarray(windows)[sel],
                    self._pixels[ids[sel]])
 
-    def __call__(self, ids, epoch: int, slot: int, drawn: tuple | None = None):
+    def make(self, ids, epoch: int, slot: int, drawn: tuple | None = None) -> ProducedBatch:
         """The batch of these ids in this epoch, made by producer `slot` on its decoder; drawn:
         its (windows, flips) when the stream drew them (Recipe.draws). The images its lane
-        decoded ahead (`ahead`) are taken, not decoded again."""
+        decoded ahead (`announce`) are taken, not decoded again."""
         import cupy
 
         t0 = time.perf_counter()
@@ -170,7 +194,7 @@ class GPUBatcher:
         t2 = t3 = time.perf_counter()
         ready = None
         if op is not None:
-            h, w = self.spec.size
+            h, w = self.output.size
             params = op_params(op, len(ids), b.keys, h, w)
             t3 = time.perf_counter()
             with cupy.cuda.Device(self.gpu_id), dec.stream:
@@ -189,14 +213,12 @@ class GPUBatcher:
         """uint8 NHWC (n, h, w, 3) → the output format in a batch of the ring, queued on the
         slot's decoder's stream by the slot's NormalizePass (made on first use); flips, op: see
         NormalizePass. Returns (batch, event after the pass): the consumer's stream waits for it."""
-        from ..decode.gpu import NormalizePass
-
         p = self._passes.get(slot)
         if p is None:
             with self._lock:  # producers add their slots' passes at once (as decoders, `decoder`)
                 nparams = self.image_op.nparams if self.image_op is not None else 0
                 p = self._passes[slot] = NormalizePass(dec.cupy, self.max_batch, nparams)
-        return p(raw, dec.stream, self.ring, self._normalize, self.spec, keep, flips=flips, op=op,
+        return p(raw, dec.stream, self.ring, self._normalize, self.output, keep, flips=flips, op=op,
                  native=self.native_queue)
 
     def close(self) -> None:
