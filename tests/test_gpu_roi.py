@@ -434,6 +434,7 @@ def test_a_large_images_decoder_failure_sends_only_those_images_to_the_cpu():
         dec = GPUDecoder.__new__(GPUDecoder)
         dec.buf = type("Buf", (), {"staging_np": np.zeros(1 << 16, np.uint8)})()
         dec.chunk, dec.planar, dec.native_submit, dec.large_error = 0, False, False, None
+        dec._lanes = []  # one call: no lanes
         dec.hw, dec.hw_large, dec.stream, dec._done = hw, large, type("S", (), {"ptr": 0})(), lambda stream: None
         return dec
 
