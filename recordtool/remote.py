@@ -52,13 +52,17 @@ class RemoteDataset(Dataset):
             client_kwargs, config_kwargs, …); fsspec's configuration and the usual AWS
             variables apply too.
         retry: how downloads are retried (recordtool.io.Retry: 5 tries, backoff from 0.5 s).
+        deadline: seconds one request to the store may take in all (connecting, the answer,
+            each 8 MiB piece of a download) on async stores (s3fs, gcsfs, …); then it is
+            cancelled and retried as a timeout. Checked by `recordtool.open` and RemoteOptions.
     """
 
     def __init__(self, root: str, cache_dir: str | None = None, cache_limit: int | None = None,
-                 storage_options: dict | None = None, retry: Retry | None = None):
+                 storage_options: dict | None = None, retry: Retry | None = None,
+                 deadline: float = _fs.DEADLINE):
         self._opened_as = (os.fspath(root), dict(cache_dir=cache_dir, cache_limit=cache_limit,
-                                                 storage_options=storage_options, retry=retry))
-        self.fs, self._path = _fs.get_fs(root, **_fs.check_options(root, storage_options))
+                                                 storage_options=storage_options, retry=retry, deadline=deadline))
+        self.fs, self._path = _fs.get_fs(root, deadline=deadline, **_fs.check_options(root, storage_options))
         self._path = self._path.rstrip("/")
         self.root = self.fs.url(self._path)
         self.retry = retry or Retry()

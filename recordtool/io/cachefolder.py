@@ -9,7 +9,9 @@ relative to its parent's fd, without following links, and must be the user's
 are named `<name>.<crc32c>[.part]`, regular, the user's, with one link (`_mine`): nothing
 else is counted or deleted. Lock files (`locks/<name>.<crc32c>`, `.lock`) are written to (the
 identity stamp), so they pass the same checks before any byte goes into one: a hard link
-planted there to a file elsewhere is refused, never written through.
+planted there to a file elsewhere is refused, never written through. `cache_dir` itself must
+be the user's (or root's, as /tmp is) and not writable by everyone: another user's folder is a
+ConfigError naming it.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import struct
 import time
 import weakref
 
-from ..errors import UnsafePath
+from ..errors import ConfigError, UnsafePath
 from . import files
 
 NAME_BUDGET = 240  # bytes of a cached file's name (room for ".part" and "meta-" within NAME_MAX)
@@ -126,6 +128,30 @@ def crc_of(fd: int, size: int) -> str:
     return f"{c:08x}"
 
 
+def open_cache_dir(cache_dir: str) -> int:
+    """An fd of the folder the user chose for caches (created if missing; a link to it is
+    followed: the user's own choice). ConfigError naming it when it cannot be made or opened,
+    is not a folder, belongs to another user or is writable by everyone without the sticky
+    bit: whoever else may write there could move or replace the cache's folders. A folder of
+    root's (/tmp, /var/cache) is taken: its mode keeps other users out."""
+    what = f"cache_dir {cache_dir!r}"
+    try:
+        fd = files.open_dir(cache_dir)
+    except OSError as e:
+        raise ConfigError(f"{what}: cannot be used as the cache folder ({e.strerror or e})") from None
+    st = os.fstat(fd)
+    why = None
+    if hasattr(os, "geteuid") and st.st_uid not in (os.geteuid(), 0):
+        why = (f"owned by uid {st.st_uid}, not by this user (uid {os.geteuid()}): that user could move or replace "
+               "what the cache keeps there")
+    elif st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        why = "writable by every user (without the sticky bit): anyone could move or replace what the cache keeps"
+    if why is not None:
+        os.close(fd)
+        raise ConfigError(f"{what}: {why}; choose a folder of your own")
+    return fd
+
+
 class CacheFolder:
     """The folders of one dataset's cache, opened (created if missing) and held open.
 
@@ -143,7 +169,7 @@ class CacheFolder:
         # the folder fds outlive close(): a download still finishing uses them; they go with the object
         self._finalizer = weakref.finalize(self, _close_all, self._fds)
         try:
-            top = files.open_dir(os.fspath(cache_dir))
+            top = open_cache_dir(os.fspath(cache_dir))
             try:
                 self._dir = self._keep(files.open_dir(name, top, what=self.dir))
             finally:

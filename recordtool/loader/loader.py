@@ -72,9 +72,10 @@ class Loader:
             device="cpu" it is a ConfigError, as are its keywords (split, first, hybrid, chroma,
             same_pixels, run_ahead) set away from their defaults.
         remote: a dataset URL only — RemoteOptions(cache_dir=None, cache_limit=None,
-            storage_options=None): the local shard cache and the fsspec options that reach
-            the store, as `recordtool.open` takes them. Given for a local path or an open
-            Dataset it is a ConfigError. Keywords: cache_dir, cache_limit, storage_options.
+            storage_options=None, deadline=60.0): the local shard cache, the fsspec options that
+            reach the store and how long one request may take, as `recordtool.open` takes them.
+            Given for a local path or an open Dataset it is a ConfigError. Keywords: cache_dir,
+            cache_limit, storage_options, deadline.
         shuffle: a new order every epoch (keyed by seed and epoch); default: `train`. False:
             record order, the same every epoch (evaluation).
         drop_last: drop the last partial batch (and cut the epoch to equal rank shares); default:
