@@ -128,6 +128,11 @@ class AccessDenied(RemoteError, PermissionError):
     the object and where credentials come from."""
 
 
+class DatasetChanged(RecordtoolError, OSError):
+    """A pickled dataset, unpickled, found another dataset at its path or URL (re-packed since:
+    other shards, labels or classes); the message names the path."""
+
+
 class NoBucket(RecordtoolError, FileNotFoundError):
     """The bucket (or container) a URL names does not exist on the object store."""
 

@@ -692,6 +692,26 @@ def test_datasets_pickle_by_path_and_options(remote, packed, tmp_path):
     ds.close()
 
 
+def test_unpickled_local_dataset_refuses_another_dataset_at_its_path(packed, tmp_path):
+    """A pickled dataset carries its manifest's fingerprint: unpickled after its folder was
+    re-packed (other records and labels under the same indices), DatasetChanged names it."""
+    import shutil
+
+    from recordtool.errors import DatasetChanged
+    from recordtool.pack import pack
+
+    root = _copy(packed, tmp_path, "repacked")
+    blob = pickle.dumps(recordtool.open(root))
+    assert pickle.loads(blob).fingerprint == recordtool.open(root).fingerprint
+    for i in range(6):
+        write(str(tmp_path / "src" / f"k{i % 2}" / f"{i}.jpg"), jpeg_bytes(44, 36, seed=2000 + i))
+    pack(str(tmp_path / "src"), str(tmp_path / "other"), shards=2, progress=False)
+    shutil.rmtree(root)
+    shutil.copytree(tmp_path / "other", root)
+    with pytest.raises(DatasetChanged, match=f"{root}: holds another dataset than the one pickled"):
+        pickle.loads(blob)
+
+
 def _child(ds, out):
     out.put([(bytes(ds[i][0]), ds[i][1]) for i in range(len(ds))])
 

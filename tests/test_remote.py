@@ -671,6 +671,31 @@ def test_deadline_is_checked_once_and_reaches_the_client(s3, remote, tmp_path):
     ld.close()
 
 
+# ------------------------------------------------------------------ a dataset re-packed at its URL
+
+def test_unpickled_dataset_refuses_another_dataset_at_its_url(s3, remote, tmp_path):
+    """A pickled remote dataset carries its manifest's fingerprint: unpickled after the URL was
+    re-packed (other images, labels, shards), it raises DatasetChanged naming the URL instead
+    of reading other records under the same indices."""
+    from recordtool.errors import DatasetChanged
+    from recordtool.pack import pack
+
+    url, fs = remote
+    ds = open_remote(s3, url, tmp_path)
+    blob = pickle.dumps(ds)
+    same = pickle.loads(blob)
+    assert same.fingerprint == ds.fingerprint and bytes(same[3][0]) == bytes(ds[3][0])
+    same.close()
+    for i in range(10):
+        write(str(tmp_path / "src" / f"k{i % 3}" / f"{i}.jpg"), jpeg_bytes(44, 36, seed=1000 + i))
+    pack(str(tmp_path / "src"), str(tmp_path / "other"), shards=3, progress=False)
+    for name in sorted(os.listdir(tmp_path / "other")):
+        fs.put_file(str(tmp_path / "other" / name), f"{url[len('s3://'):]}/{name}")
+    with pytest.raises(DatasetChanged, match=f"{url}: holds another dataset than the one pickled"):
+        pickle.loads(blob)
+    ds.close()
+
+
 # ------------------------------------------------------------------ what asking again would only repeat
 
 @pytest.mark.parametrize("endpoint", ["not a url", "http://[::1", "http://127.0.0.1:99999", "ftp://127.0.0.1/",

@@ -190,7 +190,6 @@ class Loader:
         self._resumed = False  # _pos came from load_state_dict: set_epoch of its epoch keeps its batch
         self._generation = 0  # +1 at each iteration, set_epoch, load_state_dict: an older iteration's
         # batches no longer move _pos (a set_epoch inside a running loop holds after it)
-        self._fingerprint = None  # the dataset's, for state_dict (computed once, when first asked)
         self._iterator = None  # weakref to the running EpochIterator
         self._stream = None  # the BatchStream the next iteration may take up
         self.bad_records: dict = {}  # record id → reason (on_error "warn" / "skip")
@@ -279,15 +278,9 @@ class Loader:
         self._open = False
 
     def _fingerprint_of_dataset(self) -> str:
-        """A digest of the dataset's manifest (its shards, sizes, checksums, classes, index):
-        a state saved on one dataset names it, and another dataset refuses that state."""
-        if self._fingerprint is None:
-            import hashlib
-            import json
-
-            text = json.dumps(self.ds.manifest, sort_keys=True, separators=(",", ":"), default=str)
-            self._fingerprint = hashlib.sha256(text.encode()).hexdigest()[:32]
-        return self._fingerprint
+        """The dataset's manifest fingerprint (`Dataset.fingerprint`): a state saved on one
+        dataset names it, and another dataset refuses that state."""
+        return self.ds.fingerprint
 
     def state_dict(self) -> dict:
         """Where the Loader stands: `epoch` and `batch` (batches of it already taken), with the
