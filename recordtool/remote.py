@@ -13,14 +13,28 @@ A shard stays mapped, and pinned in the cache, while memoryviews of it are alive
 counts the samples it serves per shard against the epoch's plan: a shard the epoch is done
 with is unmapped once nothing uses it, and evicted first when room is needed; a shard the
 epoch still needs is evicted only when nothing else can go (never to fetch ahead).
+
+Before each record it serves, the dataset compares the mapped file's identity (inode, size,
+mtime, ctime: one fstat) with the one the cache checked (`ShardCache.pin`): a cached file is
+never written after its download, so a file written in place since is let go of and pinned
+again — checked anew, dropped and downloaded again when its bytes are not the manifest's.
+Views handed out before the write show the file as it is now (a mapping cannot be checked).
+
+`close()`, and dropping the dataset (a finalizer), stop its downloads and let go of every
+mapping, fd and pin; its download threads hold it only weakly.
+
+Pickled, a dataset carries its manifest's fingerprint: unpickled where the URL now holds
+another dataset (re-packed: other shards, labels), it raises DatasetChanged (reader._reopen).
 """
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
 import queue
 import threading
+import weakref
 
 import numpy as np
 
@@ -82,7 +96,8 @@ class RemoteDataset(Dataset):
             self.cache.close()
             raise
         n = len(self.shards)
-        self._fds: list = [None] * n
+        self._fds: list = [None] * n  # a mapped shard's pinned fd
+        self._idents: list = [None] * n  # ... and its file's identity when the cache checked it
         self._names = [_cache.file_name(s["name"], s["crc32c"]) for s in self.shards]
         self._mapped: dict = {}  # mapped shards (→ None), oldest first
         self._mapping = [threading.Lock() for _ in range(n)]  # one thread pins (and hashes) a shard at a time
@@ -98,6 +113,9 @@ class RemoteDataset(Dataset):
         self._queued: set = set()
         self._queue: queue.Queue = queue.Queue()
         self._workers: list = []
+        # dropped without close(): its pins end (its mappings go with the object; no download of it
+        # is in progress then: each holds it, and its idle download threads end on their own)
+        self._finalizer = weakref.finalize(self, _let_go_of, self._fds)
 
     def _load_manifest(self) -> dict:
         path = self.fs.join(self._path, mf.MANIFEST_FILE)
@@ -123,7 +141,7 @@ class RemoteDataset(Dataset):
         # served when its view is taken, not before: while its reader fetches the shard, the
         # shard is still needed (kept mapped, not evicted for others' room)
         with self._lock:
-            v = self._views[shard]
+            v = self._current(shard)
             if v is not None:
                 self._served[shard] += 1
                 return v[offset:offset + length]
@@ -131,7 +149,7 @@ class RemoteDataset(Dataset):
             self._fetch(shard)  # outside the lock: may download, or wait for another process
             with self._mapping[shard]:
                 with self._lock:
-                    v = self._views[shard]
+                    v = self._current(shard)
                     if v is not None:
                         self._served[shard] += 1
                         return v[offset:offset + length]
@@ -142,6 +160,17 @@ class RemoteDataset(Dataset):
                         return self._install(shard, pinned)[offset:offset + length]
         raise CacheFull(f"{self.cache.url(self.shards[shard]['name'])}: evicted again each time before it could "
                         f"be mapped; raise cache_limit")
+
+    def _current(self, shard: int):
+        """The shard's mapping when it is mapped and its file is the one the cache checked
+        (under self._lock), else None. A file written since (another identity) is let go of
+        here, so the caller pins it again: checked anew, and dropped and downloaded again when
+        its bytes are not the manifest's."""
+        v = self._views[shard]
+        if v is None or _cache.identity(self._fds[shard]) == self._idents[shard]:
+            return v
+        self._unmap(shard, force=True)
+        return None
 
     def _view(self, shard: int) -> memoryview:
         """The shard's whole mapping (a view of it keeps it pinned, like any slice)."""
@@ -155,16 +184,17 @@ class RemoteDataset(Dataset):
                          release=self._release_done, sha256=info.get("sha256"))
 
     def _pin(self, shard: int):
-        """(fd, mapping) of a cached shard, pinned until the fd is closed; None if it was
-        evicted since it was fetched."""
+        """(fd, mapping, identity) of a cached shard, pinned until the fd is closed (see
+        `ShardCache.pin`); None if it was evicted since it was fetched."""
         info = self.shards[shard]
-        fd = self.cache.pin(info["name"], info["bytes"], info["crc32c"], info.get("sha256"))
-        if fd is None:
+        pinned = self.cache.pin(info["name"], info["bytes"], info["crc32c"], info.get("sha256"))
+        if pinned is None:
             return None
+        fd, ident = pinned
         try:
-            return fd, (mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if info["bytes"] else b"")
+            return fd, (mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if info["bytes"] else b""), ident
         except BaseException:
-            os.close(fd)
+            _unpin(fd)
             raise
 
     @contextlib.contextmanager
@@ -181,40 +211,50 @@ class RemoteDataset(Dataset):
         else:
             raise CacheFull(f"{self.cache.url(self.shards[shard]['name'])}: evicted again each time before it "
                             f"could be mapped; raise cache_limit")
-        fd, mm = pinned
+        fd, mm, _ = pinned
         try:
             yield mm
         finally:
-            if isinstance(mm, mmap.mmap):
-                mm.close()
-            os.close(fd)
+            try:
+                if isinstance(mm, mmap.mmap):
+                    mm.close()
+            finally:
+                _unpin(fd)
 
     def _install(self, shard: int, pinned) -> memoryview:
         """Keep a pinned shard (`_pin`) mapped (under self._lock); its view."""
-        fd, mm = pinned
-        self._fds[shard], self._maps[shard] = fd, mm
+        fd, mm, ident = pinned
+        self._fds[shard], self._maps[shard], self._idents[shard] = fd, mm, ident
         self._views[shard] = memoryview(mm)
         self._mapped[shard] = None
         if not self._fits:
             self._unmap_idle(keep=self._needed() | {shard})
         return self._views[shard]
 
+    def _unmap(self, shard: int, force: bool = False) -> bool:
+        """Let go of a mapped shard (under self._lock): its mapping closed, its fd closed and its
+        pin ended. A mapping memoryviews still use is kept (False), unless `force`: then it is
+        let go of all the same and closes when the last of those views goes."""
+        mm = self._maps[shard]
+        self._views[shard].release()
+        if isinstance(mm, mmap.mmap):
+            try:
+                mm.close()
+            except BufferError:  # slices of it are alive: still in use
+                if not force:
+                    self._views[shard] = memoryview(mm)
+                    return False
+        fd = self._fds[shard]
+        self._fds[shard] = self._maps[shard] = self._views[shard] = self._idents[shard] = None
+        del self._mapped[shard]
+        _unpin(fd)
+        return True
+
     def _unmap_idle(self, keep=()) -> None:
         """Unmap (and unpin) mapped shards outside `keep` that no memoryview uses (under self._lock)."""
         for shard in list(self._mapped):
-            if shard in keep:
-                continue
-            mm = self._maps[shard]
-            self._views[shard].release()
-            if isinstance(mm, mmap.mmap):
-                try:
-                    mm.close()
-                except BufferError:  # slices of it are alive: still in use, keep it
-                    self._views[shard] = memoryview(mm)
-                    continue
-            os.close(self._fds[shard])
-            self._fds[shard] = self._maps[shard] = self._views[shard] = None
-            del self._mapped[shard]
+            if shard not in keep:
+                self._unmap(shard)
 
     def _release_all(self) -> None:
         """The cache is short of room: let go of every mapping nothing uses."""
@@ -292,54 +332,94 @@ class RemoteDataset(Dataset):
     def _start_workers(self) -> None:
         with self._plan_lock:
             while len(self._workers) < FETCH_THREADS and not self.cache.closed.is_set():
-                t = threading.Thread(target=self._worker, name="recordtool-fetch", daemon=True)
+                t = threading.Thread(target=_download_ahead, args=(weakref.ref(self), self._queue, self.cache.closed),
+                                     name="recordtool-fetch", daemon=True)
                 self._workers.append(t)
                 t.start()
 
-    def _worker(self) -> None:
-        """Download queued shards in order. A shard someone else is downloading is skipped (a
-        reader that needs it waits on its lock); a failure is left for the reader to meet."""
-        while not self.cache.closed.is_set():
-            try:
-                shard = self._queue.get(timeout=IDLE_EXIT)
-            except queue.Empty:
-                shard = None
-            if shard is None:  # idle (or closing): end, so an unused dataset can be collected
-                with self._plan_lock:
-                    if not self._queue.empty() and not self.cache.closed.is_set():
-                        continue
-                    self._workers.remove(threading.current_thread())
-                return
-            info = self.shards[shard]
-            try:
-                self.cache.fetch(info["name"], info["bytes"], info["crc32c"], wait=False, protect=self._needed_names,
-                                 release=self._release_done, strict=True, patience=AHEAD_WAIT,
-                                 sha256=info.get("sha256"))
-            except Exception:  # noqa: BLE001 — the reader fetches it again and raises with context
-                pass
+    def _retire(self) -> bool:
+        """An idle download thread ends (True), unless work came meanwhile."""
+        with self._plan_lock:
+            if not self._queue.empty() and not self.cache.closed.is_set():
+                return False
+            with contextlib.suppress(ValueError):
+                self._workers.remove(threading.current_thread())
+            return True
+
+    def _download(self, shard: int) -> None:
+        """Download one shard ahead. A shard someone else is downloading is skipped (a reader
+        that needs it waits on its lock); a failure is left for the reader to meet."""
+        info = self.shards[shard]
+        try:
+            self.cache.fetch(info["name"], info["bytes"], info["crc32c"], wait=False, protect=self._needed_names,
+                             release=self._release_done, strict=True, patience=AHEAD_WAIT, sha256=info.get("sha256"))
+        except Exception:  # noqa: BLE001 — the reader fetches it again and raises with context
+            pass
 
     def close(self) -> None:
-        """Stop the downloads, unmap the shards (BufferError if memoryviews are still alive)."""
-        self.cache.closed.set()
+        """Stop the downloads and let go of every shard: unmapped, its fd closed and its pin in
+        the cache ended (a mapping that memoryviews still use closes, and its pin ends, when
+        the last of them goes). The dataset stays usable: a later read fetches and maps again,
+        as a local dataset maps again. Dropping the dataset lets go of all of it as well."""
+        closed = self.cache.closed
+        closed.set()  # downloads in progress end (Cancelled)
         with self._plan_lock:
             workers = list(self._workers)
         for _ in workers:
             self._queue.put(None)
         for t in workers:
             t.join(timeout=30)
-        try:
-            with self._lock:
-                for shard in list(self._mapped):
-                    mm = self._maps[shard]
-                    self._views[shard].release()
-                    if isinstance(mm, mmap.mmap):
-                        mm.close()
-                    os.close(self._fds[shard])
-                    self._fds[shard] = self._maps[shard] = self._views[shard] = None
-                    del self._mapped[shard]
-        finally:
-            self.cache.close()
+        with self._lock:
+            for shard in list(self._mapped):
+                self._unmap(shard, force=True)
+        with self._plan_lock:
+            self._workers = [t for t in self._workers if t.is_alive()]
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    self._queue.get_nowait()
+            self._queued, self._frontier = set(), -1  # a later read queues its blocks anew
+            closed.clear()
 
     def __repr__(self):
         return f"<recordtool.Dataset {self.root!r}: {len(self)} records, {len(self.classes)} classes, " \
                f"{len(self.shards)} shards, cache {self.cache.dir!r} ≤ {self.cache_limit} bytes>"
+
+
+def _unpin(fd: int) -> None:
+    """End a pin and close its fd."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _download_ahead(ref, jobs: queue.Queue, closed: threading.Event) -> None:
+    """A dataset's download thread: queued shards in order. It holds the dataset (`ref`, a weak
+    reference) only while it downloads, so a dataset dropped while its threads wait for work is
+    collected; it ends then, when closing, or after IDLE_EXIT seconds without work."""
+    while not closed.is_set():
+        try:
+            shard = jobs.get(timeout=IDLE_EXIT)
+        except queue.Empty:
+            shard = None
+        ds = ref()
+        if ds is None:
+            return
+        if shard is None:  # idle (or closing): end, so an unused dataset can be collected
+            if ds._retire():
+                return
+        else:
+            ds._download(shard)
+        del ds
+
+
+def _let_go_of(fds: list) -> None:
+    """A dataset's finalizer: its pins end (its mappings go with it). It takes no lock: a
+    collection may run it on a thread inside any lock."""
+    for k, fd in enumerate(fds):
+        if fd is None:
+            continue
+        fds[k] = None
+        with contextlib.suppress(OSError):
+            _unpin(fd)
+

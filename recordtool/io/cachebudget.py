@@ -1,8 +1,9 @@
 """A cache folder's byte budget: what its shards and downloads hold (`used`), the least recently
-used unpinned shards evicted for room (`_make_room`), what readers hold pinned (`pinned`), and a
-download's blocks reserved before it starts (`_preallocate`). All of it under the cache's lock
-(`_locked`), so the budget holds between threads and processes alike. io/cache.py's `ShardCache`
-is the protocol built on it (its module docstring gives the rules).
+used unpinned shards evicted for room (`_make_room`; a shard's last use is its lock file's mtime),
+what readers hold pinned (`pinned`), and a download's blocks reserved before it starts
+(`_preallocate`). All of it under the cache's lock (`_locked`), so the budget holds between
+threads and processes alike. io/cache.py's `ShardCache` is the protocol built on it (its module
+docstring gives the rules).
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ class CacheBudget(CacheFolder):
                     self._unlink(self._shards, fname)
                     os.close(lock)
                     continue
-            out.append((st.st_mtime_ns, fname, st.st_size, part))
+            out.append((st.st_mtime_ns if part else self._last_use(fname, st), fname, st.st_size, part))
         return out
 
     def _make_room(self, need: int, protect) -> bool:

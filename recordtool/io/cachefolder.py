@@ -12,6 +12,9 @@ identity stamp), so they pass the same checks before any byte goes into one: a h
 planted there to a file elsewhere is refused, never written through. `cache_dir` itself must
 be the user's (or root's, as /tmp is) and not writable by everyone: another user's folder is a
 ConfigError naming it.
+
+A cached file is never written after its download: its last use (for LRU eviction) is the
+mtime of its lock file, so a change of the file's identity means another program wrote it.
 """
 from __future__ import annotations
 
@@ -238,6 +241,23 @@ class CacheFolder:
         finally:
             os.close(fd)
 
+    def _used(self, fname: str) -> None:
+        """Record a use of a cached file now, for LRU eviction: its lock file's mtime (the file
+        itself is never written after its download)."""
+        fd = self._open_lockfile(self._locks, fname, os.path.join(self.locks_dir, fname))
+        try:
+            os.utime(fd)
+        finally:
+            os.close(fd)
+
+    def _last_use(self, fname: str, st) -> int:
+        """When a cached file (stat `st`) was last used, in ns: its lock file's mtime, or the
+        file's own where it has none."""
+        try:
+            return os.stat(fname, dir_fd=self._locks, follow_symlinks=False).st_mtime_ns
+        except FileNotFoundError:
+            return st.st_mtime_ns
+
     def _present(self, dir_fd: int, fname: str, where: str) -> bool:
         """True when our complete file is there; UnsafePath when something else is at its name."""
         try:
@@ -280,6 +300,11 @@ class CacheFolder:
         except FileNotFoundError:
             pass
         return os.open(part, _NEW_FLAGS, 0o600, dir_fd=dir_fd)
+
+
+def identity(fd: int) -> bytes:
+    """The identity (inode, size, mtime, ctime) of an open file: any write to it changes it."""
+    return _ident(os.fstat(fd))
 
 
 def _close_all(fds: list) -> None:

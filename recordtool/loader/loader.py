@@ -22,6 +22,7 @@ from ..decode.cpu import cores
 from ..decode.spec import EvalCrop, Output, TrainCrop
 from ..errors import BadState, ConfigError, NotADataset, OnError, on_error as _on_error
 from ..reader import Dataset
+from ..remote import RemoteDataset
 from .args import RING_MEMORY_SHARE, dist_defaults as _dist_defaults, flag as _flag
 from .args import memory_bound as _memory_bound
 from .config import GPUOptions, RemoteOptions, parts as _parts
@@ -158,6 +159,7 @@ class Loader:
         as_torch = None if as_torch is None else _flag(as_torch, "as_torch")
         self.user_op = user_op = check_user_op(user_op)  # before the dataset opens: a refused op costs no download
         self.gpu_id = resolve(dev) if dev.cuda else None
+        self._owns_ds = not isinstance(path, Dataset)  # opened here: a URL's cached shards let go of by close()
         self.ds = path if isinstance(path, Dataset) else open_dataset(
             path, **({} if self.remote is None else self.remote.open_args()))
         rank, world_size = _dist_defaults(rank, world_size)
@@ -372,7 +374,7 @@ class Loader:
         it = self._iterator() if self._iterator is not None else None
         stream = self._stream
         if stream is None or stream.closed or stream.position != start or (it is not None and not it.finished):
-            self.close()  # a new start: what the producers made ahead is not this
+            self._stop()  # a new start: what the producers made ahead is not this
             stream = self._stream = BatchStream(  # kept before its producers start: one may run our __del__
                 self.batcher, self._order, self.batch_size, self.drop_last, len(self), *start, launch=False,
                 producers=self.producers, depth=self.prefetch, continuous=self.continuous,
@@ -392,18 +394,29 @@ class Loader:
         else:
             self._pos, self._open = (epoch, taken), taken > 0
 
-    def close(self) -> None:
-        """Stop the producer threads (also done by a new start and `del`)."""
+    def _stop(self) -> None:
+        """Stop the producer threads (a new start and `del` do)."""
         if self._stream is not None:
             self._stream.close()
         self._stream = self._iterator = None
+
+    def close(self) -> None:
+        """Stop the producer threads and, for a dataset URL the Loader opened, its downloads
+        and its cached shards (unmapped and unpinned, their fds closed: other processes'
+        Loaders on the cache may evict them; a dataset collected with the Loader lets go of
+        them too). A later iteration starts the producers and maps the shards again."""
+        self._stop()
+        if self._owns_ds and isinstance(self.ds, RemoteDataset):
+            self.ds.close()
 
     def __del__(self):
         try:
             # a collection may run this on one of this Loader's own producers (a reference cycle): stop
             # the stream; leave the batcher, which that producer may be using mid-batch, to the collection
+            # (the dataset is not closed here: a collection may run this on a thread inside one of
+            # its locks; a dataset collected with the Loader lets go of its shards itself)
             on_producer = on_producer_thread()
-            self.close()
+            self._stop()
             if not on_producer:
                 self.batcher.close()
         except Exception:
