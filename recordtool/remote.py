@@ -21,7 +21,10 @@ again — checked anew, dropped and downloaded again when its bytes are not the 
 Views handed out before the write show the file as it is now (a mapping cannot be checked).
 
 `close()`, and dropping the dataset (a finalizer), stop its downloads and let go of every
-mapping, fd and pin; its download threads hold it only weakly.
+mapping, fd and pin; its download threads hold it only weakly. A forked child (a DataLoader
+worker, multiprocessing's 'fork') makes the locks, queue and event the parent's threads may
+have held anew, its client anew (io.fs.FsspecFS), and keeps the mappings it inherits without
+ever letting go of the parent's pins on them (the parent ends its own by an explicit unlock).
 
 Pickled, a dataset carries its manifest's fingerprint: unpickled where the URL now holds
 another dataset (re-packed: other shards, labels), it raises DatasetChanged (reader._reopen).
@@ -45,6 +48,7 @@ from .io import cache as _cache
 from .io import fs as _fs
 from .io.transfer import Retry
 from .reader import DEFAULT_BLOCK_SHARDS, BlockSampler, Dataset
+from .util import ForkLock
 
 FETCH_THREADS = 2  # background downloads at once per dataset
 IDLE_EXIT = 5.0  # seconds a download thread waits for work before it ends
@@ -98,13 +102,14 @@ class RemoteDataset(Dataset):
         n = len(self.shards)
         self._fds: list = [None] * n  # a mapped shard's pinned fd
         self._idents: list = [None] * n  # ... and its file's identity when the cache checked it
+        self._inherited: set = set()  # mapped shards whose pins a forked child got from its parent
         self._names = [_cache.file_name(s["name"], s["crc32c"]) for s in self.shards]
         self._mapped: dict = {}  # mapped shards (→ None), oldest first
-        self._mapping = [threading.Lock() for _ in range(n)]  # one thread pins (and hashes) a shard at a time
+        self._mapping = [ForkLock() for _ in range(n)]  # one thread pins (and hashes) a shard at a time
         self._fits = total <= self.cache_limit  # everything fits: never unmap to make room
         # the epoch's plan (BlockSampler.on_plan): blocks in order, and per shard how many of
         # this rank's samples it holds and how many were served: a shard is done when all were
-        self._plan_lock = threading.Lock()
+        self._plan_lock = ForkLock()
         self._blocks: list = []
         self._block_of: dict = {}
         self._expected = [0] * n
@@ -115,7 +120,8 @@ class RemoteDataset(Dataset):
         self._workers: list = []
         # dropped without close(): its pins end (its mappings go with the object; no download of it
         # is in progress then: each holds it, and its idle download threads end on their own)
-        self._finalizer = weakref.finalize(self, _let_go_of, self._fds)
+        self._finalizer = weakref.finalize(self, _let_go_of, self._fds, self._inherited)
+        _LIVE.add(self)
 
     def _load_manifest(self) -> dict:
         path = self.fs.join(self._path, mf.MANIFEST_FILE)
@@ -234,7 +240,8 @@ class RemoteDataset(Dataset):
     def _unmap(self, shard: int, force: bool = False) -> bool:
         """Let go of a mapped shard (under self._lock): its mapping closed, its fd closed and its
         pin ended. A mapping memoryviews still use is kept (False), unless `force`: then it is
-        let go of all the same and closes when the last of those views goes."""
+        let go of all the same and closes when the last of those views goes (a pin inherited
+        from a forked child's parent is the parent's to end: only its fd is closed)."""
         mm = self._maps[shard]
         self._views[shard].release()
         if isinstance(mm, mmap.mmap):
@@ -247,7 +254,11 @@ class RemoteDataset(Dataset):
         fd = self._fds[shard]
         self._fds[shard] = self._maps[shard] = self._views[shard] = self._idents[shard] = None
         del self._mapped[shard]
-        _unpin(fd)
+        if shard in self._inherited:
+            self._inherited.discard(shard)
+            os.close(fd)
+        else:
+            _unpin(fd)
         return True
 
     def _unmap_idle(self, keep=()) -> None:
@@ -380,13 +391,27 @@ class RemoteDataset(Dataset):
             self._queued, self._frontier = set(), -1  # a later read queues its blocks anew
             closed.clear()
 
+    def _forked(self) -> None:
+        """In a forked child (before anything else runs there): the parent's download threads
+        are not here, and the queue and event they used may have been locked at the fork, so
+        both are made anew (the ForkLocks are by recordtool.util, the cache's lock by
+        io.cachefolder). The mappings stay usable; their pins are the parent's to end."""
+        self._queue, self._workers = queue.Queue(), []
+        self._queued, self._frontier = set(), -1
+        closed = threading.Event()
+        if self.cache.closed.is_set():
+            closed.set()
+        self.cache.closed = closed
+        self._inherited.update(self._mapped)
+
     def __repr__(self):
         return f"<recordtool.Dataset {self.root!r}: {len(self)} records, {len(self.classes)} classes, " \
                f"{len(self.shards)} shards, cache {self.cache.dir!r} ≤ {self.cache_limit} bytes>"
 
 
 def _unpin(fd: int) -> None:
-    """End a pin and close its fd."""
+    """End a pin and close its fd (an explicit unlock: it ends even where a forked child still
+    has a copy of the fd)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
@@ -413,13 +438,28 @@ def _download_ahead(ref, jobs: queue.Queue, closed: threading.Event) -> None:
         del ds
 
 
-def _let_go_of(fds: list) -> None:
-    """A dataset's finalizer: its pins end (its mappings go with it). It takes no lock: a
-    collection may run it on a thread inside any lock."""
+def _let_go_of(fds: list, inherited: set) -> None:
+    """A dataset's finalizer: its pins end (its mappings go with it; pins inherited from a
+    forked child's parent are only closed). It takes no lock: a collection may run it on a
+    thread inside any lock."""
     for k, fd in enumerate(fds):
         if fd is None:
             continue
         fds[k] = None
         with contextlib.suppress(OSError):
-            _unpin(fd)
+            if k in inherited:
+                os.close(fd)
+            else:
+                _unpin(fd)
 
+
+_LIVE: "weakref.WeakSet[RemoteDataset]" = weakref.WeakSet()  # the remote datasets open in this process
+
+
+def _after_fork_in_child() -> None:
+    for ds in list(_LIVE):
+        ds._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -52,6 +52,7 @@ process that dies lets go of everything it held):
 - Budget: shard files and .part files together stay within `limit` bytes. Before a download
   reserves its size (fallocate), least recently used unpinned shards are deleted; a shard's
   last use is its lock file's modification time (set each time it is pinned).
+- Fork: a forked child never holds or ends its parent's locks (io/cachefolder.py).
 """
 from __future__ import annotations
 
@@ -71,8 +72,8 @@ import crc32c
 from ..errors import CacheChanged, CacheFull, Cancelled, FormatError
 from . import files
 from .cachebudget import CacheBudget, _preallocate
-from .cachefolder import (CacheFolder, _ident, crc_of, default_dir, file_name, identity, key,  # noqa: F401
-                          read_all, sha256_of, touch)
+from .cachefolder import (CacheFolder, _ident, crc_of, default_dir, file_name, handed, held, identity,  # noqa: F401
+                          key, let_go, read_all, sha256_of, touch)
 from .transfer import Retry, download_into
 
 ROOM_WAIT = 120.0  # seconds a download waits for pinned shards to be let go before CacheFull
@@ -157,13 +158,13 @@ class ShardCache(CacheBudget):
         where = os.path.join(self.shards_dir, fname)
         with self._locked():
             try:
-                fd = files.open_regular_at(self._shards, fname, where)
+                fd = held(files.open_regular_at(self._shards, fname, where))
             except FileNotFoundError:
                 return None
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:  # being evicted right now
-                os.close(fd)
+                let_go(fd)
                 return None
             try:
                 st = os.fstat(fd)
@@ -172,16 +173,16 @@ class ShardCache(CacheBudget):
                 else:
                     why = None if st.st_size == size else f"{st.st_size} bytes, the manifest says {size}"
                 if why is not None:
-                    os.close(fd)
+                    let_go(fd, unlock=True)
                     fd = None
                     self._drop(self._shards, fname, where, why)
                     return None
                 if sha256 is None:
                     self._used(fname)
-                    return fd, _ident(st)
+                    return handed(fd), _ident(st)
             except BaseException:
                 if fd is not None:
-                    os.close(fd)
+                    let_go(fd, unlock=True)
                 raise
         try:
             got = sha256_of(fd, size)
@@ -192,11 +193,11 @@ class ShardCache(CacheBudget):
             if why is None:
                 with self._locked():
                     self._used(fname)
-                return fd, _ident(st)
+                return handed(fd), _ident(st)
         except BaseException:
-            os.close(fd)
+            let_go(fd, unlock=True)
             raise
-        os.close(fd)
+        let_go(fd, unlock=True)
         with self._locked():  # the copy we hashed, not one put at its name since
             with contextlib.suppress(FileNotFoundError):
                 now = os.stat(fname, dir_fd=self._shards, follow_symlinks=False)
@@ -248,7 +249,7 @@ class ShardCache(CacheBudget):
                                            f"{self.dir}?")
                     continue  # download it again at once
             finally:
-                os.close(lock)
+                self._unlock(lock)
             # no room now: wait with the download lock let go (see the module docstring)
             if self.closed.is_set():
                 raise Cancelled(f"{self.url(name)}: cache closed")
@@ -348,7 +349,7 @@ class ShardCache(CacheBudget):
                     self._download(self._meta, self._new_part(self._meta, fname + ".part"), fname, name, size, crc,
                                    sha256)  # (False: its .part was deleted meanwhile; the next round sees)
             finally:
-                os.close(lock)
+                self._unlock(lock)
         raise CacheFull(f"{where}: changed again each time after its download; is another program writing there?")
 
     def _drop_old(self, name: str, fname: str) -> None:

@@ -15,6 +15,14 @@ ConfigError naming it.
 
 A cached file is never written after its download: its last use (for LRU eviction) is the
 mtime of its lock file, so a change of the file's identity means another program wrote it.
+
+Across fork (a DataLoader worker, multiprocessing's 'fork'): an flock belongs to the open
+file, which a forked child shares with its parent — the child would enter the cache's lock
+while the parent holds it, and its unlock would end the parent's hold. So a child closes its
+copies of the cache's `.lock` (`_forked`; the next use opens its own) and of every lock an
+operation in progress held at the fork (`_HELD`: download locks, pins being checked), which
+the parent's threads that held them are not there to let go of; locks are let go of by an
+explicit unlock, which ends them even where a child still has a copy.
 """
 from __future__ import annotations
 
@@ -131,6 +139,31 @@ def crc_of(fd: int, size: int) -> str:
     return f"{c:08x}"
 
 
+def held(fd: int) -> int:
+    """Note `fd` as held by an operation in progress (a lock, a pin being checked): a forked
+    child closes its copy (`_forked`). Returns fd."""
+    _HELD.add(fd)
+    return fd
+
+
+def handed(fd: int) -> int:
+    """An fd `held` noted, handed to its owner (a pin to its reader, who closes it): no longer
+    an operation's, so a forked child keeps its copy, with the mapping it inherits. Returns fd."""
+    _HELD.discard(fd)
+    return fd
+
+
+def let_go(fd: int, unlock: bool = False) -> None:
+    """Close an fd `held` noted (after an explicit unlock when `unlock`: the lock ends even
+    where a forked child still has a copy of the fd)."""
+    _HELD.discard(fd)
+    try:
+        if unlock:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 def open_cache_dir(cache_dir: str) -> int:
     """An fd of the folder the user chose for caches (created if missing; a link to it is
     followed: the user's own choice). ConfigError naming it when it cannot be made or opened,
@@ -184,6 +217,21 @@ class CacheFolder:
         except BaseException:
             _close_all(self._fds)
             raise
+        _FOLDERS.add(self)
+
+    def _cache_lock_fd(self) -> int:
+        """The fd of `.lock` this process flocks (its own, opened anew after a fork)."""
+        if self._lock_fd is None:
+            self._lock_fd = self._keep(self._open_lockfile(self._dir, ".lock", os.path.join(self.dir, ".lock")))
+        return self._lock_fd
+
+    def _forked(self) -> None:
+        """In a forked child: its copy of the parent's `.lock` fd closed (see the module
+        docstring); the next use of the lock opens one of its own."""
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None and fd in self._fds:
+            self._fds.remove(fd)
+            os.close(fd)
 
     @staticmethod
     def _open_lockfile(dir_fd: int, name: str, what: str) -> int:
@@ -219,16 +267,20 @@ class CacheFolder:
     def _file_lock(self, fname: str, wait: bool):
         """An fd holding the exclusive download lock of one file, or None when `wait` is False
         and someone else holds it."""
-        fd = self._open_lockfile(self._locks, fname, os.path.join(self.locks_dir, fname))
+        fd = held(self._open_lockfile(self._locks, fname, os.path.join(self.locks_dir, fname)))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(fd)
+            let_go(fd)
             return None
         except BaseException:
-            os.close(fd)
+            let_go(fd)
             raise
         return fd
+
+    def _unlock(self, fd: int) -> None:
+        """Let go of a `_file_lock`."""
+        let_go(fd, unlock=True)
 
     def _stamp(self, fname: str, st=None) -> bytes:
         """The identity recorded for a cached file; with `st`, record that one instead."""
@@ -310,3 +362,22 @@ def identity(fd: int) -> bytes:
 def _close_all(fds: list) -> None:
     while fds:
         os.close(fds.pop())
+
+
+_FOLDERS: "weakref.WeakSet[CacheFolder]" = weakref.WeakSet()  # the cache folders open in this process
+_HELD: set = set()  # fds of locks held by operations in progress (`held`)
+
+
+def _after_fork_in_child() -> None:
+    for fd in list(_HELD):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+    for folder in list(_FOLDERS):
+        folder._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
