@@ -1,7 +1,7 @@
 """recordtool: OFRecord shards + a size-sorted index for fast image-classification input."""
 from .version import __version__  # noqa: F401
 
-from .errors import (BadState, CacheChanged, CacheFull, Cancelled, ConfigError, DatasetNotFound,  # noqa: E402,F401
+from .errors import (AccessDenied, BadState, CacheChanged, CacheFull, Cancelled, ConfigError, DatasetChanged, DatasetNotFound,  # noqa: E402,F401
                      DecodeError, DeviceUnavailable, FormatError, NativeDecoderMissing, NoBucket, NotADataset,
                      OnError, OpCompileError, OpError, OpResultError, OutputExists, PackError, RecordError,
                      RecordtoolError, Rejected, RemoteError, TFRecordError, ThreadStartError, UnsafePath,
@@ -36,4 +36,5 @@ __all__ = ["Dataset", "Sampler", "BlockSampler", "Loader", "Output", "TrainCrop"
            "FormatError", "UnsafePath", "PackError", "WorkerLost", "Rejected", "OutputExists", "DecodeError",
            "RecordError", "RemoteError", "CacheFull", "NativeDecoderMissing", "ConfigError", "BadState",
            "NotADataset", "DeviceUnavailable", "DatasetNotFound", "NoBucket", "CacheChanged", "TFRecordError",
-           "OpCompileError", "OpError", "OpResultError", "ThreadStartError", "Cancelled", "__version__"]
+           "OpCompileError", "OpError", "OpResultError", "ThreadStartError", "Cancelled", "AccessDenied",
+           "DatasetChanged", "__version__"]

@@ -27,6 +27,7 @@ MAX_BATCH = 1 << 16
 MAX_EPOCHS = 1 << 20
 MAX_INFLATE = 1e6  # --max-inflate (a ratio)
 MAX_CACHE_LIMIT = 1 << 60
+MIN_DEADLINE, MAX_DEADLINE = 0.01, 86400.0  # seconds a remote request may take (RemoteOptions.deadline)
 MAX_SEED = 2**63 - 1
 MAX_SHARD_SIZE = 1 << 40
 MAX_SIDE = 65500  # libjpeg-turbo's largest side (format.jpeg.MAX_DIMENSION)
@@ -70,6 +71,12 @@ def bounded_float(name: str, value, lo: float, hi: float) -> float:
     if not (math.isfinite(v) and lo <= v <= hi):
         raise ConfigError(f"{name} must be in {lo:g}..{hi:g}, not {value!r}")
     return v
+
+
+def check_deadline(value) -> float:
+    """A remote request's deadline in seconds (RemoteOptions.deadline, recordtool.open's
+    `deadline`): a number in MIN_DEADLINE..MAX_DEADLINE, else ConfigError naming it."""
+    return bounded_float("deadline", value, MIN_DEADLINE, MAX_DEADLINE)
 
 
 def parse_size(name: str, text, lo: int = 1, hi: int = MAX_SHARD_SIZE) -> int:

@@ -128,6 +128,17 @@ class RemoteError(RecordtoolError, OSError):
     the retries; the message names the object, the attempts and the last error."""
 
 
+class AccessDenied(RemoteError, PermissionError):
+    """The object store refused the credentials (missing, invalid, expired, or anonymous access
+    to a private bucket): not retried, since asking again changes nothing; the message names
+    the object and where credentials come from."""
+
+
+class DatasetChanged(RecordtoolError, OSError):
+    """A pickled dataset, unpickled, found another dataset at its path or URL (re-packed since:
+    other shards, labels or classes); the message names the path."""
+
+
 class NoBucket(RecordtoolError, FileNotFoundError):
     """The bucket (or container) a URL names does not exist on the object store."""
 

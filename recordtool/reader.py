@@ -7,6 +7,8 @@ path or URL.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import mmap
 import os
 from dataclasses import dataclass, fields
@@ -18,7 +20,7 @@ import numpy as np
 import numpy.random  # noqa: F401
 
 from .checks import MAX_SIDE
-from .errors import FormatError
+from .errors import DatasetChanged, FormatError
 from .format import index as ix
 from .format import manifest as mf
 from .io import files
@@ -32,8 +34,10 @@ class Dataset:
     on first use. Every index row is bounds-checked against the manifest's shard sizes when the
     dataset opens, so `ds[i]` can only return bytes of the record the index names.
 
-    A dataset pickles as the path (and options) it was opened with: unpickling opens it again
-    (torch DataLoader workers started with "spawn", launchers that pickle their arguments)."""
+    A dataset pickles as the path (and options) it was opened with and its manifest's
+    fingerprint: unpickling opens it again (torch DataLoader workers started with "spawn",
+    launchers that pickle their arguments), and raises DatasetChanged when the path holds
+    another dataset by then (re-packed: other shards, labels or classes)."""
 
     def __init__(self, root: str):
         """Open a finished local dataset.
@@ -70,7 +74,16 @@ class Dataset:
 
     def __reduce__(self):
         root, options = self._opened_as
-        return _reopen, (type(self), root, options)
+        return _reopen, (type(self), root, options, self.fingerprint)
+
+    @property
+    def fingerprint(self) -> str:
+        """A digest of the manifest (its shards, sizes, checksums, classes, index): another
+        dataset at the same path has another fingerprint."""
+        if getattr(self, "_fingerprint", None) is None:
+            text = json.dumps(self.manifest, sort_keys=True, separators=(",", ":"), default=str)
+            self._fingerprint = hashlib.sha256(text.encode()).hexdigest()[:32]
+        return self._fingerprint
 
     @property
     def labels(self) -> np.ndarray:
@@ -238,9 +251,16 @@ class Dataset:
                f"{len(self.shards)} shards>"
 
 
-def _reopen(cls, root: str, options: dict):
-    """Unpickling a dataset: open it again where it was opened."""
-    return cls(root, **options)
+def _reopen(cls, root: str, options: dict, fingerprint: str | None = None):
+    """Unpickling a dataset: open it again where it was opened; DatasetChanged when what is
+    there now is not the dataset that was pickled (its manifest's `fingerprint`)."""
+    ds = cls(root, **options)
+    if fingerprint is not None and ds.fingerprint != fingerprint:
+        ds.close()
+        raise DatasetChanged(f"{ds.root}: holds another dataset than the one pickled (its manifest changed: "
+                             "re-packed or replaced since), so its records and labels are not the ones the "
+                             "pickling process had; open it anew (recordtool.open) to use what is there now")
+    return ds
 
 
 class _Length:

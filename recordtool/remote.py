@@ -13,14 +13,36 @@ A shard stays mapped, and pinned in the cache, while memoryviews of it are alive
 counts the samples it serves per shard against the epoch's plan: a shard the epoch is done
 with is unmapped once nothing uses it, and evicted first when room is needed; a shard the
 epoch still needs is evicted only when nothing else can go (never to fetch ahead).
+
+Before each record it serves, the dataset compares the mapped file's identity (inode, size,
+mtime, ctime: one fstat) with the one the cache checked (`ShardCache.pin`): a cached file is
+never written after its download, so a file written in place since is let go of and pinned
+again — checked anew, dropped and downloaded again when its bytes are not the manifest's.
+Views handed out before the write show the file as it is now (a mapping cannot be checked).
+
+`close()`, and dropping the dataset (a finalizer), stop its downloads and let go of every
+mapping, fd and pin; its download threads hold it only weakly. A forked child (a DataLoader
+worker, multiprocessing's 'fork') makes the locks, queue and event the parent's threads may
+have held anew, its client anew (io.fs.FsspecFS), and keeps the mappings it inherits without
+ever letting go of the parent's pins on them (the parent ends its own by an explicit unlock).
+
+Pickled, a dataset carries its manifest's fingerprint: unpickled where the URL now holds
+another dataset (re-packed: other shards, labels), it raises DatasetChanged (reader._reopen).
+
+Not split: the mappings, the pins, the epoch's plan and the download threads are one state under
+one lock — which shard is mapped decides which is pinned, which the plan still needs and which a
+thread may fetch — and what a fork, a close or a collection must let go of is all of it at once;
+the cache's protocol itself (room, eviction, checked downloads) is in recordtool.io.
 """
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
 import queue
 import threading
+import weakref
 
 import numpy as np
 
@@ -32,6 +54,7 @@ from .io import fs as _fs
 from .io.transfer import Retry
 from .reader import Dataset
 from .sampler import DEFAULT_BLOCK_SHARDS, BlockSampler
+from .util import ForkLock
 
 FETCH_THREADS = 2  # background downloads at once per dataset
 IDLE_EXIT = 5.0  # seconds a download thread waits for work before it ends
@@ -53,13 +76,17 @@ class RemoteDataset(Dataset):
             client_kwargs, config_kwargs, …); fsspec's configuration and the usual AWS
             variables apply too.
         retry: how downloads are retried (recordtool.io.Retry: 5 tries, backoff from 0.5 s).
+        deadline: seconds one request to the store may take in all (connecting, the answer,
+            each 8 MiB piece of a download) on async stores (s3fs, gcsfs, …); then it is
+            cancelled and retried as a timeout. Checked by `recordtool.open` and RemoteOptions.
     """
 
     def __init__(self, root: str, cache_dir: str | None = None, cache_limit: int | None = None,
-                 storage_options: dict | None = None, retry: Retry | None = None):
+                 storage_options: dict | None = None, retry: Retry | None = None,
+                 deadline: float = _fs.DEADLINE):
         self._opened_as = (os.fspath(root), dict(cache_dir=cache_dir, cache_limit=cache_limit,
-                                                 storage_options=storage_options, retry=retry))
-        self.fs, self._path = _fs.get_fs(root, **_fs.check_options(root, storage_options))
+                                                 storage_options=storage_options, retry=retry, deadline=deadline))
+        self.fs, self._path = _fs.get_fs(root, deadline=deadline, **_fs.check_options(root, storage_options))
         self._path = self._path.rstrip("/")
         self.root = self.fs.url(self._path)
         self.retry = retry or Retry()
@@ -79,14 +106,16 @@ class RemoteDataset(Dataset):
             self.cache.close()
             raise
         n = len(self.shards)
-        self._fds: list = [None] * n
+        self._fds: list = [None] * n  # a mapped shard's pinned fd
+        self._idents: list = [None] * n  # ... and its file's identity when the cache checked it
+        self._inherited: set = set()  # mapped shards whose pins a forked child got from its parent
         self._names = [_cache.file_name(s["name"], s["crc32c"]) for s in self.shards]
         self._mapped: dict = {}  # mapped shards (→ None), oldest first
-        self._mapping = [threading.Lock() for _ in range(n)]  # one thread pins (and hashes) a shard at a time
+        self._mapping = [ForkLock() for _ in range(n)]  # one thread pins (and hashes) a shard at a time
         self._fits = total <= self.cache_limit  # everything fits: never unmap to make room
         # the epoch's plan (BlockSampler.on_plan): blocks in order, and per shard how many of
         # this rank's samples it holds and how many were served: a shard is done when all were
-        self._plan_lock = threading.Lock()
+        self._plan_lock = ForkLock()
         self._blocks: list = []
         self._block_of: dict = {}
         self._expected = [0] * n
@@ -95,6 +124,10 @@ class RemoteDataset(Dataset):
         self._queued: set = set()
         self._queue: queue.Queue = queue.Queue()
         self._workers: list = []
+        # dropped without close(): its pins end (its mappings go with the object; no download of it
+        # is in progress then: each holds it, and its idle download threads end on their own)
+        self._finalizer = weakref.finalize(self, _let_go_of, self._fds, self._inherited)
+        _LIVE.add(self)
 
     def _load_manifest(self) -> dict:
         path = self.fs.join(self._path, mf.MANIFEST_FILE)
@@ -120,7 +153,7 @@ class RemoteDataset(Dataset):
         # served when its view is taken, not before: while its reader fetches the shard, the
         # shard is still needed (kept mapped, not evicted for others' room)
         with self._lock:
-            v = self._views[shard]
+            v = self._current(shard)
             if v is not None:
                 self._served[shard] += 1
                 return v[offset:offset + length]
@@ -128,7 +161,7 @@ class RemoteDataset(Dataset):
             self._fetch(shard)  # outside the lock: may download, or wait for another process
             with self._mapping[shard]:
                 with self._lock:
-                    v = self._views[shard]
+                    v = self._current(shard)
                     if v is not None:
                         self._served[shard] += 1
                         return v[offset:offset + length]
@@ -139,6 +172,17 @@ class RemoteDataset(Dataset):
                         return self._install(shard, pinned)[offset:offset + length]
         raise CacheFull(f"{self.cache.url(self.shards[shard]['name'])}: evicted again each time before it could "
                         f"be mapped; raise cache_limit")
+
+    def _current(self, shard: int):
+        """The shard's mapping when it is mapped and its file is the one the cache checked
+        (under self._lock), else None. A file written since (another identity) is let go of
+        here, so the caller pins it again: checked anew, and dropped and downloaded again when
+        its bytes are not the manifest's."""
+        v = self._views[shard]
+        if v is None or _cache.identity(self._fds[shard]) == self._idents[shard]:
+            return v
+        self._unmap(shard, force=True)
+        return None
 
     def _view(self, shard: int) -> memoryview:
         """The shard's whole mapping (a view of it keeps it pinned, like any slice)."""
@@ -152,16 +196,17 @@ class RemoteDataset(Dataset):
                          release=self._release_done, sha256=info.get("sha256"))
 
     def _pin(self, shard: int):
-        """(fd, mapping) of a cached shard, pinned until the fd is closed; None if it was
-        evicted since it was fetched."""
+        """(fd, mapping, identity) of a cached shard, pinned until the fd is closed (see
+        `ShardCache.pin`); None if it was evicted since it was fetched."""
         info = self.shards[shard]
-        fd = self.cache.pin(info["name"], info["bytes"], info["crc32c"], info.get("sha256"))
-        if fd is None:
+        pinned = self.cache.pin(info["name"], info["bytes"], info["crc32c"], info.get("sha256"))
+        if pinned is None:
             return None
+        fd, ident = pinned
         try:
-            return fd, (mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if info["bytes"] else b"")
+            return fd, (mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if info["bytes"] else b""), ident
         except BaseException:
-            os.close(fd)
+            _unpin(fd)
             raise
 
     @contextlib.contextmanager
@@ -178,40 +223,55 @@ class RemoteDataset(Dataset):
         else:
             raise CacheFull(f"{self.cache.url(self.shards[shard]['name'])}: evicted again each time before it "
                             f"could be mapped; raise cache_limit")
-        fd, mm = pinned
+        fd, mm, _ = pinned
         try:
             yield mm
         finally:
-            if isinstance(mm, mmap.mmap):
-                mm.close()
-            os.close(fd)
+            try:
+                if isinstance(mm, mmap.mmap):
+                    mm.close()
+            finally:
+                _unpin(fd)
 
     def _install(self, shard: int, pinned) -> memoryview:
         """Keep a pinned shard (`_pin`) mapped (under self._lock); its view."""
-        fd, mm = pinned
-        self._fds[shard], self._maps[shard] = fd, mm
+        fd, mm, ident = pinned
+        self._fds[shard], self._maps[shard], self._idents[shard] = fd, mm, ident
         self._views[shard] = memoryview(mm)
         self._mapped[shard] = None
         if not self._fits:
             self._unmap_idle(keep=self._needed() | {shard})
         return self._views[shard]
 
+    def _unmap(self, shard: int, force: bool = False) -> bool:
+        """Let go of a mapped shard (under self._lock): its mapping closed, its fd closed and its
+        pin ended. A mapping memoryviews still use is kept (False), unless `force`: then it is
+        let go of all the same and closes when the last of those views goes (a pin inherited
+        from a forked child's parent is the parent's to end: only its fd is closed)."""
+        mm = self._maps[shard]
+        self._views[shard].release()
+        if isinstance(mm, mmap.mmap):
+            try:
+                mm.close()
+            except BufferError:  # slices of it are alive: still in use
+                if not force:
+                    self._views[shard] = memoryview(mm)
+                    return False
+        fd = self._fds[shard]
+        self._fds[shard] = self._maps[shard] = self._views[shard] = self._idents[shard] = None
+        del self._mapped[shard]
+        if shard in self._inherited:
+            self._inherited.discard(shard)
+            os.close(fd)
+        else:
+            _unpin(fd)
+        return True
+
     def _unmap_idle(self, keep=()) -> None:
         """Unmap (and unpin) mapped shards outside `keep` that no memoryview uses (under self._lock)."""
         for shard in list(self._mapped):
-            if shard in keep:
-                continue
-            mm = self._maps[shard]
-            self._views[shard].release()
-            if isinstance(mm, mmap.mmap):
-                try:
-                    mm.close()
-                except BufferError:  # slices of it are alive: still in use, keep it
-                    self._views[shard] = memoryview(mm)
-                    continue
-            os.close(self._fds[shard])
-            self._fds[shard] = self._maps[shard] = self._views[shard] = None
-            del self._mapped[shard]
+            if shard not in keep:
+                self._unmap(shard)
 
     def _release_all(self) -> None:
         """The cache is short of room: let go of every mapping nothing uses."""
@@ -289,54 +349,123 @@ class RemoteDataset(Dataset):
     def _start_workers(self) -> None:
         with self._plan_lock:
             while len(self._workers) < FETCH_THREADS and not self.cache.closed.is_set():
-                t = threading.Thread(target=self._worker, name="recordtool-fetch", daemon=True)
+                t = threading.Thread(target=_download_ahead, args=(weakref.ref(self), self._queue, self.cache.closed),
+                                     name="recordtool-fetch", daemon=True)
                 self._workers.append(t)
                 t.start()
 
-    def _worker(self) -> None:
-        """Download queued shards in order. A shard someone else is downloading is skipped (a
-        reader that needs it waits on its lock); a failure is left for the reader to meet."""
-        while not self.cache.closed.is_set():
-            try:
-                shard = self._queue.get(timeout=IDLE_EXIT)
-            except queue.Empty:
-                shard = None
-            if shard is None:  # idle (or closing): end, so an unused dataset can be collected
-                with self._plan_lock:
-                    if not self._queue.empty() and not self.cache.closed.is_set():
-                        continue
-                    self._workers.remove(threading.current_thread())
-                return
-            info = self.shards[shard]
-            try:
-                self.cache.fetch(info["name"], info["bytes"], info["crc32c"], wait=False, protect=self._needed_names,
-                                 release=self._release_done, strict=True, patience=AHEAD_WAIT,
-                                 sha256=info.get("sha256"))
-            except Exception:  # noqa: BLE001 — the reader fetches it again and raises with context
-                pass
+    def _retire(self) -> bool:
+        """An idle download thread ends (True), unless work came meanwhile."""
+        with self._plan_lock:
+            if not self._queue.empty() and not self.cache.closed.is_set():
+                return False
+            with contextlib.suppress(ValueError):
+                self._workers.remove(threading.current_thread())
+            return True
+
+    def _download(self, shard: int) -> None:
+        """Download one shard ahead. A shard someone else is downloading is skipped (a reader
+        that needs it waits on its lock); a failure is left for the reader to meet."""
+        info = self.shards[shard]
+        try:
+            self.cache.fetch(info["name"], info["bytes"], info["crc32c"], wait=False, protect=self._needed_names,
+                             release=self._release_done, strict=True, patience=AHEAD_WAIT, sha256=info.get("sha256"))
+        except Exception:  # noqa: BLE001 — the reader fetches it again and raises with context
+            pass
 
     def close(self) -> None:
-        """Stop the downloads, unmap the shards (BufferError if memoryviews are still alive)."""
-        self.cache.closed.set()
+        """Stop the downloads and let go of every shard: unmapped, its fd closed and its pin in
+        the cache ended (a mapping that memoryviews still use closes, and its pin ends, when
+        the last of them goes). The dataset stays usable: a later read fetches and maps again,
+        as a local dataset maps again. Dropping the dataset lets go of all of it as well."""
+        closed = self.cache.closed
+        closed.set()  # downloads in progress end (Cancelled)
         with self._plan_lock:
             workers = list(self._workers)
         for _ in workers:
             self._queue.put(None)
         for t in workers:
             t.join(timeout=30)
-        try:
-            with self._lock:
-                for shard in list(self._mapped):
-                    mm = self._maps[shard]
-                    self._views[shard].release()
-                    if isinstance(mm, mmap.mmap):
-                        mm.close()
-                    os.close(self._fds[shard])
-                    self._fds[shard] = self._maps[shard] = self._views[shard] = None
-                    del self._mapped[shard]
-        finally:
-            self.cache.close()
+        with self._lock:
+            for shard in list(self._mapped):
+                self._unmap(shard, force=True)
+        with self._plan_lock:
+            self._workers = [t for t in self._workers if t.is_alive()]
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    self._queue.get_nowait()
+            self._queued, self._frontier = set(), -1  # a later read queues its blocks anew
+            closed.clear()
+
+    def _forked(self) -> None:
+        """In a forked child (before anything else runs there): the parent's download threads
+        are not here, and the queue and event they used may have been locked at the fork, so
+        both are made anew (the ForkLocks are by recordtool.util, the cache's lock by
+        io.cachefolder). The mappings stay usable; their pins are the parent's to end."""
+        self._queue, self._workers = queue.Queue(), []
+        self._queued, self._frontier = set(), -1
+        closed = threading.Event()
+        if self.cache.closed.is_set():
+            closed.set()
+        self.cache.closed = closed
+        self._inherited.update(self._mapped)
 
     def __repr__(self):
         return f"<recordtool.Dataset {self.root!r}: {len(self)} records, {len(self.classes)} classes, " \
                f"{len(self.shards)} shards, cache {self.cache.dir!r} ≤ {self.cache_limit} bytes>"
+
+
+def _unpin(fd: int) -> None:
+    """End a pin and close its fd (an explicit unlock: it ends even where a forked child still
+    has a copy of the fd)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _download_ahead(ref, jobs: queue.Queue, closed: threading.Event) -> None:
+    """A dataset's download thread: queued shards in order. It holds the dataset (`ref`, a weak
+    reference) only while it downloads, so a dataset dropped while its threads wait for work is
+    collected; it ends then, when closing, or after IDLE_EXIT seconds without work."""
+    while not closed.is_set():
+        try:
+            shard = jobs.get(timeout=IDLE_EXIT)
+        except queue.Empty:
+            shard = None
+        ds = ref()
+        if ds is None:
+            return
+        if shard is None:  # idle (or closing): end, so an unused dataset can be collected
+            if ds._retire():
+                return
+        else:
+            ds._download(shard)
+        del ds
+
+
+def _let_go_of(fds: list, inherited: set) -> None:
+    """A dataset's finalizer: its pins end (its mappings go with it; pins inherited from a
+    forked child's parent are only closed). It takes no lock: a collection may run it on a
+    thread inside any lock."""
+    for k, fd in enumerate(fds):
+        if fd is None:
+            continue
+        fds[k] = None
+        with contextlib.suppress(OSError):
+            if k in inherited:
+                os.close(fd)
+            else:
+                _unpin(fd)
+
+
+_LIVE: "weakref.WeakSet[RemoteDataset]" = weakref.WeakSet()  # the remote datasets open in this process
+
+
+def _after_fork_in_child() -> None:
+    for ds in list(_LIVE):
+        ds._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

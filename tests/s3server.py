@@ -18,10 +18,11 @@ _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "prox
 @dataclass
 class Fault:
     """Applied to the next `times` requests whose method is `method` and whose path contains
-    `key`. kind: "503" (answer ServiceUnavailable), "stall" (wait `seconds`, then answer),
-    "truncate" (send `keep` bytes of the body, then close), "flip" (invert one byte of the
-    body at `offset`), "pad" (send `keep` more bytes than the object has, announced in
-    Content-Length: a server answering with more than asked for)."""
+    `key`. kind: "503" (answer ServiceUnavailable), "403" (answer with the S3 error `code`:
+    AccessDenied, InvalidAccessKeyId, …), "stall" (wait `seconds`, then answer), "truncate"
+    (send `keep` bytes of the body, then close), "flip" (invert one byte of the body at
+    `offset`), "pad" (send `keep` more bytes than the object has, announced in Content-Length:
+    a server answering with more than asked for)."""
 
     key: str
     kind: str
@@ -30,6 +31,7 @@ class Fault:
     seconds: float = 0.0
     keep: int = 0
     offset: int = 0
+    code: str = "AccessDenied"
 
 
 class FaultProxy:
@@ -64,10 +66,11 @@ class FaultProxy:
                 body = self._body()
                 proxy._log(self.command, self.path)
                 fault = proxy._take(self.command, self.path)
-                if fault is not None and fault.kind == "503":
-                    msg = b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>ServiceUnavailable</Code>" \
-                          b"<Message>injected</Message></Error>"
-                    self.send_response(503)
+                if fault is not None and fault.kind in ("503", "403"):
+                    code = "ServiceUnavailable" if fault.kind == "503" else fault.code
+                    msg = f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code>" \
+                          "<Message>injected</Message></Error>".encode()
+                    self.send_response(int(fault.kind))
                     self.send_header("Content-Type", "application/xml")
                     self.send_header("Content-Length", str(len(msg)))
                     self.end_headers()

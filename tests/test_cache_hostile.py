@@ -208,6 +208,63 @@ def test_cached_shard_replaced_by_another_file_is_caught(remote, packed, tmp_pat
     again.close()
 
 
+def _records_of(local, shard: int) -> list:
+    return [i for i in range(len(local)) if int(local.index.shard[i]) == shard]
+
+
+@pytest.mark.parametrize("manifest", ["sha256", "crc32c only"])
+def test_cached_shard_written_in_place_while_mapped_is_never_served(remote, packed, tmp_path, manifest):
+    """A cached shard written in place after its reader mapped it (size kept, one byte of a
+    record changed): the reader compares the file's identity with the one the cache checked
+    before each record it serves, so it pins the shard again — the copy is dropped (a warning)
+    and downloaded again — and serves the record's own bytes, never the changed ones."""
+    if manifest != "sha256":
+        remote = _upload(_without_digests(packed, tmp_path))
+    local = recordtool.open(packed)
+    ds = _open(remote, tmp_path)
+    first, second = _records_of(local, 1)[:2]
+    assert bytes(ds[first][0]) == bytes(local[first][0])  # mapped now
+    s = local.shards[1]
+    _flip(ds.cache.path(s["name"], s["crc32c"]), int(local.index.columns["jpeg_offset"][second]) + 20)
+    with pytest.warns(RuntimeWarning, match="cached copy changed after its download"):
+        got = bytes(ds[second][0])
+    assert got == bytes(local[second][0])
+    assert _read_all(ds) == _read_all(local)
+    ds.close()
+
+
+_TRUNCATED = """
+import os, sys, warnings
+import fsspec, recordtool
+packed, cache = sys.argv[1:3]
+fsspec.filesystem("memory").put(packed, "truncated/train", recursive=True)
+local, ds = recordtool.open(packed), recordtool.open("memory://truncated/train", cache_dir=cache)
+records = [i for i in range(len(local)) if int(local.index.shard[i]) == 1]
+assert bytes(ds[records[0]][0]) == bytes(local[records[0]][0])  # mapped now
+s = local.shards[1]
+os.truncate(ds.cache.path(s["name"], s["crc32c"]), 0)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    print([bytes(ds[i][0]) for i in records] == [bytes(local[i][0]) for i in records])
+"""
+
+
+def test_cached_shard_truncated_while_mapped_is_downloaded_again_not_a_crash(packed, tmp_path):
+    """A cached shard truncated after its reader mapped it: the next record from it finds the
+    file's size changed before touching the mapping, so it is pinned again (dropped, downloaded
+    again) instead of reading pages that are gone — SIGBUS, which kills the process (run in a
+    subprocess)."""
+    import subprocess
+    import sys
+
+    home = os.path.dirname(os.path.dirname(os.path.abspath(recordtool.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([home] + [p for p in os.environ.get("PYTHONPATH", "").split(
+        os.pathsep) if p]))
+    p = subprocess.run([sys.executable, "-c", _TRUNCATED, packed, str(tmp_path / "cache")], capture_output=True,
+                       text=True, timeout=300, cwd=str(tmp_path), env=env)
+    assert p.returncode == 0 and p.stdout.strip() == "True", (p.returncode, p.stdout, p.stderr[-2000:])
+
+
 def test_cached_index_changed_in_place_is_dropped(remote, packed, tmp_path):
     local = recordtool.open(packed)
     ds = _open(remote, tmp_path)
@@ -550,6 +607,46 @@ def test_loader_at_the_smallest_cache_limit_never_waits_on_itself(s3, packed8, t
     assert got == [True] * 6
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files through /proc")
+@pytest.mark.parametrize("how", ["close", "drop"])
+def test_loaders_closed_or_dropped_let_go_of_their_shards(s3, packed8, tmp_path, monkeypatch, how):
+    """Loaders on one cache at its smallest cache_limit, one after another, each closed after
+    an epoch (and kept) or dropped: each lets go of its shards — pins ended, fds closed — so
+    the next finds room (before, a closed Loader kept its pins until exit: the next waited
+    ROOM_WAIT for them, 120 s, then CacheFull; here shortened, so that fails fast)."""
+    import gc
+
+    import s3fs
+
+    from recordtool.loader import Loader
+
+    monkeypatch.setattr(rcache, "ROOM_WAIT", 10.0)
+    fs = s3fs.S3FileSystem(**s3.options)
+    bucket = f"letgo-{how}"
+    fs.mkdir(bucket)
+    for name in sorted(os.listdir(packed8)):
+        fs.put_file(os.path.join(packed8, name), f"{bucket}/train/{name}")
+    limit = sum(sorted((s["bytes"] for s in recordtool.open(packed8).shards), reverse=True)[:4])  # two blocks of 2
+    kept = []
+    for seed in range(3):
+        ld = Loader(f"s3://{bucket}/train", batch_size=5, size=32, as_torch=False, with_ids=True, block_shards=2,
+                    drop_last=False, seed=seed, rank=0, world_size=1, cache_dir=str(tmp_path / "cache"),
+                    cache_limit=limit, storage_options=s3.options)
+        assert sorted(np.concatenate([ids for _, _, ids in ld]).tolist()) == list(range(48))
+        shards = ld.ds.cache.shards_dir
+        if how == "close":
+            ld.close()
+            kept.append(ld)
+        else:
+            del ld
+            gc.collect()
+            for t in threading.enumerate():  # a download thread holds the dataset while it downloads
+                if t.name == "recordtool-fetch":
+                    t.join(60)
+            gc.collect()
+        assert _open_below(shards) == []
+
+
 def test_a_record_being_read_keeps_its_shard_needed(packed, tmp_path, monkeypatch):
     """A record counts as served only once its reader holds its bytes. Counted before (when the
     read began), a reader that is still fetching a shard while others read that shard's other
@@ -595,6 +692,47 @@ def test_a_record_being_read_keeps_its_shard_needed(packed, tmp_path, monkeypatc
 
 
 # ------------------------------------------------------------------ names and keys
+
+def _open_below(folder: str) -> list:
+    """The files and folders below `folder` this process has open (/proc/self/fd)."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(folder + os.sep):
+            out.append(target)
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files through /proc")
+def test_closed_or_dropped_dataset_lets_go_of_its_shards(remote, packed, tmp_path):
+    """close() unmaps every shard, closes its fd and ends its pin (another reader of the cache
+    sees nothing pinned); the dataset stays usable (a later read maps again). Dropped without
+    close(), a dataset lets go of the same when it is collected, and of its cache folder's
+    fds: nothing of it stays open."""
+    import gc
+
+    local = recordtool.open(packed)
+    total = sum(s["bytes"] for s in local.shards)
+    ds = _open(remote, tmp_path)
+    assert _read_all(ds) == _read_all(local)
+    shards = ds.cache.shards_dir
+    other = _open(remote, tmp_path)
+    assert _open_below(shards) and other.cache.pinned() == total
+    ds.close()
+    assert _open_below(shards) == [] and other.cache.pinned() == 0
+    assert _read_all(ds) == _read_all(local)  # maps again
+    assert other.cache.pinned() == total
+    del ds
+    gc.collect()
+    assert _open_below(shards) == [] and other.cache.pinned() == 0
+    other.close()
+    del other
+    gc.collect()
+    assert _open_below(str(tmp_path / "cache")) == []
+
 
 def test_cache_key_depends_on_the_store():
     a = rcache.key("s3://b/x/train", 's3:{"endpoint_url": "http://a"}')
@@ -690,6 +828,26 @@ def test_datasets_pickle_by_path_and_options(remote, packed, tmp_path):
     assert back.cache.dir == ds.cache.dir and _read_all(back) == _read_all(local)
     back.close()
     ds.close()
+
+
+def test_unpickled_local_dataset_refuses_another_dataset_at_its_path(packed, tmp_path):
+    """A pickled dataset carries its manifest's fingerprint: unpickled after its folder was
+    re-packed (other records and labels under the same indices), DatasetChanged names it."""
+    import shutil
+
+    from recordtool.errors import DatasetChanged
+    from recordtool.pack import pack
+
+    root = _copy(packed, tmp_path, "repacked")
+    blob = pickle.dumps(recordtool.open(root))
+    assert pickle.loads(blob).fingerprint == recordtool.open(root).fingerprint
+    for i in range(6):
+        write(str(tmp_path / "src" / f"k{i % 2}" / f"{i}.jpg"), jpeg_bytes(44, 36, seed=2000 + i))
+    pack(str(tmp_path / "src"), str(tmp_path / "other"), shards=2, progress=False)
+    shutil.rmtree(root)
+    shutil.copytree(tmp_path / "other", root)
+    with pytest.raises(DatasetChanged, match=f"{root}: holds another dataset than the one pickled"):
+        pickle.loads(blob)
 
 
 def _child(ds, out):

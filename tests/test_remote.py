@@ -6,6 +6,9 @@ from __future__ import annotations
 import itertools
 import multiprocessing as mp
 import os
+import pickle
+import socket
+import threading
 
 import numpy as np
 import pytest
@@ -67,7 +70,8 @@ def remote(s3, packed):
 
 def open_remote(s3, url, tmp_path, **kw):
     kw.setdefault("retry", FAST)
-    return recordtool.open(url, cache_dir=str(tmp_path / "cache"), storage_options=s3.options, **kw)
+    kw.setdefault("storage_options", s3.options)
+    return recordtool.open(url, cache_dir=str(tmp_path / "cache"), **kw)
 
 
 def shard_files(ds) -> list:
@@ -669,3 +673,199 @@ def test_classes_from_and_inspect_classes_of_a_dataset_url(s3, s3_config, remote
     assert s.missing_classes == [(0, "c0"), (1, "c1")]
     c = summarize(str(tmp_path / "out"), classes_of=url)["classes_of"]
     assert c["same"] and c["reference"] == url
+
+
+# ------------------------------------------------------------------ stores that never answer
+
+class _Quiet:
+    """A TCP server on 127.0.0.1 that accepts connections and answers nothing, or (drip) an
+    HTTP answer one byte every tenth of a second: no socket read ever waits long enough for a
+    client's read timeout, and no answer ever completes."""
+
+    def __init__(self, drip: bool):
+        self.drip, self.stop, self.conns = drip, threading.Event(), []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return "http://127.0.0.1:%d" % self.sock.getsockname()[1]
+
+    def _accept(self):
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        answer = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"{" * 100000
+        for k in range(len(answer) if self.drip else 0):
+            if self.stop.wait(0.1):
+                return
+            try:
+                conn.sendall(answer[k:k + 1])
+            except OSError:
+                return
+
+    def close(self):
+        self.stop.set()
+        self.sock.close()
+        for conn in self.conns:
+            conn.close()
+
+
+@pytest.mark.parametrize("kind", ["silent", "drip"])
+def test_a_store_that_never_answers_fails_within_the_deadline(tmp_path, kind):
+    """A store that accepts connections and never answers, or drips its answer: each request
+    is cancelled after `deadline` seconds and retried as a timeout, so opening fails with a
+    RemoteError saying so (before: the client's read timeout times its and its library's
+    retries, half an hour with s3fs's defaults; a drip never timed out). Bounded: a thread
+    still in recordtool.open after 120 s fails the test."""
+    server = _Quiet(drip=kind == "drip")
+    options = {"endpoint_url": server.url, "key": "testing", "secret": "testing"}
+    got = []
+
+    def run():
+        try:
+            recordtool.open("s3://quiet/train", cache_dir=str(tmp_path / "cache"), storage_options=options,
+                            retry=FAST, deadline=1.0)
+        except Exception as e:  # noqa: BLE001 — checked by the test's thread
+            got.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(120)
+    server.close()
+    assert not t.is_alive(), "recordtool.open still waits on a store that does not answer"
+    assert isinstance(got[0], RemoteError) and "failed 3 times" in str(got[0]), got
+    assert "timed out: no complete answer within 1 s" in str(got[0]), got
+
+
+def test_deadline_is_checked_once_and_reaches_the_client(s3, remote, tmp_path):
+    """RemoteOptions.deadline (and recordtool.open's) is a number of seconds in 0.01..86400,
+    60 by default; a Loader hands it to the store's client."""
+    from recordtool.errors import ConfigError
+    from recordtool.loader import Loader, RemoteOptions
+
+    url, _ = remote
+    for bad in (0, -1, float("nan"), float("inf"), "60", True, 10**6):
+        with pytest.raises(ConfigError, match="deadline"):
+            RemoteOptions(deadline=bad)
+        with pytest.raises(ConfigError, match="deadline"):
+            recordtool.open(url, storage_options=s3.options, deadline=bad)
+    assert RemoteOptions().deadline == 60.0 and RemoteOptions(deadline=7).deadline == 7.0
+    ld = Loader(url, batch_size=4, as_torch=False, cache_dir=str(tmp_path / "cache"), storage_options=s3.options,
+                deadline=7)
+    assert ld.ds.fs.deadline == 7.0 and pickle.loads(pickle.dumps(ld.ds)).fs.deadline == 7.0
+    ld.close()
+
+
+# ------------------------------------------------------------------ a dataset re-packed at its URL
+
+def test_unpickled_dataset_refuses_another_dataset_at_its_url(s3, remote, tmp_path):
+    """A pickled remote dataset carries its manifest's fingerprint: unpickled after the URL was
+    re-packed (other images, labels, shards), it raises DatasetChanged naming the URL instead
+    of reading other records under the same indices."""
+    from recordtool.errors import DatasetChanged
+    from recordtool.pack import pack
+
+    url, fs = remote
+    ds = open_remote(s3, url, tmp_path)
+    blob = pickle.dumps(ds)
+    same = pickle.loads(blob)
+    assert same.fingerprint == ds.fingerprint and bytes(same[3][0]) == bytes(ds[3][0])
+    same.close()
+    for i in range(10):
+        write(str(tmp_path / "src" / f"k{i % 3}" / f"{i}.jpg"), jpeg_bytes(44, 36, seed=1000 + i))
+    pack(str(tmp_path / "src"), str(tmp_path / "other"), shards=3, progress=False)
+    for name in sorted(os.listdir(tmp_path / "other")):
+        fs.put_file(str(tmp_path / "other" / name), f"{url[len('s3://'):]}/{name}")
+    with pytest.raises(DatasetChanged, match=f"{url}: holds another dataset than the one pickled"):
+        pickle.loads(blob)
+    ds.close()
+
+
+# ------------------------------------------------------------------ what asking again would only repeat
+
+@pytest.mark.parametrize("endpoint", ["not a url", "http://[::1", "http://127.0.0.1:99999", "ftp://127.0.0.1/",
+                                      "http://" + "a" * 5000 + ":9000", "http://" + "b" * 64 + ".example:9000"])
+def test_malformed_endpoint_is_a_config_error_at_once(s3, remote, tmp_path, endpoint):
+    """An endpoint_url that is not one (no scheme, a broken IPv6 literal, a port out of range,
+    another scheme, a 5,000-character host, a label over 63 bytes) is a ConfigError naming it
+    before any request (before: a raw ValueError / UnicodeError, or five tries of a request
+    that could not be sent)."""
+    from recordtool.errors import ConfigError
+
+    url, _ = remote
+    with pytest.raises(ConfigError, match="endpoint_url .* is not an endpoint URL") as e:
+        open_remote(s3, url, tmp_path, storage_options=dict(s3.options, endpoint_url=endpoint))
+    assert len(str(e.value)) < 400
+
+
+def test_bucket_name_the_client_cannot_send_is_a_config_error_at_once(s3, tmp_path):
+    """s3://<5,000 characters>/x: botocore refuses the bucket name before sending anything, the
+    same way each time — a ConfigError at once, not five tries and a RemoteError."""
+    from recordtool.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="refuses to send this request"):
+        recordtool.open("s3://" + "a" * 5000 + "/x", cache_dir=str(tmp_path / "cache"), storage_options=s3.options,
+                        retry=Retry(attempts=5, backoff=30))
+
+
+def test_refused_credentials_are_access_denied_at_once(s3, remote, tmp_path):
+    """A store that refuses the key (403 InvalidAccessKeyId), and anonymous access to a private
+    bucket: AccessDenied (a RemoteError and a PermissionError) naming the object, asked once —
+    before, a raw PermissionError."""
+    from recordtool.errors import AccessDenied, RecordtoolError
+
+    url, _ = remote
+    s3.proxy.add(Fault("manifest.json", "403", times=100, code="InvalidAccessKeyId"))
+    with pytest.raises(AccessDenied, match=f"{url}/manifest.json: access denied by the store") as e:
+        open_remote(s3, url, tmp_path, retry=Retry(attempts=5, backoff=30))
+    assert isinstance(e.value, RemoteError) and isinstance(e.value, PermissionError)
+    assert s3.proxy.count("GET", "manifest.json") == 1
+    s3.proxy.clear()
+    anonymous = {k: v for k, v in s3.options.items() if k not in ("key", "secret")}
+    with pytest.raises(AccessDenied, match="anon=True reaches public buckets only") as e:
+        open_remote(s3, url, tmp_path, storage_options=dict(anonymous, anon=True), retry=Retry(attempts=5, backoff=30))
+    assert isinstance(e.value, RecordtoolError)
+
+
+def test_missing_credentials_are_access_denied_at_once(s3, remote, tmp_path, monkeypatch):
+    """No credentials anywhere (options, environment, files, instance metadata): AccessDenied
+    saying where they come from, at once — before, five tries (8 s) and a RemoteError."""
+    from recordtool.errors import AccessDenied
+
+    url, _ = remote
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                "AWS_WEB_IDENTITY_TOKEN_FILE", "FSSPEC_S3_KEY", "FSSPEC_S3_SECRET"):
+        monkeypatch.delenv(var, raising=False)
+    for var in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
+        monkeypatch.setenv(var, str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    options = {k: v for k, v in s3.options.items() if k not in ("key", "secret")}
+    with pytest.raises(AccessDenied, match="no credentials to sign the request with"):
+        open_remote(s3, url, tmp_path, storage_options=options, retry=Retry(attempts=5, backoff=30))
+    assert s3.proxy.count("GET", "manifest.json") == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="gives a folder to another user")
+def test_cache_dir_of_another_user_is_a_config_error(s3, remote, tmp_path):
+    """A cache_dir owned by another user (uid 12345): a ConfigError naming it and the owner,
+    before anything is written there (that user could move or replace the cache's files)."""
+    from recordtool.errors import ConfigError
+
+    url, _ = remote
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 12345, 12345)
+    with pytest.raises(ConfigError, match=rf"cache_dir '{theirs}': owned by uid 12345, not by this user"):
+        recordtool.open(url, cache_dir=str(theirs), storage_options=s3.options, retry=FAST)
+    assert os.listdir(theirs) == []
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ConfigError, match="cannot be used as the cache folder"):
+        recordtool.open(url, cache_dir=str(tmp_path / "a-file"), storage_options=s3.options, retry=FAST)

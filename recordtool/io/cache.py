@@ -7,7 +7,8 @@ Layout of `cache_dir/<key>/` (key: a hash of the store — its protocol and endp
     shards/<name>.<crc32c>.part   a download in progress, preallocated to its full size
     meta/<name>.<crc32c>          the index (small; not counted, replaced when the dataset changes)
     locks/<name>.<crc32c>         one lock file per cached file, holding the identity the cache
-                                  last saw the file with (inode, size, mtime, ctime)
+                                  saw the file with (inode, size, mtime, ctime); its mtime is the
+                                  file's last use
     .lock                         the cache's lock: accounting, eviction and pinning happen under it
 
 (A name whose `<name>.<crc32c>` would not fit a file name is shortened and hashed: `file_name`.)
@@ -25,12 +26,15 @@ The folder is untrusted, as a dataset is:
   hashed after it is opened, before it is mapped — nothing on disk (a stamp, a date) is
   trusted in place of the digest. The index is read into memory and checked there, so what
   was checked is what is used. A copy that does not match is dropped (named in a warning and
-  in `dropped`) and downloaded again. A shard changed in place *while* a reader maps it is not
-  seen (a mapping shows the file as it is now).
+  in `dropped`) and downloaded again. A pin returns the identity (inode, size, mtime, ctime)
+  the copy had when it was checked, and a copy written while it was checked is dropped: a
+  cached file is never written after its download (its last use is its lock file's mtime),
+  so its reader compares that identity with the mapped file's before each record it serves
+  and pins it again — checked anew — when it differs (recordtool.remote).
   Manifests without `sha256` (written before it existed) are checked as before: size and
-  CRC32C, the shard's CRC32C computed again only when its identity (inode, size, times)
-  differs from the one recorded at its download or last pin. A CRC can be forged by whoever
-  can write the folder; a SHA-256 cannot.
+  CRC32C, the shard's CRC32C computed again only when its identity differs from the one
+  recorded at its download or last check. A CRC can be forged by whoever can write the
+  folder; a SHA-256 cannot.
 
 Rules (all through fcntl.flock, so they hold between threads and processes alike, and a
 process that dies lets go of everything it held):
@@ -47,7 +51,8 @@ process that dies lets go of everything it held):
   long as it maps it; eviction deletes a file only after taking an exclusive flock without waiting.
 - Budget: shard files and .part files together stay within `limit` bytes. Before a download
   reserves its size (fallocate), least recently used unpinned shards are deleted; a shard's
-  modification time is its last use (set each time it is pinned).
+  last use is its lock file's modification time (set each time it is pinned).
+- Fork: a forked child never holds or ends its parent's locks (io/cachefolder.py).
 """
 from __future__ import annotations
 
@@ -67,8 +72,8 @@ import crc32c
 from ..errors import CacheChanged, CacheFull, Cancelled, FormatError
 from . import files
 from .cachebudget import CacheBudget, _preallocate
-from .cachefolder import (CacheFolder, _ident, crc_of, default_dir, file_name, key, read_all,  # noqa: F401  (API)
-                          sha256_of, touch)
+from .cachefolder import (CacheFolder, _ident, crc_of, default_dir, file_name, handed, held, identity,  # noqa: F401
+                          key, let_go, read_all, sha256_of, touch)
 from .transfer import Retry, download_into
 
 ROOM_WAIT = 120.0  # seconds a download waits for pinned shards to be let go before CacheFull
@@ -109,16 +114,17 @@ class ShardCache(CacheBudget):
         return self.fs.url(self.fs.join(self.root, name))
 
     # ------------------------------------------------------------------ checking what is served
-    def _bad(self, dir_fd: int, fd: int, fname: str, size: int, crc: str, where: str, always: bool) -> str | None:
-        """Why the open cached file `fd` must not be served, or None. The CRC32C is computed
-        when `always`, or when the file is not the one recorded at its download / last pin."""
-        st = os.fstat(fd)
+    def _bad(self, fd: int, fname: str, st, size: int, crc: str) -> str | None:
+        """Why the open cached file `fd` (stat `st`) must not be served, or None, for a manifest
+        without SHA-256: its size, and its CRC32C when the file is not the one recorded at its
+        download or last check (which then records it)."""
         if st.st_size != size:
             return f"{st.st_size} bytes, the manifest says {size}"
-        if always or self._stamp(fname) != _ident(st):
+        if self._stamp(fname) != _ident(st):
             got = crc_of(fd, size)
             if got != crc:
                 return f"CRC32C {got} differs from the manifest's {crc}"
+            self._stamp(fname, st)
         return None
 
     def _drop(self, dir_fd: int, fname: str, where: str, why: str) -> None:
@@ -139,9 +145,11 @@ class ShardCache(CacheBudget):
 
     # ------------------------------------------------------------------ reading
     def pin(self, name: str, size: int, crc: str, sha256: str | None = None):
-        """A read-only fd of the complete, checked shard holding a shared lock (pinned: not
-        evicted until the fd is closed), or None if the shard is not in the cache (or its copy
-        was bad and has been dropped).
+        """(fd, identity) of the complete, checked shard: a read-only fd holding a shared lock
+        (pinned: not evicted until the fd is closed) and the file's identity (inode, size,
+        mtime, ctime) as it was checked, which its reader compares with the file's before
+        serving from it; None if the shard is not in the cache (or its copy was bad, or was
+        written while it was checked, and has been dropped).
 
         With `sha256` (the manifest's digest) the copy is hashed each time, outside the cache's
         lock (the shared lock keeps it from eviction meanwhile); without, it is checked by
@@ -150,49 +158,50 @@ class ShardCache(CacheBudget):
         where = os.path.join(self.shards_dir, fname)
         with self._locked():
             try:
-                fd = files.open_regular_at(self._shards, fname, where)
+                fd = held(files.open_regular_at(self._shards, fname, where))
             except FileNotFoundError:
                 return None
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:  # being evicted right now
-                os.close(fd)
+                let_go(fd)
                 return None
             try:
+                st = os.fstat(fd)
                 if sha256 is None:
-                    why = self._bad(self._shards, fd, fname, size, crc, where, always=False)
+                    why = self._bad(fd, fname, st, size, crc) or _written(fd, st)
                 else:
-                    st = os.fstat(fd)
                     why = None if st.st_size == size else f"{st.st_size} bytes, the manifest says {size}"
                 if why is not None:
-                    os.close(fd)
+                    let_go(fd, unlock=True)
                     fd = None
                     self._drop(self._shards, fname, where, why)
                     return None
                 if sha256 is None:
-                    self._stamp(fname, touch(fd))  # last use, for LRU eviction
-                    return fd
+                    self._used(fname)
+                    return handed(fd), _ident(st)
             except BaseException:
                 if fd is not None:
-                    os.close(fd)
+                    let_go(fd, unlock=True)
                 raise
         try:
             got = sha256_of(fd, size)
-            if got == sha256:
+            why = None if got == sha256 else \
+                "cut short while it was checked" if got is None else \
+                f"SHA-256 {got[:16]}… differs from the manifest's {sha256[:16]}…"
+            why = why or _written(fd, st)
+            if why is None:
                 with self._locked():
-                    self._stamp(fname, touch(fd))  # last use, for LRU eviction
-                return fd
+                    self._used(fname)
+                return handed(fd), _ident(st)
         except BaseException:
-            os.close(fd)
+            let_go(fd, unlock=True)
             raise
-        mine = os.fstat(fd)
-        os.close(fd)
-        why = "cut short while it was checked" if got is None else \
-            f"SHA-256 {got[:16]}… differs from the manifest's {sha256[:16]}…"
+        let_go(fd, unlock=True)
         with self._locked():  # the copy we hashed, not one put at its name since
             with contextlib.suppress(FileNotFoundError):
-                st = os.stat(fname, dir_fd=self._shards, follow_symlinks=False)
-                if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
+                now = os.stat(fname, dir_fd=self._shards, follow_symlinks=False)
+                if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
                     self._drop(self._shards, fname, where, why)
         return None
 
@@ -240,7 +249,7 @@ class ShardCache(CacheBudget):
                                            f"{self.dir}?")
                     continue  # download it again at once
             finally:
-                os.close(lock)
+                self._unlock(lock)
             # no room now: wait with the download lock let go (see the module docstring)
             if self.closed.is_set():
                 raise Cancelled(f"{self.url(name)}: cache closed")
@@ -340,7 +349,7 @@ class ShardCache(CacheBudget):
                     self._download(self._meta, self._new_part(self._meta, fname + ".part"), fname, name, size, crc,
                                    sha256)  # (False: its .part was deleted meanwhile; the next round sees)
             finally:
-                os.close(lock)
+                self._unlock(lock)
         raise CacheFull(f"{where}: changed again each time after its download; is another program writing there?")
 
     def _drop_old(self, name: str, fname: str) -> None:
@@ -356,6 +365,12 @@ class ShardCache(CacheBudget):
     def close(self) -> None:
         """Stop downloads in progress (they raise Cancelled); the folders are let go with the object."""
         self.closed.set()
+
+
+def _written(fd: int, st) -> str | None:
+    """Why a cached file checked from its stat `st` on must not be served: written meanwhile
+    (its identity changed), or None."""
+    return None if identity(fd) == _ident(st) else "written by another program while it was checked"
 
 
 def _read_checked(fd: int, size: int, crc: str, sha256: str | None) -> tuple:

@@ -1,8 +1,9 @@
 """A cache folder's byte budget: what its shards and downloads hold (`used`), the least recently
-used unpinned shards evicted for room (`_make_room`), what readers hold pinned (`pinned`), and a
-download's blocks reserved before it starts (`_preallocate`). All of it under the cache's lock
-(`_locked`), so the budget holds between threads and processes alike. io/cache.py's `ShardCache`
-is the protocol built on it (its module docstring gives the rules).
+used unpinned shards evicted for room (`_make_room`; a shard's last use is its lock file's mtime),
+what readers hold pinned (`pinned`), and a download's blocks reserved before it starts
+(`_preallocate`). All of it under the cache's lock (`_locked`), so the budget holds between
+threads and processes alike. io/cache.py's `ShardCache` is the protocol built on it (its module
+docstring gives the rules).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import fcntl
 import os
 import threading
 
-from .cachefolder import CacheFolder
+from .cachefolder import CacheFolder, held, let_go
 
 
 class CacheBudget(CacheFolder):
@@ -24,15 +25,22 @@ class CacheBudget(CacheFolder):
         super().__init__(cache_dir, name)
         self._tlock = threading.Lock()  # flock does not exclude threads sharing one fd
 
+    def _forked(self) -> None:
+        """In a forked child: the thread lock made anew (a thread of the parent may have held
+        it at the fork; that thread is not here to let go of it), and the lock file reopened."""
+        self._tlock = threading.Lock()
+        super()._forked()
+
     @contextlib.contextmanager
     def _locked(self):
         """The cache's lock (threads of this process and other processes alike)."""
         with self._tlock:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            fd = self._cache_lock_fd()
+            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 yield
             finally:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
 
     # ------------------------------------------------------------------ accounting
     def used(self) -> int:
@@ -56,9 +64,9 @@ class CacheBudget(CacheFolder):
                 lock = self._file_lock(fname[:-len(".part")], wait=False)
                 if lock is not None:  # nobody is downloading it: left by a dead process
                     self._unlink(self._shards, fname)
-                    os.close(lock)
+                    self._unlock(lock)
                     continue
-            out.append((st.st_mtime_ns, fname, st.st_size, part))
+            out.append((st.st_mtime_ns if part else self._last_use(fname, st), fname, st.st_size, part))
         return out
 
     def _make_room(self, need: int, protect) -> bool:
@@ -74,13 +82,14 @@ class CacheBudget(CacheFolder):
             fd = self._open_mine(self._shards, fname, os.path.join(self.shards_dir, fname))
             if fd is None:
                 continue
+            held(fd)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:  # pinned: mapped by a reader
-                os.close(fd)
+                let_go(fd)
                 continue
             self._unlink(self._shards, fname)  # a name in our own folder: never anything outside it
-            os.close(fd)
+            let_go(fd, unlock=True)
             used -= size
             if used + need <= self.limit:
                 return True
@@ -96,11 +105,13 @@ class CacheBudget(CacheFolder):
                 fd = self._open_mine(self._shards, fname, fname)
                 if fd is None:
                     continue
+                held(fd)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    let_go(fd, unlock=True)
                 except BlockingIOError:
+                    let_go(fd)
                     total += size
-                os.close(fd)
         return total
 
 

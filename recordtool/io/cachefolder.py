@@ -9,7 +9,20 @@ relative to its parent's fd, without following links, and must be the user's
 are named `<name>.<crc32c>[.part]`, regular, the user's, with one link (`_mine`): nothing
 else is counted or deleted. Lock files (`locks/<name>.<crc32c>`, `.lock`) are written to (the
 identity stamp), so they pass the same checks before any byte goes into one: a hard link
-planted there to a file elsewhere is refused, never written through.
+planted there to a file elsewhere is refused, never written through. `cache_dir` itself must
+be the user's (or root's, as /tmp is) and not writable by everyone: another user's folder is a
+ConfigError naming it.
+
+A cached file is never written after its download: its last use (for LRU eviction) is the
+mtime of its lock file, so a change of the file's identity means another program wrote it.
+
+Across fork (a DataLoader worker, multiprocessing's 'fork'): an flock belongs to the open
+file, which a forked child shares with its parent — the child would enter the cache's lock
+while the parent holds it, and its unlock would end the parent's hold. So a child closes its
+copies of the cache's `.lock` (`_forked`; the next use opens its own) and of every lock an
+operation in progress held at the fork (`_HELD`: download locks, pins being checked), which
+the parent's threads that held them are not there to let go of; locks are let go of by an
+explicit unlock, which ends them even where a child still has a copy.
 """
 from __future__ import annotations
 
@@ -25,7 +38,7 @@ import struct
 import time
 import weakref
 
-from ..errors import UnsafePath
+from ..errors import ConfigError, UnsafePath
 from . import files
 
 NAME_BUDGET = 240  # bytes of a cached file's name (room for ".part" and "meta-" within NAME_MAX)
@@ -126,6 +139,55 @@ def crc_of(fd: int, size: int) -> str:
     return f"{c:08x}"
 
 
+def held(fd: int) -> int:
+    """Note `fd` as held by an operation in progress (a lock, a pin being checked): a forked
+    child closes its copy (`_forked`). Returns fd."""
+    _HELD.add(fd)
+    return fd
+
+
+def handed(fd: int) -> int:
+    """An fd `held` noted, handed to its owner (a pin to its reader, who closes it): no longer
+    an operation's, so a forked child keeps its copy, with the mapping it inherits. Returns fd."""
+    _HELD.discard(fd)
+    return fd
+
+
+def let_go(fd: int, unlock: bool = False) -> None:
+    """Close an fd `held` noted (after an explicit unlock when `unlock`: the lock ends even
+    where a forked child still has a copy of the fd)."""
+    _HELD.discard(fd)
+    try:
+        if unlock:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def open_cache_dir(cache_dir: str) -> int:
+    """An fd of the folder the user chose for caches (created if missing; a link to it is
+    followed: the user's own choice). ConfigError naming it when it cannot be made or opened,
+    is not a folder, belongs to another user or is writable by everyone without the sticky
+    bit: whoever else may write there could move or replace the cache's folders. A folder of
+    root's (/tmp, /var/cache) is taken: its mode keeps other users out."""
+    what = f"cache_dir {cache_dir!r}"
+    try:
+        fd = files.open_dir(cache_dir)
+    except OSError as e:
+        raise ConfigError(f"{what}: cannot be used as the cache folder ({e.strerror or e})") from None
+    st = os.fstat(fd)
+    why = None
+    if hasattr(os, "geteuid") and st.st_uid not in (os.geteuid(), 0):
+        why = (f"owned by uid {st.st_uid}, not by this user (uid {os.geteuid()}): that user could move or replace "
+               "what the cache keeps there")
+    elif st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        why = "writable by every user (without the sticky bit): anyone could move or replace what the cache keeps"
+    if why is not None:
+        os.close(fd)
+        raise ConfigError(f"{what}: {why}; choose a folder of your own")
+    return fd
+
+
 class CacheFolder:
     """The folders of one dataset's cache, opened (created if missing) and held open.
 
@@ -143,7 +205,7 @@ class CacheFolder:
         # the folder fds outlive close(): a download still finishing uses them; they go with the object
         self._finalizer = weakref.finalize(self, _close_all, self._fds)
         try:
-            top = files.open_dir(os.fspath(cache_dir))
+            top = open_cache_dir(os.fspath(cache_dir))
             try:
                 self._dir = self._keep(files.open_dir(name, top, what=self.dir))
             finally:
@@ -155,6 +217,21 @@ class CacheFolder:
         except BaseException:
             _close_all(self._fds)
             raise
+        _FOLDERS.add(self)
+
+    def _cache_lock_fd(self) -> int:
+        """The fd of `.lock` this process flocks (its own, opened anew after a fork)."""
+        if self._lock_fd is None:
+            self._lock_fd = self._keep(self._open_lockfile(self._dir, ".lock", os.path.join(self.dir, ".lock")))
+        return self._lock_fd
+
+    def _forked(self) -> None:
+        """In a forked child: its copy of the parent's `.lock` fd closed (see the module
+        docstring); the next use of the lock opens one of its own."""
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None and fd in self._fds:
+            self._fds.remove(fd)
+            os.close(fd)
 
     @staticmethod
     def _open_lockfile(dir_fd: int, name: str, what: str) -> int:
@@ -190,16 +267,20 @@ class CacheFolder:
     def _file_lock(self, fname: str, wait: bool):
         """An fd holding the exclusive download lock of one file, or None when `wait` is False
         and someone else holds it."""
-        fd = self._open_lockfile(self._locks, fname, os.path.join(self.locks_dir, fname))
+        fd = held(self._open_lockfile(self._locks, fname, os.path.join(self.locks_dir, fname)))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(fd)
+            let_go(fd)
             return None
         except BaseException:
-            os.close(fd)
+            let_go(fd)
             raise
         return fd
+
+    def _unlock(self, fd: int) -> None:
+        """Let go of a `_file_lock`."""
+        let_go(fd, unlock=True)
 
     def _stamp(self, fname: str, st=None) -> bytes:
         """The identity recorded for a cached file; with `st`, record that one instead."""
@@ -211,6 +292,23 @@ class CacheFolder:
             return b""
         finally:
             os.close(fd)
+
+    def _used(self, fname: str) -> None:
+        """Record a use of a cached file now, for LRU eviction: its lock file's mtime (the file
+        itself is never written after its download)."""
+        fd = self._open_lockfile(self._locks, fname, os.path.join(self.locks_dir, fname))
+        try:
+            os.utime(fd)
+        finally:
+            os.close(fd)
+
+    def _last_use(self, fname: str, st) -> int:
+        """When a cached file (stat `st`) was last used, in ns: its lock file's mtime, or the
+        file's own where it has none."""
+        try:
+            return os.stat(fname, dir_fd=self._locks, follow_symlinks=False).st_mtime_ns
+        except FileNotFoundError:
+            return st.st_mtime_ns
 
     def _present(self, dir_fd: int, fname: str, where: str) -> bool:
         """True when our complete file is there; UnsafePath when something else is at its name."""
@@ -256,6 +354,30 @@ class CacheFolder:
         return os.open(part, _NEW_FLAGS, 0o600, dir_fd=dir_fd)
 
 
+def identity(fd: int) -> bytes:
+    """The identity (inode, size, mtime, ctime) of an open file: any write to it changes it."""
+    return _ident(os.fstat(fd))
+
+
 def _close_all(fds: list) -> None:
     while fds:
         os.close(fds.pop())
+
+
+_FOLDERS: "weakref.WeakSet[CacheFolder]" = weakref.WeakSet()  # the cache folders open in this process
+_HELD: set = set()  # fds of locks held by operations in progress (`held`)
+
+
+def _after_fork_in_child() -> None:
+    for fd in list(_HELD):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+    for folder in list(_FOLDERS):
+        folder._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -25,7 +25,7 @@ from typing import BinaryIO, Protocol
 
 from ..errors import ConfigError, UnsafePath
 from . import files
-from .store import PROBE_SECONDS, STORE_KEYS, Store  # noqa: F401  (API)
+from .store import DEADLINE, PROBE_SECONDS, STORE_KEYS, Store, run  # noqa: F401  (API)
 
 PIECE = 8 << 20  # bytes one read of a stream asks for at most
 
@@ -132,17 +132,18 @@ def _check_option_names(url: str, options: dict) -> None:
                               f"{', '.join(sorted(names))}")
 
 
-def get_fs(path, **options) -> tuple:
+def get_fs(path, *, deadline: float = DEADLINE, **options) -> tuple:
     """(FileSystem, path in its syntax) for a local path or a URL.
 
     Args:
         path: a local path, a file:// URL (local too) or an fsspec URL.
+        deadline: seconds one request to an async store may take in all (io.store.run).
         options: fsspec storage options for URLs (s3fs: endpoint_url, key, secret, …); fsspec's
             own configuration (FSSPEC_S3_ENDPOINT_URL=…, ~/.config/fsspec) applies as well.
     """
     path = os.fspath(path)
     if is_url(path):
-        return FsspecFS.from_url(path, **options)
+        return FsspecFS.from_url(path, deadline=deadline, **options)
     if path.startswith("file://"):
         path = path[len("file://"):]
     return LocalFS(), path
@@ -189,13 +190,12 @@ class _Bounded:
 
 class _Stream(_Bounded):
     """One streamed GET of an async fsspec file (`open_async`), read in pieces of at most the
-    size asked for; closing it before the end drops the connection (the rest is never read)."""
+    size asked for; closing it before the end drops the connection (the rest is never read).
+    Opening it and each piece run within `deadline` seconds (io.store.run)."""
 
-    def __init__(self, fs, path: str, limit: int | None):
-        from fsspec.asyn import sync
-
-        self._sync, self._loop = sync, fs.loop
-        super().__init__(sync(fs.loop, fs.open_async, path, "rb"), limit)
+    def __init__(self, fs, path: str, limit: int | None, deadline: float):
+        self._fs, self._deadline = fs, deadline
+        super().__init__(run(fs, deadline, fs.open_async, path, "rb"), limit)
 
     async def _read(self, n: int) -> bytes:
         parts, got = [], 0
@@ -213,7 +213,7 @@ class _Stream(_Bounded):
         n = min(n, self._left) if self._left is not None else n
         if n <= 0:
             return b""
-        b = self._sync(self._loop, self._read, min(n, PIECE))
+        b = run(self._fs, self._deadline, self._read, min(n, PIECE))
         if self._left is not None:
             self._left -= len(b)
         return b
@@ -224,7 +224,7 @@ class _Stream(_Bounded):
             body.close()
 
     def close(self) -> None:
-        self._sync(self._loop, self._close)
+        run(self._fs, self._deadline, self._close)
 
 
 class LocalFS:
@@ -273,13 +273,29 @@ class LocalFS:
 
 class FsspecFS(Store):
     """Any fsspec file system (s3fs for s3://, gcsfs for gs://, memory:// in tests); which store
-    it reaches and whether that is there: `Store` (io/store.py)."""
+    it reaches and whether that is there: `Store` (io/store.py). Requests to an async store run
+    within `deadline` seconds each (`Store.call`).
 
-    def __init__(self, fs, protocol: str):
-        self.fs, self.protocol = fs, protocol
+    In a process forked from the one that made it, `fs` is made again from the URL and
+    options: an async client belongs to its process's event loop thread, which a forked child
+    does not have (fsspec refuses the parent's client there)."""
+
+    def __init__(self, fs, protocol: str, deadline: float = DEADLINE, remake=None):
+        self._fs, self.protocol, self.deadline = fs, protocol, deadline
+        self._remake = remake  # (url, options): how to make `fs` again in a forked child
+        self._pid = os.getpid()
+
+    @property
+    def fs(self):
+        if self._pid != os.getpid() and self._remake is not None:
+            import fsspec
+
+            url, options = self._remake
+            self._fs, self._pid = fsspec.core.url_to_fs(url, **options)[0], os.getpid()
+        return self._fs
 
     @classmethod
-    def from_url(cls, url: str, **options) -> tuple:
+    def from_url(cls, url: str, deadline: float = DEADLINE, **options) -> tuple:
         try:
             import fsspec
         except ImportError:
@@ -289,7 +305,7 @@ class FsspecFS(Store):
             fs, path = fsspec.core.url_to_fs(url, **options)
         except TypeError as e:  # the file system's constructor refused an option
             raise ConfigError(f"{url}: storage_options refused by the file system ({e})") from None
-        return cls(fs, url.split("://", 1)[0]), path
+        return cls(fs, url.split("://", 1)[0], deadline, (url, options)), path
 
     def url(self, path: str) -> str:
         return f"{self.protocol}://{path}"
@@ -300,12 +316,13 @@ class FsspecFS(Store):
     def open_read(self, path: str, limit: int | None = None) -> BinaryIO:
         """A reader of at most limit + 1 bytes: one streamed GET on async stores; elsewhere
         reads straight from the file without fsspec's read-ahead buffer (`cache_type="none"`)."""
-        if getattr(self.fs, "async_impl", False) and hasattr(self.fs, "open_async"):
+        fs = self.fs
+        if getattr(fs, "async_impl", False) and hasattr(fs, "open_async"):
             try:
-                return _Stream(self.fs, path, limit)
+                return _Stream(fs, path, limit, self.deadline)
             except NotImplementedError:
                 pass
-        return _Bounded(self.fs.open(path, "rb", cache_type="none"), limit)
+        return _Bounded(fs.open(path, "rb", cache_type="none"), limit)
 
     def open_write(self, path: str) -> BinaryIO:
         return self.fs.open(path, "wb")
@@ -318,26 +335,26 @@ class FsspecFS(Store):
         return data
 
     def write_bytes(self, path: str, data: bytes) -> None:
-        self.fs.pipe_file(path, data)
+        self.call("pipe_file", path, data)
 
     def size(self, path: str) -> int:
-        return int(self.fs.size(path))
+        return int(self.call("size", path))
 
     def exists(self, path: str) -> bool:
-        return self.fs.exists(path)
+        return self.call("exists", path)
 
     def listdir(self, path: str) -> list:
         # refresh: a listing cached by this client may predate another process's writes
-        return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(path, detail=False, refresh=True))
+        return sorted(posixpath.basename(p.rstrip("/")) for p in self.call("ls", path, detail=False, refresh=True))
 
     def replace(self, src: str, dst: str) -> None:
-        self.fs.mv(src, dst)
+        self.call("mv", src, dst)
 
     def remove(self, path: str) -> None:
-        self.fs.rm_file(path)
+        self.call("rm_file", path)
 
     def glob(self, pattern: str) -> list:
-        return sorted(self.fs.glob(pattern))
+        return sorted(self.call("glob", pattern))
 
 
 def store_key(fs, url: str) -> str:

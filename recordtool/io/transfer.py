@@ -14,9 +14,10 @@ import os
 import time
 from dataclasses import dataclass
 
-from ..errors import Cancelled, ConfigError, Damaged, RecordtoolError, RemoteError
+from ..errors import Cancelled, Damaged, RecordtoolError, RemoteError
 from . import files
 from .fs import PIECE
+from .store import refusal
 
 # not retried: the object is not there, access is refused, or recordtool itself refused it
 PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, RecordtoolError)
@@ -27,8 +28,9 @@ class Retry:
     """How remote operations are retried: `attempts` tries in all, waiting backoff·2^k seconds
     (at most max_backoff) before try k+2. Anything but PERMANENT errors is retried (5xx answers,
     timeouts, cut connections, Damaged transfers); then RemoteError names the object and the
-    last error. A TypeError is a configuration the client refused (an unknown storage option
-    reaches it only when it first connects): ConfigError at once, never retried.
+    last error. Refused or missing credentials (AccessDenied) and a configuration or request
+    the client refuses (ConfigError: an unknown storage option reaches it only when it first
+    connects) are raised at once, never retried.
 
     Args:
         attempts: tries in all (≥ 1).
@@ -41,19 +43,27 @@ class Retry:
     max_backoff: float = 8.0
 
     def call(self, fn, what: str):
-        """fn() until it succeeds, a PERMANENT error, or `attempts` failures (RemoteError)."""
+        """fn() until it succeeds, a PERMANENT error, or `attempts` failures (RemoteError).
+        What asking again would only repeat is raised at once as a RecordtoolError naming
+        `what` (io.store.refusal): refused or missing credentials (AccessDenied), a refused
+        configuration or request (ConfigError)."""
         last = None
         for k in range(max(1, self.attempts)):
             if k:
                 time.sleep(min(self.max_backoff, self.backoff * 2 ** (k - 1)))
             try:
                 return fn()
-            except PERMANENT:
+            except RecordtoolError:
                 raise
-            except TypeError as e:  # the same call fails the same way every time
-                raise ConfigError(f"{what}: the storage client refused its configuration ({e}): check "
-                                  "storage_options (and fsspec's configuration for this protocol)") from e
+            except PERMANENT as e:
+                err = refusal(e, what)  # (a PermissionError: AccessDenied)
+                if err is not None:
+                    raise err from e
+                raise
             except Exception as e:  # 5xx, timeouts, connection and checksum errors of any backend
+                err = refusal(e, what)
+                if err is not None:  # the same call fails the same way every time
+                    raise err from e
                 last = e
         raise RemoteError(f"{what}: failed {max(1, self.attempts)} times (retried with backoff); last error: "
                           f"{type(last).__name__}: {last}") from last

@@ -21,12 +21,12 @@ import types
 from dataclasses import dataclass, field, fields
 from typing import Mapping, NamedTuple
 
-from ..checks import MAX_CACHE_LIMIT, bounded_int, flag
+from ..checks import MAX_CACHE_LIMIT, bounded_int, check_deadline, flag
 from ..decode.device import Device
 from ..decode.options import GPUOptions
 from ..decode.spec import EvalCrop, Output, TrainCrop
 from ..errors import ConfigError
-from ..io.fs import check_options, is_url, option_names
+from ..io.fs import DEADLINE, check_options, is_url, option_names
 from ..reader import Dataset
 
 __all__ = ["Output", "TrainCrop", "EvalCrop", "GPUOptions", "RemoteOptions", "Parts", "fold", "parts"]
@@ -49,11 +49,16 @@ class RemoteOptions:
         storage_options: None — the fsspec options that reach the store (a dict of option
             names: endpoint_url, key, secret, ...); None: fsspec's own configuration. An
             empty dict is None.
+        deadline: 60.0 — seconds one request to the store may take in all (connecting, the
+            answer, each 8 MiB piece of a download; async stores: s3fs, gcsfs, …), a number in
+            0.01..86400; then it is cancelled and retried as a timeout (recordtool.io.Retry:
+            5 tries), so a store that never answers fails within about 5 × deadline.
     """
 
     cache_dir: str | None = None
     cache_limit: int | None = None
     storage_options: Mapping | None = field(default=None, hash=False)
+    deadline: float = DEADLINE
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -65,11 +70,13 @@ class RemoteOptions:
             set_(self, "cache_limit", bounded_int("cache_limit", self.cache_limit, 1, MAX_CACHE_LIMIT, floats=False))
         options = option_names(self.storage_options)
         set_(self, "storage_options", types.MappingProxyType(options) if options else None)
+        set_(self, "deadline", check_deadline(self.deadline))
 
     def open_args(self) -> dict:
         """The keywords `recordtool.open` takes for these options."""
         options = None if self.storage_options is None else dict(self.storage_options)
-        return dict(cache_dir=self.cache_dir, cache_limit=self.cache_limit, storage_options=options)
+        return dict(cache_dir=self.cache_dir, cache_limit=self.cache_limit, storage_options=options,
+                    deadline=self.deadline)
 
 
 class Parts(NamedTuple):
@@ -173,7 +180,7 @@ def parts(path, device: Device, *, train, output, augment, gpu, remote, flat: di
         remote = None  # keywords at their defaults (None, {}): nothing asked
     local = isinstance(path, Dataset) or not is_url(os.fspath(path))
     if remote is not None and local:
-        names = [k for k in PART_KEYWORDS["remote"] if getattr(remote, k) is not None] or ["remote"]
+        names = [k for k in PART_KEYWORDS["remote"] if getattr(remote, k) != getattr(RemoteOptions(), k)] or ["remote"]
         if isinstance(path, Dataset):
             raise ConfigError(f"remote options ({', '.join(names)}) are for opening a dataset URL; the Dataset "
                               "given is open already: leave them out, or pass its URL")

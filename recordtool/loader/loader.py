@@ -31,6 +31,7 @@ from ..decode.spec import EvalCrop, Output, TrainCrop
 from ..errors import BadState, ConfigError, NotADataset, OnError, RecordtoolError, on_error as _on_error
 from ..reader import Dataset
 from .. import distributed
+from ..remote import RemoteDataset
 from .args import check_user_op, compiled_op
 from .config import GPUOptions, RemoteOptions, fold as _fold, parts as _parts
 from .prefetch import on_producer_thread
@@ -79,9 +80,10 @@ class Loader:
             device="cpu" it is a ConfigError, as are its keywords (split, first, hybrid, chroma,
             same_pixels, run_ahead) set away from their defaults.
         remote: a dataset URL only — RemoteOptions(cache_dir=None, cache_limit=None,
-            storage_options=None): the local shard cache and the fsspec options that reach
-            the store, as `recordtool.open` takes them. Given for a local path or an open
-            Dataset it is a ConfigError. Keywords: cache_dir, cache_limit, storage_options.
+            storage_options=None, deadline=60.0): the local shard cache, the fsspec options that
+            reach the store and how long one request may take, as `recordtool.open` takes them.
+            Given for a local path or an open Dataset it is a ConfigError. Keywords: cache_dir,
+            cache_limit, storage_options, deadline.
         shuffle: a new order every epoch (keyed by seed and epoch); default: `train`. False:
             record order, the same every epoch (evaluation).
         drop_last: drop the last partial batch (and cut the epoch to equal rank shares); default:
@@ -172,6 +174,7 @@ class Loader:
         as_torch = None if as_torch is None else _flag(as_torch, "as_torch")
         self.user_op = user_op = check_user_op(user_op)  # before the dataset opens: a refused op costs no download
         self.gpu_id = resolve(dev) if dev.cuda else None
+        self._owns_ds = not isinstance(path, Dataset)  # opened here: a URL's cached shards let go of by close()
         self.ds = path if isinstance(path, Dataset) else open_dataset(
             path, **({} if self.remote is None else self.remote.open_args()))
         # the placement (rank, world_size): the arguments as given, resolved against the launcher
@@ -205,7 +208,6 @@ class Loader:
         self._resumed = False  # _pos came from load_state_dict: set_epoch of its epoch keeps its batch
         self._generation = 0  # +1 at each iteration, set_epoch, load_state_dict: an older iteration's
         # batches no longer move _pos (a set_epoch inside a running loop holds after it)
-        self._fingerprint = None  # the dataset's, for state_dict (computed once, when first asked)
         self._iterator = None  # weakref to the running EpochIterator
         self._stream = None  # the BatchStream the next iteration may take up
         self.bad_records: dict = {}  # record id → reason (on_error "warn" / "skip")
@@ -321,15 +323,9 @@ class Loader:
         self._open = False
 
     def _fingerprint_of_dataset(self) -> str:
-        """A digest of the dataset's manifest (its shards, sizes, checksums, classes, index):
-        a state saved on one dataset names it, and another dataset refuses that state."""
-        if self._fingerprint is None:
-            import hashlib
-            import json
-
-            text = json.dumps(self.ds.manifest, sort_keys=True, separators=(",", ":"), default=str)
-            self._fingerprint = hashlib.sha256(text.encode()).hexdigest()[:32]
-        return self._fingerprint
+        """The dataset's manifest fingerprint (`Dataset.fingerprint`): a state saved on one
+        dataset names it, and another dataset refuses that state."""
+        return self.ds.fingerprint
 
     def state_dict(self) -> dict:
         """Where the Loader stands: `epoch` and `batch` (batches of it already taken), with the
@@ -447,7 +443,7 @@ class Loader:
 
     def _new_stream(self, start: tuple) -> None:
         """A BatchStream from (epoch, batch) `start` for the current order, the old one stopped."""
-        self.close()  # a new start: what the producers made ahead is not this
+        self._stop()  # a new start: what the producers made ahead is not this
         stream = self._stream = BatchStream(  # kept before its producers start: one may run our __del__
             self.backend.make, self._order, self.batch_size, self.drop_last, len(self), *start, launch=False,
             producers=self.producers, depth=self.prefetch, continuous=self.continuous, draws=self.backend.recipe.draws,
@@ -480,18 +476,29 @@ class Loader:
         else:
             self._pos, self._open = (epoch, taken), taken > 0
 
-    def close(self) -> None:
-        """Stop the producer threads (also done by a new start and `del`)."""
+    def _stop(self) -> None:
+        """Stop the producer threads (a new start and `del` do)."""
         if self._stream is not None:
             self._stream.close()
         self._stream = self._iterator = None
+
+    def close(self) -> None:
+        """Stop the producer threads and, for a dataset URL the Loader opened, its downloads
+        and its cached shards (unmapped and unpinned, their fds closed: other processes'
+        Loaders on the cache may evict them; a dataset collected with the Loader lets go of
+        them too). A later iteration starts the producers and maps the shards again."""
+        self._stop()
+        if self._owns_ds and isinstance(self.ds, RemoteDataset):
+            self.ds.close()
 
     def __del__(self):
         try:
             # a collection may run this on one of this Loader's own producers (a reference cycle): stop
             # the stream; leave the backend, which that producer may be using mid-batch, to the collection
+            # (the dataset is not closed here: a collection may run this on a thread inside one of
+            # its locks; a dataset collected with the Loader lets go of its shards itself)
             on_producer = on_producer_thread()
-            self.close()
+            self._stop()
             if not on_producer:
                 self.backend.close()
         except Exception:
