@@ -23,7 +23,8 @@ def test_torchrun_gloo_exact_cover(tmp_path, world):
         write(str(src / f"c{i % 3}" / f"{i}.jpg"), jpeg_bytes(48, 40, seed=i))
     pack(str(src), str(tmp_path / "out"), shards=3, progress=False)
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
-    p = subprocess.run([torchrun, f"--nproc_per_node={world}", "--master_port", str(29500 + world), SCRIPT,
+    # --standalone: a rendezvous on a free port (a fixed port collides with another run's)
+    p = subprocess.run([torchrun, "--standalone", f"--nproc_per_node={world}", SCRIPT,
                         str(tmp_path / "out"), "--device", "cpu", "--batch", "4", "--epochs", "2", "--threads", "1"],
                        capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stdout + p.stderr

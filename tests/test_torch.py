@@ -101,8 +101,9 @@ def test_ddp_gloo_two_processes(packed, tmp_path):
     script.write_text(DDP_SCRIPT)
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    p = subprocess.run([torchrun, "--nproc_per_node=2", "--master_addr", "127.0.0.1", "--master_port", "29531",
-                        str(script), packed, str(tmp_path)], capture_output=True, text=True, timeout=300, env=env)
+    # --standalone: a rendezvous on a free port of this host (a fixed port collides with another run's)
+    p = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", str(script), packed, str(tmp_path)],
+                       capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
     r = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in range(2)]
     assert [(x["rank"], x["world"]) for x in r] == [(0, 2), (1, 2)]  # rank and world from torch.distributed
