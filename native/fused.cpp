@@ -945,8 +945,8 @@ static void apply_op_py(py::array_t<uint8_t, py::array::c_style> batch, uintptr_
 // libjpeg mallocs its per-image buffers (progressive coefficient arrays: megabytes for a large
 // image) on whichever decode thread runs the image. glibc's dynamic mmap threshold rises after
 // the first such block is freed, so later ones come from the threads' arenas, and freed arena
-// memory is kept: resident memory then creeps up epoch after epoch (seen on the H200: +10 %
-// over 9 epochs, all of it free arena memory). A fixed 1 MiB threshold keeps large blocks in
+// memory is kept: resident memory then creeps up epoch after epoch, all of it free arena
+// memory. A fixed 1 MiB threshold keeps large blocks in
 // mmap, returned on free. Skipped when the user set MALLOC_MMAP_THRESHOLD_ or
 // RECORDTOOL_KEEP_MALLOC.
 static bool fix_mmap_threshold() {

@@ -114,8 +114,8 @@ class NotADataset(RecordtoolError, TypeError):
 
 class NativeDecoderMissing(RecordtoolError, ImportError):
     """The native decoder (`recordtool._native`) is not in this install, and the program did
-    not opt in to the Python decoder (`recordtool.decode.allow_python_decoder()`, about 3×
-    slower). Raised at the first decode, not at import: the message holds the one-line fix.
+    not opt in to the Python decoder (`recordtool.decode.allow_python_decoder()`, a full
+    decode where the native one decodes only the window: slower). Raised at the first decode, not at import: the message holds the one-line fix.
     An ImportError too, since what is missing is a module."""
 
 

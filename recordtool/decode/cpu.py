@@ -2,8 +2,8 @@
 `normalize` and `mirror` on their own for a decoded uint8 batch, and the eval transform.
 
 Without the native extension the first decode raises NativeDecoderMissing with the fix: a
-training script must not run ~3× slower because an install went wrong and a warning scrolled
-by. The Python decoder of decode/reference.py (PyTurboJPEG + Pillow, same API and results
+training script must not run on a slower decoder because an install went wrong and a warning
+scrolled by. The Python decoder of decode/reference.py (PyTurboJPEG + Pillow, same API and results
 within 45 dB) runs only after the program asks for it with allow_python_decoder()."""
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ def native_available() -> bool:
 
 def allow_python_decoder(allow: bool = True) -> None:
     """Opt in (for this process) to the Python decoder where the native one is not built:
-    PyTurboJPEG + Pillow, the same API and results within 45 dB, about 3× slower. Without this
+    PyTurboJPEG + Pillow, the same API and results within 45 dB, slower (a full decode, then
+    crop and resize in Python, where the native one decodes only the window). Without this
     call a missing native decoder is NativeDecoderMissing at the first decode. It warns when
     it takes effect, so the slow path shows in the program's output. Processes started with
     "spawn" (pack's process engine, DataLoader workers) do not inherit it: call it in them too.

@@ -34,7 +34,7 @@ fancy upsampling and colour conversion in our kernel: the CPU path's pixels), "n
 own interpolation, NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION, where the library honours it)."""
 CHROMA_MODES = ("replicate", "interpolate", "nvjpeg")
 # interpolate: the CPU path's pixels (a model trained on one device sees the other's) at the
-# engines' speed — measured on a fidelity set of photos the bound was not tuned on (BENCHMARKS.md)
+# engines' speed; its fidelity bound holds on photos it was not tuned on (BENCHMARKS.md, "Pixels")
 DEFAULT_CHROMA: Chroma = "interpolate"
 
 
@@ -75,11 +75,10 @@ class GPUOptions:
             (bit-identical runs); "cpu": everything on the CPU; or a fixed CPU share in [0, 1].
         first: "engines" — with split="auto", the side that decodes first: "engines" or "cpu".
             The engines first at any number of cores: CPU decode first takes the cores the
-            training loop runs on (ResNet-18 at 4 cores: 4.6k img/s CPU-first, 7.7k with every
-            image on the engines), and on 16 cores, where it keeps up alone, it kept 9-12 of
-            them busy where the engines first kept 2-3, for a ResNet-50 rate 1-4 % higher
-            (BENCHMARKS.md). "cpu": for a host whose spare cores cost nothing (the CPU share's
-            pixels take the model no GPU time).
+            training loop runs on, and where the CPU keeps up alone it keeps several times the
+            cores busy for about the same rate (BENCHMARKS.md, "Training on the GPU at a node's
+            share of the host"). "cpu": for a host whose spare cores cost nothing (the CPU
+            share's pixels take the model no GPU time).
         hybrid: True — progressive files (and, without same_pixels, gray ones) go to nvJPEG's
             hybrid decoder, which the engines cannot take; False: to the CPU.
         chroma: "interpolate" — how GPU-decoded 4:2:0 / 4:2:2 chroma is upsampled:
@@ -90,15 +89,15 @@ class GPUOptions:
             equal device="cpu"'s bit for bit. False: the GPU decoders take them too (≥ 51 dB
             against the CPU path, README's fidelity bound). Not the default because on a node's
             share of cores those images (a tenth of ImageNet) are what the few CPU threads
-            cannot keep up with: ResNet-18 trained 40 % slower on 4 cores with it (BENCHMARKS.md).
+            cannot keep up with, and the batch waits for its CPU share.
         run_ahead: 1 — training steps of GPU work the consuming thread may still have queued
             when it takes a batch: before handing out batch k the Loader sleeps (GIL released)
             until the GPU has finished what that thread queued before taking batch k - run_ahead.
             An eager loop left unbounded runs ahead until CUDA's launch queue is full and then
             blocks inside a kernel launch with the GIL held — the decoders' threads then wait
-            for the GIL and their nvJPEG submissions for the same queue (beside a free-running
-            ResNet-50 loop the engines delivered 1.8k img/s, beside the same loop waiting each
-            step 4.8k: BENCHMARKS.md). 1 still keeps a whole step queued ahead of the GPU; None:
+            for the GIL and their nvJPEG submissions for the same queue (BENCHMARKS.md, "Where
+            the engines' rate goes beside a model": the loop free-running against waiting each
+            step). 1 still keeps a whole step queued ahead of the GPU; None:
             unbounded (the loop runs as far ahead as CUDA lets it).
         engine_lanes: 1 — nvJPEG calls one producer keeps at the NVJPG engines at once for a
             batch, 1..MAX_ENGINE_LANES: the batch's engine images in parts of about equal bytes,

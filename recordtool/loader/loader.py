@@ -165,9 +165,10 @@ class Loader:
         self.threads = cores() if threads is None else bounded_int("threads", threads, 1, MAX_DECODE_THREADS,
                                                                    floats=False)
         # producer threads, batches dealt round-robin and handed out in order: two, so one's
-        # Python work (and user op) overlaps the other's decode. On the GPU, measured in training
-        # with epochs running into each other (BENCHMARKS.md), 4 producers took twice the
-        # producers' CPU for the same rate and cost the training loop more than 2.
+        # Python work (and user op) overlaps the other's decode. More do not make the rate: on the
+        # GPU each producer keeps one batch at the engines, so another one only splits the same
+        # engines' time into more calls, and its Python work takes cores the training loop needs
+        # (BENCHMARKS.md, "Producers and the hybrid decoder").
         self.producers = 2 if producers is None else bounded_int("producers", producers, 1, MAX_PRODUCERS, floats=False)
         self.on_error = _on_error(on_error)
         self.with_ids = _flag(with_ids, "with_ids")

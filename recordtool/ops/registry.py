@@ -138,7 +138,7 @@ def by_name(spec: str, **kwargs) -> ImageOp:
         raise ConfigError(f"op {entry.name!r} ({entry.cls.__name__}): {e}") from None
 
 
-# the tools' names; the arguments are those `recordtool bench --op` has always measured
+# the tools' names; the arguments are those of BENCHMARKS.md's "Compiled per-image ops" tables
 register("grayscale", RandomGrayscale, aliases=("randomgrayscale", "gray"), p=0.2)
 register("cutout", Cutout, size=56)
 register("jitter", ColorJitter, aliases=("colorjitter",), brightness=0.4, contrast=0.4, saturation=0.4)

@@ -3,9 +3,9 @@ the CPU while it makes this one.
 
 Why: the images no GPU decoder takes — above GPU_MAX_PIXELS, CMYK, layouts nvJPEG refuses; the
 index says which (decode.gpu.plan.route) — are decoded by the CPU share inside their batch, and
-a 10-megapixel file takes 20–40 ms of an idle core for one random crop, more beside a training
-loop. At a node's share of the cores each producer's CPU share has one or two threads for all
-its images, so the batch, whose engines' part takes ~55 ms, waited for the share's last file.
+a large file is Huffman-decoded whole for one random crop, longer beside a training loop. At a
+node's share of the cores each producer's CPU share has one or two threads for all its images,
+so without a lane the batch, its engines' part done, waits for the share's last file.
 A producer makes batches t, t + P, t + 2P, … (prefetch.Prefetcher, P producers); while it
 makes batch t its lane decodes batch t + P's CPU-routed images, largest first, with the CPU
 path, the same windows and the same arguments as the batch's own CPU share

@@ -64,8 +64,8 @@ class GPUBackend(Backend):
         self.image_op = image_op
         self.max_batch = max_batch
         # native threads of each decoder's CPU share: the cores left by the producers, shared out.
-        # Measured on the H200 (BENCHMARKS.md): every core per producer's pool (64 threads on 16
-        # cores) ran 15-25 % slower than this, 8 per pool ~13 % slower.
+        # Not every core per producer's pool: the pools would then hold several threads per core,
+        # which contend with each other and with the training loop for the same cores.
         self.cpu_threads = max(1, (threads - producers) // producers)
         ix = recipe.ds.index
         self._pixels = ix.width.astype(np.int64) * ix.height  # each record's (the lanes decode largest first)
@@ -118,7 +118,7 @@ class GPUBackend(Backend):
             import torch
 
             with torch.cuda.device(self.gpu_id):  # complete, or torch's stream waits for it (made.ready)
-                # labels: a plain copy, measured to cost the training loop no more than pinned ones
+                # labels: a plain copy; a batch's labels are a few KiB, which pinning would not speed up
                 images, labels = to_torch(images), torch.from_numpy(labels).cuda(self.gpu_id, non_blocking=True)
             images = as_bfloat16(images, self.output)
         images = self.output.arrange(images)  # channels_last: the NCHW-shaped view of the NHWC batch

@@ -332,9 +332,8 @@ class GPUDecoder:
         """Decode LARGE_BATCH baseline images of the Route.LARGE image whose planes are largest
         (its size and layout; 4:4:0, which Pillow does not write, as 4:2:2: the same bytes) on
         their decoder, so that nvJPEG's buffers grow to what such a call takes now, not
-        mid-epoch. Not nvJPEG's pre-allocation: sized for every engine at once,
-        it took 238 MiB for two 3600×2700 4:2:0 images, where decoding them grew a decoder by
-        42-74 MiB (H200). Planar (chroma="interpolate") only: the arena has room for
+        mid-epoch. Not nvJPEG's pre-allocation: it sizes buffers for every engine at once,
+        several times what decoding such images grows a decoder by. Planar (chroma="interpolate") only: the arena has room for
         LARGE_ROOM whole such images beside a batch (warmup); on the RGBI path
         (chroma="replicate") the decoder grows at its first such images. A failure raises
         (warmup adds it to prealloc_error)."""
@@ -703,8 +702,8 @@ class GPUDecoder:
     def _note_large_failed(self, n: int) -> None:
         """The large images' decoder refused `n` images of this batch: the CPU path decodes them
         (BatchReport.large_failed counts them). Warned once per decoder, not per batch: the
-        batch is right, but each such image now costs a core 20-40 ms, which a user should know
-        of rather than find as a slower epoch."""
+        batch is right, but each such image costs a core a whole-file Huffman decode, which a
+        user should know of rather than find as a slower epoch."""
         if not self._large_warned:
             self._large_warned = True
             warnings.warn(f"nvJPEG's decoder of large images (above {GPU_MAX_PIXELS:,} pixels) refused {n} of them "

@@ -249,8 +249,7 @@ class HardwareDecoder(_Handle):
         pipeline: nvJPEG's own pipelining of batched calls (it buffers images across calls), its
             default; False (here the default) sets NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE. Beside
             other streams' queued work — a training model's — a pipelined call waits behind that
-            work: 0.6–1.1 s a call of ~245 images beside a thread keeping spin kernels queued on a
-            side stream, against a median of 68 ms unpipelined; alone both take 9–31 ms
+            work, an unpipelined one does not; alone both take about the same time
             (BENCHMARKS.md, "Where the engines' rate goes beside a model").
     """
 

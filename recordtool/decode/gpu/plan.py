@@ -26,8 +26,8 @@ class Route(IntEnum):
 
 ENGINE, HYBRID, CPU, LARGE = Route.ENGINE, Route.HYBRID, Route.CPU, Route.LARGE
 
-# Grayscale does not go to the engines: their RGBI output for 1-component JPEGs with an ROI did
-# not match the image on the H200 (13.8 dB against libjpeg-turbo, tests/test_gpu.py).
+# Grayscale does not go to the engines: their RGBI output for 1-component JPEGs with an ROI does
+# not match the image (tests/test_gpu.py compares it with libjpeg-turbo's).
 HW_CHROMA = (CHROMA_444, CHROMA_422, CHROMA_420, CHROMA_440)
 
 def hardware_decodable(chroma, progressive, colorspace) -> np.ndarray:
@@ -65,12 +65,11 @@ def route(chroma, progressive, colorspace, same_pixels: bool = False, pixels=Non
 
 GPU_MAX_PIXELS = 4_000_000
 """The largest image (width × height) the batch's GPU decoders take. nvJPEG's engine buffers are
-sized at warm-up for the largest image they will see: measured on the H200, 689 MiB per decoder
-for a 3574×3366 image (4:4:4) against about 150 MiB for 1200×1200, and ImageNet's few images above
-4 MP (its 0.3 % tail) would set that size for all. Larger baseline images (Route.LARGE) go to the
-engines on a second decoder of a few images' size (GPUDecoder.LARGE_BATCH): on the CPU each costs
-20-40 ms of a core for one crop (its whole entropy-coded data is Huffman-decoded whatever the
-window), on the engines about 1 ms of the submitting thread (H200)."""
+sized at warm-up for the largest image they will see, growing with its pixels, and a dataset's
+few images above 4 MP (ImageNet's tail) would set that size for all. Larger baseline images
+(Route.LARGE) go to the engines on a second decoder of a few images' size
+(GPUDecoder.LARGE_BATCH): on the CPU each costs a core its whole entropy-coded data
+Huffman-decoded whatever the window, on the engines only the submitting thread's call."""
 
 LARGE_MAX_PIXELS = 16_000_000
 """The largest image the engines take at all (Route.LARGE's bound); larger ones go to the CPU
@@ -89,7 +88,7 @@ SAME_PIXELS_CHROMA = (CHROMA_444, CHROMA_GRAY)
 
 def ends_with_eoi(buffers) -> np.ndarray:
     """bool per buffer: does it end in the EOI marker FF D9? Neither GPU decoder reports a
-    truncated stream (seen on the H200), so a file that does not goes to libjpeg, which names it.
+    truncated stream, so a file that does not goes to libjpeg, which names it.
     Natively when built (one C pass: no per-buffer Python on the producer thread); this
     function's Python form is its reference (ends_with_eoi_py)."""
     from ..cpu import _native
@@ -164,10 +163,10 @@ class Rates:
 # shorten the batch's predicted decode time (the slower side's, from the measured rates) by at
 # least this fraction. The balanced share assumes the CPU threads are free; at a node's share
 # they are also the training loop's and the engines' submitting thread's, and the rates are
-# estimates: a share that saves a few milliseconds costs more than it gives. ResNet-18 on 4
-# cores: ~150 img/s on a producer's CPU threads against the engines' ~7,000, so the balanced
-# share (~11 of 512 images) saves ~2 ms of a ~73 ms batch, while in one measured call the CPU
-# share then ran 84-95 ms a batch, longer than the engines (BENCHMARKS.md).
+# estimates: a share that saves a few milliseconds costs more than it gives. Where a producer's
+# few CPU threads decode a small fraction of the engines' rate, the balanced share is a handful
+# of images that shorten the batch by a few per cent on paper, and beside the training loop the
+# CPU share then runs longer than the engines.
 MIN_GAIN = 0.05
 
 
@@ -206,9 +205,9 @@ class Demand:
     The share follows the time the consumer waits, not the number of batches it waited for:
     each batch moves `allowed` by gain × (the fraction of the interval waited − threshold), so it
     settles where the consumer waits `threshold` of its time. Waits come in bursts — a training
-    loop on a node's share of the cores waited 4-6 ms a step of ~58 ms on average, all of it in
-    fewer than one batch in six — and a rule that counts batches (up a step for each batch
-    waited for, down a smaller one for each not) would give such a loop nothing.
+    loop on a node's share of the cores waits a few per cent of its time on average, all of it in
+    a few batches — and a rule that counts batches (up a step for each batch waited for, down a
+    smaller one for each not) would give such a loop nothing.
 
     Args:
         first: the side that decodes first, a checked GPUOptions.first (decode.options: the
