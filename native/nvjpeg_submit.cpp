@@ -10,7 +10,7 @@
 //
 // Nothing links CUDA or nvJPEG: the functions are nvJPEG's own, passed by address from the
 // ctypes binding (recordtool/decode/gpu/nvjpeg.py, which loaded the library), and the CUDA driver's
-// likewise. Their C signatures are nvjpeg.h's and cuda.h's. Reference: HardwareDecoder.decode's Python loop (tests/test_gpu.py decodes
+// likewise. Their C signatures are nvjpeg.h's and cuda.h's. Reference: HardwareDecoder.decode's Python loop (tests/gpu/test_nvjpeg.py decodes
 // one batch both ways and compares the pixels) and _Handle.image_info.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -265,7 +265,7 @@ using LaunchFn = int (*)(void* f, unsigned gx, unsigned gy, unsigned gz, unsigne
 // params and the normalising pass's samples up, the op's kernel, the normalising kernel) is
 // one such call: from Python each of those calls gives the GIL up and must take it back from a
 // busy training thread. Reference: GPUBatcher's CuPy calls (tests/test_nvsubmit.py replays
-// this against stand-ins, tests/test_gpu.py compares the pixels on a GPU).
+// this against stand-ins, tests/gpu/test_user_ops.py compares the pixels on a GPU).
 // Returns (status, call, index): call 0 = done, 1 cuEventSynchronize, 2 cuStreamWaitEvent of
 // waits[index], 3 the copy `index`, 4 the launch `index`, 5 cuEventRecord; status the
 // driver's (0 = success); nothing after a failed call is queued.

@@ -92,7 +92,7 @@ fi
 if has tests && fits tests 520; then
   # the whole suite, never -x: a failure must not hide what comes after it (the GPU rule, README)
   # the GPU suite: every test file that runs the decoders, the Loader or the native part
-  GPU_SUITE="tests/test_install.py tests/test_gpu.py tests/test_gpu_roi.py tests/test_gpu_scaling.py tests/test_lightning.py tests/test_epochs.py tests/test_readme.py tests/test_loader.py tests/test_loader_stream.py tests/test_loader_api.py tests/test_torch.py tests/test_distributed.py tests/test_cli_user.py tests/test_nvsubmit.py tests/test_decode_cpu.py tests/test_ops.py"
+  GPU_SUITE="tests/test_install.py tests/gpu tests/test_gpu_plan.py tests/test_gpu_reference.py tests/test_gpu_roi.py tests/test_gpu_scaling.py tests/test_lightning.py tests/test_epochs.py tests/test_readme.py tests/test_loader.py tests/test_loader_stream.py tests/test_loader_api.py tests/test_torch.py tests/test_distributed.py tests/test_cli_user.py tests/test_nvsubmit.py tests/test_decode_cpu.py tests/test_ops.py"
   # -v: each test's name and outcome as it ends, so a run cut short by the timeout still says
   # which failed and where it stopped; -rfEs: the failures' and skips' reasons in the summary.
   # One process takes ~500 s on the H200; with pytest-xdist carried (.whl) the tests are spread

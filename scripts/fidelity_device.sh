@@ -17,7 +17,7 @@ cap() { local l; l=$(left); (( l > $1 )) && l=$1; (( l < 1 )) && l=1; echo "$l";
 MODES=${FID_MODES:-replicate,interpolate,nvjpeg}
 if [ "${FID_TESTS:-1}" = 1 ]; then  # FID_TESTS=0: the same call's GPU suite (device_run.sh tests) ran them
 echo "== GPU tests of the chroma paths ($(left) s left)"
-timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py \
+timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu tests/test_gpu_plan.py tests/test_gpu_reference.py \
   -k "planar or planes or interpolate or chroma or host_matches or sample_dtype or kernel_matches or gpu_matches_cpu or disagree" \
   > "$D/pytest_chroma.log" 2>&1
 rc=$?; (( rc == 124 )) && echo "pytest (chroma): TIMED OUT after 120 s" | tee -a "$D/pytest_chroma.log"

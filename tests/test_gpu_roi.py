@@ -128,7 +128,7 @@ def test_region_planes_give_the_whole_image_pixels(layout, wh):
     hs, vs = {"444": (1, 1), "422": (2, 1), "420": (2, 2), "440": (1, 2), "gray": (1, 1)}[layout]
     planes = _synthetic_440(w, h, w) if layout == "440" else _libjpeg_planes(_jpeg(w, h, layout, seed=w))
     whole = planes_to_rgb(planes[0]) if layout == "gray" else planes_to_rgb(*planes, hs, vs)
-    if layout != "440":  # the whole-image reference is libjpeg's decode itself (tests/test_gpu.py)
+    if layout != "440":  # the whole-image reference is libjpeg's decode itself (tests/test_gpu_reference.py)
         from turbojpeg import TJPF_RGB
 
         from recordtool.codec import turbojpeg

@@ -32,8 +32,8 @@ def _devices():
         ngpu = cupy.cuda.runtime.getDeviceCount()
     except Exception:  # no CuPy, or no driver
         ngpu = 0
-    return ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(ngpu == 0 or not torch.cuda.is_available(),
-                                                                 reason="no CuPy or no CUDA device"))]
+    return ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        ngpu == 0 or not torch.cuda.is_available(), reason="no CuPy or no CUDA device")])]
 
 
 @pytest.fixture(scope="module")

@@ -276,7 +276,7 @@ def test_numba_is_optional_and_imported_lazily(packed):
 @pytest.mark.parametrize("shape", [(5, 29, 23), (1, 16, 16), (3, 7, 300)])
 def test_cuda_kernel_source_emulated_on_the_cpu_equals_the_numpy_reference(op, shape, tmp_path_factory):
     """The GPU form of each op (its CUDA C, the launch grid of recordtool.ops.cuda) run on CPU
-    threads; tests/test_gpu.py runs the same comparison on a GPU."""
+    threads; tests/gpu/test_user_ops.py runs the same comparison on a GPU."""
     import cuda_emu
 
     run = cuda_emu.build(op, str(tmp_path_factory.getbasetemp()))

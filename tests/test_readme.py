@@ -126,7 +126,9 @@ def world(tmp_path_factory):
         server.stop()
 
 
-@pytest.mark.parametrize("line, code", blocks(), ids=[f"line{n}" for n, _ in blocks()])
+@pytest.mark.parametrize("line, code", [pytest.param(n, code, id=f"line{n}",
+                                                     marks=[pytest.mark.gpu] if "cuda" in needs(code) else [])
+                                        for n, code in blocks()])
 def test_readme_example_runs(request, line, code):
     missing = sorted(n for n in needs(code) if n in AVAILABLE and not AVAILABLE[n]())
     if missing:

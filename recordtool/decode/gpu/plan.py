@@ -27,7 +27,7 @@ class Route(IntEnum):
 ENGINE, HYBRID, CPU, LARGE = Route.ENGINE, Route.HYBRID, Route.CPU, Route.LARGE
 
 # Grayscale does not go to the engines: their RGBI output for 1-component JPEGs with an ROI does
-# not match the image (tests/test_gpu.py compares it with libjpeg-turbo's).
+# not match the image (tests/gpu/test_nvjpeg.py compares it with libjpeg-turbo's).
 HW_CHROMA = (CHROMA_444, CHROMA_422, CHROMA_420, CHROMA_440)
 
 def hardware_decodable(chroma, progressive, colorspace) -> np.ndarray:

@@ -9,7 +9,7 @@ a JPEG decoder decodes anyway: the region's chroma plane then starts on a chroma
 clamped to the image. The kernel reads the region's planes at its offset with the whole
 image's coordinates and edge rules (struct Sample's ox / oy), so its pixels are those of a
 whole-image decode, bit for bit, as long as the decoder's region planes equal the whole
-image's planes there (tests/test_gpu.py checks that on the device).
+image's planes there (tests/gpu/test_nvjpeg.py checks that on the device).
 """
 from __future__ import annotations
 
