@@ -12,6 +12,7 @@ import json
 import mmap
 import os
 from dataclasses import dataclass, fields
+from typing import Protocol
 
 import numpy as np
 # imported now, not where first used: NumPy loads numpy.random on first access, and that first
@@ -29,10 +30,104 @@ from .sampler import BlockSampler, Sampler, check_block_shards
 from .util import ForkLock
 
 
+class ShardFiles(Protocol):
+    """How a `Dataset` reaches the bytes of its shards: the local files themselves
+    (`LocalShards`), or checked copies in a local cache (recordtool.remote.CachedShards).
+    Invariant: a view it returns holds exactly the bytes of the manifest's shard at that
+    offset (the shard's size was checked against the manifest before it was first read), and
+    stays valid while it is alive.
+
+    Attributes:
+        lock: the lock shards are mapped under (a ForkLock: a forked child gets it unlocked).
+    """
+
+    lock: ForkLock
+
+    def slice(self, shard: int, offset: int, length: int) -> memoryview:
+        """`length` bytes of a shard from `offset`, zero-copy."""
+
+    def prefetch(self, spans) -> None:
+        """Start reading these (shard, offset, length) spans ahead."""
+
+    def close(self) -> None:
+        """Let go of the mappings (the `Dataset.close` of its dataset)."""
+
+
+class LocalShards:
+    """The shard files of a local dataset directory, each mapped read-only on first use (its
+    size checked against the manifest) and kept mapped until close(). Only files inside the
+    directory are opened (no links, no special files: io.files)."""
+
+    def __init__(self, root: str, shards: list):
+        self.root = root
+        self.shards = shards
+        self._maps: list = [None] * len(shards)
+        self._views: list = [None] * len(shards)
+        self.lock = ForkLock()  # producers map shards under it: a forked child gets it unlocked
+
+    def view(self, shard: int) -> memoryview:
+        """The shard's whole mapping."""
+        v = self._views[shard]
+        if v is None:
+            with self.lock:
+                v = self._views[shard]
+                if v is None:
+                    v = self._map(shard)
+        return v
+
+    def _map(self, shard: int) -> memoryview:
+        info = self.shards[shard]
+        path = files.inside(self.root, info["name"], "shard name")
+        try:
+            mm, size = files.map_readonly(path)
+        except FileNotFoundError:
+            raise FormatError(f"{path}: shard missing") from None
+        if size != info["bytes"]:
+            if isinstance(mm, mmap.mmap):
+                mm.close()
+            raise FormatError(f"{path}: {size} bytes, manifest says {info['bytes']} "
+                              f"(offset {min(size, info['bytes'])}: truncated or overwritten)")
+        self._maps[shard] = mm
+        self._views[shard] = memoryview(mm)
+        return self._views[shard]
+
+    def slice(self, shard: int, offset: int, length: int) -> memoryview:
+        return self.view(shard)[offset:offset + length]
+
+    def prefetch(self, spans) -> None:
+        """Ask the kernel to read these spans ahead (madvise WILLNEED)."""
+        if not hasattr(mmap, "MADV_WILLNEED"):
+            return
+        page = mmap.PAGESIZE
+        for shard, offset, length in spans:
+            self.view(shard)
+            mm = self._maps[shard]
+            if not isinstance(mm, mmap.mmap):
+                continue
+            start = offset // page * page
+            mm.madvise(mmap.MADV_WILLNEED, start, offset + length - start)
+
+    def close(self) -> None:
+        """Unmap the shards. Fails if memoryviews of them are still alive (BufferError)."""
+        with self.lock:
+            for k, v in enumerate(self._views):
+                if v is not None:
+                    v.release()
+                    self._views[k] = None
+            for k, mm in enumerate(self._maps):
+                if isinstance(mm, mmap.mmap):
+                    mm.close()
+                self._maps[k] = None
+
+
 class Dataset:
     """A finished dataset directory: manifest and index loaded and checked once, shards mapped
     on first use. Every index row is bounds-checked against the manifest's shard sizes when the
     dataset opens, so `ds[i]` can only return bytes of the record the index names.
+
+    The shards' bytes come from a `ShardFiles` component (`shard_files`): the local files
+    (`LocalShards`), or for a dataset on object storage the checked copies in the local shard
+    cache (recordtool.remote.RemoteDataset is a Dataset built with its `CachedShards`).
 
     A dataset pickles as the path (and options) it was opened with and its manifest's
     fingerprint: unpickling opens it again (torch DataLoader workers started with "spawn",
@@ -56,10 +151,11 @@ class Dataset:
         index_path = files.inside(self.root, manifest["index"]["file"], "index file")
         index = ix.read_index(index_path)
         check_index_file(index.buffer, manifest["index"], index_path)
-        self._setup(manifest, index, index_path)
+        self._setup(manifest, index, index_path, LocalShards(self.root, manifest["shards"]))
 
-    def _setup(self, manifest: dict, index, index_path: str) -> None:
-        """Checks shared by local and remote datasets: record count, every index row in bounds."""
+    def _setup(self, manifest: dict, index, index_path: str, shard_files: ShardFiles) -> None:
+        """Checks shared by local and remote datasets (record count, every index row in
+        bounds), then the component that serves the shards' bytes."""
         self.manifest = manifest
         self.index = index
         self.classes = list(self.manifest["classes"])
@@ -68,9 +164,12 @@ class Dataset:
             raise FormatError(f"{index_path}: index holds {len(self.index)} records, manifest says "
                               f"{self.manifest['records']}")
         check_rows(self.index, self.shards, index_path, len(self.classes))
-        self._maps: list = [None] * len(self.shards)
-        self._views: list = [None] * len(self.shards)
-        self._lock = ForkLock()  # producers map shards under it: a forked child gets it unlocked
+        self.shard_files = shard_files
+
+    @property
+    def _lock(self):
+        """The lock shards are mapped under (the shard files'): a forked child gets it unlocked."""
+        return self.shard_files.lock
 
     def __reduce__(self):
         root, options = self._opened_as
@@ -93,34 +192,6 @@ class Dataset:
     def __len__(self) -> int:
         return len(self.index)
 
-    def _view(self, shard: int) -> memoryview:
-        v = self._views[shard]
-        if v is None:
-            with self._lock:
-                v = self._views[shard]
-                if v is None:
-                    v = self._map(shard)
-        return v
-
-    def _map(self, shard: int) -> memoryview:
-        info = self.shards[shard]
-        path = files.inside(self.root, info["name"], "shard name")
-        try:
-            mm, size = files.map_readonly(path)
-        except FileNotFoundError:
-            raise FormatError(f"{path}: shard missing") from None
-        if size != info["bytes"]:
-            if isinstance(mm, mmap.mmap):
-                mm.close()
-            raise FormatError(f"{path}: {size} bytes, manifest says {info['bytes']} "
-                              f"(offset {min(size, info['bytes'])}: truncated or overwritten)")
-        self._maps[shard] = mm
-        self._views[shard] = memoryview(mm)
-        return self._views[shard]
-
-    def _slice(self, shard: int, offset: int, length: int) -> memoryview:
-        return self._view(shard)[offset:offset + length]
-
     def __getitem__(self, i: int):
         """(JPEG bytes as a zero-copy memoryview into the shard mapping, label)."""
         n = len(self.index)
@@ -128,7 +199,8 @@ class Dataset:
             raise IndexError(f"record {i} out of range for {n} records")
         i = int(i) % n
         c = self.index.columns
-        return self._slice(int(c["shard"][i]), int(c["jpeg_offset"][i]), int(c["jpeg_length"][i])), int(c["label"][i])
+        return self.shard_files.slice(int(c["shard"][i]), int(c["jpeg_offset"][i]), int(c["jpeg_length"][i])), \
+            int(c["label"][i])
 
     def jpeg_views(self, ids) -> list:
         """The JPEG bytes of these records, as zero-copy memoryviews: `[self[i][0] for i in ids]`
@@ -143,14 +215,14 @@ class Dataset:
         ids = ids.astype(np.int64)
         ids = ids % n if len(ids) else ids
         c = self.index.columns
-        sl = self._slice
+        sl = self.shard_files.slice
         return [sl(s, o, k) for s, o, k in zip(c["shard"][ids].tolist(), c["jpeg_offset"][ids].tolist(),
                                               c["jpeg_length"][ids].tolist())]
 
     def record(self, i: int) -> memoryview:
         """The serialized OFRecord message of record i (without its length prefix)."""
         c = self.index.columns
-        return self._slice(int(c["shard"][i]), int(c["offset"][i]) + 8, int(c["length"][i]))
+        return self.shard_files.slice(int(c["shard"][i]), int(c["offset"][i]) + 8, int(c["length"][i]))
 
     def info(self, i: int) -> "RecordInfo":
         """What record i holds besides its pixels: label, class name, file name, size, shard and
@@ -184,20 +256,11 @@ class Dataset:
                           offset=int(c["offset"][i]), jpeg_length=int(c["jpeg_length"][i]), features=features)
 
     def prefetch(self, indices) -> None:
-        """Ask the kernel to read these records' bytes ahead (madvise WILLNEED)."""
-        if not hasattr(mmap, "MADV_WILLNEED"):
-            return
+        """Start reading these records' bytes ahead: the kernel reads them (a local dataset,
+        madvise WILLNEED), or their shards are downloaded into the cache (a remote one)."""
         c = self.index.columns
-        page = mmap.PAGESIZE
-        for i in indices:
-            s = int(c["shard"][i])
-            self._view(s)
-            mm = self._maps[s]
-            if not isinstance(mm, mmap.mmap):
-                continue
-            start = int(c["jpeg_offset"][i]) // page * page
-            end = int(c["jpeg_offset"][i]) + int(c["jpeg_length"][i])
-            mm.madvise(mmap.MADV_WILLNEED, start, end - start)
+        self.shard_files.prefetch((int(c["shard"][i]), int(c["jpeg_offset"][i]), int(c["jpeg_length"][i]))
+                                  for i in indices)
 
     def sampler(self, seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool = False,
                 shuffle: bool = True, block_shards: int | None = None) -> "Sampler":
@@ -223,16 +286,9 @@ class Dataset:
                        drop_last=drop_last, shuffle=shuffle)
 
     def close(self) -> None:
-        """Unmap the shards. Fails if memoryviews from `ds[i]` are still alive (BufferError)."""
-        with self._lock:
-            for k, v in enumerate(self._views):
-                if v is not None:
-                    v.release()
-                    self._views[k] = None
-            for k, mm in enumerate(self._maps):
-                if isinstance(mm, mmap.mmap):
-                    mm.close()
-                self._maps[k] = None
+        """Let go of the shards (`ShardFiles.close`): a local dataset unmaps them, and fails if
+        memoryviews from `ds[i]` are still alive (BufferError)."""
+        self.shard_files.close()
 
     def __enter__(self):
         return self

@@ -20,7 +20,7 @@ never written after its download, so a file written in place since is let go of 
 again — checked anew, dropped and downloaded again when its bytes are not the manifest's.
 Views handed out before the write show the file as it is now (a mapping cannot be checked).
 
-`close()`, and dropping the dataset (a finalizer), stop its downloads and let go of every
+`close()`, and dropping the dataset (a finalizer of its CachedShards), stop its downloads and let go of every
 mapping, fd and pin; its download threads hold it only weakly. A forked child (a DataLoader
 worker, multiprocessing's 'fork') makes the locks, queue and event the parent's threads may
 have held anew, its client anew (io.fs.FsspecFS), and keeps the mappings it inherits without
@@ -29,7 +29,12 @@ ever letting go of the parent's pins on them (the parent ends its own by an expl
 Pickled, a dataset carries its manifest's fingerprint: unpickled where the URL now holds
 another dataset (re-packed: other shards, labels), it raises DatasetChanged (reader._reopen).
 
-Not split: the mappings, the pins, the epoch's plan and the download threads are one state under
+A RemoteDataset is a reader.Dataset built with another `ShardFiles` component: `CachedShards`,
+which owns all of the above (the pins, the mappings, the epoch's plan, the download threads);
+the dataset adds what only a URL has (its manifest and index read through the cache, the
+block sampler's default, `shard_file`).
+
+Not split: CachedShards' mappings, pins, epoch's plan and download threads are one state under
 one lock — which shard is mapped decides which is pinned, which the plan still needs and which a
 thread may fetch — and what a fork, a close or a collection must let go of is all of it at once;
 the cache's protocol itself (room, eviction, checked downloads) is in recordtool.io.
@@ -62,8 +67,10 @@ AHEAD_WAIT = 60.0  # seconds a download ahead waits for room (shards done with) 
 
 
 class RemoteDataset(Dataset):
-    """A finished dataset at an fsspec URL (`recordtool.open(url)` returns one). It pickles as
-    its URL and options: unpickled (in a spawned worker, say) it opens the dataset again.
+    """A finished dataset at an fsspec URL (`recordtool.open(url)` returns one): a `Dataset`
+    whose shards come from its `CachedShards` (the local shard cache) instead of the dataset's
+    own files. It pickles as its URL and options: unpickled (in a spawned worker, say) it opens
+    the dataset again.
 
     Args:
         root: the dataset's URL, e.g. s3://bucket/prefix (its manifest.json is root/manifest.json).
@@ -101,33 +108,16 @@ class RemoteDataset(Dataset):
             info = manifest["index"]
             mapping, _ = self.cache.meta(info["file"], info["bytes"], info["crc32c"], info.get("sha256"))
             where = self.cache.url(info["file"])
-            self._setup(manifest, ix.read_index(where, mapping), where)
+            index = ix.read_index(where, mapping)
+            self._setup(manifest, index, where, CachedShards(self.cache, manifest["shards"], index.shard))
         except BaseException:
             self.cache.close()
             raise
-        n = len(self.shards)
-        self._fds: list = [None] * n  # a mapped shard's pinned fd
-        self._idents: list = [None] * n  # ... and its file's identity when the cache checked it
-        self._inherited: set = set()  # mapped shards whose pins a forked child got from its parent
-        self._names = [_cache.file_name(s["name"], s["crc32c"]) for s in self.shards]
-        self._mapped: dict = {}  # mapped shards (→ None), oldest first
-        self._mapping = [ForkLock() for _ in range(n)]  # one thread pins (and hashes) a shard at a time
-        self._fits = total <= self.cache_limit  # everything fits: never unmap to make room
-        # the epoch's plan (BlockSampler.on_plan): blocks in order, and per shard how many of
-        # this rank's samples it holds and how many were served: a shard is done when all were
-        self._plan_lock = ForkLock()
-        self._blocks: list = []
-        self._block_of: dict = {}
-        self._expected = [0] * n
-        self._served = [0] * n
-        self._frontier = -1  # the furthest block touched in this plan
-        self._queued: set = set()
-        self._queue: queue.Queue = queue.Queue()
-        self._workers: list = []
-        # dropped without close(): its pins end (its mappings go with the object; no download of it
-        # is in progress then: each holds it, and its idle download threads end on their own)
-        self._finalizer = weakref.finalize(self, _let_go_of, self._fds, self._inherited)
-        _LIVE.add(self)
+
+    # the shard files' locks and queue, which a forked child must find free (the fork tests take them)
+    _plan_lock = property(lambda self: self.shard_files.plan_lock)
+    _mapping = property(lambda self: self.shard_files.mapping_locks)
+    _queue = property(lambda self: self.shard_files.queue)
 
     def _load_manifest(self) -> dict:
         path = self.fs.join(self._path, mf.MANIFEST_FILE)
@@ -146,28 +136,105 @@ class RemoteDataset(Dataset):
             raise FormatError(f"{url}: no manifest, so {self.root} is not a finished recordtool dataset") from None
         return mf.parse(raw, url)
 
+    def sampler(self, seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool = False,
+                shuffle: bool = True, block_shards: int | None = None):
+        """As `Dataset.sampler`, but a block shuffle by default (DEFAULT_BLOCK_SHARDS shards a
+        block) whose blocks this dataset fetches ahead; block_shards=0 asks for the global
+        permutation (sensible when the cache holds the whole dataset)."""
+        if block_shards is None:
+            block_shards = min(DEFAULT_BLOCK_SHARDS, max(1, len(self.shards)))
+        s = super().sampler(seed=seed, rank=rank, world_size=world_size, drop_last=drop_last, shuffle=shuffle,
+                            block_shards=block_shards)
+        if isinstance(s, BlockSampler):
+            largest = sorted((x["bytes"] for x in self.shards), reverse=True)
+            need = sum(largest[:2 * block_shards])
+            self.cache.advice = "raise cache_limit" + (" or lower block_shards" if block_shards > 1 else "")
+            if need > self.cache_limit:
+                how = ("raise cache_limit or lower block_shards" if block_shards > 1 else
+                       f"raise cache_limit to at least {need}")
+                raise CacheFull(f"{self.root}: cache_limit={self.cache_limit} is less than two blocks of "
+                                f"{block_shards} shard{'s' if block_shards > 1 else ''} ({need} bytes): {how}")
+            s.on_plan = self.shard_files.set_plan
+        return s
+
+    def shard_file(self, shard: int):
+        """The checked cached copy of one shard as a read-only mapping, pinned while the block
+        runs and let go after (recordtool verify reads every shard this way, in turn)."""
+        return self.shard_files.shard_file(shard)
+
+    def __repr__(self):
+        return f"<recordtool.Dataset {self.root!r}: {len(self)} records, {len(self.classes)} classes, " \
+               f"{len(self.shards)} shards, cache {self.cache.dir!r} ≤ {self.cache_limit} bytes>"
+
+
+class CachedShards:
+    """A remote dataset's shards (a reader.ShardFiles) as checked copies in its ShardCache:
+    each downloaded on first use, or ahead along the epoch's block plan, then pinned and mapped.
+
+    Invariants: a mapped shard is pinned in the cache (its fd held) until it is unmapped; a
+    record is served from a mapping only while the mapped file's identity is the one the cache
+    checked; slices are taken under `lock`, so a mapping is never closed while a view of it
+    lives (unless forced: then it closes when the last view goes).
+
+    Args:
+        cache: the dataset's ShardCache (this object does not close it).
+        shards: the manifest's shards.
+        shard_of: the index's shard column (an epoch's plan counts samples per shard from it).
+    """
+
+    def __init__(self, cache, shards: list, shard_of):
+        self.cache = cache
+        self.shards = shards
+        self._shard_of = shard_of
+        n = len(shards)
+        self.lock = ForkLock()  # producers map shards under it: a forked child gets it unlocked
+        self._maps: list = [None] * n
+        self._views: list = [None] * n
+        self._fds: list = [None] * n  # a mapped shard's pinned fd
+        self._idents: list = [None] * n  # ... and its file's identity when the cache checked it
+        self._inherited: set = set()  # mapped shards whose pins a forked child got from its parent
+        self._names = [_cache.file_name(s["name"], s["crc32c"]) for s in shards]
+        self._mapped: dict = {}  # mapped shards (→ None), oldest first
+        self.mapping_locks = [ForkLock() for _ in range(n)]  # one thread pins (and hashes) a shard at a time
+        self._fits = sum(s["bytes"] for s in shards) <= cache.limit  # everything fits: never unmap for room
+        # the epoch's plan (BlockSampler.on_plan): blocks in order, and per shard how many of
+        # this rank's samples it holds and how many were served: a shard is done when all were
+        self.plan_lock = ForkLock()
+        self._blocks: list = []
+        self._block_of: dict = {}
+        self._expected = [0] * n
+        self._served = [0] * n
+        self._frontier = -1  # the furthest block touched in this plan
+        self.queued: set = set()
+        self.queue: queue.Queue = queue.Queue()
+        self._workers: list = []
+        # dropped without close(): its pins end (its mappings go with the object; no download of it
+        # is in progress then: each holds it, and its idle download threads end on their own)
+        self._finalizer = weakref.finalize(self, _let_go_of, self._fds, self._inherited)
+        _LIVE.add(self)
+
     # ------------------------------------------------------------------ records
-    def _slice(self, shard: int, offset: int, length: int) -> memoryview:
+    def slice(self, shard: int, offset: int, length: int) -> memoryview:
         # slices are taken under the lock: a view that exists pins its mapping (mm.close()
         # refuses while it lives), so _release never unmaps bytes in use. A record counts as
         # served when its view is taken, not before: while its reader fetches the shard, the
         # shard is still needed (kept mapped, not evicted for others' room)
-        with self._lock:
+        with self.lock:
             v = self._current(shard)
             if v is not None:
                 self._served[shard] += 1
                 return v[offset:offset + length]
         for _ in range(5):
             self._fetch(shard)  # outside the lock: may download, or wait for another process
-            with self._mapping[shard]:
-                with self._lock:
+            with self.mapping_locks[shard]:
+                with self.lock:
                     v = self._current(shard)
                     if v is not None:
                         self._served[shard] += 1
                         return v[offset:offset + length]
                 pinned = self._pin(shard)  # outside the lock too: checking the copy's digest takes a while
                 if pinned is not None:
-                    with self._lock:
+                    with self.lock:
                         self._served[shard] += 1
                         return self._install(shard, pinned)[offset:offset + length]
         raise CacheFull(f"{self.cache.url(self.shards[shard]['name'])}: evicted again each time before it could "
@@ -175,7 +242,7 @@ class RemoteDataset(Dataset):
 
     def _current(self, shard: int):
         """The shard's mapping when it is mapped and its file is the one the cache checked
-        (under self._lock), else None. A file written since (another identity) is let go of
+        (under self.lock), else None. A file written since (another identity) is let go of
         here, so the caller pins it again: checked anew, and dropped and downloaded again when
         its bytes are not the manifest's."""
         v = self._views[shard]
@@ -183,11 +250,6 @@ class RemoteDataset(Dataset):
             return v
         self._unmap(shard, force=True)
         return None
-
-    def _view(self, shard: int) -> memoryview:
-        """The shard's whole mapping (a view of it keeps it pinned, like any slice)."""
-        info = self.shards[shard]
-        return self._slice(shard, 0, info["bytes"])
 
     def _fetch(self, shard: int) -> None:
         info = self.shards[shard]
@@ -234,7 +296,7 @@ class RemoteDataset(Dataset):
                 _unpin(fd)
 
     def _install(self, shard: int, pinned) -> memoryview:
-        """Keep a pinned shard (`_pin`) mapped (under self._lock); its view."""
+        """Keep a pinned shard (`_pin`) mapped (under self.lock); its view."""
         fd, mm, ident = pinned
         self._fds[shard], self._maps[shard], self._idents[shard] = fd, mm, ident
         self._views[shard] = memoryview(mm)
@@ -244,7 +306,7 @@ class RemoteDataset(Dataset):
         return self._views[shard]
 
     def _unmap(self, shard: int, force: bool = False) -> bool:
-        """Let go of a mapped shard (under self._lock): its mapping closed, its fd closed and its
+        """Let go of a mapped shard (under self.lock): its mapping closed, its fd closed and its
         pin ended. A mapping memoryviews still use is kept (False), unless `force`: then it is
         let go of all the same and closes when the last of those views goes (a pin inherited
         from a forked child's parent is the parent's to end: only its fd is closed)."""
@@ -268,59 +330,39 @@ class RemoteDataset(Dataset):
         return True
 
     def _unmap_idle(self, keep=()) -> None:
-        """Unmap (and unpin) mapped shards outside `keep` that no memoryview uses (under self._lock)."""
+        """Unmap (and unpin) mapped shards outside `keep` that no memoryview uses (under self.lock)."""
         for shard in list(self._mapped):
             if shard not in keep:
                 self._unmap(shard)
 
     def _release_all(self) -> None:
         """The cache is short of room: let go of every mapping nothing uses."""
-        with self._lock:
+        with self.lock:
             self._unmap_idle()
 
     def _release_done(self) -> None:
         """Room for a download: let go of idle mappings of shards this epoch is done with."""
         keep = self._needed()
-        with self._lock:
+        with self.lock:
             self._unmap_idle(keep=keep)
 
     # ------------------------------------------------------------------ reading ahead
-    def sampler(self, seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool = False,
-                shuffle: bool = True, block_shards: int | None = None):
-        """As `Dataset.sampler`, but a block shuffle by default (DEFAULT_BLOCK_SHARDS shards a
-        block) whose blocks this dataset fetches ahead; block_shards=0 asks for the global
-        permutation (sensible when the cache holds the whole dataset)."""
-        if block_shards is None:
-            block_shards = min(DEFAULT_BLOCK_SHARDS, max(1, len(self.shards)))
-        s = super().sampler(seed=seed, rank=rank, world_size=world_size, drop_last=drop_last, shuffle=shuffle,
-                            block_shards=block_shards)
-        if isinstance(s, BlockSampler):
-            largest = sorted((x["bytes"] for x in self.shards), reverse=True)
-            need = sum(largest[:2 * block_shards])
-            self.cache.advice = "raise cache_limit" + (" or lower block_shards" if block_shards > 1 else "")
-            if need > self.cache_limit:
-                how = ("raise cache_limit or lower block_shards" if block_shards > 1 else
-                       f"raise cache_limit to at least {need}")
-                raise CacheFull(f"{self.root}: cache_limit={self.cache_limit} is less than two blocks of "
-                                f"{block_shards} shard{'s' if block_shards > 1 else ''} ({need} bytes): {how}")
-            s.on_plan = self._set_plan
-        return s
-
-    def _set_plan(self, epoch: int, blocks: list, indices) -> None:
-        expected = np.bincount(self.index.shard[np.asarray(indices, np.int64)], minlength=len(self.shards))
-        with self._plan_lock:
+    def set_plan(self, epoch: int, blocks: list, indices) -> None:
+        """The epoch's plan (BlockSampler.on_plan): its blocks of shards, and the indices of this rank."""
+        expected = np.bincount(self._shard_of[np.asarray(indices, np.int64)], minlength=len(self.shards))
+        with self.plan_lock:
             self._blocks = [[int(s) for s in b] for b in blocks]
             self._block_of = {s: k for k, b in enumerate(self._blocks) for s in b}
             self._expected = expected.tolist()
             self._served = [0] * len(self.shards)
             self._frontier = -1
-            self._queued = set()
+            self.queued = set()
 
     def _needed(self) -> set:
         """Shards this epoch still needs, up to the block after the furthest one touched: kept
         mapped, and evicted for room only when nothing else can go (and never for a download
         ahead)."""
-        with self._plan_lock:
+        with self.plan_lock:
             return {s for b in self._blocks[:self._frontier + 2] for s in b if self._served[s] < self._expected[s]}
 
     def _needed_names(self) -> set:
@@ -328,36 +370,35 @@ class RemoteDataset(Dataset):
 
     def _advance(self, shard: int) -> None:
         """A shard is wanted: if its block is new, queue the downloads of this block and the next."""
-        with self._plan_lock:
+        with self.plan_lock:
             k = self._block_of.get(shard)
             if k is None or k <= self._frontier:
                 return
             self._frontier = k
-            todo = [s for b in self._blocks[k:k + 2] for s in b if s not in self._queued]
-            self._queued.update(todo)
+            todo = [s for b in self._blocks[k:k + 2] for s in b if s not in self.queued]
+            self.queued.update(todo)
         for s in todo:
-            self._queue.put(s)
+            self.queue.put(s)
         self._start_workers()
 
-    def prefetch(self, indices) -> None:
-        """Start downloading the shards of these records in the background."""
-        c = self.index.columns
-        for s in sorted({int(c["shard"][i]) for i in indices}):
-            self._queue.put(s)
+    def prefetch(self, spans) -> None:
+        """Start downloading the shards of these (shard, offset, length) spans in the background."""
+        for s in sorted({shard for shard, _, _ in spans}):
+            self.queue.put(s)
         self._start_workers()
 
     def _start_workers(self) -> None:
-        with self._plan_lock:
+        with self.plan_lock:
             while len(self._workers) < FETCH_THREADS and not self.cache.closed.is_set():
-                t = threading.Thread(target=_download_ahead, args=(weakref.ref(self), self._queue, self.cache.closed),
+                t = threading.Thread(target=_download_ahead, args=(weakref.ref(self), self.queue, self.cache.closed),
                                      name="recordtool-fetch", daemon=True)
                 self._workers.append(t)
                 t.start()
 
     def _retire(self) -> bool:
         """An idle download thread ends (True), unless work came meanwhile."""
-        with self._plan_lock:
-            if not self._queue.empty() and not self.cache.closed.is_set():
+        with self.plan_lock:
+            if not self.queue.empty() and not self.cache.closed.is_set():
                 return False
             with contextlib.suppress(ValueError):
                 self._workers.remove(threading.current_thread())
@@ -380,21 +421,21 @@ class RemoteDataset(Dataset):
         as a local dataset maps again. Dropping the dataset lets go of all of it as well."""
         closed = self.cache.closed
         closed.set()  # downloads in progress end (Cancelled)
-        with self._plan_lock:
+        with self.plan_lock:
             workers = list(self._workers)
         for _ in workers:
-            self._queue.put(None)
+            self.queue.put(None)
         for t in workers:
             t.join(timeout=30)
-        with self._lock:
+        with self.lock:
             for shard in list(self._mapped):
                 self._unmap(shard, force=True)
-        with self._plan_lock:
+        with self.plan_lock:
             self._workers = [t for t in self._workers if t.is_alive()]
             with contextlib.suppress(queue.Empty):
                 while True:
-                    self._queue.get_nowait()
-            self._queued, self._frontier = set(), -1  # a later read queues its blocks anew
+                    self.queue.get_nowait()
+            self.queued, self._frontier = set(), -1  # a later read queues its blocks anew
             closed.clear()
 
     def _forked(self) -> None:
@@ -402,17 +443,13 @@ class RemoteDataset(Dataset):
         are not here, and the queue and event they used may have been locked at the fork, so
         both are made anew (the ForkLocks are by recordtool.util, the cache's lock by
         io.cachefolder). The mappings stay usable; their pins are the parent's to end."""
-        self._queue, self._workers = queue.Queue(), []
-        self._queued, self._frontier = set(), -1
+        self.queue, self._workers = queue.Queue(), []
+        self.queued, self._frontier = set(), -1
         closed = threading.Event()
         if self.cache.closed.is_set():
             closed.set()
         self.cache.closed = closed
         self._inherited.update(self._mapped)
-
-    def __repr__(self):
-        return f"<recordtool.Dataset {self.root!r}: {len(self)} records, {len(self.classes)} classes, " \
-               f"{len(self.shards)} shards, cache {self.cache.dir!r} ≤ {self.cache_limit} bytes>"
 
 
 def _unpin(fd: int) -> None:
@@ -459,7 +496,7 @@ def _let_go_of(fds: list, inherited: set) -> None:
                 _unpin(fd)
 
 
-_LIVE: "weakref.WeakSet[RemoteDataset]" = weakref.WeakSet()  # the remote datasets open in this process
+_LIVE: "weakref.WeakSet[CachedShards]" = weakref.WeakSet()  # the remote datasets' shards in this process
 
 
 def _after_fork_in_child() -> None:

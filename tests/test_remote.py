@@ -871,3 +871,34 @@ def test_cache_dir_of_another_user_is_a_config_error(s3, remote, tmp_path):
     (tmp_path / "a-file").write_text("")
     with pytest.raises(ConfigError, match="cannot be used as the cache folder"):
         recordtool.open(url, cache_dir=str(tmp_path / "a-file"), storage_options=s3.options, retry=FAST)
+
+
+def test_a_remote_dataset_is_a_dataset_with_other_shard_files():
+    """RemoteDataset changes what serves the shards (its CachedShards), not Dataset's internals:
+    it defines no private method Dataset has, and both read through the same public methods."""
+    from recordtool.reader import Dataset, LocalShards, ShardFiles
+    from recordtool.remote import CachedShards, RemoteDataset
+
+    own = {k for k, v in vars(RemoteDataset).items() if k.startswith("_") and not k.startswith("__") and callable(v)}
+    assert not own & set(dir(Dataset)), own & set(dir(Dataset))
+    for component in (LocalShards, CachedShards):
+        assert all(callable(getattr(component, m)) for m in ("slice", "prefetch", "close")), component
+        assert set(ShardFiles.__annotations__) == {"lock"}
+
+
+def test_the_shard_cache_has_its_folder_and_budget_rather_than_inheriting_them(s3, remote, tmp_path):
+    """ShardCache is composed of a CacheFolder (the folder, its locks) and a CacheBudget (the
+    bytes it may hold), each a class of its own; the cache's lock is the folder's."""
+    from recordtool.io.cache import ShardCache
+    from recordtool.io.cachebudget import CacheBudget
+    from recordtool.io.cachefolder import CacheFolder
+
+    assert ShardCache.__mro__ == (ShardCache, object) and CacheBudget.__mro__ == (CacheBudget, object)
+    ds = open_remote(s3, remote[0], tmp_path)
+    cache = ds.cache
+    assert isinstance(cache.folder, CacheFolder) and isinstance(cache.budget, CacheBudget)
+    assert cache.budget.folder is cache.folder and cache.limit == cache.budget.limit == ds.cache_limit
+    assert cache.dir == cache.folder.dir and cache.used() == cache.budget.used() == 0
+    bytes(ds[0][0])
+    assert 0 < cache.used() <= cache.limit
+    ds.close()

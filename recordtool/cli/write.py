@@ -1,19 +1,20 @@
 """`recordtool pack` and `recordtool index`: the commands that write a dataset."""
 from __future__ import annotations
 
-import os
-
 import click
 
 from .. import checks
 from ..pack.transcode import SPEED_PRESETS
+from ..sources import registry
+from ..sources.base import SourceArgs
 from .options import CLASSES, Finite, SEED, Size, THREADS, errors, on_error_policy
 
 
 @click.command()
 @click.argument("src", nargs=-1, required=True)
 @click.argument("out", type=click.Path(file_okay=False))
-@click.option("--from", "kind", type=click.Choice(["folder", "tfrecord", "ofrecord"]), default="folder",
+@click.option("--from", "kind", type=click.Choice(registry.cli_names()),
+              default=registry.cli_name(registry.source_class(registry.PATH_KIND)),
               show_default=True, help="What SRC is: an ImageNet-style folder, TFRecord files (globs allowed), "
               "or a folder of OFRecord part files to re-shard.")
 @click.option("--shards", type=click.IntRange(1), default=None, help="Number of part files (default: by --shard-size).")
@@ -92,48 +93,19 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
     from ..format.manifest import MAX_CLASSES
     from ..pack import pack as run_pack
     from ..format.jpeg import DEFAULT_MAX_PIXELS
-    from ..sources.tfrecord import DEFAULT_MAX_INFLATE, PRESETS
 
     policy = on_error_policy(on_error, strict)
     transcode = _transcode(preset, max_side, quality, hw_friendly)
-    max_classes = max_classes or MAX_CLASSES
+    args = SourceArgs(tuple(src), out, on_error=policy, max_classes=max_classes or MAX_CLASSES,
+                      classes_from=classes_from, keys=keys, image_key=image_key, label_key=label_key,
+                      label_offset=label_offset, filename_key=filename_key, compression=compression,
+                      max_inflate=max_inflate)
+    why = registry.usage(kind, args)
+    if why is not None:
+        raise click.UsageError(why)
     source = None
     try:
-        if kind != "tfrecord" and (len(src) != 1 or not os.path.isdir(src[0])):
-            raise click.UsageError(_not_a_folder(kind, src))
-        if classes_from is not None and kind != "folder":
-            raise click.UsageError(f"--classes-from numbers class folders: it applies to --from folder, not {kind}")
-        if kind == "folder":
-            from ..format.manifest import classes_of
-            from ..sources.imagefolder import ImageFolderSource
-
-            classes = None if classes_from is None else classes_of(classes_from)
-            source = ImageFolderSource(src[0], exclude=(out,), max_classes=max_classes, classes=classes)
-        elif kind == "ofrecord":
-            from ..sources.ofrecord import OFRecordSource
-
-            source = OFRecordSource(src[0], image_key=image_key or "encoded", label_key=label_key or "class/label",
-                                    on_error=policy, max_classes=max_classes)
-        else:
-            from ..sources.tfrecord import TFRecordSource
-
-            if keys is None and not (image_key and label_key):
-                raise click.UsageError("--from tfrecord needs --keys or both --image-key and --label-key")
-            feature_keys = dict(PRESETS[keys]) if keys else {"image": None, "label": None, "label_offset": 0,
-                                                             "filename": None, "synset": None, "text": None}
-            for k, v in (("image", image_key), ("label", label_key), ("label_offset", label_offset),
-                         ("filename", filename_key)):
-                if v is not None:
-                    feature_keys[k] = v
-            feature_keys["preset"] = keys
-            from ..io.fs import is_url
-
-            parent = None  # remote OUT: scratch in $TMPDIR
-            if not is_url(out):
-                parent = os.path.dirname(os.path.abspath(out))
-                os.makedirs(parent, exist_ok=True)  # GZIP/ZLIB files are inflated beside OUT
-            source = TFRecordSource(src, feature_keys, tmpdir=parent, compression=compression, on_error=policy,
-                                    max_inflate=max_inflate or DEFAULT_MAX_INFLATE, max_classes=max_classes)
+        source = registry.open_source(kind, args)
         summary = run_pack(source, out, shards=shards, shard_size=shard_size,
                            workers=workers, seed=seed, on_error=policy, overwrite=overwrite,
                            max_pixels=max_pixels or DEFAULT_MAX_PIXELS, transcode=transcode,
@@ -155,19 +127,6 @@ def pack(src, out, kind, shards, shard_size, workers, seed, on_error, strict, ov
         more = f", … {len(summary.reused) - 10} more" if len(summary.reused) > 10 else ""
         click.echo(f"reused {', '.join(summary.reused[:10])}{more} (finished by an earlier run)", err=True)
     click.echo(summary.line())
-
-
-def _not_a_folder(kind: str, src) -> str:
-    """Why SRC is refused for --from folder/ofrecord, with the option the user likely meant."""
-    what = src[0] if len(src) == 1 else f"{len(src)} paths"
-    if len(src) == 1 and not os.path.lexists(src[0]) and not any(ch in src[0] for ch in "*?["):
-        why = f"SRC {src[0]} does not exist"
-    else:
-        why = f"--from {kind} takes one SRC folder, not {what}"
-    if kind == "folder":
-        return (f"{why}. For TFRecord files (globs allowed: 'train-*'), add --from tfrecord --keys tf-slim|tfds; "
-                "for a folder of OFRecord part files, --from ofrecord")
-    return why
 
 
 def _transcode(preset, max_side, quality, hw_friendly):

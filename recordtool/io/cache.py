@@ -80,8 +80,14 @@ ROOM_WAIT = 120.0  # seconds a download waits for pinned shards to be let go bef
 LOST_TRIES = 3  # downloads whose .part another program deleted, before CacheChanged
 
 
-class ShardCache(CacheBudget):
-    """The cache folder of one remote dataset (see the module docstring).
+class ShardCache:
+    """The cache folder of one remote dataset (see the module docstring): the protocol —
+    checked downloads, pins, room reserved before a download — over a `CacheFolder` (`folder`:
+    the folder's fds, its files' names, stamps and locks) and a `CacheBudget` (`budget`: the
+    bytes its files may hold).
+
+    Invariant: what it serves matches the manifest (size and digest, checked when downloaded
+    and again when pinned); its files stay within `limit` bytes.
 
     Args:
         fs: the dataset's FileSystem (recordtool.io.fs).
@@ -96,13 +102,30 @@ class ShardCache(CacheBudget):
 
     def __init__(self, fs, root: str, cache_dir: str, retry: Retry, limit: int | None = None, total: int = 0):
         self.fs, self.root, self.retry = fs, root, retry
-        super().__init__(cache_dir, key(fs.url(root), fs.store_id()))
+        self.folder = CacheFolder(cache_dir, key(fs.url(root), fs.store_id()))
+        self.dir, self.shards_dir = self.folder.dir, self.folder.shards_dir
+        self.meta_dir, self.locks_dir = self.folder.meta_dir, self.folder.locks_dir
         self.dropped: list = []  # messages naming cached copies found bad (and deleted)
         self.advice = "raise cache_limit"  # what a CacheFull message suggests (the dataset knows more)
         self.closed = threading.Event()
-        if limit is None:
-            limit = min(total, int(0.8 * shutil.disk_usage(self.shards_dir).free) + self.used())
-        self.limit = int(limit)
+        self.budget = CacheBudget(self.folder, limit, total)
+
+    @property
+    def limit(self) -> int:
+        """Bytes of shards (complete and downloading) the folder may hold."""
+        return self.budget.limit
+
+    def used(self) -> int:
+        """Bytes of shards and downloads in the folder now."""
+        return self.budget.used()
+
+    def pinned(self) -> int:
+        """Bytes of shards some reader holds pinned now (for messages)."""
+        return self.budget.pinned()
+
+    def _locked(self):
+        """The cache's lock (the folder's)."""
+        return self.folder.locked()
 
     # ------------------------------------------------------------------ names
     file_name = staticmethod(file_name)
@@ -120,16 +143,16 @@ class ShardCache(CacheBudget):
         download or last check (which then records it)."""
         if st.st_size != size:
             return f"{st.st_size} bytes, the manifest says {size}"
-        if self._stamp(fname) != _ident(st):
+        if self.folder.stamp(fname) != _ident(st):
             got = crc_of(fd, size)
             if got != crc:
                 return f"CRC32C {got} differs from the manifest's {crc}"
-            self._stamp(fname, st)
+            self.folder.stamp(fname, st)
         return None
 
     def _drop(self, dir_fd: int, fname: str, where: str, why: str) -> None:
         """Delete a bad cached copy (our name in our folder) and say so."""
-        self._unlink(dir_fd, fname)
+        self.folder.unlink(dir_fd, fname)
         msg = (f"{where}: cached copy changed after its download ({why}): dropped, the next read downloads it "
                f"again (the object store's copy is checked then)")
         self.dropped.append(msg)
@@ -140,7 +163,7 @@ class ShardCache(CacheBudget):
         message naming it."""
         fname = file_name(name, crc)
         with self._locked():
-            self._drop(self._shards, fname, os.path.join(self.shards_dir, fname), why)
+            self._drop(self.folder.shards_fd, fname, os.path.join(self.shards_dir, fname), why)
         return self.dropped[-1]
 
     # ------------------------------------------------------------------ reading
@@ -158,7 +181,7 @@ class ShardCache(CacheBudget):
         where = os.path.join(self.shards_dir, fname)
         with self._locked():
             try:
-                fd = held(files.open_regular_at(self._shards, fname, where))
+                fd = held(files.open_regular_at(self.folder.shards_fd, fname, where))
             except FileNotFoundError:
                 return None
             try:
@@ -175,10 +198,10 @@ class ShardCache(CacheBudget):
                 if why is not None:
                     let_go(fd, unlock=True)
                     fd = None
-                    self._drop(self._shards, fname, where, why)
+                    self._drop(self.folder.shards_fd, fname, where, why)
                     return None
                 if sha256 is None:
-                    self._used(fname)
+                    self.folder.mark_used(fname)
                     return handed(fd), _ident(st)
             except BaseException:
                 if fd is not None:
@@ -192,7 +215,7 @@ class ShardCache(CacheBudget):
             why = why or _written(fd, st)
             if why is None:
                 with self._locked():
-                    self._used(fname)
+                    self.folder.mark_used(fname)
                 return handed(fd), _ident(st)
         except BaseException:
             let_go(fd, unlock=True)
@@ -200,9 +223,9 @@ class ShardCache(CacheBudget):
         let_go(fd, unlock=True)
         with self._locked():  # the copy we hashed, not one put at its name since
             with contextlib.suppress(FileNotFoundError):
-                now = os.stat(fname, dir_fd=self._shards, follow_symlinks=False)
+                now = os.stat(fname, dir_fd=self.folder.shards_fd, follow_symlinks=False)
                 if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
-                    self._drop(self._shards, fname, where, why)
+                    self._drop(self.folder.shards_fd, fname, where, why)
         return None
 
     def fetch(self, name: str, size: int, crc: str, wait: bool = True, protect=None, release=None,
@@ -223,7 +246,7 @@ class ShardCache(CacheBudget):
         """
         fname = file_name(name, crc)
         where = os.path.join(self.shards_dir, fname)
-        if self._present(self._shards, fname, where):
+        if self.folder.present(self.folder.shards_fd, fname, where):
             return True
         if size > self.limit:
             raise CacheFull(f"{self.url(name)}: {size} bytes do not fit in cache_limit={self.limit}; raise "
@@ -232,15 +255,15 @@ class ShardCache(CacheBudget):
         deadline = time.monotonic() + patience
         lost = 0
         while True:
-            lock = self._file_lock(fname, wait)
+            lock = self.folder.file_lock(fname, wait)
             if lock is None:  # (wait=False) someone else is downloading it, or waiting to
                 return False
             try:
-                if self._present(self._shards, fname, where):  # another process finished it while we waited
+                if self.folder.present(self.folder.shards_fd, fname, where):  # another process finished it while we waited
                     return True
                 fd = self._reserve(fname + ".part", size, protect, release, strict, name)
                 if fd is not None:
-                    if self._download(self._shards, fd, fname, name, size, crc, sha256):
+                    if self._download(self.folder.shards_fd, fd, fname, name, size, crc, sha256):
                         return True
                     lost += 1
                     if lost >= LOST_TRIES:
@@ -249,7 +272,7 @@ class ShardCache(CacheBudget):
                                            f"{self.dir}?")
                     continue  # download it again at once
             finally:
-                self._unlock(lock)
+                self.folder.unlock(lock)
             # no room now: wait with the download lock let go (see the module docstring)
             if self.closed.is_set():
                 raise Cancelled(f"{self.url(name)}: cache closed")
@@ -267,13 +290,13 @@ class ShardCache(CacheBudget):
         for attempt in range(2):
             keep = protect() if protect is not None else ()
             with self._locked():
-                if self._make_room(size, keep) or (attempt and not strict and self._make_room(size, ())):
-                    fd = self._new_part(self._shards, part)
+                if self.budget.make_room(size, keep) or (attempt and not strict and self.budget.make_room(size, ())):
+                    fd = self.folder.new_part(self.folder.shards_fd, part)
                     try:
                         _preallocate(fd, size)
                     except OSError as e:
                         os.close(fd)
-                        self._unlink(self._shards, part)
+                        self.folder.unlink(self.folder.shards_fd, part)
                         if e.errno == errno.ENOSPC:
                             raise CacheFull(f"{self.dir}: no space left on the disk for {self.url(name)} "
                                             f"({size} bytes); lower cache_limit or free space") from None
@@ -305,13 +328,13 @@ class ShardCache(CacheBudget):
                 if (st.st_dev, st.st_ino) != (mine.st_dev, mine.st_ino):
                     return False
                 os.replace(part, fname, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # complete and checked
-                self._stamp(fname, touch(fd))
+                self.folder.stamp(fname, touch(fd))
             return True
         except BaseException:
             with contextlib.suppress(OSError):
                 st = os.stat(part, dir_fd=dir_fd, follow_symlinks=False)
                 if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
-                    self._unlink(dir_fd, part)
+                    self.folder.unlink(dir_fd, part)
             raise
         finally:
             os.close(fd)
@@ -326,7 +349,7 @@ class ShardCache(CacheBudget):
         where = os.path.join(self.meta_dir, fname)
         for _ in range(3):
             try:  # something not ours at our name (a hard link, another user's file) is an error naming it
-                fd = files.open_regular_at(self._meta, fname, where)
+                fd = files.open_regular_at(self.folder.meta_fd, fname, where)
             except FileNotFoundError:
                 fd = None
             if fd is not None:
@@ -338,29 +361,29 @@ class ShardCache(CacheBudget):
                     self._drop_old(name, fname)
                     return data, where
                 with self._locked():
-                    self._drop(self._meta, fname, where, why)
+                    self._drop(self.folder.meta_fd, fname, where, why)
                 continue
-            lock = self._file_lock("meta-" + fname, wait=True)
+            lock = self.folder.file_lock("meta-" + fname, wait=True)
             try:
-                if not self._present(self._meta, fname, where):
+                if not self.folder.present(self.folder.meta_fd, fname, where):
                     free = shutil.disk_usage(self.meta_dir).free  # (a number only: the folder was checked)
                     if size > free:  # the manifest says how big: refuse before filling the disk
                         raise CacheFull(f"{self.url(name)}: {size} bytes, the disk of {self.dir} has {free} free")
-                    self._download(self._meta, self._new_part(self._meta, fname + ".part"), fname, name, size, crc,
+                    self._download(self.folder.meta_fd, self.folder.new_part(self.folder.meta_fd, fname + ".part"), fname, name, size, crc,
                                    sha256)  # (False: its .part was deleted meanwhile; the next round sees)
             finally:
-                self._unlock(lock)
+                self.folder.unlock(lock)
         raise CacheFull(f"{where}: changed again each time after its download; is another program writing there?")
 
     def _drop_old(self, name: str, fname: str) -> None:
         """Delete older versions of a meta file (mapped copies stay valid for who maps them)."""
         stem = file_name(name, "00000000")[:-9]
-        for other in os.listdir(self._meta):
+        for other in os.listdir(self.folder.meta_fd):
             if other != fname and other.startswith(stem + ".") and re.fullmatch(r"\.[0-9a-f]{8}", other[len(stem):]):
                 with contextlib.suppress(FileNotFoundError, OSError):
-                    st = os.stat(other, dir_fd=self._meta, follow_symlinks=False)
-                    if self._mine(st, other):
-                        self._unlink(self._meta, other)
+                    st = os.stat(other, dir_fd=self.folder.meta_fd, follow_symlinks=False)
+                    if self.folder.mine(st, other):
+                        self.folder.unlink(self.folder.meta_fd, other)
 
     def close(self) -> None:
         """Stop downloads in progress (they raise Cancelled); the folders are let go with the object."""

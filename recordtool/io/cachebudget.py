@@ -1,85 +1,79 @@
 """A cache folder's byte budget: what its shards and downloads hold (`used`), the least recently
-used unpinned shards evicted for room (`_make_room`; a shard's last use is its lock file's mtime),
+used unpinned shards evicted for room (`make_room`; a shard's last use is its lock file's mtime),
 what readers hold pinned (`pinned`), and a download's blocks reserved before it starts
-(`_preallocate`). All of it under the cache's lock (`_locked`), so the budget holds between
-threads and processes alike. io/cache.py's `ShardCache` is the protocol built on it (its module
-docstring gives the rules).
+(`_preallocate`). All of it under the cache folder's lock (`CacheFolder.locked`), so the budget
+holds between threads and processes alike. io/cache.py's `ShardCache` is the protocol that uses
+it, with its folder (its module docstring gives the rules).
 """
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import os
-import threading
+import shutil
 
 from .cachefolder import CacheFolder, held, let_go
 
 
-class CacheBudget(CacheFolder):
-    """A CacheFolder holding at most `limit` bytes of shards (`limit`: set by the subclass)."""
+class CacheBudget:
+    """The byte budget of one cache folder: its shard and .part files hold at most `limit`
+    bytes, counted and evicted under the folder's lock.
 
-    limit: int
+    Invariant: a download reserves its bytes (`make_room`, then `_preallocate`) under the
+    folder's lock, so what the files hold stays within `limit` between threads and processes
+    alike; a pinned shard (a reader's shared flock) is never evicted.
 
-    def __init__(self, cache_dir: str, name: str):
-        super().__init__(cache_dir, name)
-        self._tlock = threading.Lock()  # flock does not exclude threads sharing one fd
+    Args:
+        folder: the CacheFolder whose files it counts.
+        limit: bytes of shards (complete and downloading) the folder may hold; None: `total`,
+            or 80 % of the free disk space plus what is cached already, when that is less.
+        total: the dataset's shard bytes (for the default limit).
+    """
 
-    def _forked(self) -> None:
-        """In a forked child: the thread lock made anew (a thread of the parent may have held
-        it at the fork; that thread is not here to let go of it), and the lock file reopened."""
-        self._tlock = threading.Lock()
-        super()._forked()
-
-    @contextlib.contextmanager
-    def _locked(self):
-        """The cache's lock (threads of this process and other processes alike)."""
-        with self._tlock:
-            fd = self._cache_lock_fd()
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
+    def __init__(self, folder: CacheFolder, limit: int | None = None, total: int = 0):
+        self.folder = folder
+        if limit is None:
+            limit = min(total, int(0.8 * shutil.disk_usage(folder.shards_dir).free) + self.used())
+        self.limit = int(limit)
 
     # ------------------------------------------------------------------ accounting
     def used(self) -> int:
         """Bytes of shards and downloads in the folder now."""
-        with self._locked():
-            return sum(size for _, _, size, _ in self._entries())
+        with self.folder.locked():
+            return sum(size for _, _, size, _ in self.entries())
 
-    def _entries(self) -> list:
+    def entries(self) -> list:
         """(mtime_ns, name, bytes, is_part) of the cache's own files in shards/; .part files
         whose download lock is free (their process died) are deleted on the way."""
         out = []
-        for fname in os.listdir(self._shards):
+        for fname in os.listdir(self.folder.shards_fd):
             try:
-                st = os.stat(fname, dir_fd=self._shards, follow_symlinks=False)
+                st = os.stat(fname, dir_fd=self.folder.shards_fd, follow_symlinks=False)
             except FileNotFoundError:
                 continue
-            if not self._mine(st, fname):
+            if not self.folder.mine(st, fname):
                 continue
             part = fname.endswith(".part")
             if part:
-                lock = self._file_lock(fname[:-len(".part")], wait=False)
+                lock = self.folder.file_lock(fname[:-len(".part")], wait=False)
                 if lock is not None:  # nobody is downloading it: left by a dead process
-                    self._unlink(self._shards, fname)
-                    self._unlock(lock)
+                    self.folder.unlink(self.folder.shards_fd, fname)
+                    self.folder.unlock(lock)
                     continue
-            out.append((st.st_mtime_ns if part else self._last_use(fname, st), fname, st.st_size, part))
+            out.append((st.st_mtime_ns if part else self.folder.last_use(fname, st), fname, st.st_size, part))
         return out
 
-    def _make_room(self, need: int, protect) -> bool:
+    def make_room(self, need: int, protect) -> bool:
         """Evict least recently used, unpinned, unprotected shards until `need` more bytes fit.
         Called under the cache's lock."""
-        entries = self._entries()
+        entries = self.entries()
         used = sum(size for _, _, size, _ in entries)
         if used + need <= self.limit:
             return True
         for _, fname, size, part in sorted(entries):
             if part or fname in protect:
                 continue
-            fd = self._open_mine(self._shards, fname, os.path.join(self.shards_dir, fname))
+            fd = self.folder.open_mine(self.folder.shards_fd, fname, os.path.join(self.folder.shards_dir, fname))
             if fd is None:
                 continue
             held(fd)
@@ -88,7 +82,7 @@ class CacheBudget(CacheFolder):
             except BlockingIOError:  # pinned: mapped by a reader
                 let_go(fd)
                 continue
-            self._unlink(self._shards, fname)  # a name in our own folder: never anything outside it
+            self.folder.unlink(self.folder.shards_fd, fname)  # a name in our own folder: never anything outside it
             let_go(fd, unlock=True)
             used -= size
             if used + need <= self.limit:
@@ -98,11 +92,11 @@ class CacheBudget(CacheFolder):
     def pinned(self) -> int:
         """Bytes of shards some reader holds pinned now (for messages)."""
         total = 0
-        with self._locked():
-            for _, fname, size, part in self._entries():
+        with self.folder.locked():
+            for _, fname, size, part in self.entries():
                 if part:
                     continue
-                fd = self._open_mine(self._shards, fname, fname)
+                fd = self.folder.open_mine(self.folder.shards_fd, fname, fname)
                 if fd is None:
                     continue
                 held(fd)

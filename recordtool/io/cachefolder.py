@@ -35,6 +35,7 @@ import os
 import re
 import stat
 import struct
+import threading
 import time
 import weakref
 
@@ -189,7 +190,13 @@ def open_cache_dir(cache_dir: str) -> int:
 
 
 class CacheFolder:
-    """The folders of one dataset's cache, opened (created if missing) and held open.
+    """The folders of one dataset's cache, opened (created if missing) and held open, and the
+    cache's lock (`locked`).
+
+    Invariants: every file is reached through the folder fds opened here (never by a path that
+    could follow a link out); only files `mine` accepts are counted or deleted; `locked()`
+    excludes the threads of this process and other processes alike, and a forked child never
+    holds or ends its parent's hold of it.
 
     Args:
         cache_dir: the folder holding every dataset's cache folder.
@@ -202,32 +209,46 @@ class CacheFolder:
         self.meta_dir = os.path.join(self.dir, "meta")
         self.locks_dir = os.path.join(self.dir, "locks")
         self._fds: list = []
+        self._tlock = threading.Lock()  # flock does not exclude threads sharing one fd
         # the folder fds outlive close(): a download still finishing uses them; they go with the object
         self._finalizer = weakref.finalize(self, _close_all, self._fds)
         try:
             top = open_cache_dir(os.fspath(cache_dir))
             try:
-                self._dir = self._keep(files.open_dir(name, top, what=self.dir))
+                self.dir_fd = self._keep(files.open_dir(name, top, what=self.dir))
             finally:
                 os.close(top)
-            self._shards = self._keep(files.open_dir("shards", self._dir, what=self.shards_dir))
-            self._meta = self._keep(files.open_dir("meta", self._dir, what=self.meta_dir))
-            self._locks = self._keep(files.open_dir("locks", self._dir, what=self.locks_dir))
-            self._lock_fd = self._keep(self._open_lockfile(self._dir, ".lock", os.path.join(self.dir, ".lock")))
+            self.shards_fd = self._keep(files.open_dir("shards", self.dir_fd, what=self.shards_dir))
+            self.meta_fd = self._keep(files.open_dir("meta", self.dir_fd, what=self.meta_dir))
+            self.locks_fd = self._keep(files.open_dir("locks", self.dir_fd, what=self.locks_dir))
+            self._lock_fd = self._keep(self._open_lockfile(self.dir_fd, ".lock", os.path.join(self.dir, ".lock")))
         except BaseException:
             _close_all(self._fds)
             raise
         _FOLDERS.add(self)
 
-    def _cache_lock_fd(self) -> int:
+    def cache_lock_fd(self) -> int:
         """The fd of `.lock` this process flocks (its own, opened anew after a fork)."""
         if self._lock_fd is None:
-            self._lock_fd = self._keep(self._open_lockfile(self._dir, ".lock", os.path.join(self.dir, ".lock")))
+            self._lock_fd = self._keep(self._open_lockfile(self.dir_fd, ".lock", os.path.join(self.dir, ".lock")))
         return self._lock_fd
 
+    @contextlib.contextmanager
+    def locked(self):
+        """The cache's lock (threads of this process and other processes alike)."""
+        with self._tlock:
+            fd = self.cache_lock_fd()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
     def _forked(self) -> None:
-        """In a forked child: its copy of the parent's `.lock` fd closed (see the module
-        docstring); the next use of the lock opens one of its own."""
+        """In a forked child: the thread lock made anew (a thread of the parent may have held
+        it at the fork; that thread is not here to let go of it), and its copy of the parent's
+        `.lock` fd closed (see the module docstring); the next use of the lock opens its own."""
+        self._tlock = threading.Lock()
         fd, self._lock_fd = self._lock_fd, None
         if fd is not None and fd in self._fds:
             self._fds.remove(fd)
@@ -264,10 +285,10 @@ class CacheFolder:
         self._fds.append(fd)
         return fd
 
-    def _file_lock(self, fname: str, wait: bool):
+    def file_lock(self, fname: str, wait: bool):
         """An fd holding the exclusive download lock of one file, or None when `wait` is False
         and someone else holds it."""
-        fd = held(self._open_lockfile(self._locks, fname, os.path.join(self.locks_dir, fname)))
+        fd = held(self._open_lockfile(self.locks_fd, fname, os.path.join(self.locks_dir, fname)))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -278,13 +299,13 @@ class CacheFolder:
             raise
         return fd
 
-    def _unlock(self, fd: int) -> None:
+    def unlock(self, fd: int) -> None:
         """Let go of a `_file_lock`."""
         let_go(fd, unlock=True)
 
-    def _stamp(self, fname: str, st=None) -> bytes:
+    def stamp(self, fname: str, st=None) -> bytes:
         """The identity recorded for a cached file; with `st`, record that one instead."""
-        fd = self._open_lockfile(self._locks, fname, os.path.join(self.locks_dir, fname))
+        fd = self._open_lockfile(self.locks_fd, fname, os.path.join(self.locks_dir, fname))
         try:
             if st is None:
                 return os.pread(fd, _STAMP.size, 0)
@@ -293,24 +314,24 @@ class CacheFolder:
         finally:
             os.close(fd)
 
-    def _used(self, fname: str) -> None:
+    def mark_used(self, fname: str) -> None:
         """Record a use of a cached file now, for LRU eviction: its lock file's mtime (the file
         itself is never written after its download)."""
-        fd = self._open_lockfile(self._locks, fname, os.path.join(self.locks_dir, fname))
+        fd = self._open_lockfile(self.locks_fd, fname, os.path.join(self.locks_dir, fname))
         try:
             os.utime(fd)
         finally:
             os.close(fd)
 
-    def _last_use(self, fname: str, st) -> int:
+    def last_use(self, fname: str, st) -> int:
         """When a cached file (stat `st`) was last used, in ns: its lock file's mtime, or the
         file's own where it has none."""
         try:
-            return os.stat(fname, dir_fd=self._locks, follow_symlinks=False).st_mtime_ns
+            return os.stat(fname, dir_fd=self.locks_fd, follow_symlinks=False).st_mtime_ns
         except FileNotFoundError:
             return st.st_mtime_ns
 
-    def _present(self, dir_fd: int, fname: str, where: str) -> bool:
+    def present(self, dir_fd: int, fname: str, where: str) -> bool:
         """True when our complete file is there; UnsafePath when something else is at its name."""
         try:
             st = os.stat(fname, dir_fd=dir_fd, follow_symlinks=False)
@@ -321,34 +342,34 @@ class CacheFolder:
                              f"file was put there); remove it")
         return True
 
-    def _where(self, dir_fd: int, fname: str) -> str:
+    def where(self, dir_fd: int, fname: str) -> str:
         """The path of `fname` in one of the cache's folders (for messages)."""
-        folder = {self._shards: self.shards_dir, self._meta: self.meta_dir, self._locks: self.locks_dir}
+        folder = {self.shards_fd: self.shards_dir, self.meta_fd: self.meta_dir, self.locks_fd: self.locks_dir}
         return os.path.join(folder.get(dir_fd, self.dir), fname)
 
-    def _unlink(self, dir_fd: int, fname: str) -> None:
+    def unlink(self, dir_fd: int, fname: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(fname, dir_fd=dir_fd)
 
-    def _mine(self, st, name: str) -> bool:
+    def mine(self, st, name: str) -> bool:
         """A file the cache may count and delete: its kind of name, regular, ours, one link."""
         return (_OURS.fullmatch(name) is not None and stat.S_ISREG(st.st_mode) and st.st_nlink == 1
                 and (not hasattr(os, "geteuid") or st.st_uid == os.geteuid()))
 
-    def _open_mine(self, dir_fd: int, fname: str, where: str):
+    def open_mine(self, dir_fd: int, fname: str, where: str):
         """An fd of our file, or None when it is gone or not one the cache may touch."""
         try:
             return files.open_regular_at(dir_fd, fname, where)
         except (FileNotFoundError, UnsafePath):
             return None
 
-    def _new_part(self, dir_fd: int, part: str) -> int:
+    def new_part(self, dir_fd: int, part: str) -> int:
         """The .part file created anew (a leftover one of ours removed: we hold its download lock)."""
         try:
             st = os.stat(part, dir_fd=dir_fd, follow_symlinks=False)
-            if not self._mine(st, part):
-                raise UnsafePath(f"{self._where(dir_fd, part)}: not a file the cache wrote; remove it")
-            self._unlink(dir_fd, part)
+            if not self.mine(st, part):
+                raise UnsafePath(f"{self.where(dir_fd, part)}: not a file the cache wrote; remove it")
+            self.unlink(dir_fd, part)
         except FileNotFoundError:
             pass
         return os.open(part, _NEW_FLAGS, 0o600, dir_fd=dir_fd)

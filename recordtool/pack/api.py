@@ -197,9 +197,10 @@ def _pack_into(src, out: str, config: PackConfig) -> Summary:
     """The pipeline into a local OUT: source → shuffle → by size or planned → publish."""
     t0 = time.perf_counter()
     if isinstance(src, (str, os.PathLike)):
-        from ..sources.imagefolder import ImageFolderSource
+        from ..sources import registry
 
-        source = ImageFolderSource(os.fspath(src), exclude=(out,), classes=config.classes)
+        source = registry.open_source(registry.PATH_KIND, registry.SourceArgs((os.fspath(src),), out,
+                                                                              classes_from=config.classes))
     elif config.classes is not None:
         raise ConfigError("classes_from applies to a folder SRC given by its path; for a Source of your own, "
                           "make it an ImageFolderSource(..., classes=recordtool.format.manifest.classes_of(...))")

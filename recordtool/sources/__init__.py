@@ -1,1 +1,1 @@
-"""Where records come from: ImageNet-style folders (and, later, TFRecord files)."""
+"""Where records come from: ImageNet-style folders, TFRecord files, OFRecord part files (registry.py: the kinds by name)."""

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from ..errors import ConfigError, PackError, Rejected, UnsafePath
 from ..io import files
 from ..checks import CLASSES_LIMIT, bounded_int
-from .base import DEFAULT_MAX_CLASSES
-from ..format.manifest import ClassList
+from .base import DEFAULT_MAX_CLASSES, SourceArgs, one_folder
+from ..format.manifest import ClassList, classes_of
 from ..format.schema import IMAGE_EXTENSIONS, MAX_IMAGE_BYTES  # noqa: F401  (IMAGE_EXTENSIONS: read from here too)
 
 
@@ -49,6 +49,25 @@ class ImageFolderSource:
     """
 
     kind = "imagefolder"
+    cli_name = "folder"  # recordtool pack --from folder (the default)
+
+    @classmethod
+    def usage(cls, args: SourceArgs) -> str | None:
+        """SRC must be one folder; the message names the options for the other kinds."""
+        why = one_folder(cls.cli_name, args.paths)
+        if why is None:
+            return None
+        return (f"{why}. For TFRecord files (globs allowed: 'train-*'), add --from tfrecord --keys tf-slim|tfds; "
+                "for a folder of OFRecord part files, --from ofrecord")
+
+    @classmethod
+    def open(cls, args: SourceArgs) -> "ImageFolderSource":
+        """The folder `args.paths[0]`, OUT left out of its walk, labels from `args.classes_from`
+        (a ClassList, or the packed dataset to read one from) when given."""
+        classes = args.classes_from
+        if classes is not None and not isinstance(classes, ClassList):
+            classes = classes_of(classes)
+        return cls(args.paths[0], exclude=(args.out,), max_classes=args.max_classes, classes=classes)
 
     def __init__(self, root: str, exclude=(), max_bytes: int = MAX_IMAGE_BYTES,
                  max_classes: int = DEFAULT_MAX_CLASSES, classes: ClassList | None = None):

@@ -10,7 +10,7 @@ from ..format import manifest as mf
 from ..format.scan import find_parts, part_records, synset_of
 from ..checks import CLASSES_LIMIT, bounded_int
 from ..format.schema import KEY_FILENAME, MAX_IMAGE_BYTES
-from .base import DEFAULT_MAX_CLASSES
+from .base import DEFAULT_MAX_CLASSES, SourceArgs, no_classes, one_folder
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,18 @@ class OFRecordSource:
         max_classes: records with a label ≥ this are refused (a class name is stored per label).
     """
 
-    kind = "ofrecord"
+    kind = "ofrecord"  # --from ofrecord too
+
+    @classmethod
+    def usage(cls, args: SourceArgs) -> str | None:
+        """SRC must be one folder; it has no class folders to number."""
+        return one_folder(cls.kind, args.paths) or no_classes(cls.kind, args)
+
+    @classmethod
+    def open(cls, args: SourceArgs) -> "OFRecordSource":
+        """The part files in `args.paths[0]`, read with the given feature keys (default OneFlow's)."""
+        return cls(args.paths[0], image_key=args.image_key or "encoded", label_key=args.label_key or "class/label",
+                   on_error=args.on_error, max_classes=args.max_classes)
 
     def __init__(self, root: str, image_key: str = "encoded", label_key: str = "class/label",
                  on_error: OnError | str = "skip", max_classes: int = DEFAULT_MAX_CLASSES):

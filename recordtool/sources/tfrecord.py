@@ -26,7 +26,7 @@ from ..io.transfer import Retry
 from ..format.ofrecord import MIN_RECORD_BYTES
 from ..checks import CLASSES_LIMIT, bounded_int
 from ..format.schema import MAX_IMAGE_BYTES
-from .base import DEFAULT_MAX_CLASSES
+from .base import DEFAULT_MAX_CLASSES, SourceArgs, no_classes
 
 DEFAULT_MAX_INFLATE = 20.0  # a compressed file may inflate to this many times its size …
 INFLATE_FLOOR = 256 << 20  # … or to this many bytes, whichever is larger (JPEG records barely compress)
@@ -246,7 +246,28 @@ class TFRecordSource:
             file is downloaded into the scratch folder first, then read like a local one.
     """
 
-    kind = "tfrecord"
+    kind = "tfrecord"  # --from tfrecord too
+
+    @classmethod
+    def usage(cls, args: SourceArgs) -> str | None:
+        """No class folders to number; the feature keys must be known (a preset or both keys)."""
+        unknown = args.keys is None and not (args.image_key and args.label_key)
+        return no_classes(cls.kind, args) or (
+            "--from tfrecord needs --keys or both --image-key and --label-key" if unknown else None)
+
+    @classmethod
+    def open(cls, args: SourceArgs) -> "TFRecordSource":
+        """`args.paths` (files, globs, URLs), keys: the preset's and those given; scratch beside OUT."""
+        keys = {"image": None, "label": None, "label_offset": 0, "filename": None, "synset": None, "text": None,
+                **(PRESETS[args.keys] if args.keys else {})}
+        given = {"image": args.image_key, "label": args.label_key, "label_offset": args.label_offset,
+                 "filename": args.filename_key}
+        keys.update({k: v for k, v in given.items() if v is not None}, preset=args.keys)
+        parent = None if is_url(args.out) else os.path.dirname(os.path.abspath(args.out))  # remote OUT: $TMPDIR
+        if parent is not None:
+            os.makedirs(parent, exist_ok=True)
+        return cls(list(args.paths), keys, tmpdir=parent, compression=args.compression, on_error=args.on_error,
+                   max_inflate=args.max_inflate or DEFAULT_MAX_INFLATE, max_classes=args.max_classes)
 
     def __init__(self, patterns, keys: dict, tmpdir: str | None = None, compression: str = "auto",
                  on_error: OnError | str = "skip", max_inflate: float = DEFAULT_MAX_INFLATE,
