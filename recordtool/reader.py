@@ -166,11 +166,6 @@ class Dataset:
         check_rows(self.index, self.shards, index_path, len(self.classes))
         self.shard_files = shard_files
 
-    @property
-    def _lock(self):
-        """The lock shards are mapped under (the shard files'): a forked child gets it unlocked."""
-        return self.shard_files.lock
-
     def __reduce__(self):
         root, options = self._opened_as
         return _reopen, (type(self), root, options, self.fingerprint)

@@ -114,11 +114,6 @@ class RemoteDataset(Dataset):
             self.cache.close()
             raise
 
-    # the shard files' locks and queue, which a forked child must find free (the fork tests take them)
-    _plan_lock = property(lambda self: self.shard_files.plan_lock)
-    _mapping = property(lambda self: self.shard_files.mapping_locks)
-    _queue = property(lambda self: self.shard_files.queue)
-
     def _load_manifest(self) -> dict:
         path = self.fs.join(self._path, mf.MANIFEST_FILE)
         url = self.fs.url(path)

@@ -142,7 +142,7 @@ def test_locks_producers_take_are_unlocked_in_a_forked_child(packed):
     from recordtool.ops import cuda, registry
 
     ds = recordtool.open(packed)
-    locks = [op_compile._lock, cuda._lock, registry._lock, cpu._pool_lock, ds._lock]
+    locks = [op_compile._lock, cuda._lock, registry._lock, cpu._pool_lock, ds.shard_files.lock]
     for lock in locks:
         lock.acquire()
     try:
@@ -210,7 +210,8 @@ def test_a_child_forked_while_a_remote_dataset_is_read_reads_it(packed, s3_datas
     ds = recordtool.open(url, cache_dir=str(tmp_path / "cache"), storage_options=options)
     assert bytes(ds[0][0]) == want[0][0]  # one shard mapped, the client used
     t, leave = _holding_the_cache_lock(ds)
-    locks = [ds._lock, ds._plan_lock] + list(ds._mapping) + [ds._queue.mutex]
+    files = ds.shard_files
+    locks = [files.lock, files.plan_lock] + list(files.mapping_locks) + [files.queue.mutex]
     for lock in locks:
         lock.acquire()
     try:
