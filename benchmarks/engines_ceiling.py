@@ -6,7 +6,9 @@ threads each drive their own nvJPEG hardware decoder (own handle state, own non-
 stream, own output) through nvjpegDecodeBatchedEx on batches of B consecutive records of that
 set, round after round, and wait for each call's device work before the next. Whole images are
 decoded (no region of interest: the engines decode every block either way), as interleaved RGB
-(what DALI's mixed decoder asks of them) or as planar YCbCr (what the Loader asks of them).
+(what DALI's mixed decoder asks of them) or as planar YCbCr; `yuv-roi` / `rgbi-roi`: the centred
+region of 0.73 of each side (0.54 of the area, RandomResizedCrop's mean at scale (0.08, 1)),
+its corner on the 16-pixel grid — planar YCbCr of a region is what the Loader asks of them.
 
 Every (format, pipeline, threads, batch) cell reports img/s over all threads, and each call's
 host time (until nvJPEG returns) and its time to the stream's completion (medians): whether the
@@ -22,7 +24,7 @@ benchmarks/engines_beside_load.py on the same dataset, run in the same call.
 
 Usage (GPU machine):
   python benchmarks/engines_ceiling.py PACKED [--threads 1,2,3,4,6] [--batch 128,256,512]
-      [--seconds 1.5] [--formats rgbi,yuv] [--pipeline off,on] [--json FILE]
+      [--seconds 1.5] [--formats rgbi,yuv,yuv-roi] [--pipeline off,on] [--json FILE]
 """
 from __future__ import annotations
 
@@ -68,12 +70,22 @@ def run_cell(cupy, staged, widths, heights, *, fmt: str, pipeline: bool, threads
     from recordtool.decode.gpu.nvjpeg import HardwareDecoder
 
     n = len(staged.lengths)
-    planar = fmt == "yuv"
+    planar = fmt.startswith("yuv")
+    region = fmt.endswith("-roi")
     starts = list(range(0, n - batch + 1, batch)) or [0]
     batch = min(batch, n)
     # every batch's outputs laid out once: interleaved RGB (w·3 bytes a row) or Y + Cb + Cr at
     # full size (the engines write the chroma planes at their subsampled size, inside these)
-    per = widths.astype(np.int64) * heights * 3
+    widths, heights = widths.astype(np.int64), heights.astype(np.int64)
+    if region:  # (x, y, w, h) per record: centred, 0.73 of each side, the corner on the 16-pixel grid
+        rw, rh = np.maximum(16, (widths * 0.73).astype(np.int64)), np.maximum(16, (heights * 0.73).astype(np.int64))
+        rw, rh = np.minimum(rw, widths), np.minimum(rh, heights)
+        rx, ry = (widths - rw) // 2 // 16 * 16, (heights - rh) // 2 // 16 * 16
+        all_rois = np.stack([rx, ry, rw, rh], 1)
+    else:
+        rw, rh = widths, heights
+        all_rois = np.tile(np.array([0, 0, -1, -1], np.int64), (len(widths), 1))
+    per = rw * rh * 3
     room = max(int(per[s:s + batch].sum()) for s in starts)
     results = [None] * threads
     barrier = threading.Barrier(threads + 1)
@@ -86,19 +98,19 @@ def run_cell(cupy, staged, widths, heights, *, fmt: str, pipeline: bool, threads
             out = cupy.empty(room, cupy.uint8)
             layouts = []
             for s in starts:
-                w, h = widths[s:s + batch].astype(np.int64), heights[s:s + batch].astype(np.int64)
+                w, h = rw[s:s + batch], rh[s:s + batch]
                 offs = out.data.ptr + np.concatenate([[0], np.cumsum(w * h * 3)[:-1]])
                 if planar:
                     planes = np.stack([offs, offs + w * h, offs + 2 * w * h], 1)
                     layouts.append((planes, np.stack([w, w, w], 1)))
                 else:
                     layouts.append((offs, w * 3))
-            rois = np.tile(np.array([0, 0, -1, -1], np.int64), (batch, 1))
 
             def call(k: int):
                 s = starts[k % len(starts)]
                 ptrs, lens = staged.ptrs[s:s + batch], staged.lengths[s:s + batch]
                 a, b = layouts[k % len(starts)]
+                rois = all_rois[s:s + batch]
                 if planar:
                     dec.decode_planes(ptrs, lens, a, b, stream.ptr, rois)
                 else:
@@ -179,7 +191,7 @@ def main(argv=None) -> int:
     ap.add_argument("root")
     ap.add_argument("--threads", default="1,2,3,4,6")
     ap.add_argument("--batch", default="128,256,512")
-    ap.add_argument("--formats", default="rgbi,yuv")
+    ap.add_argument("--formats", default="rgbi,yuv,yuv-roi", help="rgbi, yuv, rgbi-roi, yuv-roi")
     ap.add_argument("--pipeline", default="off,on")
     ap.add_argument("--seconds", type=float, default=1.5)
     ap.add_argument("--images", type=int, default=4096, help="engine-decodable records used at most")

@@ -364,6 +364,45 @@ def test_planner_auto_split_follows_measured_rates():
     p = pl.plan(routes, eoi)
     t_engines = 50 * (1 - pl.cpu_fraction) / pl.rates.gpu
     assert len(p.hybrid) == max(2, int(500.0 * t_engines)) and p.n == 100
+    pl.hybrid_lanes = 3  # three hybrid decoders finish three times as many
+    p = pl.plan(routes, eoi)
+    assert len(p.hybrid) == max(2, int(500.0 * 3 * t_engines)) and p.n == 100
+
+
+def test_lane_parts_balance_bytes_and_keep_every_position_once():
+    """A batch's hybrid images over the lanes: every position once, each part ascending, the
+    largest file in the first part (lane 0's decoder is sized for it), no part empty, and the
+    parts' bytes as even as largest-first placement makes them."""
+    from recordtool.decode.gpu.plan import lane_parts
+
+    rng = np.random.default_rng(0)
+    for n, k in [(1, 3), (2, 3), (7, 1), (13, 2), (13, 3), (40, 4), (5, 8)]:
+        sizes = rng.integers(1_000, 300_000, n)
+        sizes[rng.integers(n)] = 5_000_000  # one large file
+        parts = lane_parts(sizes, k)
+        assert len(parts) == min(k, n) and all(len(p) for p in parts)
+        assert sorted(np.concatenate(parts).tolist()) == list(range(n))
+        assert all((np.diff(p) > 0).all() for p in parts)
+        assert int(np.argmax(sizes)) in parts[0].tolist()
+    assert lane_parts([], 3) == []
+    # the large file alone in a lane, the small ones beside each other: 90 bytes each
+    assert [p.tolist() for p in lane_parts([10, 10, 90, 10, 10, 10, 10, 10, 10, 10], 2)] == [[2], [0, 1, 3, 4, 5, 6, 7, 8, 9]]
+    assert [p.tolist() for p in lane_parts([10, 10, 10, 10], 2)] == [[0, 2], [1, 3]]
+
+
+def test_hybrid_lanes_are_the_fewest_that_finish_within_the_engines():
+    """All lanes while a rate is unmeasured; then the fewest whose images at one lane's measured
+    rate fit the engines' predicted time; never more than the images or the lanes made."""
+    from recordtool.decode.gpu.plan import hybrid_lanes
+
+    assert hybrid_lanes(0, None, None, 3) == 0
+    assert hybrid_lanes(10, None, 0.05, 3) == 3 and hybrid_lanes(10, 400.0, None, 3) == 3
+    assert hybrid_lanes(2, None, None, 3) == 2
+    assert hybrid_lanes(10, 400.0, 0.05, 3) == 1  # a lane does 20 in the engines' 50 ms
+    assert hybrid_lanes(30, 400.0, 0.05, 3) == 2 and hybrid_lanes(41, 400.0, 0.05, 3) == 3
+    assert hybrid_lanes(200, 400.0, 0.05, 3) == 3  # more than three lanes finish: all there are
+    assert hybrid_lanes(10, 400.0, 0.001, 3) == 3  # engines' time below one image a lane
+    assert hybrid_lanes(5, 400.0, 0.05, 1) == 1
 
 
 def test_hostile_multiscan_files_never_reach_the_hybrid_decoder():

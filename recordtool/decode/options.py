@@ -58,6 +58,7 @@ def _one_of(value, what: str, choices: tuple) -> str:
 
 
 MAX_ENGINE_LANES = 8
+MAX_HYBRID_LANES = 8
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,12 @@ class GPUOptions:
             each on its own hardware decoder state, stream and thread (GPUDecoder). nvJPEG's
             batched call does its host work image after image on the calling thread; calls on
             several states do it side by side and keep more images at the engines.
+        hybrid_lanes: 2 — hybrid decoders a producer may spread a batch's hybrid images
+            (progressive, and gray without same_pixels) over, 1..MAX_HYBRID_LANES, each with its
+            own nvJPEG state, stream and thread. The hybrid decoder's Huffman pass is one CPU
+            thread's, image after image, and the batch waits for it beside the engines' call; a
+            batch uses the fewest lanes that finish within the engines' measured time
+            (plan.hybrid_lanes), so a lane costs a core only where it shortens the batch.
     """
 
     split: Split = "auto"
@@ -113,6 +120,7 @@ class GPUOptions:
     same_pixels: bool = False
     run_ahead: int | None = 1
     engine_lanes: int = 1
+    hybrid_lanes: int = 2
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -122,5 +130,6 @@ class GPUOptions:
         set_(self, "chroma", _one_of(self.chroma, "chroma", CHROMA_MODES))
         set_(self, "same_pixels", flag(self.same_pixels, "same_pixels"))
         set_(self, "engine_lanes", bounded_int("engine_lanes", self.engine_lanes, 1, MAX_ENGINE_LANES, floats=False))
+        set_(self, "hybrid_lanes", bounded_int("hybrid_lanes", self.hybrid_lanes, 1, MAX_HYBRID_LANES, floats=False))
         if self.run_ahead is not None:
             set_(self, "run_ahead", bounded_int("run_ahead", self.run_ahead, 1, 64, floats=False))

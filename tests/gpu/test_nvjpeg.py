@@ -10,7 +10,7 @@ from conftest import photo_like
 from gpu_data import edge_windows, index_routes, layout_jpeg, libjpeg_planes, mixed_jpegs, psnr
 from recordtool.decode import decode_crop_resize, random_flips, random_windows
 from recordtool.decode.gpu import route
-from recordtool.decode.gpu.plan import ENGINE, HYBRID
+from recordtool.decode.gpu.plan import CPU, ENGINE, HYBRID
 from recordtool.decode.options import GPUOptions
 from recordtool.decode.spec import Output
 from recordtool.format.jpeg import CHROMA_420
@@ -140,6 +140,71 @@ def test_engine_lanes_decode_what_one_call_decodes(monkeypatch, chroma):
     for bad in (0, 9, 2.5, True, "2"):
         with pytest.raises(ConfigError, match="engine_lanes"):
             GPUOptions(split="gpu", engine_lanes=bad)
+
+
+@pytest.mark.parametrize("chroma", ["replicate", "interpolate"])
+def test_hybrid_lanes_decode_what_one_lane_decodes(monkeypatch, chroma):
+    """hybrid_lanes=N: a batch's progressive and gray images spread over N hybrid decoders (each
+    its own state, stream and thread) give the pixels of one decoder, bit for bit, batch after
+    batch; every lane is used while the rates are unmeasured and one where a lane's measured rate
+    finishes them within the engines' time; an image a lane refuses goes to the CPU path (its
+    batch position, not its place in the lane); a bad value is refused."""
+    from recordtool.decode.gpu import GPUDecoder
+    from recordtool.decode.options import MAX_HYBRID_LANES
+    from recordtool.errors import ConfigError
+
+    assert GPUOptions().hybrid_lanes == 2
+    bufs, sizes = mixed_jpegs(40)
+    routes = index_routes(bufs)
+    ids = np.arange(len(bufs))
+    flips = random_flips(ids, 3, 0)
+    outs = {}
+    for lanes in (1, 3):
+        dec = GPUDecoder(Output(224, dtype="uint8", layout="NHWC"),
+                         GPUOptions(split="gpu", chroma=chroma, hybrid_lanes=lanes), max_batch=48)
+        if dec.hybrid is None:
+            pytest.skip(f"no hybrid decoder: {dec.hybrid_error}")
+        assert len(dec._hybrids) == lanes == dec.planner.hybrid_lanes and dec.hybrid is dec._hybrids[0][0]
+        calls = []  # (lane, images) per hybrid call
+        for k, lane in enumerate(dec._hybrids):
+            real = lane[0].decode_batch
+            monkeypatch.setattr(lane[0], "decode_batch",
+                                lambda ptrs, *a, _k=k, _real=real, **kw: (calls.append((_k, len(ptrs))), _real(ptrs, *a, **kw))[1])
+        got = []
+        for epoch, n in enumerate((40, 31, 36)):
+            win = random_windows(sizes[:n, 0], sizes[:n, 1], ids[:n], 3, epoch)
+            dec.planner.rates.hybrid = None  # unmeasured: every lane
+            calls.clear()
+            got.append(cupy.asnumpy(dec(bufs[:n], win, flips[:n], routes[:n])).copy())
+            m = int((routes[:n] == HYBRID).sum())
+            assert dec.last.hybrid == m > 6 and dec.last.hybrid_lanes == lanes and not dec.last.errors, dec.last
+            assert sorted(k for k, _ in calls) == list(range(lanes)) and sum(c for _, c in calls) == m, calls
+        outs[lanes] = got
+        if lanes > 1:
+            win = random_windows(sizes[:, 0], sizes[:, 1], ids, 3, 0)
+            dec.planner.rates.hybrid = 1e6  # one lane finishes them within the engines' time
+            calls.clear()
+            out = cupy.asnumpy(dec(bufs, win, flips, routes))
+            assert dec.last.hybrid_lanes == 1 and [k for k, _ in calls] == [0] and np.array_equal(out, got[0])
+            last = dec._hybrids[-1][0]  # the last lane refuses its images: the CPU path decodes them
+            refused = []
+            monkeypatch.setattr(last, "decode_batch", lambda ptrs, *a, **kw: (refused.append(len(ptrs)),
+                                                                             [(j, "refused") for j in range(len(ptrs))])[1])
+            dec.planner.rates.hybrid = None
+            out = cupy.asnumpy(dec(bufs, win, flips, routes))
+            m = int((routes == HYBRID).sum())
+            assert refused[0] > 0 and dec.last.hybrid == m - refused[0] and not dec.last.errors, dec.last
+            assert dec.last.cpu == int((routes == CPU).sum()) + refused[0], dec.last
+            hyb, eng = np.nonzero(routes == HYBRID)[0], np.nonzero(routes != HYBRID)[0]
+            assert np.array_equal(out[eng], got[0][eng])
+            close = [np.abs(out[i].astype(int) - got[0][i].astype(int)).mean() for i in hyb]
+            assert max(close) < 3, close  # the CPU path's pixels of the same crops where refused
+        dec.close()
+    for a, b in zip(outs[1], outs[3]):
+        assert np.array_equal(a, b)
+    for bad in (0, MAX_HYBRID_LANES + 1, 2.5, True, "2"):
+        with pytest.raises(ConfigError, match="hybrid_lanes"):
+            GPUOptions(split="gpu", hybrid_lanes=bad)
 
 
 @pytest.mark.parametrize("chroma", ["replicate", "interpolate"])

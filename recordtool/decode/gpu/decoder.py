@@ -29,7 +29,8 @@ from ..spec import Output
 from . import kernel as K
 from .buffers import DecodeBuffers, OutputRing
 from .room import ALIGN, PlaneLayout, batch_room, crop_room, planar_need, planar_subsampling, staging_each
-from .plan import CPU, ENGINE, GPU_MAX_PIXELS, HYBRID, LARGE, Demand, SplitPlanner, buffer_spans, ends_with_eoi
+from .plan import (CPU, ENGINE, GPU_MAX_PIXELS, HYBRID, LARGE, Demand, SplitPlanner, buffer_spans, ends_with_eoi,
+                   hybrid_lanes, lane_parts)
 from .roi import dct_reduction, plan_rois, window_need
 
 @dataclass
@@ -44,7 +45,8 @@ class BatchReport:
     cpu_fraction: float = 0.0  # the CPU share the planner's rates balance, after this batch (a Demand may move it)
     gpu_rate: float | None = None
     cpu_rate: float | None = None
-    hybrid_rate: float | None = None
+    hybrid_rate: float | None = None  # one hybrid lane's (plan.Rates.hybrid)
+    hybrid_lanes: int = 0  # hybrid decoders this batch's hybrid images were spread over
     overflow: int = 0  # of the CPU's, GPU-bound images past the arena's or staging's room (room.batch_room)
     large_failed: int = 0  # of the CPU's, Route.LARGE images their decoder refused (warned once per decoder)
     ahead: int = 0  # of the CPU's, images decoded before the call (the caller's `decoded`: decode.gpu.ahead)
@@ -79,7 +81,8 @@ class GPUDecoder:
             to nvJPEG's hybrid decoder, else to the CPU) and `chroma` (how GPU-decoded 4:2:x
             chroma is upsampled: "interpolate" gives the CPU path's, libjpeg-turbo's, pixels;
             "replicate" nvJPEG's RGBI as it is), `engine_lanes` (the engines' calls of a batch
-            at once). The others are the GPU backend's.
+            at once) and `hybrid_lanes` (the hybrid decoders a batch's hybrid images may be
+            spread over). The others are the GPU backend's.
         max_batch: images per call at most (checked here: the decoder's own argument).
         cpu_threads: native threads for the CPU share (default: cores - 1).
         gpu_id: CUDA device id.
@@ -144,6 +147,10 @@ class GPUDecoder:
         self.chunk = bounded_int("chunk", chunk, 0, floats=False)
         self.engine_lanes = options.engine_lanes
         self._lanes: list = []  # (HardwareDecoder, stream, event) of lanes 1.. (lane 0: self.hw, self.stream)
+        # (HybridDecoder, stream, waiter, event) of every hybrid lane; lane 0's are also
+        # self.hybrid, self.hybrid_stream (what roi_check and warm-up use)
+        self._hybrids: list = []
+        self._hybrid_pool = None
         self._lane_pool = None
         self._own_pool = pool is None
         self.pool = cpu.new_pool_id(background=True) if pool is None else pool  # a CPU share: at low priority
@@ -165,7 +172,6 @@ class GPUDecoder:
             # made once and recorded again each batch (an event made per call costs a CUDA call
             # more, and each CUDA call gives up the GIL that the producer must then take back)
             self._ev_start, self._ev_decoded = cupy.cuda.Event(), cupy.cuda.Event()
-            self._ev_hybrid = cupy.cuda.Event(disable_timing=True)
             self._kernel = K.kernel(spec.dtype, spec.buffer_layout)
             if self.planner.split != "cpu":
                 from .nvjpeg import HardwareDecoder, HybridDecoder, NvjpegError
@@ -184,14 +190,24 @@ class GPUDecoder:
                     self._lane_pool = ThreadPoolExecutor(len(self._lanes), thread_name_prefix="recordtool-lane")
                 if options.hybrid:
                     try:
-                        self.hybrid_stream = _stream(cupy)
-                        self._hybrid_done = _Waiter(cupy)
-                        self.hybrid = HybridDecoder(self.hybrid_stream.ptr, interpolate=nvjpeg_interp)
+                        for _ in range(options.hybrid_lanes):
+                            stream = _stream(cupy)
+                            self._hybrids.append((HybridDecoder(stream.ptr, interpolate=nvjpeg_interp), stream,
+                                                  _Waiter(cupy), cupy.cuda.Event(disable_timing=True)))
                     except (NvjpegError, OSError) as e:
                         self.hybrid_error = str(e)
+                        for lane in self._hybrids:
+                            lane[0].close()
+                        self._hybrids = []
+                    if self._hybrids:
+                        self.hybrid, self.hybrid_stream = self._hybrids[0][:2]
+                    if len(self._hybrids) > 1:
+                        self._hybrid_pool = ThreadPoolExecutor(len(self._hybrids) - 1,
+                                                               thread_name_prefix="recordtool-hybrid")
             self.buf = DecodeBuffers(cupy, self.max_batch, self.size, self.gpu_id)
         self.planner.engines = self.hw is not None
         self.planner.hybrid = self.hybrid is not None
+        self.planner.hybrid_lanes = max(1, len(self._hybrids))
         # which decoders decode regions' planes right here (roi_check.py); the others whole images
         self.planar_regions = {"engines": False, "hybrid": False}
         if self.planar_roi:
@@ -393,10 +409,10 @@ class GPUDecoder:
                                                                   subsampling=0)
         view = np.frombuffer(out.getbuffer(), np.uint8)
         with self.device:
-            for _ in range(2):  # once per pinned buffer (they alternate)
-                self.hybrid.decode(view.ctypes.data, len(view), (0, 0, width, height), self.buf.arena.data.ptr,
-                                   width * 3)
-            self._hybrid_done(self.hybrid_stream)
+            for dec, stream, done, _ in self._hybrids:  # every lane may take the largest file
+                for _ in range(2):  # once per pinned buffer (they alternate)
+                    dec.decode(view.ctypes.data, len(view), (0, 0, width, height), self.buf.arena.data.ptr, width * 3)
+                done(stream)
         del view
 
     # ------------------------------------------------------------------ one batch
@@ -444,8 +460,12 @@ class GPUDecoder:
             plan.cpu = np.concatenate([share[~have], share[have]])
         t_plan = time.perf_counter()
         cpu_job = self._workers.submit(self._decode_cpu, buffers, windows, plan.cpu, 0, decoded, ahead)
-        hyb_job = self._workers.submit(self._decode_hybrid, buffers, plan.hybrid, places) if len(plan.hybrid) else None
-        hw_failed, hyb_failed, t_hyb = [], [], None
+        rg = self.planner.rates.gpu  # the engines' predicted time: what the hybrid lanes should finish within
+        t_eng = len(plan.engine) / rg if rg and len(plan.engine) else None
+        n_lanes = hybrid_lanes(len(plan.hybrid), self.planner.rates.hybrid, t_eng, len(self._hybrids))
+        hyb_job = self._workers.submit(self._decode_hybrid, buffers, plan.hybrid, places, n_lanes) \
+            if len(plan.hybrid) else None
+        hw_failed, hyb_failed, t_hyb, t_hyb_lanes = [], [], None, None
         with self.device, self.stream:
             ev_start, ev_decoded = self._ev_start, self._ev_decoded
             ev_start.record(self.stream)
@@ -462,9 +482,10 @@ class GPUDecoder:
             ev_decoded.record(self.stream)
             t_cpu, errors = cpu_job.result()
             if hyb_job is not None:
-                hyb_failed, t_hyb = hyb_job.result()
-                self._ev_hybrid.record(self.hybrid_stream)
-                self.stream.wait_event(self._ev_hybrid)
+                hyb_failed, t_hyb, t_hyb_lanes = hyb_job.result()
+                for _, stream, _, event in self._hybrids[:n_lanes]:
+                    event.record(stream)
+                    self.stream.wait_event(event)
             t_wait = time.perf_counter()
             cpu_idx = plan.cpu
             refused = np.asarray(hw_failed + large_failed + hyb_failed + pre_failed, np.int64)
@@ -488,7 +509,7 @@ class GPUDecoder:
             self._note_large_failed(len(large_failed))
         n_gpu = len(plan.engine) - len(hw_failed) - len(large_failed)
         n_hyb = len(plan.hybrid) - len(hyb_failed)
-        if self.planner.observe(n, n_gpu, t_gpu, len(plan.cpu) - ahead, t_cpu, n_hyb, t_hyb if not hyb_failed else None,
+        if self.planner.observe(n, n_gpu, t_gpu, len(plan.cpu) - ahead, t_cpu, n_hyb, t_hyb_lanes if not hyb_failed else None,
                                 engines_failed=bool(hw_failed)):
             warnings.warn(f"nvJPEG's hardware decoder refused {self.planner.ENGINES_OFF_AFTER} batches in a row "
                           f"({self.last_gpu_error}); this decoder sends their images to the CPU for the next "
@@ -499,7 +520,8 @@ class GPUDecoder:
         self.last = BatchReport(n=n, gpu=n_gpu, hybrid=n_hyb, cpu=len(cpu_idx), cpu_forced=plan.forced,
                                 overflow=overflow, large_failed=len(large_failed), ahead=ahead,
                                 cpu_fraction=self.planner.cpu_fraction, gpu_rate=r.gpu, cpu_rate=r.cpu,
-                                hybrid_rate=r.hybrid, errors=errors, seconds=t_end - t0,
+                                hybrid_rate=r.hybrid, hybrid_lanes=n_lanes if len(plan.hybrid) else 0,
+                                errors=errors, seconds=t_end - t0,
                                 stages={"plan": t_plan - t0, "engines_submit": t_submit,
                                         "engines_native": t_native or 0.0, "cpu_decode": t_cpu,
                                         "hybrid_decode": t_hyb or 0.0, "wait": t_wait - t_plan,
@@ -711,15 +733,17 @@ class GPUDecoder:
                           "(BatchReport.large_failed counts them; this warning is not repeated)",
                           RuntimeWarning, stacklevel=3)
 
-    def _decode_hybrid(self, buffers, idx, places):
-        """Hybrid-decode each window (Huffman on this thread, the rest on the hybrid stream);
-        return the indices it refused, for the CPU path, and the seconds it took."""
+    def _decode_hybrid(self, buffers, idx, places, lanes: int = 1):
+        """Hybrid-decode each window (Huffman on a lane's thread, the rest on its stream), the
+        images spread over `lanes` hybrid decoders (plan.lane_parts: about equal bytes; part 0 on
+        this thread); every lane's device work is done when this returns. Returns the indices
+        they refused, for the CPU path, the seconds it took and the lanes' seconds added up."""
         from .nvjpeg import OUTPUT_RGBI, OUTPUT_Y, OUTPUT_YUV
 
         t = time.perf_counter()
-        idx = idx.tolist()
+        idx = np.asarray(idx, np.int64)
+        ptrs, lengths = buffer_spans([buffers[i] for i in idx.tolist()])  # `buffers` holds them until we return
         n = len(idx)
-        ptrs, lengths = buffer_spans([buffers[i] for i in idx])  # `buffers` holds them until the call returns
         if self.planar:
             planes, pitches, gray, rois = places.take(idx)
             fmts = np.where(gray, OUTPUT_Y, OUTPUT_YUV).astype(np.int64)
@@ -728,10 +752,32 @@ class GPUDecoder:
             fmts = np.full(n, OUTPUT_RGBI, np.int64)
             planes, pitches = np.zeros((n, 3), np.int64), np.zeros((n, 3), np.int64)
             planes[:, 0], pitches[:, 0] = dst, pitch
-        with self.device:
-            bad = self.hybrid.decode_batch(ptrs, lengths, fmts, rois, planes, pitches, native=self.native_submit)
-            self._hybrid_done(self.hybrid_stream)
-        return [idx[k] for k, _ in bad], time.perf_counter() - t
+        device = self.gpu_id
+
+        def lane(k: int, part) -> tuple:
+            dec, stream, done, _ = self._hybrids[k]
+            t0 = time.perf_counter()
+            with self.cupy.cuda.Device(device):
+                bad = dec.decode_batch(ptrs[part], lengths[part], fmts[part], rois[part], planes[part], pitches[part],
+                                       native=self.native_submit)
+                done(stream)
+            return [int(idx[part[j]]) for j, _ in bad], time.perf_counter() - t0
+
+        parts = lane_parts(lengths, max(1, lanes))
+        jobs = [self._hybrid_pool.submit(lane, k, p) for k, p in enumerate(parts[1:], 1)]
+        results, error = [], None
+        try:
+            results.append(lane(0, parts[0]))
+        except Exception as e:
+            error = e
+        for job in jobs:  # every lane has returned before a failure is raised (none writes on)
+            try:
+                results.append(job.result())
+            except Exception as e:
+                error = error or e
+        if error is not None:
+            raise error
+        return [i for bad, _ in results for i in bad], time.perf_counter() - t, sum(s for _, s in results)
 
     def close(self):
         """Stop the helper threads and release nvJPEG's handles (also on garbage collection)."""
@@ -742,6 +788,12 @@ class GPUDecoder:
         for lane in self._lanes:
             lane[0].close()
         self._lanes = []
+        if self._hybrid_pool is not None:
+            self._hybrid_pool.shutdown(wait=True)
+            self._hybrid_pool = None
+        for lane in self._hybrids[1:]:  # lane 0 is self.hybrid, closed below
+            lane[0].close()
+        self._hybrids = self._hybrids[:1]
         if self._own_pool:
             cpu.release_pool_id(self.pool)
             self._own_pool = False
@@ -750,6 +802,7 @@ class GPUDecoder:
             if d is not None:
                 d.close()
                 setattr(self, name, None)
+        self._hybrids = []
 
 
 def largest_layout(chroma) -> int:

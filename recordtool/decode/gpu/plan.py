@@ -150,7 +150,7 @@ class Rates:
     alpha: float = 0.3
     gpu: float | None = None
     cpu: float | None = None
-    hybrid: float | None = None
+    hybrid: float | None = None  # one hybrid decoder's (a lane's): images over its own seconds
 
     def update(self, side: str, images: int, seconds: float | None, least: int) -> None:
         if images >= least and seconds:
@@ -180,6 +180,35 @@ def paying_share(engine: int, forced: int, extra: int, rates: Rates) -> int:
     before = max(engine / rg, forced / rc)
     after = max((engine - extra) / rg, (forced + extra) / rc)
     return extra if before - after >= MIN_GAIN * before else 0
+
+
+def lane_parts(sizes, lanes: int) -> list:
+    """Positions 0..n-1 of `sizes` (JPEG bytes) in at most `lanes` parts of about equal bytes:
+    the largest first, each to the part with the fewest bytes so far (a decoder's time follows
+    its bytes, and one large file alone can outlast a lane of small ones: cutting the batch's
+    order into runs would put it beside others). Each part ascending; no part is empty. The
+    largest file is in the first part, so a lane-0 decoder sized for the largest file takes it."""
+    sizes = np.asarray(sizes, np.int64).reshape(-1)
+    k = max(1, min(int(lanes), len(sizes)))
+    load = [0] * k
+    parts: list = [[] for _ in range(k)]
+    for i in np.argsort(-sizes, kind="stable").tolist():
+        j = min(range(k), key=load.__getitem__)
+        parts[j].append(i)
+        load[j] += int(sizes[i])
+    return [np.array(sorted(p), np.int64) for p in parts if p]
+
+
+def hybrid_lanes(n: int, lane_rate: float | None, t_engines: float | None, most: int) -> int:
+    """Hybrid decoders a batch's `n` hybrid images are spread over: the fewest that finish them
+    within the engines' predicted time `t_engines` at the measured `lane_rate` (images a second
+    one hybrid decoder decodes, Rates.hybrid), up to `most` and n; all `most` while either is
+    unmeasured. The hybrid decoder's Huffman pass is a CPU thread's: a lane more than the
+    engines' time needs takes a core from the training loop and the CPU share for nothing."""
+    if n <= 0:
+        return 0
+    k = most if not (lane_rate and t_engines) else -(-n // max(1, int(lane_rate * t_engines)))
+    return max(1, min(int(most), n, k))
 
 
 @dataclass
@@ -253,6 +282,8 @@ class SplitPlanner:
         split: a checked GPUOptions.split (decode.options.Split), taken as it is.
         engines: the NVJPG engines are usable here.
         hybrid: the hybrid decoder is usable (else progressive / gray go to the CPU).
+        hybrid_lanes: hybrid decoders the batch's hybrid images may be spread over
+            (GPUOptions.hybrid_lanes; the decoder sets it to those it made).
         demand: with split="auto", which side decodes first and how much the consumer needs of
             the other (`Demand`); None: the share follows the measured rates alone.
     """
@@ -260,6 +291,7 @@ class SplitPlanner:
     split: Split = "auto"
     engines: bool = True
     hybrid: bool = True
+    hybrid_lanes: int = 1
     rates: Rates = field(default_factory=Rates)
     cpu_fraction: float = 0.0
     demand: Demand | None = None
@@ -297,10 +329,10 @@ class SplitPlanner:
             share = self.demand.cpu_share(0.0 if unmeasured else share)
         rh, rg = self.rates.hybrid, self.rates.gpu
         if self.split == "auto" and rh and rg and len(hyb) > 2:
-            # the hybrid decoder's Huffman pass is one thread: give it what it finishes while the
-            # engines do their share; the rest goes to the CPU threads
+            # the hybrid decoder's Huffman pass is a thread per lane: give the lanes what they
+            # finish while the engines do their share; the rest goes to the CPU threads
             t_engines = len(eligible) * (1 - share) / rg
-            hyb = hyb[: max(2, int(rh * t_engines))]
+            hyb = hyb[: max(2, int(rh * self.hybrid_lanes * t_engines))]
         on_gpu = np.zeros(n, bool)
         on_gpu[eligible] = True
         on_gpu[large] = True
@@ -318,7 +350,8 @@ class SplitPlanner:
                 engines_failed: bool = False) -> bool:
         """Fold one batch's timings in, then move the CPU share so that both sides would take
         the same time on the next batch (only with split="auto" and working engines).
-        engines_failed: the engines refused this batch (the CPU decoded their images). Returns
+        t_hyb: the hybrid lanes' seconds added up (each lane's own), so Rates.hybrid is one
+        lane's rate whatever the lanes a batch used. engines_failed: the engines refused this batch (the CPU decoded their images). Returns
         True when that paused the engines for the first time since they last decoded a batch
         (ENGINES_OFF_AFTER refusals in a row; see ENGINES_RETRY_AFTER)."""
         stopped = False
