@@ -392,14 +392,16 @@ def test_lane_parts_balance_bytes_and_keep_every_position_once():
 
 def test_hybrid_lanes_are_the_fewest_that_finish_within_the_engines():
     """All lanes while a rate is unmeasured; then the fewest whose images at one lane's measured
-    rate fit the engines' predicted time; never more than the images or the lanes made."""
+    rate fit HYBRID_SLACK of the engines' predicted time; never more than the images or the
+    lanes made."""
     from recordtool.decode.gpu.plan import hybrid_lanes
 
     assert hybrid_lanes(0, None, None, 3) == 0
     assert hybrid_lanes(10, None, 0.05, 3) == 3 and hybrid_lanes(10, 400.0, None, 3) == 3
     assert hybrid_lanes(2, None, None, 3) == 2
-    assert hybrid_lanes(10, 400.0, 0.05, 3) == 1  # a lane does 20 in the engines' 50 ms
-    assert hybrid_lanes(30, 400.0, 0.05, 3) == 2 and hybrid_lanes(41, 400.0, 0.05, 3) == 3
+    assert hybrid_lanes(10, 400.0, 0.05, 3) == 1  # a lane does 15 in 0.75 of the engines' 50 ms
+    assert hybrid_lanes(15, 400.0, 0.05, 3) == 1 and hybrid_lanes(16, 400.0, 0.05, 3) == 2
+    assert hybrid_lanes(30, 400.0, 0.05, 3) == 2 and hybrid_lanes(31, 400.0, 0.05, 3) == 3
     assert hybrid_lanes(200, 400.0, 0.05, 3) == 3  # more than three lanes finish: all there are
     assert hybrid_lanes(10, 400.0, 0.001, 3) == 3  # engines' time below one image a lane
     assert hybrid_lanes(5, 400.0, 0.05, 1) == 1

@@ -199,15 +199,21 @@ def lane_parts(sizes, lanes: int) -> list:
     return [np.array(sorted(p), np.int64) for p in parts if p]
 
 
+HYBRID_SLACK = 0.75
+"""The part of the engines' predicted time the hybrid lanes are given: rates are estimates and
+a batch's files vary, and a lane that just fits the engines' time outlasts them every other
+batch, which the whole batch then waits for."""
+
+
 def hybrid_lanes(n: int, lane_rate: float | None, t_engines: float | None, most: int) -> int:
     """Hybrid decoders a batch's `n` hybrid images are spread over: the fewest that finish them
-    within the engines' predicted time `t_engines` at the measured `lane_rate` (images a second
-    one hybrid decoder decodes, Rates.hybrid), up to `most` and n; all `most` while either is
-    unmeasured. The hybrid decoder's Huffman pass is a CPU thread's: a lane more than the
-    engines' time needs takes a core from the training loop and the CPU share for nothing."""
+    within HYBRID_SLACK of the engines' predicted time `t_engines` at the measured `lane_rate`
+    (images a second one hybrid decoder decodes, Rates.hybrid), up to `most` and n; all `most`
+    while either is unmeasured. The hybrid decoder's Huffman pass is a CPU thread's: a lane more
+    than the engines' time needs takes a core from the training loop and the CPU share for nothing."""
     if n <= 0:
         return 0
-    k = most if not (lane_rate and t_engines) else -(-n // max(1, int(lane_rate * t_engines)))
+    k = most if not (lane_rate and t_engines) else -(-n // max(1, int(lane_rate * t_engines * HYBRID_SLACK)))
     return max(1, min(int(most), n, k))
 
 
