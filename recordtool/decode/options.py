@@ -105,12 +105,15 @@ class GPUOptions:
             each on its own hardware decoder state, stream and thread (GPUDecoder). nvJPEG's
             batched call does its host work image after image on the calling thread; calls on
             several states do it side by side and keep more images at the engines.
-        hybrid_lanes: 2 — hybrid decoders a producer may spread a batch's hybrid images
+        hybrid_lanes: 1 — hybrid decoders a producer may spread a batch's hybrid images
             (progressive, and gray without same_pixels) over, 1..MAX_HYBRID_LANES, each with its
             own nvJPEG state, stream and thread. The hybrid decoder's Huffman pass is one CPU
             thread's, image after image, and the batch waits for it beside the engines' call; a
             batch uses the fewest lanes that finish within the engines' measured time
-            (plan.hybrid_lanes), so a lane costs a core only where it shortens the batch.
+            (plan.hybrid_lanes), so a lane costs a core only where it shortens the batch. More
+            than one shortens the hybrid stage by a quarter but not the batch, which then waits
+            for the engines' call, and in training it did not pay (BENCHMARKS.md, "The engines'
+            ceiling"): 1 by default.
     """
 
     split: Split = "auto"
@@ -120,7 +123,7 @@ class GPUOptions:
     same_pixels: bool = False
     run_ahead: int | None = 1
     engine_lanes: int = 1
-    hybrid_lanes: int = 2
+    hybrid_lanes: int = 1
 
     def __post_init__(self):
         set_ = object.__setattr__

@@ -153,7 +153,7 @@ def test_hybrid_lanes_decode_what_one_lane_decodes(monkeypatch, chroma):
     from recordtool.decode.options import MAX_HYBRID_LANES
     from recordtool.errors import ConfigError
 
-    assert GPUOptions().hybrid_lanes == 2
+    assert GPUOptions().hybrid_lanes == 1
     bufs, sizes = mixed_jpegs(40)
     routes = index_routes(bufs)
     ids = np.arange(len(bufs))
