@@ -85,7 +85,12 @@ def run_cell(cupy, staged, widths, heights, *, fmt: str, pipeline: bool, threads
     else:
         rw, rh = widths, heights
         all_rois = np.tile(np.array([0, 0, -1, -1], np.int64), (len(widths), 1))
-    per = rw * rh * 3
+    # each plane starts on the arena's 256-byte grid, as the Loader places them (room.ALIGN): a
+    # plane at an unaligned address costs nvJPEG a slower path, which is not the engines' limit
+    from recordtool.decode.gpu.room import ALIGN
+
+    plane = (rw * rh + ALIGN - 1) // ALIGN * ALIGN
+    per = plane * 3
     room = max(int(per[s:s + batch].sum()) for s in starts)
     results = [None] * threads
     barrier = threading.Barrier(threads + 1)
@@ -98,10 +103,10 @@ def run_cell(cupy, staged, widths, heights, *, fmt: str, pipeline: bool, threads
             out = cupy.empty(room, cupy.uint8)
             layouts = []
             for s in starts:
-                w, h = rw[s:s + batch], rh[s:s + batch]
-                offs = out.data.ptr + np.concatenate([[0], np.cumsum(w * h * 3)[:-1]])
+                w, sz = rw[s:s + batch], plane[s:s + batch]
+                offs = out.data.ptr + np.concatenate([[0], np.cumsum(sz * 3)[:-1]])
                 if planar:
-                    planes = np.stack([offs, offs + w * h, offs + 2 * w * h], 1)
+                    planes = np.stack([offs, offs + sz, offs + 2 * sz], 1)
                     layouts.append((planes, np.stack([w, w, w], 1)))
                 else:
                     layouts.append((offs, w * 3))
