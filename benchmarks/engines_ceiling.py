@@ -65,8 +65,10 @@ class Staged:
 
 
 def run_cell(cupy, staged, widths, heights, *, fmt: str, pipeline: bool, threads: int, batch: int,
-             seconds: float, device: int) -> dict:
-    """T threads × their own decoder on batches of `batch` records for about `seconds`."""
+             seconds: float, device: int, layout: int) -> dict:
+    """T threads × their own decoder on batches of `batch` records for about `seconds`;
+    `layout`: the records' largest chroma layout (decoder.largest_layout), what the decoders'
+    buffers are pre-allocated for."""
     from recordtool.decode.gpu.nvjpeg import HardwareDecoder
 
     n = len(staged.lengths)
@@ -99,6 +101,11 @@ def run_cell(cupy, staged, widths, heights, *, fmt: str, pipeline: bool, threads
     def worker(t: int):
         with cupy.cuda.Device(device):
             dec = HardwareDecoder(batch, planar=planar, pipeline=pipeline)
+            # nvJPEG's buffers sized once, as the Loader's warm-up sizes them: grown in 16 MiB
+            # steps and pre-allocated for the largest image, so no call allocates (a cudaFree
+            # mid-run waits for the whole device, every thread's calls)
+            dec.set_padding(16 << 20)
+            dec.preallocate(batch, int(widths.max()), int(heights.max()), layout)
             stream = cupy.cuda.Stream(non_blocking=True)
             out = cupy.empty(room, cupy.uint8)
             layouts = []
@@ -207,12 +214,14 @@ def main(argv=None) -> int:
     import cupy
 
     import recordtool
+    from recordtool.decode.gpu.decoder import largest_layout
 
     ds = recordtool.open(a.root)
     ids, blobs = engine_records(ds, a.images)
     with cupy.cuda.Device(a.device):
         staged = Staged(cupy, blobs)
     w, h = ds.index.width[ids], ds.index.height[ids]
+    layout = largest_layout(ds.index.chroma[ids])
     print(f"{len(ids)} engine-decodable records of {len(ds)}: mean {staged.lengths.mean() / 1e3:.0f} KB, "
           f"mean {w.mean():.0f}x{h.mean():.0f}")
     rows = []
@@ -222,10 +231,13 @@ def main(argv=None) -> int:
             for t in (int(x) for x in a.threads.split(",")):
                 for b in (int(x) for x in a.batch.split(",")):
                     r = run_cell(cupy, staged, w, h, fmt=fmt, pipeline=pipe == "on", threads=t, batch=b,
-                                 seconds=a.seconds, device=a.device)
+                                 seconds=a.seconds, device=a.device, layout=layout)
                     rows.append(r)
                     print(f"{fmt:>6} {pipe:>4} {t:>3} {b:>5} {r['img_s']:>8.0f} {r['call_host_ms']:>12.1f} "
                           f"{r['call_done_ms']:>12.1f}", flush=True)
+    for fmt in a.formats.split(","):
+        top = max((r for r in rows if r["format"] == fmt), key=lambda r: r["img_s"])
+        print(f"{fmt}: {top['img_s']:.0f} img/s at best ({top['threads']} threads x batch {top['batch']})")
     best = max(rows, key=lambda r: r["img_s"])
     print(f"ceiling: {best['img_s']:.0f} img/s ({best['format']}, pipeline {best['pipeline']}, "
           f"{best['threads']} threads x batch {best['batch']})")
