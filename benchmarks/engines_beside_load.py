@@ -34,6 +34,10 @@ on work of their own context. A probe of the mechanism, not a mode of the librar
 (HardwareDecoder(pipeline=True)), which the library turns off: what the engines waited for
 beside other streams' work before. A probe, not a mode of the library.
 
+--gate N: at most N engine calls at once in the process (a semaphore around HardwareDecoder's
+batched calls): whether producers submitting together, then leaving the engines idle together,
+is what holds the engines path under their ceiling. A probe, not a mode of the library.
+
 --whole: the Loader's decoders decode whole images instead of each crop window's region of the
 planes (GPUDecoder(planar_roi=False)): whether nvJPEG's per-plane copies of a region out of the
 engines' output are what its call spends beside a model. A probe, not a mode of the library.
@@ -112,6 +116,25 @@ def engines_pipelined():
     from recordtool.decode.gpu import nvjpeg
 
     made_with(nvjpeg.HardwareDecoder, pipeline=True)
+
+
+def engines_gate(n: int):
+    """At most n engine calls at once in this process: every HardwareDecoder's batched call
+    (nvJPEG's hardware call returns when the engines are done) waits for one of n permits. Two
+    producers that submit together share the engines for the whole call and then leave them idle
+    together while they plan and finish; with one permit the engines take one call after the
+    other, the next producer's batch ready when the last call ends."""
+    from recordtool.decode.gpu import nvjpeg
+
+    gate = threading.BoundedSemaphore(n)
+    for name in ("decode_planes", "decode"):
+        call = getattr(nvjpeg.HardwareDecoder, name)
+
+        def gated(self, *args, _call=call, **kw):
+            with gate:
+                return _call(self, *args, **kw)
+
+        setattr(nvjpeg.HardwareDecoder, name, gated)
 
 
 def whole_images():
@@ -368,6 +391,7 @@ def main(argv=None):
                     help="where the producers' CUDA work runs (see the module)")
     ap.add_argument("--pipeline", action="store_true",
                     help="the engines' batched calls with nvJPEG's pipelining (see the module)")
+    ap.add_argument("--gate", type=int, default=0, help="at most N engine calls at once in the process (a probe)")
     ap.add_argument("--whole", action="store_true", help="decode whole images, not regions (see the module)")
     ap.add_argument("--trace", metavar="DIR", help="record each load's timed part with torch's profiler (see the module)")
     ap.add_argument("--json")
@@ -383,6 +407,8 @@ def main(argv=None):
         producers_in(*green_context())
     if args.pipeline:
         engines_pipelined()
+    if args.gate:
+        engines_gate(args.gate)
     if args.whole:
         whole_images()
     base = gpu_used_mib("cuda")
