@@ -24,7 +24,7 @@ benchmarks/engines_beside_load.py on the same dataset, run in the same call.
 
 Usage (GPU machine):
   python benchmarks/engines_ceiling.py PACKED [--threads 1,2,3,4,6] [--batch 128,256,512]
-      [--seconds 1.5] [--formats rgbi,yuv,yuv-roi] [--pipeline off,on] [--json FILE]
+      [--seconds 1.5] [--formats rgbi,yuv,yuv-roi] [--pipeline off,on] [--vary N] [--json FILE]
 """
 from __future__ import annotations
 
@@ -65,10 +65,11 @@ class Staged:
 
 
 def run_cell(cupy, staged, widths, heights, *, fmt: str, pipeline: bool, threads: int, batch: int,
-             seconds: float, device: int, layout: int) -> dict:
+             seconds: float, device: int, layout: int, vary: int = 0) -> dict:
     """T threads × their own decoder on batches of `batch` records for about `seconds`;
     `layout`: the records' largest chroma layout (decoder.largest_layout), what the decoders'
-    buffers are pre-allocated for."""
+    buffers are pre-allocated for; `vary` > 0: each call takes batch − (13·k mod vary) records
+    (call k), sizes that differ from call to call as the Loader's engine shares do."""
     from recordtool.decode.gpu.nvjpeg import HardwareDecoder
 
     n = len(staged.lengths)
@@ -118,11 +119,14 @@ def run_cell(cupy, staged, widths, heights, *, fmt: str, pipeline: bool, threads
                 else:
                     layouts.append((offs, w * 3))
 
+            def size(k: int) -> int:  # call k's records: (vary) sizes that differ as the Loader's engine shares do
+                return batch - (k * 13) % vary if vary else batch
+
             def call(k: int):
-                s = starts[k % len(starts)]
-                ptrs, lens = staged.ptrs[s:s + batch], staged.lengths[s:s + batch]
-                a, b = layouts[k % len(starts)]
-                rois = all_rois[s:s + batch]
+                s, m = starts[k % len(starts)], size(k)
+                ptrs, lens = staged.ptrs[s:s + m], staged.lengths[s:s + m]
+                a, b = (x[:m] for x in layouts[k % len(starts)])
+                rois = all_rois[s:s + m]
                 if planar:
                     dec.decode_planes(ptrs, lens, a, b, stream.ptr, rois)
                 else:
@@ -143,7 +147,7 @@ def run_cell(cupy, staged, widths, heights, *, fmt: str, pipeline: bool, threads
                 c2 = time.perf_counter()
                 host.append(c1 - c0)
                 done.append(c2 - c0)
-                images += batch
+                images += size(k)
                 k += threads
             results[t] = (images, time.perf_counter() - t0, host, done)
             dec.close()
@@ -205,6 +209,8 @@ def main(argv=None) -> int:
     ap.add_argument("--formats", default="rgbi,yuv,yuv-roi", help="rgbi, yuv, rgbi-roi, yuv-roi")
     ap.add_argument("--pipeline", default="off,on")
     ap.add_argument("--seconds", type=float, default=1.5)
+    ap.add_argument("--vary", type=int, default=0,
+                    help="calls of batch - (13k mod VARY) records: sizes that change from call to call")
     ap.add_argument("--images", type=int, default=4096, help="engine-decodable records used at most")
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--dali-files", help="also DALI's mixed decoder alone on this folder's files")
@@ -225,13 +231,14 @@ def main(argv=None) -> int:
     print(f"{len(ids)} engine-decodable records of {len(ds)}: mean {staged.lengths.mean() / 1e3:.0f} KB, "
           f"mean {w.mean():.0f}x{h.mean():.0f}")
     rows = []
-    print(f"{'format':>6} {'pipe':>4} {'thr':>3} {'batch':>5} {'img/s':>8} {'call host ms':>12} {'call done ms':>12}")
+    print(f"{'format':>6} {'pipe':>4} {'thr':>3} {'batch':>5} {'img/s':>8} {'call host ms':>12} {'call done ms':>12}"
+          + (f"  (calls of {a.batch} - (13k mod {a.vary}) records)" if a.vary else ""))
     for fmt in a.formats.split(","):
         for pipe in a.pipeline.split(","):
             for t in (int(x) for x in a.threads.split(",")):
                 for b in (int(x) for x in a.batch.split(",")):
                     r = run_cell(cupy, staged, w, h, fmt=fmt, pipeline=pipe == "on", threads=t, batch=b,
-                                 seconds=a.seconds, device=a.device, layout=layout)
+                                 seconds=a.seconds, device=a.device, layout=layout, vary=a.vary)
                     rows.append(r)
                     print(f"{fmt:>6} {pipe:>4} {t:>3} {b:>5} {r['img_s']:>8.0f} {r['call_host_ms']:>12.1f} "
                           f"{r['call_done_ms']:>12.1f}", flush=True)
