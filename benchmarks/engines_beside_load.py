@@ -396,6 +396,8 @@ def main(argv=None):
     ap.add_argument("--trace", metavar="DIR", help="record each load's timed part with torch's profiler (see the module)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    if args.gate < 0:
+        ap.error("--gate must be 0 (no gate) or a number of calls")
     import torch
 
     from recordtool.tools.train_step import gpu_used_mib

@@ -216,6 +216,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dali-files", help="also DALI's mixed decoder alone on this folder's files")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
+    if not 0 <= a.vary < min(int(x) for x in a.batch.split(",")):
+        ap.error("--vary must be at least 0 and below every --batch (a call takes batch - (13k mod VARY) records)")
 
     import cupy
 
