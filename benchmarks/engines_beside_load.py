@@ -48,6 +48,9 @@ DIR/LOAD.json.gz, and summed up: the CUDA calls each thread (by the profiler's t
 most time in, the producers', the consumer's and the model's alike, and per stream its kernels',
 copies' and memsets' time and how long they waited between the end of the call that queued them
 and their start.
+The engines' calls are found in the same trace (`engine_calls`: nvJPEG's per-image runtime calls
+on a producer's thread): their length, their images, how many run at once over the run and the
+img/s while k run, and how long a producer spends between its calls.
 A probe of where nvJPEG's call waits; the profiler slows the run, so its rates are not the table's.
 
 Usage (on a GPU machine, pinned to a node's share):
@@ -266,6 +269,79 @@ def trace_summary(path, top=25):
     return {"calls": out_calls, "streams": out_streams}
 
 
+NVJPEG_PER_IMAGE = ("cudaMemcpyAsync", "cudaEventRecord", "cudaEventSynchronize", "cudaMemcpy2DAsync")
+
+
+def engine_calls(path, gap_ms=1.0, min_copies=8, step_ms=0.1):
+    """The engines' calls in a Chrome trace of torch's profiler, found on the host side: nvJPEG's
+    hardware batched call is a loop on the calling thread of runtime calls per image (the
+    bitstream's copy, an event, a wait on it, a copy per plane). A call is a run of those four
+    calls on one thread without a host gap over `gap_ms` and with at least `min_copies`
+    cudaMemcpy2DAsync; its images are its cudaMemcpyAsync. Returns {calls, images, span_s, img_s,
+    call_ms (median), images_per_call (median), in_flight: {k: fraction of the span with k calls
+    running}, rate_in_flight: {k: img/s while k run}, idle_between_ms (median host time of a
+    thread between its calls)}, the span from the first call's start to the last one's end;
+    each call's images counted evenly over its duration. None without such calls."""
+    import collections
+    import gzip
+
+    with gzip.open(path, "rt") as f:
+        events = [e for e in json.load(f).get("traceEvents", []) if e.get("ph") == "X"
+                  and e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    threads = collections.defaultdict(list)
+    for e in events:
+        threads[e.get("tid")].append(e)
+    calls = []  # (thread, start us, end us, images)
+    for tid, es in threads.items():
+        es.sort(key=lambda e: e["ts"])
+        run, last_end = [], None
+        for e in es + [None]:
+            joins = e is not None and e["name"] in NVJPEG_PER_IMAGE and \
+                (not run or e["ts"] - last_end <= gap_ms * 1e3)
+            if not joins:
+                if sum(x["name"] == "cudaMemcpy2DAsync" for x in run) >= min_copies:
+                    calls.append((tid, run[0]["ts"], last_end, sum(x["name"] == "cudaMemcpyAsync" for x in run)))
+                run = [e] if e is not None and e["name"] in NVJPEG_PER_IMAGE else []
+            else:
+                run.append(e)
+            if e is not None:
+                last_end = e["ts"] + e.get("dur", 0)
+    if not calls:
+        return None
+    import numpy as np
+
+    t0, t1 = min(c[1] for c in calls), max(c[2] for c in calls)
+    grid = np.arange(t0, t1, step_ms * 1e3)
+    running = np.zeros(len(grid), np.int64)
+    images_at = np.zeros(len(grid))
+    for _, a, b, n in calls:
+        i, j = np.searchsorted(grid, a), np.searchsorted(grid, b)
+        running[i:j] += 1
+        if j > i:
+            images_at[i:j] += n / (j - i)
+    span = (t1 - t0) / 1e6
+    images = sum(c[3] for c in calls)
+    gaps = []
+    by_thread = collections.defaultdict(list)
+    for tid, a, b, _ in calls:
+        by_thread[tid].append((a, b))
+    for cs in by_thread.values():
+        cs.sort()
+        gaps += [(cs[k + 1][0] - cs[k][1]) / 1e3 for k in range(len(cs) - 1)]
+    in_flight, rate = {}, {}
+    for k in range(int(running.max()) + 1):
+        sel = running == k
+        in_flight[k] = round(float(sel.mean()), 3)
+        if sel.any():
+            rate[k] = round(float(images_at[sel].sum() / (sel.sum() * step_ms / 1e3)))
+    return {"calls": len(calls), "threads": len(by_thread), "images": images, "span_s": round(span, 3),
+            "img_s": round(images / span) if span else None,
+            "call_ms": round(float(np.median([(b - a) / 1e3 for _, a, b, _ in calls])), 2),
+            "images_per_call": float(np.median([c[3] for c in calls])),
+            "in_flight": in_flight, "rate_in_flight": rate,
+            "idle_between_ms": round(float(np.median(gaps)), 2) if gaps else None}
+
+
 def run_one(args, load):
     import torch
 
@@ -361,6 +437,7 @@ def run_one(args, load):
         path = os.path.join(args.trace, f"{load}.json.gz")
         prof.export_chrome_trace(path)
         out["trace"] = trace_summary(path)
+        out["engine_calls"] = engine_calls(path)
     if side is not None:
         side.stop.set()
         side.join(timeout=30)

@@ -24,11 +24,16 @@ benchmarks/engines_beside_load.py on the same dataset, run in the same call.
 
 Usage (GPU machine):
   python benchmarks/engines_ceiling.py PACKED [--threads 1,2,3,4,6] [--batch 128,256,512]
-      [--seconds 1.5] [--formats rgbi,yuv,yuv-roi] [--pipeline off,on] [--vary N] [--json FILE]
+      [--seconds 1.5] [--formats rgbi,yuv,yuv-roi] [--pipeline off,on] [--vary N] [--trace DIR] [--json FILE]
+
+--trace DIR: each cell recorded by torch's profiler, and the engines' calls found in the trace
+(engines_beside_load.engine_calls): how long a call takes and how many run at once — the same
+measure `engines_beside_load.py --trace` takes of the Loader's calls.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import threading
@@ -201,6 +206,29 @@ def dali_decode_rate(folder: str, load: float, batch: int = 512, epochs: int = 4
     return {"hw_decoder_load": load, "img_s": max(rates), "epochs": rates, "threads": threads}
 
 
+@contextlib.contextmanager
+def traced(folder, name):
+    """With a folder: the block recorded by torch's profiler (CUDA activity) into
+    folder/NAME.json.gz, and the engines' calls found in it (engines_beside_load.engine_calls,
+    warm-up calls included) appended to the yielded list; without one, nothing."""
+    found = []
+    if not folder:
+        yield found
+        return
+    import os
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from engines_beside_load import engine_calls  # (this folder: a script's own directory is on sys.path)
+
+    os.makedirs(folder, exist_ok=True)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        yield found
+    path = os.path.join(folder, f"{name}.json.gz")
+    prof.export_chrome_trace(path)
+    found.append(engine_calls(path))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("root")
@@ -214,6 +242,8 @@ def main(argv=None) -> int:
     ap.add_argument("--images", type=int, default=4096, help="engine-decodable records used at most")
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--dali-files", help="also DALI's mixed decoder alone on this folder's files")
+    ap.add_argument("--trace", metavar="DIR", help="record each cell with torch's profiler into DIR and find the "
+                    "engines' calls in it (engines_beside_load.engine_calls): a probe; the profiler slows the run")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     if not 0 <= a.vary < min(int(x) for x in a.batch.split(",")):
@@ -239,8 +269,12 @@ def main(argv=None) -> int:
         for pipe in a.pipeline.split(","):
             for t in (int(x) for x in a.threads.split(",")):
                 for b in (int(x) for x in a.batch.split(",")):
-                    r = run_cell(cupy, staged, w, h, fmt=fmt, pipeline=pipe == "on", threads=t, batch=b,
-                                 seconds=a.seconds, device=a.device, layout=layout, vary=a.vary)
+                    with traced(a.trace, f"{fmt}-{pipe}-t{t}-b{b}") as tr:
+                        r = run_cell(cupy, staged, w, h, fmt=fmt, pipeline=pipe == "on", threads=t, batch=b,
+                                     seconds=a.seconds, device=a.device, layout=layout, vary=a.vary)
+                    if tr:
+                        r["engine_calls"] = tr[0]
+                        print(f"  engine calls: {json.dumps(tr[0])}", flush=True)
                     rows.append(r)
                     print(f"{fmt:>6} {pipe:>4} {t:>3} {b:>5} {r['img_s']:>8.0f} {r['call_host_ms']:>12.1f} "
                           f"{r['call_done_ms']:>12.1f}", flush=True)
