@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from PIL import Image
 
 from conftest import jpeg_bytes, write
@@ -248,3 +249,54 @@ def test_engines_trace_summary_sums_calls_per_thread_and_lags_per_stream(tmp_pat
     assert (model["ops"], model["busy_ms"]) == (2, 0.6)
     assert {k["name"]: k["lag_mean_ms"] for k in model["top"]} == {"conv": 2.0, "Memset (Device)": 0.04}
     assert mod.trace_summary(str(path), top=1)["calls"] == out["calls"][:1]
+
+
+def test_engine_calls_finds_nvjpegs_per_image_runs_and_how_many_run_at_once(tmp_path):
+    """engines_beside_load.engine_calls: a call is a run of nvJPEG's per-image runtime calls on one
+    thread (no host gap over 1 ms, at least 8 plane copies), its images its bitstream copies;
+    other calls, short runs and gaps end a run. Two threads' calls overlapping for half of the
+    span give the fractions of time with 0, 1 and 2 calls running and the img/s in each."""
+    import gzip
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("engines_beside_load", os.path.join(root, "benchmarks", "engines_beside_load.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def image(tid, ts):  # nvJPEG's loop for one image: 100 us of runtime calls
+        names = ["cudaMemcpyAsync", "cudaEventRecord", "cudaEventSynchronize"] + ["cudaMemcpy2DAsync"] * 3
+        return [{"ph": "X", "cat": "cuda_runtime", "name": n, "ts": ts + 15 * k, "dur": 10, "tid": tid}
+                for k, n in enumerate(names)]
+
+    def call(tid, start, images):  # a call: `images` images back to back from `start` (us)
+        return [e for k in range(images) for e in image(tid, start + 100 * k)]
+
+    ev = call(1, 0, 100)                      # thread 1: 0 - 10 ms, 100 images
+    ev += call(1, 20_000, 100)                # 20 - 30 ms, after 10 ms between its calls
+    ev += call(2, 5_000, 100)                 # thread 2: 5 - 15 ms, overlapping thread 1's first
+    ev += call(2, 40_000, 2)                  # too few plane copies: not a call
+    ev += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 25_000, "dur": 5, "tid": 9},
+           {"ph": "X", "cat": "kernel", "name": "k", "ts": 1_000, "dur": 5, "args": {}}]
+    # a kernel launch inside a run ends it: thread 3's 50 images, then 50 more after the launch
+    ev += call(3, 60_000, 50) + [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 65_000,
+                                  "dur": 5, "tid": 3}] + call(3, 65_010, 50)
+    path = tmp_path / "t.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": ev}, f)
+    out = mod.engine_calls(str(path))
+    assert (out["calls"], out["threads"], out["images"], out["images_per_call"]) == (5, 3, 400, 100.0)
+    assert out["span_s"] == pytest.approx(0.07, abs=1e-4)  # 0 to the last call's end (~70 ms)
+    assert out["call_ms"] == pytest.approx(9.99, abs=0.02)
+    # the median of thread 1's 10 ms and thread 3's ~0.02 ms between calls
+    assert out["idle_between_ms"] == pytest.approx(5.01, abs=0.02)
+    # 0-5: 1, 5-10: 2, 10-15: 1, 15-20: 0, 20-30: 1, 30-60: 0, 60-70: 1 (ms)
+    assert out["in_flight"] == {0: pytest.approx(35 / 70, abs=0.01), 1: pytest.approx(30 / 70, abs=0.01),
+                                2: pytest.approx(5 / 70, abs=0.01)}
+    assert out["rate_in_flight"][2] == pytest.approx(20_000, rel=0.02)  # two calls of 10k img/s each
+    assert out["rate_in_flight"][1] == pytest.approx(10_000, rel=0.02)
+    assert out["rate_in_flight"][0] == 0
+    empty = tmp_path / "e.json.gz"
+    with gzip.open(empty, "wt") as f:
+        json.dump({"traceEvents": call(1, 0, 1)}, f)
+    assert mod.engine_calls(str(empty)) is None
