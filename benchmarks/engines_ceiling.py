@@ -219,14 +219,20 @@ def traced(folder, name):
 
     from torch.profiler import ProfilerActivity, profile
 
-    from engines_beside_load import engine_calls  # (this folder: a script's own directory is on sys.path)
+    import importlib.util
+
+    # the sibling script, by path (python -P leaves a script's own folder off sys.path)
+    spec = importlib.util.spec_from_file_location(
+        "engines_beside_load", os.path.join(os.path.dirname(os.path.abspath(__file__)), "engines_beside_load.py"))
+    sibling = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sibling)
 
     os.makedirs(folder, exist_ok=True)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         yield found
     path = os.path.join(folder, f"{name}.json.gz")
     prof.export_chrome_trace(path)
-    found.append(engine_calls(path))
+    found.append(sibling.engine_calls(path))
 
 
 def main(argv=None) -> int:
