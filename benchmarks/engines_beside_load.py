@@ -223,16 +223,26 @@ def consume(it, stop, counter, stream=None):
             counter[0] += 1
 
 
+def trace_events(trace) -> list:
+    """The complete ('X') events of a Chrome trace of torch's profiler: `trace` a .json.gz path,
+    or the list this returned (a trace is read once for every summary of it)."""
+    if isinstance(trace, list):
+        return trace
+    import gzip
+
+    with gzip.open(trace, "rt") as f:
+        return [e for e in json.load(f).get("traceEvents", []) if e.get("ph") == "X"]
+
+
 def trace_summary(path, top=25):
-    """What a Chrome trace of torch's profiler says about the waits: {calls, streams}. calls: the
+    """What a Chrome trace of torch's profiler (a path or `trace_events`' list) says about the
+    waits: {calls, streams}. calls: the
     `top` (thread id, call) pairs by time spent, runtime and driver calls alike; streams: per
     stream id its GPU work, each piece's wait from the end of the host call that queued it (the
     same correlation id) to its start, 0 where it started before that call returned."""
     import collections
-    import gzip
 
-    with gzip.open(path, "rt") as f:
-        events = [e for e in json.load(f).get("traceEvents", []) if e.get("ph") == "X"]
+    events = trace_events(path)
     launches = {}  # correlation id -> end of the host call that launched it (us)
     calls = collections.defaultdict(lambda: [0, 0.0, 0.0])
     for e in events:
@@ -273,7 +283,8 @@ NVJPEG_PER_IMAGE = ("cudaMemcpyAsync", "cudaEventRecord", "cudaEventSynchronize"
 
 
 def engine_calls(path, gap_ms=1.0, min_copies=8, step_ms=0.1):
-    """The engines' calls in a Chrome trace of torch's profiler, found on the host side: nvJPEG's
+    """The engines' calls in a Chrome trace of torch's profiler (a path or `trace_events`' list),
+    found on the host side: nvJPEG's
     hardware batched call is a loop on the calling thread of runtime calls per image (the
     bitstream's copy, an event, a wait on it, a copy per plane). A call is a run of those four
     calls on one thread without a host gap over `gap_ms` and with at least `min_copies`
@@ -283,29 +294,29 @@ def engine_calls(path, gap_ms=1.0, min_copies=8, step_ms=0.1):
     thread between its calls)}, the span from the first call's start to the last one's end;
     each call's images counted evenly over its duration. None without such calls."""
     import collections
-    import gzip
 
-    with gzip.open(path, "rt") as f:
-        events = [e for e in json.load(f).get("traceEvents", []) if e.get("ph") == "X"
-                  and e.get("cat") in ("cuda_runtime", "cuda_driver")]
     threads = collections.defaultdict(list)
-    for e in events:
-        threads[e.get("tid")].append(e)
+    for e in trace_events(path):
+        if e.get("cat") in ("cuda_runtime", "cuda_driver"):
+            threads[e.get("tid")].append(e)
     calls = []  # (thread, start us, end us, images)
+
+    def close(tid, run, end):
+        if sum(x["name"] == "cudaMemcpy2DAsync" for x in run) >= min_copies:
+            calls.append((tid, run[0]["ts"], end, sum(x["name"] == "cudaMemcpyAsync" for x in run)))
+
     for tid, es in threads.items():
         es.sort(key=lambda e: e["ts"])
-        run, last_end = [], None
-        for e in es + [None]:
-            joins = e is not None and e["name"] in NVJPEG_PER_IMAGE and \
-                (not run or e["ts"] - last_end <= gap_ms * 1e3)
-            if not joins:
-                if sum(x["name"] == "cudaMemcpy2DAsync" for x in run) >= min_copies:
-                    calls.append((tid, run[0]["ts"], last_end, sum(x["name"] == "cudaMemcpyAsync" for x in run)))
-                run = [e] if e is not None and e["name"] in NVJPEG_PER_IMAGE else []
-            else:
+        run, end = [], None
+        for e in es:
+            if run and (e["name"] not in NVJPEG_PER_IMAGE or e["ts"] - end > gap_ms * 1e3):
+                close(tid, run, end)  # another call, or a gap, ends the run
+                run = []
+            if e["name"] in NVJPEG_PER_IMAGE:
                 run.append(e)
-            if e is not None:
-                last_end = e["ts"] + e.get("dur", 0)
+            end = e["ts"] + e.get("dur", 0)
+        if run:
+            close(tid, run, end)
     if not calls:
         return None
     import numpy as np
@@ -436,8 +447,9 @@ def run_one(args, load):
         os.makedirs(args.trace, exist_ok=True)
         path = os.path.join(args.trace, f"{load}.json.gz")
         prof.export_chrome_trace(path)
-        out["trace"] = trace_summary(path)
-        out["engine_calls"] = engine_calls(path)
+        events = trace_events(path)
+        out["trace"] = trace_summary(events)
+        out["engine_calls"] = engine_calls(events)
     if side is not None:
         side.stop.set()
         side.join(timeout=30)
