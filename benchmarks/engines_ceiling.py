@@ -33,7 +33,6 @@ measure `engines_beside_load.py --trace` takes of the Loader's calls.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import threading
@@ -206,33 +205,28 @@ def dali_decode_rate(folder: str, load: float, batch: int = 512, epochs: int = 4
     return {"hw_decoder_load": load, "img_s": max(rates), "epochs": rates, "threads": threads}
 
 
-@contextlib.contextmanager
-def traced(folder, name):
-    """With a folder: the block recorded by torch's profiler (CUDA activity) into
-    folder/NAME.json.gz, and the engines' calls found in it (engines_beside_load.engine_calls,
-    warm-up calls included) appended to the yielded list; without one, nothing."""
-    found = []
+def run_traced(folder, name, run):
+    """(run(), None) without a folder; with one, run() recorded by torch's profiler (CUDA
+    activity) into folder/NAME.json.gz and the engines' calls found in the trace
+    (engines_beside_load.engine_calls, warm-up calls included): (run(), those calls)."""
     if not folder:
-        yield found
-        return
+        return run(), None
+    import importlib.util
     import os
 
     from torch.profiler import ProfilerActivity, profile
-
-    import importlib.util
 
     # the sibling script, by path (python -P leaves a script's own folder off sys.path)
     spec = importlib.util.spec_from_file_location(
         "engines_beside_load", os.path.join(os.path.dirname(os.path.abspath(__file__)), "engines_beside_load.py"))
     sibling = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sibling)
-
     os.makedirs(folder, exist_ok=True)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        yield found
+        out = run()
     path = os.path.join(folder, f"{name}.json.gz")
     prof.export_chrome_trace(path)
-    found.append(sibling.engine_calls(path))
+    return out, sibling.engine_calls(path)
 
 
 def main(argv=None) -> int:
@@ -275,12 +269,12 @@ def main(argv=None) -> int:
         for pipe in a.pipeline.split(","):
             for t in (int(x) for x in a.threads.split(",")):
                 for b in (int(x) for x in a.batch.split(",")):
-                    with traced(a.trace, f"{fmt}-{pipe}-t{t}-b{b}") as tr:
-                        r = run_cell(cupy, staged, w, h, fmt=fmt, pipeline=pipe == "on", threads=t, batch=b,
-                                     seconds=a.seconds, device=a.device, layout=layout, vary=a.vary)
-                    if tr:
-                        r["engine_calls"] = tr[0]
-                        print(f"  engine calls: {json.dumps(tr[0])}", flush=True)
+                    r, calls = run_traced(a.trace, f"{fmt}-{pipe}-t{t}-b{b}", lambda: run_cell(
+                        cupy, staged, w, h, fmt=fmt, pipeline=pipe == "on", threads=t, batch=b,
+                        seconds=a.seconds, device=a.device, layout=layout, vary=a.vary))
+                    if a.trace:
+                        r["engine_calls"] = calls
+                        print(f"  engine calls: {json.dumps(calls)}", flush=True)
                     rows.append(r)
                     print(f"{fmt:>6} {pipe:>4} {t:>3} {b:>5} {r['img_s']:>8.0f} {r['call_host_ms']:>12.1f} "
                           f"{r['call_done_ms']:>12.1f}", flush=True)
