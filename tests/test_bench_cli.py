@@ -205,18 +205,24 @@ def test_benchmarks_and_examples_start():
         assert p.returncode == 0 and "usage" in p.stdout, (path, p.stderr[-2000:])
 
 
-def test_engines_trace_summary_sums_calls_per_thread_and_lags_per_stream(tmp_path):
-    """engines_beside_load.py --trace: a profiler trace summed up — each thread's CUDA calls
-    (runtime and driver), longest first, and per stream its GPU work (kernels, copies, memsets)
-    and how long each piece waited between the end of the host call that queued it and its start
-    (0 where it started before that call returned); events of other kinds are left out."""
-    import gzip
+def _engines_beside_load():
+    """benchmarks/engines_beside_load.py as a module (a script of the tree, not of the package)."""
     import importlib.util
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     spec = importlib.util.spec_from_file_location("engines_beside_load", os.path.join(root, "benchmarks", "engines_beside_load.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_engines_trace_summary_sums_calls_per_thread_and_lags_per_stream(tmp_path):
+    """engines_beside_load.py --trace: a profiler trace summed up — each thread's CUDA calls
+    (runtime and driver), longest first, and per stream its GPU work (kernels, copies, memsets)
+    and how long each piece waited between the end of the host call that queued it and its start
+    (0 where it started before that call returned); events of other kinds are left out."""
+    import gzip
+    mod = _engines_beside_load()
 
     def call(name, ts, dur, tid, corr=None, cat="cuda_runtime"):
         return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid,
@@ -257,12 +263,7 @@ def test_engine_calls_finds_nvjpegs_per_image_runs_and_how_many_run_at_once(tmp_
     other calls, short runs and gaps end a run. Two threads' calls overlapping for half of the
     span give the fractions of time with 0, 1 and 2 calls running and the img/s in each."""
     import gzip
-    import importlib.util
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("engines_beside_load", os.path.join(root, "benchmarks", "engines_beside_load.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _engines_beside_load()
 
     def image(tid, ts):  # nvJPEG's loop for one image: 100 us of runtime calls
         names = ["cudaMemcpyAsync", "cudaEventRecord", "cudaEventSynchronize"] + ["cudaMemcpy2DAsync"] * 3
