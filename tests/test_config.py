@@ -58,6 +58,7 @@ BAD = [
     (GPUOptions, {"run_ahead": True}, "run_ahead"), (GPUOptions, {"run_ahead": 65}, "run_ahead"),
     (GPUOptions, {"hybrid_lanes": 0}, "hybrid_lanes"), (GPUOptions, {"hybrid_lanes": 9}, "hybrid_lanes"),
     (GPUOptions, {"hybrid_lanes": 2.0}, "hybrid_lanes"), (GPUOptions, {"hybrid_lanes": True}, "hybrid_lanes"),
+    (GPUOptions, {"engines_ahead": 1}, "engines_ahead"), (GPUOptions, {"engines_ahead": "no"}, "engines_ahead"),
     (RemoteOptions, {"cache_dir": 3}, "cache_dir"), (RemoteOptions, {"cache_limit": 0}, "cache_limit"),
     (RemoteOptions, {"cache_limit": -1}, "cache_limit"), (RemoteOptions, {"cache_limit": "200GB"}, "cache_limit"),
     (RemoteOptions, {"cache_limit": True}, "cache_limit"),

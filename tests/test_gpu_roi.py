@@ -5,6 +5,7 @@ and every chroma sample libjpeg's fancy upsampling takes beside them; from a reg
 kernel's own source, built for the host, give the whole-image pixels bit for bit."""
 import ctypes
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -248,7 +249,7 @@ def test_planar_placement_plans_regions_and_refuses_what_the_kernel_does_not_tak
         dec = _decoder_without_gpu(bufs, planar_roi)
         dec.planar_regions["engines"] = engines_regions  # (True, False): engines whole, hybrid regions
         plan = Assignment(engine=np.array([0, 1, 2, 3, 6]), hybrid=np.array([4, 5]), cpu=np.zeros(0, np.int64), forced=0)
-        places, refused, overflow = dec._place_planar(bufs, win, plan)
+        places, refused, overflow = dec._place_planar(dec.buf, bufs, win, plan)
         assert sorted(refused) == [3, 4, 6] and plan.engine.tolist() == [0, 1, 2] and plan.hybrid.tolist() == [5]
         assert overflow == 0 and plan.cpu.tolist() == []
         s = dec.buf.samples
@@ -280,7 +281,7 @@ def test_planar_placement_plans_regions_and_refuses_what_the_kernel_does_not_tak
     # nothing for the GPU decoders in the batch (split="cpu", or the CPU first): nothing placed
     dec = _decoder_without_gpu(bufs, True)
     plan = Assignment(engine=np.zeros(0, np.int64), hybrid=np.zeros(0, np.int64), cpu=np.arange(7), forced=0)
-    assert dec._place_planar(bufs, win, plan) == ({}, [], 0)
+    assert dec._place_planar(dec.buf, bufs, win, plan) == ({}, [], 0)
 
 
 def test_planar_placement_sends_the_images_past_the_room_to_the_cpu_share():
@@ -304,7 +305,7 @@ def test_planar_placement_sends_the_images_past_the_room_to_the_cpu_share():
         dec.buf.arena = _arena(arena)
         dec.buf.staging_np = np.zeros(int(staging), np.uint8)
         plan = Assignment(engine=np.array([0, 1, 2]), hybrid=np.array([3]), cpu=np.array([7], np.int64), forced=1)
-        places, refused, overflow = dec._place_planar(bufs, win, plan)
+        places, refused, overflow = dec._place_planar(dec.buf, bufs, win, plan)
         over = [i for i in range(4) if i not in kept]
         assert refused == [] and overflow == len(over)
         assert plan.engine.tolist() == [i for i in kept if i < 3]
@@ -430,25 +431,34 @@ def test_a_large_images_decoder_failure_sends_only_those_images_to_the_cpu():
         def take(self, idx):
             return np.zeros((len(idx), 4), np.int64), np.asarray(idx), np.ones(len(idx), np.int64)
 
+    recorded = []
+
     def decoder(hw, large):
         dec = GPUDecoder.__new__(GPUDecoder)
-        dec.buf = type("Buf", (), {"staging_np": np.zeros(1 << 16, np.uint8)})()
+        buf = type("Buf", (), {"staging_np": np.zeros(1 << 16, np.uint8)})()
         dec.chunk, dec.planar, dec.native_submit, dec.large_error = 0, False, False, None
-        dec._lanes = []  # one call: no lanes
-        dec.hw, dec.hw_large, dec.stream, dec._done = hw, large, type("S", (), {"ptr": 0})(), lambda stream: None
+        stream = type("S", (), {"ptr": 0})()
+        # one phase, one call: no lanes
+        dec.ph = SimpleNamespace(hw=hw, lanes=[], stream=stream, buf=buf, wait=lambda: None)
+        dec.hw, dec.hw_large, dec._large_phase = hw, large, None
+        dec._large_done = SimpleNamespace(event=SimpleNamespace(record=recorded.append))
         return dec
 
     bufs = [bytes([255, 216]) + bytes(100 + k) + bytes([255, 217]) for k in range(6)]
     idx, large = np.array([0, 2, 3, 4, 5]), np.array([False, True, False, True, True])
     hw, big = Engines(), Engines()
-    assert decoder(hw, big)._decode_engines(bufs, idx, Places(), large) == (None, [])
+    dec = decoder(hw, big)
+    assert dec._decode_engines(dec.ph, bufs, idx, Places(), large) == (None, [])
     assert hw.calls == [[0, 3]] and big.calls == [[2, 4], [5]]
+    # the large images' decoder is shared by the phases: its last call's end is recorded for the other
+    assert recorded == [dec.ph.stream] and dec._large_phase is dec.ph
     hw, dec = Engines(), decoder(Engines(), Engines(fail=True))
-    dec.hw = hw
-    assert dec._decode_engines(bufs, idx, Places(), large) == (None, [2, 4, 5])
+    dec.ph.hw = hw
+    assert dec._decode_engines(dec.ph, bufs, idx, Places(), large) == (None, [2, 4, 5])
     assert hw.calls == [[0, 3]] and "large" in dec.last_gpu_error
     with pytest.raises(RuntimeError, match="refused"):
-        decoder(Engines(fail=True), Engines())._decode_engines(bufs, idx, Places(), large)
+        refusing = decoder(Engines(fail=True), Engines())
+        refusing._decode_engines(refusing.ph, bufs, idx, Places(), large)
     # a batch whose large images the CPU path decoded instead: warned once per decoder, not per batch
     dec._large_warned = False
     with warnings.catch_warnings(record=True) as seen:

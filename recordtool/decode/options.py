@@ -105,6 +105,13 @@ class GPUOptions:
             each on its own hardware decoder state, stream and thread (GPUDecoder). nvJPEG's
             batched call does its host work image after image on the calling thread; calls on
             several states do it side by side and keep more images at the engines.
+        engines_ahead: True — each producer submits its next batch's engines' call (a second
+            set of engine states, stream and buffers) while it finishes the batch it is making
+            (CPU share, hybrid images, kernel), so the NVJPG engines get a producer's calls back
+            to back instead of idle through its host work between them. Local datasets only: a
+            dataset URL's shard cache fetches along the epoch's plan, and a batch is not told
+            its next one there. False: one phase, a batch's engines' call after the last batch
+            is finished (less GPU memory: a second arena and engine states per producer).
         hybrid_lanes: 1 — hybrid decoders a producer may spread a batch's hybrid images
             (progressive, and gray without same_pixels) over, 1..MAX_HYBRID_LANES, each with its
             own nvJPEG state, stream and thread. The hybrid decoder's Huffman pass is one CPU
@@ -123,6 +130,7 @@ class GPUOptions:
     same_pixels: bool = False
     run_ahead: int | None = 1
     engine_lanes: int = 1
+    engines_ahead: bool = True
     hybrid_lanes: int = 1
 
     def __post_init__(self):
@@ -133,6 +141,7 @@ class GPUOptions:
         set_(self, "chroma", _one_of(self.chroma, "chroma", CHROMA_MODES))
         set_(self, "same_pixels", flag(self.same_pixels, "same_pixels"))
         set_(self, "engine_lanes", bounded_int("engine_lanes", self.engine_lanes, 1, MAX_ENGINE_LANES, floats=False))
+        set_(self, "engines_ahead", flag(self.engines_ahead, "engines_ahead"))
         set_(self, "hybrid_lanes", bounded_int("hybrid_lanes", self.hybrid_lanes, 1, MAX_HYBRID_LANES, floats=False))
         if self.run_ahead is not None:
             set_(self, "run_ahead", bounded_int("run_ahead", self.run_ahead, 1, 64, floats=False))

@@ -1,4 +1,4 @@
-"""Loader(device="cuda"): the CPU Loader's batches and pixels, resume, look-ahead, sizes and
+"""Loader(device="cuda"): the CPU Loader's batches and pixels, resume, look-ahead, engines ahead, sizes and
 crops, run-ahead bound, the split's lead, damaged records, clean exits, bfloat16 / channels_last
 and device spellings, the training benchmark on the GPU."""
 import time
@@ -48,6 +48,48 @@ def test_cuda_loader_matches_cpu_loader_and_resumes(packed_mix):
     assert len(rest) == 4
     for a, (b, _) in zip(rest, gpu_batches[2:]):
         assert np.array_equal(a, b)
+
+
+def test_engines_ahead_give_the_batches_of_one_phase_across_epochs_and_resume(packed_mix):
+    """engines_ahead (the default): each producer submits its next batch's engines' call while it
+    finishes this one — the batches, across an epoch's end and after a resume, are those of
+    engines_ahead=False bit for bit (split="gpu"), whatever the producers; the batches after a
+    producer's first are begun ahead; off, no second phase is made."""
+    from recordtool.loader import Loader
+
+    kw = dict(batch_size=5, size=64, seed=9, drop_last=False, as_torch=False, split="gpu")
+    ref = Loader(packed_mix, device="cuda", producers=1, engines_ahead=False, **kw)
+    want = []
+    for epoch in range(2):
+        ref.set_epoch(epoch)
+        want += [cupy.asnumpy(x) for x, _ in ref]
+    assert len(ref.backend.decoder(0).phases) == 1
+    ref.close()
+    for producers in (1, 2, 3):
+        ld = Loader(packed_mix, device="cuda", producers=producers, **kw)
+        reports, got = [], []
+        for epoch in range(2):
+            ld.set_epoch(epoch)
+            for x, _ in ld:
+                got.append(cupy.asnumpy(x))
+                reports.append(ld.last_split)
+        assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want)), producers
+        dec = ld.backend.decoder(0)
+        if dec.hw is not None:
+            assert dec.engines_ahead and len(dec.phases) == 2
+            assert sum(r.begun_ahead for r in reports) >= len(reports) - 2 * producers, (producers, reports)
+        ld.close()
+    part = Loader(packed_mix, device="cuda", producers=2, **kw)
+    it = iter(part)
+    next(it), next(it), next(it)
+    state = part.state_dict()
+    del it
+    part.close()
+    resumed = Loader(packed_mix, device="cuda", producers=2, **kw)
+    resumed.load_state_dict(state)
+    rest = [cupy.asnumpy(x) for x, _ in resumed]
+    assert len(rest) == len(want) // 2 - 3 and all(np.array_equal(a, b) for a, b in zip(rest, want[3:]))
+    resumed.close()
 
 
 @pytest.mark.parametrize("dtype,split", [("float32", "auto"), ("float32", "gpu"), ("float16", "gpu")])

@@ -143,6 +143,79 @@ def test_engine_lanes_decode_what_one_call_decodes(monkeypatch, chroma):
 
 
 @pytest.mark.parametrize("chroma", ["replicate", "interpolate"])
+def test_engines_ahead_decode_what_one_phase_decodes(monkeypatch, chroma):
+    """engines_ahead: a call given its next batch (`ahead`) submits that batch's engines' call on
+    the second phase before finishing its own; the next call, under that key, finishes it. The
+    batches are those of one phase, bit for bit, the phases alternate, and: a batch begun under
+    another key is drained and made again; inputs that fail leave the batch to its own call; a
+    refused ahead call sends that batch's engine images to the CPU path."""
+    from recordtool.decode.gpu import GPUDecoder
+
+    bufs, sizes = mixed_jpegs(29)
+    ids = np.arange(len(bufs))
+    routes = index_routes(bufs)
+    counts = [29, 17, 22, 29]
+
+    def batch(k):
+        n = counts[k]
+        return bufs[:n], random_windows(sizes[:n, 0], sizes[:n, 1], ids[:n], 2, k), random_flips(ids[:n], 2, k)
+
+    outs = {}
+    for ahead in (False, True):
+        dec = GPUDecoder(Output(224, dtype="uint8", layout="NHWC"), GPUOptions(split="gpu", chroma=chroma),
+                         max_batch=32, engines_ahead=ahead)
+        if dec.hw is None:
+            pytest.skip(f"no NVJPG engines: {dec.hw_error}")
+        dec.warmup([len(b) for b in bufs], sizes[:, 0], sizes[:, 1], routes=routes)
+        assert dec.engines_ahead == ahead and len(dec.phases) == 1 + ahead and dec.allocations == 0
+        got, streams = [], []
+        for k in range(len(counts)):
+            b, win, flips = batch(k)
+            nxt = None
+            if ahead and k + 1 < len(counts):
+                nxt = (k + 1, lambda k=k: (*batch(k + 1)[:2], routes[:counts[k + 1]], ids[:counts[k + 1]]))
+            got.append(cupy.asnumpy(dec(b, win, flips, routes[:len(b)], ids=ids[:len(b)], key=k, ahead=nxt)).copy())
+            assert dec.last.begun_ahead == (ahead and k > 0), (k, dec.last)
+            assert dec.last.gpu == int((routes[:len(b)] == ENGINE).sum()) and not dec.last.errors, dec.last
+            streams.append(dec.stream.ptr)
+        if ahead:  # the phases alternate: batch k on phase k % 2
+            assert streams[0::2] == [dec.phases[0].stream.ptr] * 2 and streams[1::2] == [dec.phases[1].stream.ptr] * 2
+        assert dec.allocations == 0  # both phases sized at warm-up
+        outs[ahead] = got
+        if ahead:
+            b, win, flips = batch(1)
+            # begun under key 1, asked under key "other": drained, made again (the same pixels)
+            dec(*batch(0), routes[:29], key=0, ahead=(1, lambda: (b, win, routes[:17], ids[:17])))
+            out = cupy.asnumpy(dec(b, win, flips, routes[:17], key="other"))
+            assert not dec.last.begun_ahead and np.array_equal(out, outs[True][1])
+            # inputs that fail: the batch is made by its own call
+            def broken():
+                raise OSError("gone")
+            dec(*batch(0), routes[:29], key=0, ahead=(1, broken))
+            out = cupy.asnumpy(dec(b, win, flips, routes[:17], key=1))
+            assert not dec.last.begun_ahead and np.array_equal(out, outs[True][1])
+            # the ahead call refused: that batch's engine images go to the CPU path
+            other = dec.phases[1].hw
+            name = "decode_planes" if dec.planar else "decode"
+
+            def refuse(*a, **k):
+                raise RuntimeError("refused")
+
+            monkeypatch.setattr(other, name, refuse)
+            dec(*batch(0), routes[:29], key=0, ahead=(1, lambda: (b, win, routes[:17], ids[:17])))
+            out = cupy.asnumpy(dec(b, win, flips, routes[:17], key=1))
+            assert dec.last.begun_ahead and dec.last.gpu == 0 and not dec.last.errors, dec.last
+            assert np.abs(out.astype(int) - outs[True][1].astype(int)).mean() < 3
+            # a batch begun for a call that never comes is waited for at close
+            dec(*batch(0), routes[:29], key=0, ahead=(1, lambda: (b, win, routes[:17], ids[:17])))
+            assert dec._begun is not None
+        dec.close()
+        assert dec._begun is None
+    for a, b in zip(outs[False], outs[True]):
+        assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("chroma", ["replicate", "interpolate"])
 def test_hybrid_lanes_decode_what_one_lane_decodes(monkeypatch, chroma):
     """hybrid_lanes=N: a batch's progressive and gray images spread over N hybrid decoders (each
     its own state, stream and thread) give the pixels of one decoder, bit for bit, batch after

@@ -1,6 +1,7 @@
 """The GPU backend: one GPUDecoder per producer slot (nvJPEG states are per thread) and, for a
 local dataset, one look-ahead lane (ahead.py: the next batch's CPU-routed images decoded
-while this one is made); one output ring shared by all slots, routes from the index, the
+while this one is made) and the next batch's engines' call submitted while this one is
+finished (GPUOptions.engines_ahead: the decoder's second phase); one output ring shared by all slots, routes from the index, the
 Loader's CUDA device, and — with a user op — a uint8 ring plus a second pass of the same kernel
 that normalises into the output ring. The consumer's side: the run-ahead bound and the DLPack
 hand-off (handout.py), the steering of the CPU share (plan.Demand).
@@ -46,8 +47,9 @@ class GPUBackend(Backend):
             same_pixels (4:4:4 and gray files to the CPU share: plan.route), first (the
             Demand's) and run_ahead (RunAhead's).
         look_ahead: each producer slot decodes its next batch's CPU-routed images ahead
-            (`announce`, ahead.py). False for a dataset URL: its shard cache counts a record
-            served once its view is taken, and fetches along the epoch's plan.
+            (`announce`, ahead.py) and, with options.engines_ahead, submits its engines' call
+            ahead. False for a dataset URL: its shard cache counts a record served once its
+            view is taken, and fetches along the epoch's plan.
         slots: output batches alive at once.
         max_batch: images per batch at most.
     """
@@ -75,6 +77,12 @@ class GPUBackend(Backend):
         self._decoders: dict = {}
         self.announces = look_ahead  # BatchStream tells each producer its next batch (`announce`)
         self._lanes: dict = {}  # producer slot → its AheadLane (made on first use, kept across epochs)
+        self.engines_ahead = look_ahead and options.engines_ahead
+        # producer slot → (epoch, ids, drawn) of its announced next batch, and → (key, inputs) of
+        # the batch whose engines' call its decoder began ahead: each written and read by that
+        # slot's producer thread only
+        self._next: dict = {}
+        self._begun: dict = {}
         self._cpu_routed = self.routes == CPU
         self._lock = threading.Lock()
         self._room = None  # _room_sample's windows, made once
@@ -150,7 +158,8 @@ class GPUBackend(Backend):
                 raw = self.user_op is not None
                 dec = GPUDecoder(self._raw_spec if raw else self.output, self.options, max_batch=self.max_batch,
                                  gpu_id=self.gpu_id, cpu_threads=self.cpu_threads,
-                                 ring=self.raw_ring if raw else self.ring, demand=self.demand)
+                                 ring=self.raw_ring if raw else self.ring, demand=self.demand,
+                                 engines_ahead=self.engines_ahead)
                 dec.warmup(ix.jpeg_length, ix.width, ix.height, routes=self.routes, chroma=ix.chroma,
                            windows=self._room_sample())
                 self._decoders[slot] = dec
@@ -163,6 +172,8 @@ class GPUBackend(Backend):
         if not self.announces:
             return
         ids = np.asarray(ids)
+        if self.engines_ahead:  # make() hands it to the decoder, which begins it beside this batch's end
+            self._next[slot] = (epoch, ids, drawn)
         sel = self._cpu_routed[ids].nonzero()[0]
         lane = self._lanes.get(slot)
         if lane is None:
@@ -182,7 +193,10 @@ class GPUBackend(Backend):
         import cupy
 
         t0 = time.perf_counter()
-        b = self.recipe.inputs(ids, epoch, drawn)
+        ids = np.asarray(ids)
+        key = (epoch, ids.tobytes())
+        begun = self._begun.pop(slot, None)  # this batch's inputs, where its engines' call was begun ahead
+        b = begun[1] if begun is not None and begun[0] == key else self.recipe.inputs(ids, epoch, drawn)
         lane = self._lanes.get(slot)
         decoded = lane.take(epoch, ids) if lane is not None else None
         t1 = time.perf_counter()
@@ -190,7 +204,7 @@ class GPUBackend(Backend):
         op = self.image_op
         # a compiled op sees the image before the mirror (as on the CPU): the normalising pass mirrors
         images = dec(b.buffers, b.windows, np.zeros(len(ids), bool) if op is not None else b.flips,
-                     self.routes[ids], ids=ids, decoded=decoded)
+                     self.routes[ids], ids=ids, decoded=decoded, key=key, ahead=self._ahead(slot))
         t2 = t3 = time.perf_counter()
         ready = None
         if op is not None:
@@ -208,6 +222,23 @@ class GPUBackend(Backend):
         stages = {"inputs": t1 - t0, "decode": t2 - t1, "user_op": t3 - t2, "normalize": time.perf_counter() - t3}
         stages.update({"gpu." + k: v for k, v in dec.last.stages.items()})
         return ProducedBatch(images, b.labels, dec.last.errors, stages, dec.last, ready)
+
+    def _ahead(self, slot: int):
+        """The decoder's `ahead` for producer `slot`'s announced next batch: (key, inputs), its
+        inputs made when the decoder begins it and kept for that batch's own make; None where
+        nothing was announced."""
+        nxt = self._next.pop(slot, None)
+        if nxt is None:
+            return None
+        epoch, ids, drawn = nxt
+        key = (epoch, ids.tobytes())
+
+        def inputs():
+            b = self.recipe.inputs(ids, epoch, drawn)
+            self._begun[slot] = (key, b)
+            return b.buffers, b.windows, self.routes[ids], ids
+
+        return key, inputs
 
     def _normalise(self, raw, dec, slot: int, keep=(), flips=None, op=None):
         """uint8 NHWC (n, h, w, 3) → the output format in a batch of the ring, queued on the
@@ -228,6 +259,8 @@ class GPUBackend(Backend):
         for dec in self._decoders.values():
             dec.close()
         self._decoders.clear()
+        self._next.clear()
+        self._begun.clear()
         for lane in self._lanes.values():
             lane.close()
         self._lanes.clear()

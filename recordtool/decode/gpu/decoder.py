@@ -50,12 +50,59 @@ class BatchReport:
     overflow: int = 0  # of the CPU's, GPU-bound images past the arena's or staging's room (room.batch_room)
     large_failed: int = 0  # of the CPU's, Route.LARGE images their decoder refused (warned once per decoder)
     ahead: int = 0  # of the CPU's, images decoded before the call (the caller's `decoded`: decode.gpu.ahead)
+    begun_ahead: bool = False  # its engines' call was submitted during the previous call (`ahead`)
     errors: list = field(default_factory=list)  # (batch index, reason) of images nothing decoded
     seconds: float = 0.0
     stages: dict = field(default_factory=dict)  # seconds per stage of this call
 
     def as_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "errors"}
+
+
+class Phase:
+    """What one batch holds from its engines' submission to the end of its kernel: the engines'
+    states (lane 0 and lanes 1..), the stream its work is queued on, its buffers (staging,
+    arena, CPU share's pixels, sample table) and the events around its engines' call.
+
+    Why two: with engines ahead (GPUDecoder's `engines_ahead`) a producer submits its next
+    batch's engines' call on the other phase while this batch's CPU share, hybrid images and
+    kernel are finished, so the engines get that call back to back with this one instead of
+    after the producer's host work. Invariant: a phase holds at most one batch, from `_begin`
+    to the wait after its kernel (or the drain of a batch begun and never claimed); only the
+    producer thread that owns the decoder touches it."""
+
+    __slots__ = ("hw", "lanes", "stream", "buf", "ev_start", "ev_decoded", "done")
+
+    def __init__(self, hw, lanes: list, stream, buf, cupy, done=None):
+        self.hw, self.lanes, self.stream, self.buf = hw, lanes, stream, buf
+        # made once and recorded again each batch (an event made per call costs a CUDA call
+        # more, and each CUDA call gives up the GIL that the producer must then take back)
+        self.ev_start, self.ev_decoded = cupy.cuda.Event(), cupy.cuda.Event()
+        self.done = done or _Waiter(cupy)  # waits sleep on a blocking-sync event
+
+    def wait(self) -> None:
+        """Until the work queued on this phase's stream is done."""
+        self.done(self.stream)
+
+
+@dataclass(eq=False)
+class Begun:
+    """A batch whose engines' call is submitted (GPUDecoder._begin): its phase, plan, places and
+    what the engines refused; the CPU share, the hybrid images and the kernel are still to do."""
+
+    phase: Phase
+    plan: object
+    places: object
+    routes: np.ndarray
+    windows: np.ndarray
+    pre_failed: list
+    overflow: int
+    hw_failed: list
+    large_failed: list
+    t_native: float | None
+    t_plan: float
+    t_submit: float
+    key: object = None
 
 
 def cpu_share_decode(buffers, windows, size, out, errors: list, *, threads: int = 1, pool: int = -1) -> None:
@@ -99,6 +146,10 @@ class GPUDecoder:
             (roi.plan_rois: the same pixels); False decodes whole images (the tests' reference).
         native_submit: the engines' batch and the hybrid decoder's images each in one GIL-free
             call (recordtool._nvsubmit); False: the ctypes loops (their reference, for the tests).
+        engines_ahead: a second Phase (engines' states, stream, buffers), so that a call given
+            its next batch (`__call__`'s `ahead`) submits that batch's engines' call while it
+            finishes its own (the GPU backend's producers, which know their next batch). False
+            (the default here: a decoder alone is not told its next batch): one phase.
     """
 
     # Route.LARGE images (above plan.GPU_MAX_PIXELS): the engines, on a decoder of their own in
@@ -116,7 +167,8 @@ class GPUDecoder:
     def __init__(self, spec: Output = Output(), options: GPUOptions = GPUOptions(), max_batch: int = 256,
                  cpu_threads: int | None = None, gpu_id: int = 0, pool: int | None = None,
                  ring: OutputRing | None = None, demand: Demand | None = None,
-                 chunk: int = 0, planar_roi: bool = True, native_submit: bool = True):
+                 chunk: int = 0, planar_roi: bool = True, native_submit: bool = True,
+                 engines_ahead: bool = False):
         import cupy
 
         if not isinstance(spec, Output):
@@ -160,6 +212,9 @@ class GPUDecoder:
         self.hw = self.hybrid = self.hw_large = self.large_error = None
         self._interpolate = nvjpeg_interp
         self.hw_error = self.hybrid_error = self.prealloc_error = self.last_gpu_error = None
+        self.ahead_error = None  # why the second phase (engines_ahead) could not be made
+        self._begun: Begun | None = None  # the next batch, its engines' call submitted (`ahead`)
+        self._large_phase = None  # the phase whose stream last queued the large images' decoder
         self._large_warned = False  # _note_large_failed: once per decoder
         # the CPU part and the hybrid decoder run beside the engines' submission, on threads kept
         # for the decoder's life (a thread per batch would churn stacks and malloc arenas)
@@ -169,9 +224,7 @@ class GPUDecoder:
         with self.device:
             self.stream = _stream(cupy)
             self._done = _Waiter(cupy)  # waits sleep on a blocking-sync event
-            # made once and recorded again each batch (an event made per call costs a CUDA call
-            # more, and each CUDA call gives up the GIL that the producer must then take back)
-            self._ev_start, self._ev_decoded = cupy.cuda.Event(), cupy.cuda.Event()
+            self._large_done = _Waiter(cupy)
             self._kernel = K.kernel(spec.dtype, spec.buffer_layout)
             if self.planner.split != "cpu":
                 from .nvjpeg import HardwareDecoder, HybridDecoder, NvjpegError
@@ -205,6 +258,9 @@ class GPUDecoder:
                         self._hybrid_pool = ThreadPoolExecutor(len(self._hybrids) - 1,
                                                                thread_name_prefix="recordtool-hybrid")
             self.buf = DecodeBuffers(cupy, self.max_batch, self.size, self.gpu_id)
+            self.phases = [Phase(self.hw, self._lanes, self.stream, self.buf, cupy, self._done)]
+            if engines_ahead and self.hw is not None:
+                self._second_phase(cupy, nvjpeg_interp)
         self.planner.engines = self.hw is not None
         self.planner.hybrid = self.hybrid is not None
         self.planner.hybrid_lanes = max(1, len(self._hybrids))
@@ -216,9 +272,36 @@ class GPUDecoder:
             with self.device:
                 self.planar_regions = check_region_decode(self, cupy)
 
+    def _second_phase(self, cupy, nvjpeg_interp: bool) -> None:
+        """The phase the next batch's engines' call is submitted on (engines_ahead): states as
+        many as the first's, its own stream and buffers. Where nvJPEG cannot make them, one
+        phase, warned: the decoder works, with the engines idle between a producer's calls."""
+        from .nvjpeg import HardwareDecoder, NvjpegError
+
+        made: list = []
+        try:
+            for _ in range(self.engine_lanes):
+                made.append(HardwareDecoder(self.max_batch, planar=self.planar, interpolate=nvjpeg_interp))
+            lanes = [(d, _stream(cupy), cupy.cuda.Event(disable_timing=True)) for d in made[1:]]
+            buf = DecodeBuffers(cupy, self.max_batch, self.size, self.gpu_id)
+        except (NvjpegError, OSError, cupy.cuda.memory.OutOfMemoryError) as e:
+            for d in made:
+                d.close()
+            self.ahead_error = str(e)
+            warnings.warn(f"no second set of engine states for the next batch ({e}): this decoder submits a batch's "
+                          "engines' call only after the last batch is finished", RuntimeWarning, stacklevel=3)
+            return
+        self.phases.append(Phase(made[0], lanes, _stream(cupy), buf, cupy))
+
+    @property
+    def engines_ahead(self) -> bool:
+        """Whether a call given its next batch submits that batch's engines' call (two phases)."""
+        return len(self.phases) > 1
+
     def sync(self) -> None:
-        """Wait for the work queued on this decoder's stream (sleeping, see _event)."""
-        self._done(self.stream)
+        """Wait for the work queued on this decoder's streams (sleeping, see _Waiter)."""
+        for ph in self.phases:
+            ph.wait()
 
     @property
     def split(self):
@@ -230,7 +313,7 @@ class GPUDecoder:
 
     @property
     def allocations(self) -> int:
-        return self.buf.allocations
+        return sum(ph.buf.allocations for ph in self.phases)
 
     def output_shape(self, n: int | None = None):
         """The shape of the memory a batch of n is written into (spec.buffer_shape)."""
@@ -287,8 +370,9 @@ class GPUDecoder:
                 staging += self.LARGE_ROOM * int(staging_each(lengths[large]).max())
         else:
             staging, arena = self.buf.plan_for(jpeg_lengths, widths, heights)
-        self.buf.reserve(max(staging, 64), max(arena, 256))
-        self.buf.allocations, self.buf.planned = 0, True
+        for ph in self.phases:  # each phase holds a batch in flight: the same room
+            ph.buf.reserve(max(staging, 64), max(arena, 256))
+            ph.buf.allocations, ph.buf.planned = 0, True
         cpu.reserve(widths, heights, self.cpu_threads, self.pool)  # the CPU share's decode buffers
         if self.ring is None and outputs > 0:
             self.ring = OutputRing(self.output_shape(), self.dtype, outputs, self.gpu_id)
@@ -307,7 +391,7 @@ class GPUDecoder:
                         # each lane's call takes its share of a batch: the lanes together hold
                         # what one call of the whole batch would
                         share = -(-self.max_batch // self.engine_lanes)
-                        for dec in [self.hw] + [lane[0] for lane in self._lanes]:
+                        for dec in [d for ph in self.phases for d in [ph.hw] + [lane[0] for lane in ph.lanes]]:
                             dec.set_padding(16 << 20)
                             dec.preallocate(share, wmax, hmax, layout)
                 except Exception as e:  # a sizing hint only: decoding works without it
@@ -378,9 +462,9 @@ class GPUDecoder:
         planes = [[base + k * each, base + k * each + sizes[0], base + k * each + sizes[0] + sizes[1]]
                   for k in range(n)]
         with self.device:
-            dec.decode_planes([stage.ctypes.data] * n, [len(data)] * n, planes, [list(ws)] * n, self.stream.ptr,
-                              native=self.native_submit)
-            self._done(self.stream)
+            dec.decode_planes([stage.ctypes.data] * n, [len(data)] * n, planes, [list(ws)] * n,
+                              self.phases[0].stream.ptr, native=self.native_submit)
+            self.phases[0].wait()
         del data
 
     def _region_room(self, windows, widths, heights, chroma, routes, gpu, largest: int) -> int:
@@ -416,7 +500,7 @@ class GPUDecoder:
         del view
 
     # ------------------------------------------------------------------ one batch
-    def __call__(self, buffers, windows, flips, routes, ids=None, decoded=None):
+    def __call__(self, buffers, windows, flips, routes, ids=None, decoded=None, key=None, ahead=None):
         """Decode one batch. Returns a CuPy array of spec.buffer_shape(N) and storage_dtype
         (spec.arrange gives the handed-out view), complete when the call returns (from the ring
         when there is one).
@@ -433,6 +517,14 @@ class GPUDecoder:
                 look-ahead lane, ahead.py): copied in by the CPU share (calling a callable
                 there, beside the engines' work), decoded here only where it gives None. Only
                 images the plan gives the CPU are taken.
+            key: a hashable naming this batch (the backend's (epoch, ids)): a batch begun by the
+                last call's `ahead` under the same key is finished, not begun again; one under
+                another key is stale (its producer's stream was discarded) and is drained first.
+            ahead: (key, inputs) of the batch this decoder is given next, with engines_ahead:
+                inputs() → (buffers, windows, routes, ids) of it; its engines' call is submitted
+                on the other phase once this batch's CPU share and hybrid images are under way,
+                before this batch is finished. The inputs' buffers are read before this call
+                returns (staged); the batch's own call gives them again.
         """
         t0 = time.perf_counter()
         n = len(buffers)
@@ -440,77 +532,64 @@ class GPUDecoder:
             raise ValueError(f"batch of {n} > max_batch {self.max_batch}")
         windows = np.asarray(windows, np.float64).reshape(n, 4)
         flips = np.asarray(flips, bool).reshape(n)
-        routes = np.asarray(routes).reshape(n)
-        routes = np.where(routes, ENGINE, CPU) if routes.dtype == bool else routes.copy()
-        refuse_hybrid(routes, buffers, ids, self._cleared)  # multi-scan files: the decoders' refusal rule first
-        plan = self.planner.plan(routes, ends_with_eoi(buffers))
-        if not (self.planar and self.buf.planned):  # planar: the batch fits the room (_place_planar)
-            self.buf.ensure(buffers, windows)
-        pre_failed = []  # planar: headers nvJPEG refused or layouts the kernel does not take
-        overflow = 0
-        if self.planar:
-            places, pre_failed, overflow = self._place_planar(buffers, windows, plan)
-        else:
-            places = self.buf.place(windows, np.concatenate([plan.engine, plan.hybrid]).astype(np.int64))
-        ahead = 0
+        b = self._claim(key)
+        if b is None:
+            b = self._begin(self.phases[0], buffers, windows, routes, ids)
+        ph, plan, places = b.phase, b.plan, b.places
+        ahead_n = 0
         if decoded:  # the CPU share's images decoded ahead go last: the rest are decoded first
             share = np.asarray(plan.cpu, np.int64)
             have = np.fromiter((int(i) in decoded for i in share), bool, len(share))
-            ahead = int(have.sum())
+            ahead_n = int(have.sum())
             plan.cpu = np.concatenate([share[~have], share[have]])
-        t_plan = time.perf_counter()
-        cpu_job = self._workers.submit(self._decode_cpu, buffers, windows, plan.cpu, 0, decoded, ahead)
+        t1 = time.perf_counter()
+        cpu_job = self._workers.submit(self._decode_cpu, ph.buf, buffers, windows, plan.cpu, 0, decoded, ahead_n)
         rg = self.planner.rates.gpu  # the engines' predicted time: what the hybrid lanes should finish within
         t_eng = len(plan.engine) / rg if rg and len(plan.engine) else None
         n_lanes = hybrid_lanes(len(plan.hybrid), self.planner.rates.hybrid, t_eng, len(self._hybrids))
         hyb_job = self._workers.submit(self._decode_hybrid, buffers, plan.hybrid, places, n_lanes) \
             if len(plan.hybrid) else None
-        hw_failed, hyb_failed, t_hyb, t_hyb_lanes = [], [], None, None
-        with self.device, self.stream:
-            ev_start, ev_decoded = self._ev_start, self._ev_decoded
-            ev_start.record(self.stream)
-            tg = time.perf_counter()
-            t_native, large_failed = None, []
-            if len(plan.engine):
-                try:
-                    t_native, large_failed = self._decode_engines(buffers, plan.engine, places,
-                                                                  routes[plan.engine] == LARGE)
-                except Exception as e:  # the engines refused the batch: the CPU takes it
-                    hw_failed = plan.engine.tolist()
-                    self.last_gpu_error = str(e)
-            t_submit = time.perf_counter() - tg
-            ev_decoded.record(self.stream)
+        t_next = 0.0
+        if ahead is not None and self.engines_ahead:  # the next batch's engines' call, on the other phase
+            t_next = time.perf_counter()
+            self._begin_ahead(self.phases[1 - self.phases.index(ph)], *ahead)
+            t_next = time.perf_counter() - t_next
+        hw_failed, large_failed, hyb_failed, t_hyb, t_hyb_lanes = b.hw_failed, b.large_failed, [], None, None
+        with self.device, ph.stream:
             t_cpu, errors = cpu_job.result()
             if hyb_job is not None:
                 hyb_failed, t_hyb, t_hyb_lanes = hyb_job.result()
                 for _, stream, _, event in self._hybrids[:n_lanes]:
                     event.record(stream)
-                    self.stream.wait_event(event)
+                    ph.stream.wait_event(event)
             t_wait = time.perf_counter()
             cpu_idx = plan.cpu
-            refused = np.asarray(hw_failed + large_failed + hyb_failed + pre_failed, np.int64)
+            refused = np.asarray(hw_failed + large_failed + hyb_failed + b.pre_failed, np.int64)
             if len(refused):  # what a GPU decoder refused: the CPU path decodes it (or names the error)
-                _, errs = self._decode_cpu(buffers, windows, refused, len(cpu_idx))
+                _, errs = self._decode_cpu(ph.buf, buffers, windows, refused, len(cpu_idx))
                 errors += errs
                 cpu_idx = np.concatenate([cpu_idx, refused])
             if len(cpu_idx):  # the kernel reads them in the pinned buffer (DecodeBuffers.cpu_src)
-                self.buf.place_whole(cpu_idx, self.size, self.buf.cpu_src)
-            samples = self.buf.samples[:n]
+                ph.buf.place_whole(cpu_idx, self.size, ph.buf.cpu_src)
+            samples = ph.buf.samples[:n]
             samples["mirror"] = flips
-            self.buf.samples_dev[: samples.nbytes].set(samples.view(np.uint8), stream=self.stream)
-            out = self.ring.acquire(n, self.stream) if self.ring is not None else \
+            ph.buf.samples_dev[: samples.nbytes].set(samples.view(np.uint8), stream=ph.stream)
+            out = self.ring.acquire(n, ph.stream) if self.ring is not None else \
                 self.cupy.empty(self.output_shape(n), self.dtype)
-            K.launch(self._kernel, self.buf.samples_dev, n, out, self.size, self.mean, self.std, self.stream)
-            self._done(self.stream)
+            K.launch(self._kernel, ph.buf.samples_dev, n, out, self.size, self.mean, self.std, ph.stream)
+            ph.wait()
             t_gpu = None
             if len(plan.engine) and not hw_failed:  # engine time: host submission or device work, the longer
-                t_gpu = max(t_submit, self.cupy.cuda.get_elapsed_time(ev_start, ev_decoded) / 1e3)
+                t_gpu = max(b.t_submit, self.cupy.cuda.get_elapsed_time(ph.ev_start, ph.ev_decoded) / 1e3)
+        # work a caller queues after this call (a user op's pass) runs after this batch, and not
+        # behind the next batch's engines' call on the other phase
+        self.stream = ph.stream
         if large_failed:
             self._note_large_failed(len(large_failed))
         n_gpu = len(plan.engine) - len(hw_failed) - len(large_failed)
         n_hyb = len(plan.hybrid) - len(hyb_failed)
-        if self.planner.observe(n, n_gpu, t_gpu, len(plan.cpu) - ahead, t_cpu, n_hyb, t_hyb_lanes if not hyb_failed else None,
-                                engines_failed=bool(hw_failed)):
+        if self.planner.observe(n, n_gpu, t_gpu, len(plan.cpu) - ahead_n, t_cpu, n_hyb,
+                                t_hyb_lanes if not hyb_failed else None, engines_failed=bool(hw_failed)):
             warnings.warn(f"nvJPEG's hardware decoder refused {self.planner.ENGINES_OFF_AFTER} batches in a row "
                           f"({self.last_gpu_error}); this decoder sends their images to the CPU for the next "
                           f"{self.planner.paused} batches, then tries the engines again (less often while they "
@@ -518,25 +597,90 @@ class GPUDecoder:
         r = self.planner.rates
         t_end = time.perf_counter()
         self.last = BatchReport(n=n, gpu=n_gpu, hybrid=n_hyb, cpu=len(cpu_idx), cpu_forced=plan.forced,
-                                overflow=overflow, large_failed=len(large_failed), ahead=ahead,
-                                cpu_fraction=self.planner.cpu_fraction, gpu_rate=r.gpu, cpu_rate=r.cpu,
-                                hybrid_rate=r.hybrid, hybrid_lanes=n_lanes if len(plan.hybrid) else 0,
-                                errors=errors, seconds=t_end - t0,
-                                stages={"plan": t_plan - t0, "engines_submit": t_submit,
-                                        "engines_native": t_native or 0.0, "cpu_decode": t_cpu,
-                                        "hybrid_decode": t_hyb or 0.0, "wait": t_wait - t_plan,
-                                        "finish": t_end - t_wait})
+                                overflow=b.overflow, large_failed=len(large_failed), ahead=ahead_n,
+                                begun_ahead=b.key is not None, cpu_fraction=self.planner.cpu_fraction,
+                                gpu_rate=r.gpu, cpu_rate=r.cpu, hybrid_rate=r.hybrid,
+                                hybrid_lanes=n_lanes if len(plan.hybrid) else 0, errors=errors, seconds=t_end - t0,
+                                stages={"plan": b.t_plan, "engines_submit": b.t_submit,
+                                        "engines_native": b.t_native or 0.0, "cpu_decode": t_cpu,
+                                        "hybrid_decode": t_hyb or 0.0, "next_engines": t_next,
+                                        "wait": t_wait - t1 - t_next, "finish": t_end - t_wait})
         return out
 
-    def _place_planar(self, buffers, windows, plan):
+    def _claim(self, key):
+        """The batch the last call began under `key` (None: none, or it was begun under another
+        key — a stale one, drained here so its phase is free)."""
+        b, self._begun = self._begun, None
+        if b is None:
+            return None
+        if key is not None and b.key == key:
+            return b
+        self._drain(b)
+        return None
+
+    def _drain(self, b: Begun) -> None:
+        """A begun batch nobody will finish: its phase's work is waited for (the engines write
+        into its arena until then), then the phase is free."""
+        with self.device:
+            b.phase.wait()
+
+    def _begin_ahead(self, ph: Phase, key, inputs) -> None:
+        """Begin the next batch (`ahead`) on phase `ph`. A failure here leaves it to its own call,
+        which begins it again and raises or reports there, against that batch."""
+        try:
+            buffers, windows, routes, ids = inputs()
+            windows = np.asarray(windows, np.float64).reshape(len(buffers), 4)
+            b = self._begin(ph, buffers, windows, routes, ids)
+        except Exception:
+            with self.device:
+                ph.wait()
+            return
+        b.key = key
+        self._begun = b
+
+    def _begin(self, ph: Phase, buffers, windows, routes, ids) -> Begun:
+        """Plan a batch, place it in `ph`'s buffers and submit its engines' call on `ph`'s stream
+        (the events around it recorded); nothing waits for the call here."""
+        t0 = time.perf_counter()
+        n = len(buffers)
+        routes = np.asarray(routes).reshape(n)
+        routes = np.where(routes, ENGINE, CPU) if routes.dtype == bool else routes.copy()
+        refuse_hybrid(routes, buffers, ids, self._cleared)  # multi-scan files: the decoders' refusal rule first
+        plan = self.planner.plan(routes, ends_with_eoi(buffers))
+        if not (self.planar and ph.buf.planned):  # planar: the batch fits the room (_place_planar)
+            ph.buf.ensure(buffers, windows)
+        pre_failed = []  # planar: headers nvJPEG refused or layouts the kernel does not take
+        overflow = 0
+        if self.planar:
+            places, pre_failed, overflow = self._place_planar(ph.buf, buffers, windows, plan)
+        else:
+            places = ph.buf.place(windows, np.concatenate([plan.engine, plan.hybrid]).astype(np.int64))
+        t_plan = time.perf_counter() - t0
+        hw_failed, large_failed, t_native = [], [], None
+        with self.device, ph.stream:
+            ph.ev_start.record(ph.stream)
+            tg = time.perf_counter()
+            if len(plan.engine):
+                try:
+                    t_native, large_failed = self._decode_engines(ph, buffers, plan.engine, places,
+                                                                  routes[plan.engine] == LARGE)
+                except Exception as e:  # the engines refused the batch: the CPU takes it
+                    hw_failed = plan.engine.tolist()
+                    self.last_gpu_error = str(e)
+            t_submit = time.perf_counter() - tg
+            ph.ev_decoded.record(ph.stream)
+        return Begun(ph, plan, places, routes, windows, pre_failed, overflow, hw_failed, large_failed, t_native,
+                     t_plan, t_submit)
+
+    def _place_planar(self, buf, buffers, windows, plan):
         """Planar mode: each GPU-bound image's header (nvjpegGetImageInfo, the batch in one
         call) gives its planes' sizes; plan its region (roi.plan_rois) unless whole images are
         wanted, place the planes and fill the sample rows. Images whose header nvJPEG refuses,
         whose layout the kernel does not take (or gray on the engines), or whose header does not
         hold the window or declares more than DEFAULT_MAX_PIXELS (a file damaged after packing:
         the planes would be sized by it) leave the plan for the CPU path, which names them.
-        Images past the arena's or the staging's room (DecodeBuffers.room_for: in the batch's
-        order, each that fits beside the ones before it) join the CPU share.
+        Images past the arena's or the staging's room (DecodeBuffers.room_for of `buf`, the
+        phase's: in the batch's order, each that fits beside the ones before it) join the CPU share.
         Returns (places, refused indices, images moved to the CPU share for room)."""
         idx = np.concatenate([plan.engine, plan.hybrid]).astype(np.int64)
         if not len(idx):
@@ -568,7 +712,7 @@ class GPUDecoder:
             regions = np.where(keep < ne, self.planar_regions["engines"], self.planar_regions["hybrid"])
         # the room: the engines' JPEGs are staged, every image's planes take arena
         layout = PlaneLayout(dims, rois, regions)
-        fit = self.buf.room_for(layout.total, np.where(keep < ne, staging_each(lengths[keep]), 0))
+        fit = buf.room_for(layout.total, np.where(keep < ne, staging_each(lengths[keep]), 0))
         over = idx[~fit]
         if len(over):  # the images past the room to the CPU share; the rest laid out again (rare)
             plan.engine = plan.engine[~np.isin(plan.engine, over)]
@@ -580,16 +724,16 @@ class GPUDecoder:
             if not len(idx):
                 return {}, refused, len(over)
             layout = PlaneLayout(dims, rois, regions)
-        places = self.buf.place_planar(windows, idx, dims, rois, regions, red=red, layout=layout)
+        places = buf.place_planar(windows, idx, dims, rois, regions, red=red, layout=layout)
         return places, refused, len(over)
 
-    def _decode_cpu(self, buffers, windows, idx, at: int, decoded=None, ahead: int = 0):
-        """CPU-decode `idx` into cpu_out[at:at+len(idx)]: its last `ahead` images come from
+    def _decode_cpu(self, buf, buffers, windows, idx, at: int, decoded=None, ahead: int = 0):
+        """CPU-decode `idx` into buf.cpu_out[at:at+len(idx)] (the phase's): its last `ahead` images come from
         `decoded` (decoded ahead; one that gives None is decoded here), the others are decoded;
         (seconds, [(batch index, reason)])."""
         t = time.perf_counter()
         h, w = self.size
-        out, errors = self.buf.cpu_out, []
+        out, errors = buf.cpu_out, []
 
         def decode(k0, k1):  # CPU-decode idx[k0:k1] into their rows
             errs: list = []
@@ -609,8 +753,9 @@ class GPUDecoder:
                 out[at + k] = img
         return time.perf_counter() - t, errors
 
-    def _decode_engines(self, buffers, idx, places, large=None):
-        """Stage JPEG bytes in pinned memory, decode each window as an ROI into the arena: in one
+    def _decode_engines(self, ph, buffers, idx, places, large=None):
+        """Stage JPEG bytes in phase `ph`'s pinned memory, decode each window as an ROI into its
+        arena, on its states and stream: in one
         nvJPEG call, or (self.chunk) in calls of at most that many images, each after the
         previous one's work is done (the state is re-initialised for a new call size); the
         `large` ones (bool per idx: Route.LARGE) after them on their own decoder, in calls of
@@ -618,7 +763,7 @@ class GPUDecoder:
         (None: the ctypes loop), the large ones their decoder refused: for the CPU path, while
         the batch's engines' images stand)."""
         bufs = [buffers[i] for i in idx]
-        stage = self.buf.staging_np
+        stage = ph.buf.staging_np
         base = stage.ctypes.data
         if cpu.native_available():  # one GIL-free memcpy pass
             offs = cpu._native.gather(bufs, base, stage.size, 64)
@@ -631,7 +776,7 @@ class GPUDecoder:
         large = np.zeros(len(idx), bool) if large is None else np.asarray(large, bool)
         small, big = np.nonzero(~large)[0], np.nonzero(large)[0]
         n = len(small)
-        calls = [(self.hw, p) for p in (np.array_split(small, -(-n // self.chunk)) if self.chunk and n > self.chunk
+        calls = [(ph.hw, p) for p in (np.array_split(small, -(-n // self.chunk)) if self.chunk and n > self.chunk
                                         else [small] if n else [])]
         large_failed: list = []
         if len(big):
@@ -640,32 +785,38 @@ class GPUDecoder:
             except Exception as e:
                 large_failed, self.last_gpu_error = idx[big].tolist(), str(e)
         native = None  # stays None where the native submission is not built (the ctypes loop)
-        lanes = min(1 + len(self._lanes), n // self.LANE_MIN) if n and not self.chunk else 1
+        lanes = min(1 + len(ph.lanes), n // self.LANE_MIN) if n and not self.chunk else 1
         if lanes > 1:  # the batch's engines' images over the lanes, at once
-            native = self._decode_lanes(ptrs, lengths, idx, small, places, lanes)
+            native = self._decode_lanes(ph, ptrs, lengths, idx, small, places, lanes)
             calls = calls[1:]  # the large ones' calls remain, after
         last = None
         for dec, part in calls:
             if dec is last:  # the state is re-initialised for this call's size: the last call's work first
-                self._done(self.stream)
+                ph.wait()
+            elif dec is self.hw_large and self._large_phase not in (None, ph):
+                # the large images' decoder is shared by the phases: the other's call on it first
+                self._large_done.event.synchronize()
             last = dec
             try:
                 if self.planar:
                     planes, pitches, _, rois = places.take(idx[part])
-                    dec.decode_planes(ptrs[part], lengths[part], planes, pitches, self.stream.ptr, rois,
+                    dec.decode_planes(ptrs[part], lengths[part], planes, pitches, ph.stream.ptr, rois,
                                       native=self.native_submit)
                 else:
                     rois, dst, pitch = places.take(idx[part])
-                    dec.decode(ptrs[part], lengths[part], rois, dst, pitch, self.stream.ptr,
+                    dec.decode(ptrs[part], lengths[part], rois, dst, pitch, ph.stream.ptr,
                                native=self.native_submit)
             except Exception as e:
-                if dec is self.hw:  # the batch's engines refused it: the caller gives the CPU all of them
+                if dec is ph.hw:  # the batch's engines refused it: the caller gives the CPU all of them
                     raise
                 large_failed += idx[part].tolist()  # these few to the CPU path; the engines go on
                 self.last_gpu_error = f"large: {e}"
                 continue
             t = dec.last_native_seconds
             native = None if t is None else (native or 0.0) + t
+        if last is not None and last is self.hw_large:  # the other phase's next call on it waits for this
+            self._large_done.event.record(ph.stream)
+            self._large_phase = ph
         return (native if self.native_submit else None), large_failed
 
     def _engine_args(self, idx, part, places):
@@ -683,10 +834,10 @@ class GPUDecoder:
             rois, dst, pitch = args
             dec.decode(ptrs, lengths, rois, dst, pitch, stream_ptr, native=self.native_submit)
 
-    def _decode_lanes(self, ptrs, lengths, idx, small, places, lanes: int):
+    def _decode_lanes(self, ph, ptrs, lengths, idx, small, places, lanes: int):
         """The engines' images `small` (positions in idx) in `lanes` calls at once: parts of about
-        equal bytes, part 0 on this thread (self.hw, self.stream), part k on lane k's thread, state
-        and stream; this stream then waits for the lanes' work. Every call has returned when this
+        equal bytes, part 0 on this thread (phase `ph`'s first state and stream), part k on lane
+        k's thread, state and stream; the phase's stream then waits for the lanes' work. Every call has returned when this
         returns (a refusal is raised after all of them, so no lane still writes into the arena).
         Returns the longest call's GIL-free seconds (None: the ctypes loop)."""
         cum = np.cumsum(lengths[small])
@@ -697,9 +848,9 @@ class GPUDecoder:
         device = self.gpu_id
 
         def lane_call(k: int):
-            dec, stream, event = self._lanes[k - 1]
+            dec, stream, event = ph.lanes[k - 1]
             with self.cupy.cuda.Device(device):
-                stream.wait_event(self._ev_start)  # after what this decoder's stream queued before the batch
+                stream.wait_event(ph.ev_start)  # after what this decoder's stream queued before the batch
                 self._engine_call(dec, ptrs[parts[k]], lengths[parts[k]], args[k], stream.ptr)
                 event.record(stream)
             return dec.last_native_seconds
@@ -707,14 +858,14 @@ class GPUDecoder:
         jobs = [self._lane_pool.submit(lane_call, k) for k in range(1, lanes)]
         error = None
         try:
-            self._engine_call(self.hw, ptrs[parts[0]], lengths[parts[0]], args[0], self.stream.ptr)
+            self._engine_call(ph.hw, ptrs[parts[0]], lengths[parts[0]], args[0], ph.stream.ptr)
         except Exception as e:
             error = e
-        times = [self.hw.last_native_seconds]
+        times = [ph.hw.last_native_seconds]
         for k, job in enumerate(jobs, 1):
             try:
                 times.append(job.result())
-                self.stream.wait_event(self._lanes[k - 1][2])
+                ph.stream.wait_event(ph.lanes[k - 1][2])
             except Exception as e:
                 error = error or e
         if error is not None:
@@ -780,11 +931,19 @@ class GPUDecoder:
         return [i for bad, _ in results for i in bad], time.perf_counter() - t, sum(s for _, s in results)
 
     def close(self):
-        """Stop the helper threads and release nvJPEG's handles (also on garbage collection)."""
+        """Stop the helper threads and release nvJPEG's handles (also on garbage collection);
+        a batch begun for a next call that never came is waited for first."""
         self._workers.shutdown(wait=True)
+        if self._begun is not None:
+            b, self._begun = self._begun, None
+            self._drain(b)
         if self._lane_pool is not None:
             self._lane_pool.shutdown(wait=True)
             self._lane_pool = None
+        for ph in getattr(self, "phases", [])[1:]:  # phase 0's states are self.hw and self._lanes, below
+            for d in [ph.hw] + [lane[0] for lane in ph.lanes]:
+                d.close()
+        self.phases = self.phases[:1] if hasattr(self, "phases") else []
         for lane in self._lanes:
             lane[0].close()
         self._lanes = []
