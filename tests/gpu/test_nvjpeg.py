@@ -208,9 +208,9 @@ def test_engines_ahead_decode_what_one_phase_decodes(monkeypatch, chroma):
             assert np.abs(out.astype(int) - outs[True][1].astype(int)).mean() < 3
             # a batch begun for a call that never comes is waited for at close
             dec(*batch(0), routes[:29], key=0, ahead=(1, lambda: (b, win, routes[:17], ids[:17])))
-            assert dec._begun is not None
+            assert dec._pending is not None
         dec.close()
-        assert dec._begun is None
+        assert dec._pending is None and dec._submitter is None
     for a, b in zip(outs[False], outs[True]):
         assert np.array_equal(a, b)
 

@@ -67,9 +67,10 @@ class Phase:
     Why two: with engines ahead (GPUDecoder's `engines_ahead`) a producer submits its next
     batch's engines' call on the other phase while this batch's CPU share, hybrid images and
     kernel are finished, so the engines get that call back to back with this one instead of
-    after the producer's host work. Invariant: a phase holds at most one batch, from `_begin`
-    to the wait after its kernel (or the drain of a batch begun and never claimed); only the
-    producer thread that owns the decoder touches it."""
+    after the producer's host work. Invariant: a phase holds at most one batch, from `_plan`
+    to the wait after its kernel (or the drain of a batch queued and never claimed); the
+    producer thread that owns the decoder touches it, but for the engines' call of a queued
+    batch, which the decoder's submitting thread makes."""
 
     __slots__ = ("hw", "lanes", "stream", "buf", "ev_start", "ev_decoded", "done")
 
@@ -87,22 +88,25 @@ class Phase:
 
 @dataclass(eq=False)
 class Begun:
-    """A batch whose engines' call is submitted (GPUDecoder._begin): its phase, plan, places and
-    what the engines refused; the CPU share, the hybrid images and the kernel are still to do."""
+    """A planned batch (GPUDecoder._plan): its phase, plan, places and staged engine bytes; then
+    its engines' call (`_submit`: what the engines refused, the call's seconds), made on the
+    producer's thread or — queued ahead under `key` — on the submitting thread (`future`). The
+    CPU share, the hybrid images and the kernel are the batch's own call's."""
 
     phase: Phase
     plan: object
     places: object
     routes: np.ndarray
-    windows: np.ndarray
     pre_failed: list
     overflow: int
-    hw_failed: list
-    large_failed: list
-    t_native: float | None
+    staged: tuple | None  # (pointers, lengths) in the phase's staging; None: no engine images
     t_plan: float
-    t_submit: float
+    hw_failed: list = field(default_factory=list)
+    large_failed: list = field(default_factory=list)
+    t_native: float | None = None
+    t_submit: float = 0.0
     key: object = None
+    future: object = None
 
 
 def cpu_share_decode(buffers, windows, size, out, errors: list, *, threads: int = 1, pool: int = -1) -> None:
@@ -213,7 +217,8 @@ class GPUDecoder:
         self._interpolate = nvjpeg_interp
         self.hw_error = self.hybrid_error = self.prealloc_error = self.last_gpu_error = None
         self.ahead_error = None  # why the second phase (engines_ahead) could not be made
-        self._begun: Begun | None = None  # the next batch, its engines' call submitted (`ahead`)
+        self._pending: Begun | None = None  # the next batch, queued (`ahead`)
+        self._submitter = None  # the thread that makes queued batches' engines' calls (engines_ahead)
         self._large_phase = None  # the phase whose stream last queued the large images' decoder
         self._large_warned = False  # _note_large_failed: once per decoder
         # the CPU part and the hybrid decoder run beside the engines' submission, on threads kept
@@ -292,6 +297,9 @@ class GPUDecoder:
                           "engines' call only after the last batch is finished", RuntimeWarning, stacklevel=3)
             return
         self.phases.append(Phase(made[0], lanes, _stream(cupy), buf, cupy))
+        # one thread: queued batches' engines' calls are made in order, one at a time, each as
+        # soon as the last returns (nvJPEG's call gives up the GIL while the engines decode)
+        self._submitter = ThreadPoolExecutor(1, thread_name_prefix="recordtool-submit")
 
     @property
     def engines_ahead(self) -> bool:
@@ -521,10 +529,12 @@ class GPUDecoder:
                 last call's `ahead` under the same key is finished, not begun again; one under
                 another key is stale (its producer's stream was discarded) and is drained first.
             ahead: (key, inputs) of the batch this decoder is given next, with engines_ahead:
-                inputs() → (buffers, windows, routes, ids) of it; its engines' call is submitted
-                on the other phase once this batch's CPU share and hybrid images are under way,
-                before this batch is finished. The inputs' buffers are read before this call
-                returns (staged); the batch's own call gives them again.
+                inputs() → (buffers, windows, routes, ids) of it. It is planned and staged on
+                this thread, on the other phase, and its engines' call handed to the decoder's
+                submitting thread, which makes it as soon as this batch's call is made: the
+                engines get this decoder's calls back to back while the batches are finished
+                here. Its buffers are read (staged) before this call returns; the batch's own
+                call gives them again.
         """
         t0 = time.perf_counter()
         n = len(buffers)
@@ -533,8 +543,11 @@ class GPUDecoder:
         windows = np.asarray(windows, np.float64).reshape(n, 4)
         flips = np.asarray(flips, bool).reshape(n)
         b = self._claim(key)
+        nxt = None
+        if b is not None and ahead is not None:  # queued behind this batch's call, which may still be running
+            nxt = self._queue(self._other(b.phase), *ahead)
         if b is None:
-            b = self._begin(self.phases[0], buffers, windows, routes, ids)
+            b = self._plan(self.phases[0], buffers, windows, routes, ids)
         ph, plan, places = b.phase, b.plan, b.places
         ahead_n = 0
         if decoded:  # the CPU share's images decoded ahead go last: the rest are decoded first
@@ -549,11 +562,15 @@ class GPUDecoder:
         n_lanes = hybrid_lanes(len(plan.hybrid), self.planner.rates.hybrid, t_eng, len(self._hybrids))
         hyb_job = self._workers.submit(self._decode_hybrid, buffers, plan.hybrid, places, n_lanes) \
             if len(plan.hybrid) else None
-        t_next = 0.0
-        if ahead is not None and self.engines_ahead:  # the next batch's engines' call, on the other phase
-            t_next = time.perf_counter()
-            self._begin_ahead(self.phases[1 - self.phases.index(ph)], *ahead)
-            t_next = time.perf_counter() - t_next
+        if b.future is None:  # not begun ahead: its engines' call here, then the next one's queued
+            self._submit(b)
+            if ahead is not None:
+                nxt = self._queue(self._other(ph), *ahead)
+        self._pending = nxt
+        t_next = time.perf_counter()
+        if b.future is not None:  # the submitting thread's call of this batch (its errors raise here)
+            b.future.result()
+        t_call = time.perf_counter() - t_next
         hw_failed, large_failed, hyb_failed, t_hyb, t_hyb_lanes = b.hw_failed, b.large_failed, [], None, None
         with self.device, ph.stream:
             t_cpu, errors = cpu_job.result()
@@ -598,19 +615,23 @@ class GPUDecoder:
         t_end = time.perf_counter()
         self.last = BatchReport(n=n, gpu=n_gpu, hybrid=n_hyb, cpu=len(cpu_idx), cpu_forced=plan.forced,
                                 overflow=b.overflow, large_failed=len(large_failed), ahead=ahead_n,
-                                begun_ahead=b.key is not None, cpu_fraction=self.planner.cpu_fraction,
+                                begun_ahead=b.future is not None, cpu_fraction=self.planner.cpu_fraction,
                                 gpu_rate=r.gpu, cpu_rate=r.cpu, hybrid_rate=r.hybrid,
                                 hybrid_lanes=n_lanes if len(plan.hybrid) else 0, errors=errors, seconds=t_end - t0,
                                 stages={"plan": b.t_plan, "engines_submit": b.t_submit,
-                                        "engines_native": b.t_native or 0.0, "cpu_decode": t_cpu,
-                                        "hybrid_decode": t_hyb or 0.0, "next_engines": t_next,
-                                        "wait": t_wait - t1 - t_next, "finish": t_end - t_wait})
+                                        "engines_native": b.t_native or 0.0, "engines_call_wait": t_call,
+                                        "cpu_decode": t_cpu, "hybrid_decode": t_hyb or 0.0,
+                                        "wait": t_wait - t1 - t_call, "finish": t_end - t_wait})
         return out
 
+    def _other(self, ph: Phase) -> Phase:
+        return self.phases[1 - self.phases.index(ph)]
+
     def _claim(self, key):
-        """The batch the last call began under `key` (None: none, or it was begun under another
-        key — a stale one, drained here so its phase is free)."""
-        b, self._begun = self._begun, None
+        """The batch the last call queued under `key` (its engines' call made or being made on
+        the submitting thread), or None: none, or one queued under another key — stale, drained
+        here so both phases are free."""
+        b, self._pending = self._pending, None
         if b is None:
             return None
         if key is not None and b.key == key:
@@ -619,28 +640,36 @@ class GPUDecoder:
         return None
 
     def _drain(self, b: Begun) -> None:
-        """A begun batch nobody will finish: its phase's work is waited for (the engines write
-        into its arena until then), then the phase is free."""
+        """A queued batch nobody will finish: its engines' call is let end (the submitting
+        thread's, its failure dropped: no batch is made of it) and its phase's work waited for
+        (the engines write into its arena until then); the phase is then free."""
+        try:
+            b.future.result()
+        except Exception:
+            pass
         with self.device:
             b.phase.wait()
 
-    def _begin_ahead(self, ph: Phase, key, inputs) -> None:
-        """Begin the next batch (`ahead`) on phase `ph`. A failure here leaves it to its own call,
-        which begins it again and raises or reports there, against that batch."""
+    def _queue(self, ph: Phase, key, inputs):
+        """Plan and stage the next batch (`ahead`) on phase `ph` here, and hand its engines' call
+        to the submitting thread: the queued Begun (its `future`), or None where there is no
+        second phase or its inputs or plan failed — its own call then makes it from the start,
+        and raises or reports there, against that batch."""
+        if not self.engines_ahead:
+            return None
         try:
             buffers, windows, routes, ids = inputs()
             windows = np.asarray(windows, np.float64).reshape(len(buffers), 4)
-            b = self._begin(ph, buffers, windows, routes, ids)
+            b = self._plan(ph, buffers, windows, routes, ids)
         except Exception:
-            with self.device:
-                ph.wait()
-            return
+            return None
         b.key = key
-        self._begun = b
+        b.future = self._submitter.submit(self._submit, b)
+        return b
 
-    def _begin(self, ph: Phase, buffers, windows, routes, ids) -> Begun:
-        """Plan a batch, place it in `ph`'s buffers and submit its engines' call on `ph`'s stream
-        (the events around it recorded); nothing waits for the call here."""
+    def _plan(self, ph: Phase, buffers, windows, routes, ids) -> Begun:
+        """Plan a batch, place it in `ph`'s buffers and stage its engines' JPEG bytes there (on
+        the producer's thread: the planner and the refusal rule's memory are that thread's)."""
         t0 = time.perf_counter()
         n = len(buffers)
         routes = np.asarray(routes).reshape(n)
@@ -655,22 +684,26 @@ class GPUDecoder:
             places, pre_failed, overflow = self._place_planar(ph.buf, buffers, windows, plan)
         else:
             places = ph.buf.place(windows, np.concatenate([plan.engine, plan.hybrid]).astype(np.int64))
-        t_plan = time.perf_counter() - t0
-        hw_failed, large_failed, t_native = [], [], None
+        staged = self._stage(ph, buffers, plan.engine) if len(plan.engine) else None
+        return Begun(ph, plan, places, routes, pre_failed, overflow, staged, time.perf_counter() - t0)
+
+    def _submit(self, b: Begun) -> None:
+        """The engines' call(s) of a planned batch on its phase's stream, between its events; a
+        refusal of the batch's call gives the CPU all its engine images (b.hw_failed). On the
+        producer's thread or the submitting one, never both at once (`_claim` waits)."""
+        ph, plan = b.phase, b.plan
         with self.device, ph.stream:
             ph.ev_start.record(ph.stream)
             tg = time.perf_counter()
             if len(plan.engine):
                 try:
-                    t_native, large_failed = self._decode_engines(ph, buffers, plan.engine, places,
-                                                                  routes[plan.engine] == LARGE)
+                    b.t_native, b.large_failed = self._decode_engines(ph, None, plan.engine, b.places,
+                                                                      b.routes[plan.engine] == LARGE, b.staged)
                 except Exception as e:  # the engines refused the batch: the CPU takes it
-                    hw_failed = plan.engine.tolist()
+                    b.hw_failed = plan.engine.tolist()
                     self.last_gpu_error = str(e)
-            t_submit = time.perf_counter() - tg
+            b.t_submit = time.perf_counter() - tg
             ph.ev_decoded.record(ph.stream)
-        return Begun(ph, plan, places, routes, windows, pre_failed, overflow, hw_failed, large_failed, t_native,
-                     t_plan, t_submit)
 
     def _place_planar(self, buf, buffers, windows, plan):
         """Planar mode: each GPU-bound image's header (nvjpegGetImageInfo, the batch in one
@@ -753,15 +786,10 @@ class GPUDecoder:
                 out[at + k] = img
         return time.perf_counter() - t, errors
 
-    def _decode_engines(self, ph, buffers, idx, places, large=None):
-        """Stage JPEG bytes in phase `ph`'s pinned memory, decode each window as an ROI into its
-        arena, on its states and stream: in one
-        nvJPEG call, or (self.chunk) in calls of at most that many images, each after the
-        previous one's work is done (the state is re-initialised for a new call size); the
-        `large` ones (bool per idx: Route.LARGE) after them on their own decoder, in calls of
-        at most LARGE_BATCH. Returns (the seconds the native submissions spent without the GIL
-        (None: the ctypes loop), the large ones their decoder refused: for the CPU path, while
-        the batch's engines' images stand)."""
+    @staticmethod
+    def _stage(ph, buffers, idx) -> tuple:
+        """The JPEG bytes of `idx` in phase `ph`'s pinned staging, 64-byte aligned: (pointers,
+        lengths) for the engines' calls."""
         bufs = [buffers[i] for i in idx]
         stage = ph.buf.staging_np
         base = stage.ctypes.data
@@ -771,8 +799,18 @@ class GPUDecoder:
             offs = np.cumsum([0] + [(len(b) + 63) // 64 * 64 for b in bufs[:-1]])
             for o, b in zip(offs, bufs):
                 stage[o:o + len(b)] = np.frombuffer(b, np.uint8)
-        ptrs = base + np.asarray(offs, np.int64)
-        lengths = buffer_spans(bufs)[1]
+        return base + np.asarray(offs, np.int64), buffer_spans(bufs)[1]
+
+    def _decode_engines(self, ph, buffers, idx, places, large=None, staged=None):
+        """Decode each window of `idx` as an ROI into phase `ph`'s arena, on its states and
+        stream, from its staging (`staged`: (pointers, lengths) `_stage` gave; None: staged
+        here): in one nvJPEG call, or (self.chunk) in calls of at most that many images, each
+        after the previous one's work is done (the state is re-initialised for a new call
+        size); the `large` ones (bool per idx: Route.LARGE) after them on their own decoder, in
+        calls of at most LARGE_BATCH. Returns (the seconds the native submissions spent without
+        the GIL (None: the ctypes loop), the large ones their decoder refused: for the CPU path,
+        while the batch's engines' images stand)."""
+        ptrs, lengths = self._stage(ph, buffers, idx) if staged is None else staged
         large = np.zeros(len(idx), bool) if large is None else np.asarray(large, bool)
         small, big = np.nonzero(~large)[0], np.nonzero(large)[0]
         n = len(small)
@@ -934,9 +972,12 @@ class GPUDecoder:
         """Stop the helper threads and release nvJPEG's handles (also on garbage collection);
         a batch begun for a next call that never came is waited for first."""
         self._workers.shutdown(wait=True)
-        if self._begun is not None:
-            b, self._begun = self._begun, None
+        if getattr(self, "_pending", None) is not None:
+            b, self._pending = self._pending, None
             self._drain(b)
+        if getattr(self, "_submitter", None) is not None:
+            self._submitter.shutdown(wait=True)
+            self._submitter = None
         if self._lane_pool is not None:
             self._lane_pool.shutdown(wait=True)
             self._lane_pool = None
