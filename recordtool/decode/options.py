@@ -105,10 +105,12 @@ class GPUOptions:
             each on its own hardware decoder state, stream and thread (GPUDecoder). nvJPEG's
             batched call does its host work image after image on the calling thread; calls on
             several states do it side by side and keep more images at the engines.
-        engines_ahead: True — each producer submits its next batch's engines' call (a second
-            set of engine states, stream and buffers) while it finishes the batch it is making
-            (CPU share, hybrid images, kernel), so the NVJPG engines get a producer's calls back
-            to back instead of idle through its host work between them. Local datasets only: a
+        engines_ahead: True — each producer plans and stages its next batch on a second set of
+            engine states, stream and buffers, and a submitting thread of its decoder makes that
+            batch's engines' call as soon as this batch's call returns, while the producer
+            finishes this batch (CPU share, hybrid images, kernel): the NVJPG engines get a
+            producer's calls back to back instead of idle through its host work between them,
+            and the producer does not sit in nvJPEG's call. Local datasets only: a
             dataset URL's shard cache fetches along the epoch's plan, and a batch is not told
             its next one there. False: one phase, a batch's engines' call after the last batch
             is finished (less GPU memory: a second arena and engine states per producer).
