@@ -543,9 +543,6 @@ class GPUDecoder:
         windows = np.asarray(windows, np.float64).reshape(n, 4)
         flips = np.asarray(flips, bool).reshape(n)
         b = self._claim(key)
-        nxt = None
-        if b is not None and ahead is not None:  # queued behind this batch's call, which may still be running
-            nxt = self._queue(self._other(b.phase), *ahead)
         if b is None:
             b = self._plan(self.phases[0], buffers, windows, routes, ids)
         ph, plan, places = b.phase, b.plan, b.places
@@ -562,11 +559,11 @@ class GPUDecoder:
         n_lanes = hybrid_lanes(len(plan.hybrid), self.planner.rates.hybrid, t_eng, len(self._hybrids))
         hyb_job = self._workers.submit(self._decode_hybrid, buffers, plan.hybrid, places, n_lanes) \
             if len(plan.hybrid) else None
-        if b.future is None:  # not begun ahead: its engines' call here, then the next one's queued
+        if b.future is None:  # not queued ahead: its engines' call here
             self._submit(b)
-            if ahead is not None:
-                nxt = self._queue(self._other(ph), *ahead)
-        self._pending = nxt
+        # the next batch planned and staged here while this one's call runs (on the submitting
+        # thread), its call queued behind this one's: the engines get them back to back
+        self._pending = self._queue(self._other(ph), *ahead) if ahead is not None else None
         t_next = time.perf_counter()
         if b.future is not None:  # the submitting thread's call of this batch (its errors raise here)
             b.future.result()
