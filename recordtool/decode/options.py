@@ -105,15 +105,19 @@ class GPUOptions:
             each on its own hardware decoder state, stream and thread (GPUDecoder). nvJPEG's
             batched call does its host work image after image on the calling thread; calls on
             several states do it side by side and keep more images at the engines.
-        engines_ahead: True — each producer plans and stages its next batch on a second set of
+        engines_ahead: False — True: each producer plans and stages its next batch on a second set of
             engine states, stream and buffers, and a submitting thread of its decoder makes that
             batch's engines' call as soon as this batch's call returns, while the producer
             finishes this batch (CPU share, hybrid images, kernel): the NVJPG engines get a
             producer's calls back to back instead of idle through its host work between them,
             and the producer does not sit in nvJPEG's call. Local datasets only: a
             dataset URL's shard cache fetches along the epoch's plan, and a batch is not told
-            its next one there. False: one phase, a batch's engines' call after the last batch
-            is finished (less GPU memory: a second arena and engine states per producer).
+            its next one there. Off by default: it costs a second arena and set of engine
+            states per producer (about 210 MiB of GPU memory a producer at batch 512, 176²,
+            which puts the Loader above DALI's memory in training), and with `run_ahead` the
+            training loop was seen to wait for its queued GPU work outside the Loader's bound
+            (BENCHMARKS.md, "The engines' ceiling"). False: one phase, a batch's engines' call
+            after the last batch is finished.
         hybrid_lanes: 1 — hybrid decoders a producer may spread a batch's hybrid images
             (progressive, and gray without same_pixels) over, 1..MAX_HYBRID_LANES, each with its
             own nvJPEG state, stream and thread. The hybrid decoder's Huffman pass is one CPU
@@ -132,7 +136,7 @@ class GPUOptions:
     same_pixels: bool = False
     run_ahead: int | None = 1
     engine_lanes: int = 1
-    engines_ahead: bool = True
+    engines_ahead: bool = False
     hybrid_lanes: int = 1
 
     def __post_init__(self):

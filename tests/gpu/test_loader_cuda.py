@@ -36,7 +36,7 @@ def test_cuda_loader_matches_cpu_loader_and_resumes(packed_mix):
     # fixed split; the auto split moves images between engines and CPU by measured speed)
     kw["split"] = "gpu"
     gpu_batches = [(cupy.asnumpy(x), None) for x, _ in Loader(packed_mix, device="cuda", producers=3, **kw)]
-    part = Loader(packed_mix, device="cuda", producers=2, **kw)
+    part = Loader(packed_mix, device="cuda", producers=2, engines_ahead=True, **kw)
     it = iter(part)
     next(it), next(it)
     state = part.state_dict()
@@ -51,14 +51,15 @@ def test_cuda_loader_matches_cpu_loader_and_resumes(packed_mix):
 
 
 def test_engines_ahead_give_the_batches_of_one_phase_across_epochs_and_resume(packed_mix):
-    """engines_ahead (the default): each producer submits its next batch's engines' call while it
+    """engines_ahead=True: each producer submits its next batch's engines' call while it
     finishes this one — the batches, across an epoch's end and after a resume, are those of
     engines_ahead=False bit for bit (split="gpu"), whatever the producers; the batches after a
     producer's first are begun ahead; off, no second phase is made."""
     from recordtool.loader import Loader
 
     kw = dict(batch_size=5, size=64, seed=9, drop_last=False, as_torch=False, split="gpu")
-    ref = Loader(packed_mix, device="cuda", producers=1, engines_ahead=False, **kw)
+    assert not Loader(packed_mix, device="cuda", **kw).gpu.engines_ahead  # off by default
+    ref = Loader(packed_mix, device="cuda", producers=1, **kw)
     want = []
     for epoch in range(2):
         ref.set_epoch(epoch)
@@ -66,7 +67,7 @@ def test_engines_ahead_give_the_batches_of_one_phase_across_epochs_and_resume(pa
     assert len(ref.backend.decoder(0).phases) == 1
     ref.close()
     for producers in (1, 2, 3):
-        ld = Loader(packed_mix, device="cuda", producers=producers, **kw)
+        ld = Loader(packed_mix, device="cuda", producers=producers, engines_ahead=True, **kw)
         reports, got = [], []
         for epoch in range(2):
             ld.set_epoch(epoch)
@@ -85,7 +86,7 @@ def test_engines_ahead_give_the_batches_of_one_phase_across_epochs_and_resume(pa
     state = part.state_dict()
     del it
     part.close()
-    resumed = Loader(packed_mix, device="cuda", producers=2, **kw)
+    resumed = Loader(packed_mix, device="cuda", producers=2, engines_ahead=True, **kw)
     resumed.load_state_dict(state)
     rest = [cupy.asnumpy(x) for x, _ in resumed]
     assert len(rest) == len(want) // 2 - 3 and all(np.array_equal(a, b) for a, b in zip(rest, want[3:]))
