@@ -36,7 +36,7 @@ def test_cuda_loader_matches_cpu_loader_and_resumes(packed_mix):
     # fixed split; the auto split moves images between engines and CPU by measured speed)
     kw["split"] = "gpu"
     gpu_batches = [(cupy.asnumpy(x), None) for x, _ in Loader(packed_mix, device="cuda", producers=3, **kw)]
-    part = Loader(packed_mix, device="cuda", producers=2, engines_ahead=True, **kw)
+    part = Loader(packed_mix, device="cuda", producers=2, **kw)
     it = iter(part)
     next(it), next(it)
     state = part.state_dict()
@@ -80,7 +80,7 @@ def test_engines_ahead_give_the_batches_of_one_phase_across_epochs_and_resume(pa
             assert dec.engines_ahead and len(dec.phases) == 2
             assert sum(r.begun_ahead for r in reports) >= len(reports) - 2 * producers, (producers, reports)
         ld.close()
-    part = Loader(packed_mix, device="cuda", producers=2, **kw)
+    part = Loader(packed_mix, device="cuda", producers=2, engines_ahead=True, **kw)
     it = iter(part)
     next(it), next(it), next(it)
     state = part.state_dict()
