@@ -448,17 +448,17 @@ def test_a_large_images_decoder_failure_sends_only_those_images_to_the_cpu():
     idx, large = np.array([0, 2, 3, 4, 5]), np.array([False, True, False, True, True])
     hw, big = Engines(), Engines()
     dec = decoder(hw, big)
-    assert dec._decode_engines(dec.ph, bufs, idx, Places(), large) == (None, [])
+    assert dec._decode_engines(dec.ph, dec._stage(dec.ph, bufs, idx), idx, Places(), large) == (None, [])
     assert hw.calls == [[0, 3]] and big.calls == [[2, 4], [5]]
     # the large images' decoder is shared by the phases: its last call's end is recorded for the other
     assert recorded == [dec.ph.stream] and dec._large_phase is dec.ph
     hw, dec = Engines(), decoder(Engines(), Engines(fail=True))
     dec.ph.hw = hw
-    assert dec._decode_engines(dec.ph, bufs, idx, Places(), large) == (None, [2, 4, 5])
+    assert dec._decode_engines(dec.ph, dec._stage(dec.ph, bufs, idx), idx, Places(), large) == (None, [2, 4, 5])
     assert hw.calls == [[0, 3]] and "large" in dec.last_gpu_error
     with pytest.raises(RuntimeError, match="refused"):
         refusing = decoder(Engines(fail=True), Engines())
-        refusing._decode_engines(refusing.ph, bufs, idx, Places(), large)
+        refusing._decode_engines(refusing.ph, refusing._stage(refusing.ph, bufs, idx), idx, Places(), large)
     # a batch whose large images the CPU path decoded instead: warned once per decoder, not per batch
     dec._large_warned = False
     with warnings.catch_warnings(record=True) as seen:

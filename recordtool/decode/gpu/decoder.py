@@ -563,6 +563,7 @@ class GPUDecoder:
             self._submit(b)
         # the next batch planned and staged here while this one's call runs (on the submitting
         # thread), its call queued behind this one's: the engines get them back to back
+        t_queue = time.perf_counter()
         self._pending = self._queue(self._other(ph), *ahead) if ahead is not None else None
         t_next = time.perf_counter()
         if b.future is not None:  # the submitting thread's call of this batch (its errors raise here)
@@ -616,9 +617,10 @@ class GPUDecoder:
                                 gpu_rate=r.gpu, cpu_rate=r.cpu, hybrid_rate=r.hybrid,
                                 hybrid_lanes=n_lanes if len(plan.hybrid) else 0, errors=errors, seconds=t_end - t0,
                                 stages={"plan": b.t_plan, "engines_submit": b.t_submit,
-                                        "engines_native": b.t_native or 0.0, "engines_call_wait": t_call,
-                                        "cpu_decode": t_cpu, "hybrid_decode": t_hyb or 0.0,
-                                        "wait": t_wait - t1 - t_call, "finish": t_end - t_wait})
+                                        "engines_native": b.t_native or 0.0, "next_plan": t_next - t_queue,
+                                        "engines_call_wait": t_call, "cpu_decode": t_cpu,
+                                        "hybrid_decode": t_hyb or 0.0, "wait": t_wait - t_next - t_call,
+                                        "finish": t_end - t_wait})
         return out
 
     def _other(self, ph: Phase) -> Phase:
@@ -694,8 +696,8 @@ class GPUDecoder:
             tg = time.perf_counter()
             if len(plan.engine):
                 try:
-                    b.t_native, b.large_failed = self._decode_engines(ph, None, plan.engine, b.places,
-                                                                      b.routes[plan.engine] == LARGE, b.staged)
+                    b.t_native, b.large_failed = self._decode_engines(ph, b.staged, plan.engine, b.places,
+                                                                      b.routes[plan.engine] == LARGE)
                 except Exception as e:  # the engines refused the batch: the CPU takes it
                     b.hw_failed = plan.engine.tolist()
                     self.last_gpu_error = str(e)
@@ -798,16 +800,15 @@ class GPUDecoder:
                 stage[o:o + len(b)] = np.frombuffer(b, np.uint8)
         return base + np.asarray(offs, np.int64), buffer_spans(bufs)[1]
 
-    def _decode_engines(self, ph, buffers, idx, places, large=None, staged=None):
+    def _decode_engines(self, ph, staged, idx, places, large=None):
         """Decode each window of `idx` as an ROI into phase `ph`'s arena, on its states and
-        stream, from its staging (`staged`: (pointers, lengths) `_stage` gave; None: staged
-        here): in one nvJPEG call, or (self.chunk) in calls of at most that many images, each
+        stream, from its staging (`staged`: the (pointers, lengths) `_stage` gave): in one nvJPEG call, or (self.chunk) in calls of at most that many images, each
         after the previous one's work is done (the state is re-initialised for a new call
         size); the `large` ones (bool per idx: Route.LARGE) after them on their own decoder, in
         calls of at most LARGE_BATCH. Returns (the seconds the native submissions spent without
         the GIL (None: the ctypes loop), the large ones their decoder refused: for the CPU path,
         while the batch's engines' images stand)."""
-        ptrs, lengths = self._stage(ph, buffers, idx) if staged is None else staged
+        ptrs, lengths = staged
         large = np.zeros(len(idx), bool) if large is None else np.asarray(large, bool)
         small, big = np.nonzero(~large)[0], np.nonzero(large)[0]
         n = len(small)
