@@ -113,7 +113,7 @@ class GPUOptions:
             and the producer does not sit in nvJPEG's call. Local datasets only: a
             dataset URL's shard cache fetches along the epoch's plan, and a batch is not told
             its next one there. Off by default: it costs a second arena and set of engine
-            states per producer (about 210 MiB of GPU memory a producer at batch 512, 176²,
+            states per producer (about 220 MiB of GPU memory a producer at batch 512, 176²,
             which puts the Loader above DALI's memory in training), and with `run_ahead` the
             training loop was seen to wait for its queued GPU work outside the Loader's bound
             (BENCHMARKS.md, "The engines' ceiling"). False: one phase, a batch's engines' call
